@@ -1,0 +1,2 @@
+//! Credit accounting for one remote input channel and its gate: pure state, no I/O.
+//! (Being written; see the module docs once filled in.)

@@ -1,0 +1,47 @@
+//! creditflow-core: Apache Flink's TaskManager network stack for Arrow record batches,
+//! in pure Rust (no Python). The pyo3 crate `rust/python` is a thin layer over this one.
+//!
+//! # Layout
+//!
+//! Each layer only uses the ones above it:
+//!
+//! | layer | module | Flink counterpart |
+//! |---|---|---|
+//! | fixed-size aligned memory blocks | [`memory::segment`] | `MemorySegment` |
+//! | global pool with a hard cap, local pools with min + elastic share | [`memory::pool`] | `NetworkBufferPool`, `LocalBufferPool` |
+//! | a segment being written while it is read | [`partition::buffer`] | `BufferBuilder` / `BufferConsumer` |
+//! | per-consumer lock-free queue with backlog | [`partition::subpartition`] | `PipelinedSubpartition` |
+//! | N subpartitions + flusher | [`partition`] | `ResultPartition`, `OutputFlusher` |
+//! | Arrow IPC into / out of segments | [`serde`] | `SpanningRecordSerializer`, `SpillingAdaptiveSpanningRecordDeserializer` |
+//! | Spark-compatible Murmur3 | [`hash`] | (Spark's `Murmur3Hash`) |
+//! | row → subpartition | [`partitioner`] | `ChannelSelector` |
+//! | batch → partition | [`writer`] | `RecordWriter` |
+//! | channels → batches | [`gate`] | `SingleInputGate`, `LocalInputChannel` |
+//! | credit, backlog, sequence numbers (no I/O) | [`credit`] | `CreditBasedPartitionRequestClientHandler` state |
+//! | counters, meters, OK/LOW/HIGH | [`metrics`] | `BackPressureStatsTracker`, `TimerGauge` |
+//! | one per process: pools, partitions, gates, flusher | [`env`] | `NettyShuffleEnvironment` |
+//!
+//! Blocking calls take a [`wait::Wait`]: an optional deadline and an interrupt check that
+//! the Python layer uses for Ctrl-C, so no call can block forever without a way out.
+
+pub mod credit;
+pub mod env;
+pub mod error;
+pub mod gate;
+pub mod hash;
+pub mod memory;
+pub mod metrics;
+pub mod partition;
+pub mod partitioner;
+pub mod serde;
+pub(crate) mod sync;
+pub mod units;
+pub mod wait;
+pub mod writer;
+
+pub use env::{EnvConfig, FlowControl, NetworkEnvironment};
+pub use error::{Error, Result};
+pub use gate::{ChannelSpec, GateItem, InputGate};
+pub use partition::ResultPartition;
+pub use partitioner::Partitioner;
+pub use writer::RecordWriter;

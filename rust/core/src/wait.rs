@@ -28,7 +28,10 @@ impl<'a> Wait<'a> {
     }
 
     /// Adds an interrupt check.
-    pub fn with_check(self, check: &'a mut dyn FnMut() -> Result<()>) -> Wait<'a> {
+    pub fn with_check<'b>(self, check: &'b mut dyn FnMut() -> Result<()>) -> Wait<'b>
+    where
+        'a: 'b,
+    {
         Wait { deadline: self.deadline, timeout: self.timeout, what: self.what, check: Some(check) }
     }
 

@@ -1,0 +1,322 @@
+//! `NetworkEnvironment`: one per process (Flink's `NettyShuffleEnvironment`). Owns the global
+//! pool, the registry of partitions, the gates' metric handles and the output flusher.
+//!
+//! Threads: exactly one, the flusher (`creditflow-flusher`), started by [`NetworkEnvironment::new`]
+//! (never at import) and stopped by [`NetworkEnvironment::close`] or drop. It flushes every
+//! partition each `buffer_timeout` and samples the time meters four times a second.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::gate::{Backoff, ChannelSpec, GateHandle, GateMetrics, InputGate};
+use crate::memory::GlobalPool;
+use crate::partition::{Handoff, PartitionMetrics, Registry, ResultPartition};
+use crate::serde::RECORD_HEADER_LEN;
+
+/// Flow control between environments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowControl {
+    /// Flink ≥ 1.5: senders send only with the receiver's credit.
+    Credit,
+    /// Flink ≤ 1.4: no credit, TCP's window pushes back (comparison mode).
+    Tcp,
+}
+
+/// Settings of an environment. See the Python `NetworkEnvironment` for the user-facing docs.
+#[derive(Debug, Clone)]
+pub struct EnvConfig {
+    /// Bytes of network memory (`total segments = memory / segment_size`).
+    pub memory: usize,
+    /// Bytes per segment (power of two, >= 4 KiB).
+    pub segment_size: usize,
+    /// Listen address, `host:port` (port 0 = ephemeral).
+    pub bind: String,
+    /// Partly filled buffers become readable after this long (0 = on every write).
+    pub buffer_timeout: Duration,
+    /// Exclusive buffers per remote channel.
+    pub exclusive_buffers: usize,
+    /// Floating buffers per gate.
+    pub floating_buffers: usize,
+    /// Credit or TCP flow control.
+    pub flow_control: FlowControl,
+    /// Hand batches to local readers without serializing (false: serialize as for remote).
+    pub local_handoff: bool,
+    /// Partition request retry backoff.
+    pub request_backoff: Backoff,
+    /// Largest record (one serialized batch) a reader accepts.
+    pub max_record_size: usize,
+}
+
+impl Default for EnvConfig {
+    fn default() -> Self {
+        EnvConfig {
+            memory: 64 << 20,
+            segment_size: 32 << 10,
+            bind: "127.0.0.1:0".into(),
+            buffer_timeout: Duration::from_millis(100),
+            exclusive_buffers: 2,
+            floating_buffers: 8,
+            flow_control: FlowControl::Credit,
+            local_handoff: true,
+            request_backoff: Backoff::default(),
+            max_record_size: 2 << 30,
+        }
+    }
+}
+
+/// How often the flusher samples meters.
+const METER_TICK: Duration = Duration::from_millis(250);
+
+struct Inner {
+    config: EnvConfig,
+    address: String,
+    pool: Arc<GlobalPool>,
+    registry: Arc<Registry>,
+    gates: Mutex<Vec<Weak<GateHandle>>>,
+    next_gate: AtomicU64,
+    closed: AtomicBool,
+    /// Wakes the flusher early on close.
+    stop: (Mutex<bool>, Condvar),
+    /// Reserved for the transport; keeps the advertised port ours.
+    _listener: TcpListener,
+}
+
+/// A snapshot of an environment's metrics.
+#[derive(Debug, Clone)]
+pub struct EnvMetrics {
+    /// `env.address`.
+    pub address: String,
+    /// Bytes per segment.
+    pub segment_size: usize,
+    /// The global pool's cap.
+    pub segments_total: usize,
+    /// Segments not held by any local pool.
+    pub segments_available: usize,
+    /// Segments allocated so far (lazy).
+    pub segments_allocated: usize,
+    /// Sum of local pools' guaranteed minimums.
+    pub segments_reserved: usize,
+    /// Registered partitions.
+    pub partitions: Vec<PartitionMetrics>,
+    /// Open gates.
+    pub gates: Vec<GateMetrics>,
+}
+
+/// One per process: pools, partitions, gates.
+pub struct NetworkEnvironment {
+    inner: Arc<Inner>,
+    flusher: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl NetworkEnvironment {
+    /// Validates `config`, binds the listener and starts the flusher.
+    pub fn new(config: EnvConfig) -> Result<NetworkEnvironment> {
+        if config.floating_buffers == 0 {
+            return Err(Error::InvalidArgument("floating_buffers must be at least 1".into()));
+        }
+        let pool = GlobalPool::new(config.memory, config.segment_size)?;
+        let listener = TcpListener::bind(&config.bind)
+            .map_err(|e| Error::InvalidArgument(format!("cannot bind {:?}: {e}", config.bind)))?;
+        let address = listener.local_addr().map_err(|e| Error::InvalidArgument(e.to_string()))?.to_string();
+        let inner = Arc::new(Inner {
+            config,
+            address,
+            pool,
+            registry: Arc::new(Mutex::new(HashMap::new())),
+            gates: Mutex::new(Vec::new()),
+            next_gate: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            stop: (Mutex::new(false), Condvar::new()),
+            _listener: listener,
+        });
+        let weak = Arc::downgrade(&inner);
+        let flusher = std::thread::Builder::new()
+            .name("creditflow-flusher".into())
+            .spawn(move || flusher_loop(weak))
+            .map_err(|e| Error::InvalidArgument(format!("cannot start the flusher thread: {e}")))?;
+        Ok(NetworkEnvironment { inner, flusher: Mutex::new(Some(flusher)) })
+    }
+
+    /// The address other environments reach this one at.
+    pub fn address(&self) -> &str {
+        &self.inner.address
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EnvConfig {
+        &self.inner.config
+    }
+
+    /// The global pool.
+    pub fn pool(&self) -> &Arc<GlobalPool> {
+        &self.inner.pool
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            Err(Error::Closed("network environment"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Creates and registers a partition. Its pool is guaranteed `num_subpartitions + 1`
+    /// segments; [`Error::InsufficientBuffers`] if that does not fit.
+    pub fn create_partition(&self, id: &str, num_subpartitions: usize) -> Result<Arc<ResultPartition>> {
+        self.check_open()?;
+        if num_subpartitions == 0 {
+            return Err(Error::InvalidArgument("num_subpartitions must be at least 1".into()));
+        }
+        if id.is_empty() {
+            return Err(Error::InvalidArgument("partition id must not be empty".into()));
+        }
+        let mut reg = self.inner.registry.lock().unwrap();
+        if reg.contains_key(id) {
+            return Err(Error::PartitionExists(id.to_string()));
+        }
+        let cfg = &self.inner.config;
+        let pool = self.inner.pool.create_local_pool(
+            format!("partition {id:?} ({num_subpartitions} subpartitions)"),
+            num_subpartitions + 1,
+            usize::MAX,
+            "increase `memory` or decrease `segment_size` of the NetworkEnvironment, or close unused partitions and gates",
+        )?;
+        let handoff = if cfg.local_handoff { Handoff::Batch } else { Handoff::Serialized };
+        let p = Arc::new(ResultPartition::new(
+            id.to_string(),
+            num_subpartitions,
+            pool,
+            handoff,
+            cfg.buffer_timeout.is_zero(),
+            Arc::downgrade(&self.inner.registry),
+        ));
+        reg.insert(id.to_string(), p.clone());
+        Ok(p)
+    }
+
+    /// A registered partition.
+    pub fn partition(&self, id: &str) -> Option<Arc<ResultPartition>> {
+        self.inner.registry.lock().unwrap().get(id).cloned()
+    }
+
+    /// Creates a gate reading `specs`. Its pool is guaranteed `remote channels ×
+    /// exclusive_buffers + 1` segments and may grow by `floating_buffers`.
+    pub fn create_input_gate(&self, specs: Vec<ChannelSpec>) -> Result<InputGate> {
+        self.check_open()?;
+        let cfg = &self.inner.config;
+        let remote = specs.iter().filter(|s| s.address != self.inner.address).count();
+        let n = self.inner.next_gate.fetch_add(1, Ordering::Relaxed);
+        let name = format!("gate-{n}");
+        let exclusive = remote * cfg.exclusive_buffers;
+        let pool = self.inner.pool.create_local_pool(
+            format!("input gate {name} ({} channels, {remote} remote)", specs.len()),
+            exclusive + 1,
+            exclusive + cfg.floating_buffers,
+            "increase `memory`, or decrease `exclusive_buffers` or `segment_size` of the NetworkEnvironment",
+        )?;
+        let max_record = cfg.max_record_size.max(RECORD_HEADER_LEN);
+        let (gate, handle) = InputGate::new(
+            name,
+            specs,
+            pool,
+            Arc::downgrade(&self.inner.registry),
+            self.inner.address.clone(),
+            cfg.request_backoff,
+            max_record,
+        )?;
+        let mut gates = self.inner.gates.lock().unwrap();
+        gates.retain(|g| g.strong_count() > 0);
+        gates.push(Arc::downgrade(&handle));
+        Ok(gate)
+    }
+
+    /// Metrics of the environment, its partitions and gates.
+    pub fn metrics(&self) -> EnvMetrics {
+        let pool = &self.inner.pool;
+        let mut partitions: Vec<PartitionMetrics> =
+            self.inner.registry.lock().unwrap().values().map(|p| p.metrics()).collect();
+        partitions.sort_by(|a, b| a.id.cmp(&b.id));
+        let gates = self.inner.gates.lock().unwrap().iter().filter_map(|g| g.upgrade()).map(|g| g.metrics()).collect();
+        EnvMetrics {
+            address: self.inner.address.clone(),
+            segment_size: pool.segment_size(),
+            segments_total: pool.total_segments(),
+            segments_available: pool.available_segments(),
+            segments_allocated: pool.allocated_segments(),
+            segments_reserved: pool.reserved_segments(),
+            partitions,
+            gates,
+        }
+    }
+
+    /// Releases every partition, stops the flusher. Gates still open fail on their next
+    /// read. Idempotent.
+    pub fn close(&self) {
+        if self.inner.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let parts: Vec<Arc<ResultPartition>> = self.inner.registry.lock().unwrap().values().cloned().collect();
+        for p in parts {
+            p.release();
+        }
+        {
+            let (lock, cv) = &self.inner.stop;
+            *lock.lock().unwrap() = true;
+            cv.notify_all();
+        }
+        if let Some(h) = self.flusher.lock().unwrap().take() {
+            let _ = h.join();
+        }
+    }
+
+    /// Whether [`NetworkEnvironment::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for NetworkEnvironment {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn flusher_loop(weak: Weak<Inner>) {
+    let mut last_flush = Instant::now();
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let timeout = inner.config.buffer_timeout;
+        let period = if timeout.is_zero() { METER_TICK } else { timeout.min(METER_TICK) };
+        {
+            let (lock, cv) = &inner.stop;
+            let stopped = lock.lock().unwrap();
+            if *stopped {
+                return;
+            }
+            let (stopped, _) = cv.wait_timeout(stopped, period).unwrap();
+            if *stopped {
+                return;
+            }
+        }
+        let parts: Vec<Arc<ResultPartition>> = inner.registry.lock().unwrap().values().cloned().collect();
+        let flush = !timeout.is_zero() && last_flush.elapsed() >= timeout;
+        if flush {
+            last_flush = Instant::now();
+        }
+        for p in &parts {
+            if flush {
+                p.flush();
+            }
+            p.tick();
+        }
+        let gates: Vec<Arc<GateHandle>> = inner.gates.lock().unwrap().iter().filter_map(|g| g.upgrade()).collect();
+        for g in gates {
+            g.tick();
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! `InputGate`: reads one subpartition per channel and yields batches (Flink's
+//! `SingleInputGate` with `LocalInputChannel`s).
+//!
+//! Channels that have something to read are queued in `ready` by the subpartitions'
+//! listeners (each at most once); `next()` takes them round-robin, so one busy channel
+//! cannot starve the others. Per channel, batches come out in the order they were written.
+//! A channel whose partition is not registered yet is retried with exponential backoff
+//! and fails with `PartitionNotFound` when the backoff is exhausted.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+
+use crate::error::{Error, Result};
+use crate::memory::{LocalPool, PoolStats};
+use crate::metrics::{Counter, TimeMeter};
+use crate::partition::subpartition::{Event, Polled, Subpartition};
+use crate::partition::{Registry, ResultPartition};
+use crate::serde::RecordDeserializer;
+use crate::wait::Wait;
+
+/// Which subpartition of which partition, where.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ChannelSpec {
+    /// Address of the environment owning the partition (`env.address`).
+    pub address: String,
+    /// Partition id.
+    pub partition_id: String,
+    /// Subpartition index.
+    pub subpartition: usize,
+}
+
+/// What `next` yields.
+#[derive(Debug)]
+pub enum GateItem {
+    /// A batch, and the channel it came from.
+    Batch(usize, RecordBatch),
+}
+
+/// Backoff for partition requests (Flink's `taskmanager.network.request-backoff.*`).
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    /// First retry delay.
+    pub initial: Duration,
+    /// Largest delay; after a retry at this delay fails, the request fails.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(10) }
+    }
+}
+
+/// Wake-up side of the gate, shared with the subpartitions' listeners.
+struct Ready {
+    queue: Mutex<VecDeque<usize>>,
+    cv: Condvar,
+    queued: Vec<AtomicBool>,
+}
+
+impl Ready {
+    fn push(&self, idx: usize) {
+        if !self.queued[idx].swap(true, Ordering::SeqCst) {
+            self.queue.lock().unwrap().push_back(idx);
+            self.cv.notify_one();
+        }
+    }
+}
+
+enum ChannelState {
+    /// Waiting for the partition to be registered.
+    Pending { next_try: Instant, delay: Duration },
+    /// Reading a local subpartition.
+    Local { partition: Arc<ResultPartition>, sub: Arc<Subpartition>, de: RecordDeserializer },
+    /// End-of-partition seen (or the gate was closed).
+    Ended,
+}
+
+struct Channel {
+    spec: ChannelSpec,
+    state: ChannelState,
+}
+
+#[derive(Default)]
+pub(crate) struct GateCounters {
+    pub(crate) batches: Counter,
+    pub(crate) buffers: Counter,
+    pub(crate) bytes: Counter,
+    pub(crate) rows: Counter,
+    pub(crate) idle: TimeMeter,
+}
+
+/// A snapshot of a gate's metrics.
+#[derive(Debug, Clone)]
+pub struct GateMetrics {
+    /// Gate name.
+    pub name: String,
+    /// Number of channels.
+    pub num_channels: usize,
+    /// Channels that reached the end.
+    pub ended_channels: usize,
+    /// The gate's pool (exclusive + floating buffers of remote channels).
+    pub pool: PoolStats,
+    /// Batches decoded but not yet returned.
+    pub queued_batches: usize,
+    /// Batches received.
+    pub batches_received: u64,
+    /// Buffers (serialized buffers or handed-off batches) received.
+    pub buffers_received: u64,
+    /// Arrow bytes received.
+    pub bytes_received: u64,
+    /// Rows received.
+    pub rows_received: u64,
+    /// Time the reader waited for data, over the last second.
+    pub idle_ms_per_second: f64,
+}
+
+/// The part of a gate the environment keeps, to tick its meters and report its metrics.
+pub(crate) struct GateHandle {
+    name: String,
+    counters: GateCounters,
+    pool: LocalPool,
+    num_channels: usize,
+    ended: std::sync::atomic::AtomicUsize,
+    queued: std::sync::atomic::AtomicUsize,
+}
+
+impl GateHandle {
+    pub(crate) fn tick(&self) {
+        self.counters.idle.tick();
+    }
+
+    pub(crate) fn metrics(&self) -> GateMetrics {
+        let c = &self.counters;
+        GateMetrics {
+            name: self.name.clone(),
+            num_channels: self.num_channels,
+            ended_channels: self.ended.load(Ordering::Relaxed),
+            pool: self.pool.stats(),
+            queued_batches: self.queued.load(Ordering::Relaxed),
+            batches_received: c.batches.get(),
+            buffers_received: c.buffers.get(),
+            bytes_received: c.bytes.get(),
+            rows_received: c.rows.get(),
+            idle_ms_per_second: c.idle.ms_per_second(),
+        }
+    }
+}
+
+/// Reads batches from a set of channels.
+pub struct InputGate {
+    channels: Vec<Channel>,
+    ready: Arc<Ready>,
+    /// Decoded batches not yet returned, with their channel (keeps per-channel order).
+    pending: VecDeque<(usize, RecordBatch)>,
+    ended: usize,
+    registry: Weak<Registry>,
+    local_address: String,
+    backoff: Backoff,
+    max_record: usize,
+    handle: Arc<GateHandle>,
+    closed: bool,
+}
+
+impl InputGate {
+    pub(crate) fn new(
+        name: String,
+        specs: Vec<ChannelSpec>,
+        pool: LocalPool,
+        registry: Weak<Registry>,
+        local_address: String,
+        backoff: Backoff,
+        max_record: usize,
+    ) -> Result<(InputGate, Arc<GateHandle>)> {
+        if specs.is_empty() {
+            return Err(Error::InvalidArgument("an input gate needs at least one channel".into()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for s in &specs {
+            if !seen.insert(s) {
+                return Err(Error::InvalidArgument(format!("channel {s:?} listed twice")));
+            }
+        }
+        let ready = Arc::new(Ready {
+            queue: Mutex::new(VecDeque::new()),
+            cv: Condvar::new(),
+            queued: (0..specs.len()).map(|_| AtomicBool::new(false)).collect(),
+        });
+        let now = Instant::now();
+        let channels: Vec<Channel> = specs
+            .into_iter()
+            .map(|spec| Channel { spec, state: ChannelState::Pending { next_try: now, delay: backoff.initial } })
+            .collect();
+        let handle = Arc::new(GateHandle {
+            name,
+            counters: GateCounters::default(),
+            pool,
+            num_channels: channels.len(),
+            ended: Default::default(),
+            queued: Default::default(),
+        });
+        let mut gate = InputGate {
+            channels,
+            ready,
+            pending: VecDeque::new(),
+            ended: 0,
+            registry,
+            local_address,
+            backoff,
+            max_record,
+            handle: handle.clone(),
+            closed: false,
+        };
+        gate.resolve_pending(true)?;
+        Ok((gate, handle))
+    }
+
+    /// Number of channels.
+    pub fn num_channels(&self) -> usize {
+        self.channels.len()
+    }
+
+    /// The channel specs, in channel order.
+    pub fn specs(&self) -> impl Iterator<Item = &ChannelSpec> {
+        self.channels.iter().map(|c| &c.spec)
+    }
+
+    /// Tries to attach channels whose partition was missing. Fails when a channel's backoff
+    /// is exhausted.
+    fn resolve_pending(&mut self, first: bool) -> Result<()> {
+        let now = Instant::now();
+        for idx in 0..self.channels.len() {
+            let ChannelState::Pending { next_try, delay } = self.channels[idx].state else { continue };
+            if now < next_try {
+                continue;
+            }
+            let spec = self.channels[idx].spec.clone();
+            if spec.address != self.local_address {
+                return Err(Error::InvalidArgument(format!(
+                    "channel {spec:?} names another environment ({}), but this environment is {}: remote \
+                     channels need the TCP transport, which this build does not have yet",
+                    spec.address, self.local_address
+                )));
+            }
+            let partition = self.registry.upgrade().and_then(|r| r.lock().unwrap().get(&spec.partition_id).cloned());
+            match partition {
+                Some(p) => {
+                    let sub = p.subpartition(spec.subpartition)?.clone();
+                    let ready = Arc::downgrade(&self.ready);
+                    let listener: crate::partition::subpartition::Listener = Arc::new(move || {
+                        if let Some(r) = ready.upgrade() {
+                            r.push(idx);
+                        }
+                    });
+                    if !sub.attach_reader(listener) {
+                        return Err(Error::AlreadyConsumed { partition: spec.partition_id, index: spec.subpartition });
+                    }
+                    self.channels[idx].state =
+                        ChannelState::Local { partition: p, sub, de: RecordDeserializer::new(self.max_record) };
+                    self.ready.push(idx);
+                }
+                None if first => {
+                    self.channels[idx].state = ChannelState::Pending { next_try: now + delay, delay };
+                }
+                None => {
+                    if delay >= self.backoff.max {
+                        return Err(Error::PartitionNotFound(spec.partition_id));
+                    }
+                    let next = (delay * 2).min(self.backoff.max);
+                    self.channels[idx].state = ChannelState::Pending { next_try: now + next, delay: next };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn next_retry(&self) -> Option<Instant> {
+        self.channels
+            .iter()
+            .filter_map(|c| match c.state {
+                ChannelState::Pending { next_try, .. } => Some(next_try),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// The next batch; `None` once every channel has ended. Blocks as `wait` allows.
+    pub fn next(&mut self, wait: &mut Wait<'_>) -> Result<Option<RecordBatch>> {
+        Ok(self.next_item(wait)?.map(|GateItem::Batch(_, b)| b))
+    }
+
+    /// Like [`InputGate::next`], with the channel index.
+    pub fn next_item(&mut self, wait: &mut Wait<'_>) -> Result<Option<GateItem>> {
+        if self.closed {
+            return Err(Error::Closed("input gate"));
+        }
+        loop {
+            if let Some((ch, b)) = self.pending.pop_front() {
+                self.handle.queued.store(self.pending.len(), Ordering::Relaxed);
+                return Ok(Some(GateItem::Batch(ch, b)));
+            }
+            if self.ended == self.channels.len() {
+                return Ok(None);
+            }
+            self.resolve_pending(false)?;
+            let idx = match self.take_ready() {
+                Some(idx) => idx,
+                None => {
+                    let _idle = self.handle.counters.idle.start();
+                    match self.wait_ready(wait)? {
+                        Some(idx) => idx,
+                        None => continue,
+                    }
+                }
+            };
+            self.poll_channel(idx)?;
+        }
+    }
+
+    fn take_ready(&self) -> Option<usize> {
+        let idx = self.ready.queue.lock().unwrap().pop_front()?;
+        self.ready.queued[idx].store(false, Ordering::SeqCst);
+        Some(idx)
+    }
+
+    /// Sleeps until a channel is ready, a pending channel is due for a retry, or `wait` ends.
+    fn wait_ready(&self, wait: &mut Wait<'_>) -> Result<Option<usize>> {
+        let mut q = self.ready.queue.lock().unwrap();
+        loop {
+            if let Some(idx) = q.pop_front() {
+                self.ready.queued[idx].store(false, Ordering::SeqCst);
+                return Ok(Some(idx));
+            }
+            let mut slice = wait.tick()?;
+            if let Some(t) = self.next_retry() {
+                let now = Instant::now();
+                if t <= now {
+                    return Ok(None);
+                }
+                slice = slice.min(t - now);
+            }
+            q = self.ready.cv.wait_timeout(q, slice).unwrap().0;
+        }
+    }
+
+    fn poll_channel(&mut self, idx: usize) -> Result<()> {
+        let ChannelState::Local { partition, sub, de } = &mut self.channels[idx].state else {
+            return Ok(());
+        };
+        let Some(polled) = sub.poll() else { return Ok(()) };
+        let counters = &self.handle.counters;
+        match polled {
+            Polled::Batch(lb) => {
+                counters.buffers.add(1);
+                counters.batches.add(1);
+                counters.bytes.add(lb.bytes as u64);
+                counters.rows.add(lb.batch.num_rows() as u64);
+                self.pending.push_back((idx, lb.batch));
+                // lb.segments are recycled here: the batch left the partition's budget.
+            }
+            Polled::Data(slice) => {
+                counters.buffers.add(1);
+                let mut out = VecDeque::new();
+                de.push(slice.as_slice(), &mut out)?;
+                for b in out {
+                    counters.batches.add(1);
+                    counters.bytes.add(b.get_array_memory_size() as u64);
+                    counters.rows.add(b.num_rows() as u64);
+                    self.pending.push_back((idx, b));
+                }
+            }
+            Polled::Event(Event::EndOfPartition) => {
+                if !de.is_at_record_boundary() {
+                    return Err(Error::Protocol(format!(
+                        "channel {:?} ended in the middle of a record",
+                        self.channels[idx].spec
+                    )));
+                }
+                partition.subpartition_done();
+                self.channels[idx].state = ChannelState::Ended;
+                self.ended += 1;
+                self.handle.ended.store(self.ended, Ordering::Relaxed);
+                return Ok(());
+            }
+            Polled::Event(Event::ProducerFailed(msg)) => {
+                partition.subpartition_done();
+                self.channels[idx].state = ChannelState::Ended;
+                self.ended += 1;
+                return Err(Error::ProducerFailed(msg));
+            }
+        }
+        self.handle.queued.store(self.pending.len(), Ordering::Relaxed);
+        // More may be readable: come back to this channel after the others.
+        self.ready.push(idx);
+        Ok(())
+    }
+
+    /// Releases every channel (their subpartitions drop what is queued) and the gate's pool.
+    pub fn close(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        for ch in &mut self.channels {
+            if let ChannelState::Local { partition, sub, .. } = &ch.state {
+                sub.release();
+                partition.subpartition_done();
+            }
+            ch.state = ChannelState::Ended;
+        }
+        self.pending.clear();
+        self.handle.pool.destroy();
+    }
+
+    /// A snapshot of the metrics.
+    pub fn metrics(&self) -> GateMetrics {
+        self.handle.metrics()
+    }
+}
+
+impl Drop for InputGate {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

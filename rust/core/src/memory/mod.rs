@@ -1,0 +1,8 @@
+//! Memory: fixed-size segments ([`segment`]) handed out by a capped global pool to local
+//! pools with a guaranteed minimum and an elastic share ([`pool`]).
+
+pub mod pool;
+pub mod segment;
+
+pub use pool::{GlobalPool, LocalPool, PoolStats, PooledSegment};
+pub use segment::Segment;

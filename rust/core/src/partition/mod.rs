@@ -1,0 +1,402 @@
+//! A result partition: N pipelined subpartitions fed by one writer through one local pool
+//! (Flink's `PipelinedResultPartition`).
+//!
+//! Two ways a batch enters a subpartition:
+//! * **hand-off** (default for readers in the same environment): the batch itself is queued,
+//!   holding as many segments of the partition's pool as its Arrow memory needs, so the
+//!   queue stays within the same memory budget without copying anything;
+//! * **serialized**: the batch is Arrow-IPC encoded straight into segments through a
+//!   [`buffer::BufferBuilder`]; a flushed, partly filled buffer is readable before it is full.
+//!
+//! A write that finds no free segment blocks: that is backpressure, and the time is
+//! measured ([`PartitionMetrics::backpressured_ms_per_second`]).
+
+pub mod buffer;
+pub mod subpartition;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+
+use crate::error::{Error, Result};
+use crate::memory::{LocalPool, PoolStats};
+use crate::metrics::{BackpressureLevel, Counter, TimeMeter};
+use crate::serde::BatchEncoder;
+use crate::wait::Wait;
+use buffer::{new_buffer, BufferBuilder};
+use subpartition::{Entry, Event, LocalBatch, Subpartition};
+
+/// Where partitions are registered, so that they can unregister when done.
+pub(crate) type Registry = Mutex<std::collections::HashMap<String, Arc<ResultPartition>>>;
+
+/// How batches are put into subpartitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handoff {
+    /// Queue the batch itself (zero copy), accounted in segments.
+    Batch,
+    /// Serialize into segments (what remote readers need).
+    Serialized,
+}
+
+/// Per-subpartition writer state of the serialized path.
+#[derive(Default)]
+struct SerialState {
+    builder: Option<BufferBuilder>,
+    encoder: Option<BatchEncoder>,
+    /// Bytes appended to the stream so far (to tell whether a failed write left half a record).
+    stream_bytes: u64,
+}
+
+/// A partition with `n` subpartitions.
+pub struct ResultPartition {
+    id: String,
+    subpartitions: Vec<Arc<Subpartition>>,
+    pool: LocalPool,
+    handoff: Handoff,
+    flush_every_write: bool,
+    /// Schema of the first batch; every later batch must match it.
+    schema: OnceLock<SchemaRef>,
+    /// Builders and encoders of the serialized path; also serializes concurrent writers.
+    serial: Mutex<Vec<SerialState>>,
+    /// End-of-partition was sent: no more writes.
+    finished: AtomicBool,
+    /// Set when a write failed half-way; later writes fail with it.
+    failed: Mutex<Option<String>>,
+    /// Subpartitions whose reader saw the end or went away.
+    done: AtomicUsize,
+    released: AtomicBool,
+    registry: Weak<Registry>,
+    metrics: Metrics,
+}
+
+#[derive(Default)]
+struct Metrics {
+    batches: Counter,
+    buffers: Counter,
+    bytes: Counter,
+    rows: Counter,
+    backpressure: TimeMeter,
+}
+
+/// A snapshot of a partition's metrics.
+#[derive(Debug, Clone)]
+pub struct PartitionMetrics {
+    /// Partition id.
+    pub id: String,
+    /// Number of subpartitions.
+    pub num_subpartitions: usize,
+    /// The partition's pool.
+    pub pool: PoolStats,
+    /// Finished buffers/batches waiting per subpartition.
+    pub backlog: Vec<usize>,
+    /// Batches written (a hash split counts each piece).
+    pub batches_written: u64,
+    /// Buffers (segments filled or batches handed off) published.
+    pub buffers_written: u64,
+    /// Arrow payload bytes written.
+    pub bytes_written: u64,
+    /// Rows written.
+    pub rows_written: u64,
+    /// Time writers spent blocked on a buffer, over the last second.
+    pub backpressured_ms_per_second: f64,
+    /// Whether end-of-partition was sent.
+    pub finished: bool,
+}
+
+impl PartitionMetrics {
+    /// Out-pool usage: segments in use / pool share.
+    pub fn out_pool_usage(&self) -> f64 {
+        self.pool.usage()
+    }
+
+    /// OK / LOW / HIGH.
+    pub fn level(&self) -> BackpressureLevel {
+        BackpressureLevel::from_ms_per_second(self.backpressured_ms_per_second)
+    }
+}
+
+impl ResultPartition {
+    pub(crate) fn new(
+        id: String,
+        num_subpartitions: usize,
+        pool: LocalPool,
+        handoff: Handoff,
+        flush_every_write: bool,
+        registry: Weak<Registry>,
+    ) -> ResultPartition {
+        ResultPartition {
+            id,
+            subpartitions: (0..num_subpartitions).map(|i| Arc::new(Subpartition::new(i))).collect(),
+            pool,
+            handoff,
+            flush_every_write,
+            schema: OnceLock::new(),
+            serial: Mutex::new((0..num_subpartitions).map(|_| SerialState::default()).collect()),
+            finished: AtomicBool::new(false),
+            failed: Mutex::new(None),
+            done: AtomicUsize::new(0),
+            released: AtomicBool::new(false),
+            registry,
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// The id it is registered under.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Number of subpartitions.
+    pub fn num_subpartitions(&self) -> usize {
+        self.subpartitions.len()
+    }
+
+    /// One subpartition.
+    pub fn subpartition(&self, index: usize) -> Result<&Arc<Subpartition>> {
+        self.subpartitions.get(index).ok_or_else(|| Error::SubpartitionOutOfRange {
+            partition: self.id.clone(),
+            index,
+            count: self.subpartitions.len(),
+        })
+    }
+
+    /// The schema of the first batch written, if any.
+    pub fn schema(&self) -> Option<SchemaRef> {
+        self.schema.get().cloned()
+    }
+
+    /// Checks (or, for the first batch, records) the schema.
+    pub(crate) fn check_schema(&self, batch: &RecordBatch) -> Result<()> {
+        let expected = self.schema.get_or_init(|| batch.schema());
+        if expected.as_ref() != batch.schema_ref().as_ref() {
+            return Err(Error::SchemaMismatch {
+                partition: self.id.clone(),
+                expected: expected.to_string(),
+                actual: batch.schema().to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.released.load(Ordering::SeqCst) {
+            return Err(Error::Closed("partition"));
+        }
+        if self.finished.load(Ordering::SeqCst) {
+            return Err(Error::Closed("partition (end-of-partition already sent)"));
+        }
+        if let Some(msg) = self.failed.lock().unwrap().as_ref() {
+            return Err(Error::ProducerFailed(msg.clone()));
+        }
+        Ok(())
+    }
+
+    /// Writes pieces already split by a partitioner. With hand-off, all pieces are queued or
+    /// none (a timeout loses nothing and the write may be retried).
+    pub(crate) fn write_pieces(&self, pieces: Vec<(usize, RecordBatch)>, wait: &mut Wait<'_>) -> Result<()> {
+        self.check_writable()?;
+        match self.handoff {
+            Handoff::Batch => self.write_handoff(pieces, wait),
+            Handoff::Serialized => self.write_serialized(pieces, wait),
+        }?;
+        if self.flush_every_write {
+            self.flush();
+        }
+        Ok(())
+    }
+
+    fn write_handoff(&self, pieces: Vec<(usize, RecordBatch)>, wait: &mut Wait<'_>) -> Result<()> {
+        let seg = self.pool.segment_size();
+        let sizes: Vec<usize> = pieces.iter().map(|(_, b)| b.get_array_memory_size()).collect();
+        let needs: Vec<usize> = sizes.iter().map(|s| s.div_ceil(seg).max(1)).collect();
+        let total: usize = needs.iter().sum();
+        let mut segments = match self.pool.try_request_many(total) {
+            Some(s) => s,
+            None => {
+                let _blocked = self.metrics.backpressure.start();
+                self.pool.request_many(total, wait)?
+            }
+        };
+        for (((sp, batch), need), bytes) in pieces.into_iter().zip(needs).zip(sizes) {
+            let take = need.min(segments.len());
+            let held = segments.split_off(segments.len() - take);
+            self.metrics.batches.add(1);
+            self.metrics.buffers.add(1);
+            self.metrics.bytes.add(bytes as u64);
+            self.metrics.rows.add(batch.num_rows() as u64);
+            self.subpartitions[sp].add_finished(Entry::Batch(LocalBatch { batch, bytes, segments: held }));
+        }
+        Ok(())
+    }
+
+    fn write_serialized(&self, pieces: Vec<(usize, RecordBatch)>, wait: &mut Wait<'_>) -> Result<()> {
+        let mut serial = self.serial.lock().unwrap();
+        for (sp, batch) in pieces {
+            let sub = &self.subpartitions[sp];
+            if sub.is_released() {
+                continue;
+            }
+            let state = &mut serial[sp];
+            let encoder = match state.encoder.as_mut() {
+                Some(e) => e,
+                None => state.encoder.insert(BatchEncoder::new(&batch.schema())?),
+            };
+            let record = encoder.encode(&batch)?;
+            let start = state.stream_bytes;
+            for chunk in record.chunks() {
+                if let Err(e) = self.append(sub, state, chunk, wait) {
+                    if state.stream_bytes != start {
+                        // Half a record is in the stream: the reader cannot continue.
+                        let msg = format!("write to partition {:?} failed mid-batch: {e}", self.id);
+                        *self.failed.lock().unwrap() = Some(msg.clone());
+                        if let Some(b) = state.builder.take() {
+                            b.finish();
+                            sub.buffer_finished();
+                        }
+                        sub.add_finished(Entry::Event(Event::ProducerFailed(msg)));
+                    }
+                    return Err(e);
+                }
+            }
+            self.metrics.batches.add(1);
+            self.metrics.bytes.add(batch.get_array_memory_size() as u64);
+            self.metrics.rows.add(batch.num_rows() as u64);
+        }
+        Ok(())
+    }
+
+    /// Appends bytes to a subpartition's stream, starting buffers as needed.
+    fn append(&self, sub: &Subpartition, state: &mut SerialState, mut data: &[u8], wait: &mut Wait<'_>) -> Result<()> {
+        let builder = &mut state.builder;
+        while !data.is_empty() {
+            let b = match builder {
+                Some(b) => b,
+                None => {
+                    let seg = match self.pool.try_request() {
+                        Some(s) => s,
+                        None => {
+                            let _blocked = self.metrics.backpressure.start();
+                            self.pool.request(wait)?
+                        }
+                    };
+                    let (b, c) = new_buffer(seg);
+                    sub.add_unfinished_buffer(c);
+                    builder.insert(b)
+                }
+            };
+            let n = b.append(data);
+            state.stream_bytes += n as u64;
+            data = &data[n..];
+            if b.remaining() == 0 {
+                builder.take().expect("builder").finish();
+                self.metrics.buffers.add(1);
+                sub.buffer_finished();
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes partly filled buffers readable now.
+    pub fn flush(&self) {
+        if self.handoff == Handoff::Serialized {
+            for s in &self.subpartitions {
+                s.flush();
+            }
+        }
+    }
+
+    /// Finishes open buffers and sends end-of-partition to every subpartition. Idempotent.
+    pub fn finish(&self) -> Result<()> {
+        if self.finished.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let mut serial = self.serial.lock().unwrap();
+        for (sub, state) in self.subpartitions.iter().zip(serial.iter_mut()) {
+            if let Some(b) = state.builder.take() {
+                b.finish();
+                self.metrics.buffers.add(1);
+                sub.buffer_finished();
+            }
+            sub.add_finished(Entry::Event(Event::EndOfPartition));
+        }
+        drop(serial);
+        self.maybe_release();
+        Ok(())
+    }
+
+    /// Whether end-of-partition was sent.
+    pub fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::SeqCst)
+    }
+
+    /// A subpartition's reader reached the end or went away.
+    pub(crate) fn subpartition_done(&self) {
+        self.done.fetch_add(1, Ordering::SeqCst);
+        self.maybe_release();
+    }
+
+    fn maybe_release(&self) {
+        if self.is_finished() && self.done.load(Ordering::SeqCst) >= self.subpartitions.len() {
+            self.release();
+        }
+    }
+
+    /// Drops all queued data, gives the pool back and unregisters the partition. Writers
+    /// fail with `Closed` afterwards. Idempotent.
+    pub fn release(&self) {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for s in &self.subpartitions {
+            s.release();
+        }
+        self.pool.destroy();
+        if let Some(reg) = self.registry.upgrade() {
+            let mut reg = reg.lock().unwrap();
+            if reg.get(&self.id).is_some_and(|p| std::ptr::eq(p.as_ref(), self)) {
+                reg.remove(&self.id);
+            }
+        }
+    }
+
+    /// Whether the partition was released.
+    pub fn is_released(&self) -> bool {
+        self.released.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn tick(&self) {
+        self.metrics.backpressure.tick();
+    }
+
+    /// A snapshot of the metrics.
+    pub fn metrics(&self) -> PartitionMetrics {
+        PartitionMetrics {
+            id: self.id.clone(),
+            num_subpartitions: self.subpartitions.len(),
+            pool: self.pool.stats(),
+            backlog: self.subpartitions.iter().map(|s| s.backlog()).collect(),
+            batches_written: self.metrics.batches.get(),
+            buffers_written: self.metrics.buffers.get(),
+            bytes_written: self.metrics.bytes.get(),
+            rows_written: self.metrics.rows.get(),
+            backpressured_ms_per_second: self.metrics.backpressure.ms_per_second(),
+            finished: self.is_finished(),
+        }
+    }
+
+    /// The partition's pool (tests and metrics).
+    pub fn pool(&self) -> &LocalPool {
+        &self.pool
+    }
+}
+
+impl std::fmt::Debug for ResultPartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResultPartition")
+            .field("id", &self.id)
+            .field("subpartitions", &self.subpartitions.len())
+            .finish()
+    }
+}

@@ -1,0 +1,234 @@
+//! A pipelined subpartition: the queue between one partition's writer and the one reader
+//! of that subpartition (Flink's `PipelinedSubpartition` + `PipelinedSubpartitionView`).
+//!
+//! The queue itself is lock-free (a crossbeam `SegQueue`). What crosses it is an [`Entry`]:
+//! a serialized buffer (whose bytes may still be growing, see [`super::buffer`]), a whole
+//! Arrow batch handed over without serializing (local channels), or an event.
+//!
+//! Visibility follows Flink: finished entries are readable at once; the bytes of the
+//! unfinished buffer at the tail become readable on a *flush* (by `flush()`, the output
+//! flusher after `buffer_timeout`, or every write when the timeout is 0).
+//!
+//! Wake-ups use two flags and no lock: the reader sets `reader_waiting` before it re-checks
+//! the queue and goes to sleep; the writer, after publishing, swaps the flag and calls the
+//! reader's listener only if it was set. Both use SeqCst so one of them sees the other.
+
+use std::sync::Mutex as StdMutex;
+
+use arrow_array::RecordBatch;
+use crossbeam_queue::SegQueue;
+
+use super::buffer::{BufferConsumer, BufferSlice};
+use crate::memory::PooledSegment;
+use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+
+/// Called by the writer side when a waiting reader has something new to read.
+pub type Listener = std::sync::Arc<dyn Fn() + Send + Sync>;
+
+/// In-band events. They carry no data and need no credit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The writer closed the partition: nothing follows on this subpartition.
+    EndOfPartition,
+    /// The writer failed mid-batch (interrupted or timed out while a batch was half
+    /// serialized); the reader must fail with this message.
+    ProducerFailed(String),
+}
+
+/// A batch handed over without serializing, with the segments that account for its memory.
+pub struct LocalBatch {
+    /// The batch itself (shares the writer's Arrow buffers).
+    pub batch: RecordBatch,
+    /// Arrow bytes of the batch, for metrics.
+    pub bytes: usize,
+    /// Segments reserved from the partition's pool while the batch is queued; recycled when
+    /// the reader takes it.
+    pub segments: Vec<PooledSegment>,
+}
+
+/// What the writer side puts in the queue.
+pub enum Entry {
+    /// A serialized buffer, possibly still being written.
+    Buffer(BufferConsumer),
+    /// A whole batch (local zero-copy hand-off).
+    Batch(LocalBatch),
+    /// An event.
+    Event(Event),
+}
+
+/// What the reader gets out.
+pub enum Polled {
+    /// Bytes of the serialized stream (may end or start mid-record).
+    Data(BufferSlice),
+    /// A whole batch.
+    Batch(LocalBatch),
+    /// An event.
+    Event(Event),
+}
+
+/// Shared state of one subpartition.
+pub struct Subpartition {
+    index: usize,
+    queue: SegQueue<Entry>,
+    /// Finished entries in the queue not yet taken by the reader: Flink's backlog.
+    finished: AtomicUsize,
+    /// Set by flush, cleared by the reader when it reads the unfinished buffer.
+    flush_requested: AtomicBool,
+    /// The reader found nothing and sleeps until the listener is called.
+    reader_waiting: AtomicBool,
+    /// A reader is attached (pipelined subpartitions are read once).
+    consumed: AtomicBool,
+    /// The reader went away: writes are dropped, the queue drained.
+    released: AtomicBool,
+    /// The reader's wake-up callback. Locked only to set it and to call it after a
+    /// successful `reader_waiting` swap, i.e. only when the reader sleeps.
+    listener: StdMutex<Option<Listener>>,
+    /// The reader's half-read buffer; touched only by the one reader (the lock is uncontended).
+    current: StdMutex<Option<BufferConsumer>>,
+}
+
+impl Subpartition {
+    /// An empty subpartition.
+    pub fn new(index: usize) -> Subpartition {
+        Subpartition {
+            index,
+            queue: SegQueue::new(),
+            finished: AtomicUsize::new(0),
+            flush_requested: AtomicBool::new(false),
+            reader_waiting: AtomicBool::new(false),
+            consumed: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+            listener: StdMutex::new(None),
+            current: StdMutex::new(None),
+        }
+    }
+
+    /// Its index in the partition.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    // ---- writer side ----
+
+    /// Adds the consumer of a new, unfinished buffer (not yet counted in the backlog).
+    pub fn add_unfinished_buffer(&self, consumer: BufferConsumer) {
+        if self.released.load(Ordering::SeqCst) {
+            return;
+        }
+        self.queue.push(Entry::Buffer(consumer));
+    }
+
+    /// Counts the tail buffer as finished and wakes the reader.
+    pub fn buffer_finished(&self) {
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        self.notify();
+    }
+
+    /// Adds a finished entry (batch or event) and wakes the reader.
+    pub fn add_finished(&self, entry: Entry) {
+        if self.released.load(Ordering::SeqCst) {
+            return;
+        }
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        self.queue.push(entry);
+        self.notify();
+    }
+
+    /// Makes the committed bytes of the unfinished tail buffer readable.
+    pub fn flush(&self) {
+        self.flush_requested.store(true, Ordering::SeqCst);
+        self.notify();
+    }
+
+    fn notify(&self) {
+        if self.reader_waiting.swap(false, Ordering::SeqCst) {
+            let listener = self.listener.lock().unwrap().clone();
+            if let Some(l) = listener {
+                l();
+            }
+        }
+    }
+
+    /// Finished entries waiting for the reader (Flink's backlog).
+    pub fn backlog(&self) -> usize {
+        self.finished.load(Ordering::SeqCst)
+    }
+
+    /// Whether the reader released this subpartition (the writer may stop writing to it).
+    pub fn is_released(&self) -> bool {
+        self.released.load(Ordering::SeqCst)
+    }
+
+    // ---- reader side ----
+
+    /// Attaches the one reader. `false` if a reader was attached before.
+    pub fn attach_reader(&self, listener: Listener) -> bool {
+        if self.consumed.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        *self.listener.lock().unwrap() = Some(listener);
+        true
+    }
+
+    /// Takes the next readable item; `None` when nothing is readable now. After `None`, the
+    /// listener is called once something becomes readable.
+    pub fn poll(&self) -> Option<Polled> {
+        if let Some(item) = self.poll_once() {
+            return Some(item);
+        }
+        self.reader_waiting.store(true, Ordering::SeqCst);
+        self.poll_once()
+    }
+
+    fn poll_once(&self) -> Option<Polled> {
+        let mut current = self.current.lock().unwrap();
+        loop {
+            if let Some(cur) = current.as_mut() {
+                if !cur.is_finished() {
+                    // The unfinished tail buffer is read only after a flush. The flag is
+                    // consumed before the committed bytes are looked at, so a flush after
+                    // this point is not lost.
+                    if !self.flush_requested.swap(false, Ordering::SeqCst) {
+                        return None;
+                    }
+                }
+                let (slice, finished) = cur.read_available();
+                if finished && cur.is_drained() {
+                    *current = None;
+                    self.finished.fetch_sub(1, Ordering::SeqCst);
+                }
+                match slice {
+                    Some(s) => return Some(Polled::Data(s)),
+                    None if finished => continue,
+                    None => return None,
+                }
+            }
+            match self.queue.pop()? {
+                Entry::Buffer(c) => *current = Some(c),
+                Entry::Batch(b) => {
+                    self.finished.fetch_sub(1, Ordering::SeqCst);
+                    return Some(Polled::Batch(b));
+                }
+                Entry::Event(e) => {
+                    self.finished.fetch_sub(1, Ordering::SeqCst);
+                    return Some(Polled::Event(e));
+                }
+            }
+        }
+    }
+
+    /// The reader goes away: later writes are dropped and queued entries recycled.
+    pub fn release(&self) {
+        self.released.store(true, Ordering::SeqCst);
+        *self.listener.lock().unwrap() = None;
+        *self.current.lock().unwrap() = None;
+        while self.queue.pop().is_some() {}
+        self.finished.store(0, Ordering::SeqCst);
+    }
+}
+
+impl std::fmt::Debug for Subpartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subpartition").field("index", &self.index).field("backlog", &self.backlog()).finish()
+    }
+}

@@ -1,1 +1,32 @@
+//! `creditflow._native`: thin pyo3 bindings over `creditflow-core`.
+//!
+//! | file | what |
+//! |---|---|
+//! | `error.rs` | core errors → `creditflow.errors` exceptions |
+//! | `blocking.rs` | GIL release, Ctrl-C, timeouts for blocking calls |
+//! | `env.rs` | `NetworkEnvironment`, `ResultPartition`, metrics → dicts |
+//! | `io.rs` | `RecordWriter`, `InputGate`, `ChannelSpec`, partitioners, Arrow in/out |
 
+mod blocking;
+mod env;
+mod error;
+mod io;
+
+use pyo3::prelude::*;
+
+/// The compiled core of creditflow. Use the `creditflow` package, not this module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<env::NetworkEnvironment>()?;
+    m.add_class::<env::ResultPartition>()?;
+    m.add_class::<io::RecordWriter>()?;
+    m.add_class::<io::InputGate>()?;
+    m.add_class::<io::ChannelSpec>()?;
+    m.add_class::<io::HashPartitioner>()?;
+    m.add_class::<io::RoundRobinPartitioner>()?;
+    m.add_class::<io::BroadcastPartitioner>()?;
+    m.add_class::<io::ForwardPartitioner>()?;
+    m.add_function(wrap_pyfunction!(env::parse_bytes, m)?)?;
+    Ok(())
+}

@@ -326,6 +326,26 @@ impl ResultPartition {
         Ok(())
     }
 
+    /// Ends the partition with an error instead of end-of-partition: every reader fails
+    /// with `ProducerFailed(message)` after the data written before. Idempotent, and a
+    /// no-op after [`ResultPartition::finish`].
+    pub fn fail(&self, message: &str) {
+        if self.finished.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        *self.failed.lock().unwrap() = Some(message.to_string());
+        let mut serial = self.serial.lock().unwrap();
+        for (sub, state) in self.subpartitions.iter().zip(serial.iter_mut()) {
+            if let Some(b) = state.builder.take() {
+                b.finish();
+                sub.buffer_finished();
+            }
+            sub.add_finished(Entry::Event(Event::ProducerFailed(message.to_string())));
+        }
+        drop(serial);
+        self.maybe_release();
+    }
+
     /// Whether end-of-partition was sent.
     pub fn is_finished(&self) -> bool {
         self.finished.load(Ordering::SeqCst)

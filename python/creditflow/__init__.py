@@ -1,0 +1,74 @@
+"""creditflow: Apache Flink's network stack for Arrow record batches.
+
+Bounded-memory, backpressured exchange of Arrow record batches between threads, processes
+and PySpark tasks::
+
+    import creditflow as cf
+
+    with cf.NetworkEnvironment(memory="64MiB") as env:
+        part = env.create_partition("job/stage/0", num_subpartitions=4)
+        gate = env.create_input_gate([cf.ChannelSpec(env.address, "job/stage/0", i) for i in range(4)])
+        with cf.RecordWriter(part, cf.HashPartitioner(["key"])) as w:
+            w.write(batch)
+        for batch in gate:
+            ...
+
+Importing this package starts no thread and no runtime (Spark forks its Python workers);
+a :class:`NetworkEnvironment` starts its one background thread when it is created.
+"""
+
+from __future__ import annotations
+
+from creditflow._native import (
+    BroadcastPartitioner,
+    ChannelSpec,
+    ForwardPartitioner,
+    HashPartitioner,
+    InputGate,
+    NetworkEnvironment,
+    RecordWriter,
+    ResultPartition,
+    RoundRobinPartitioner,
+    __version__,
+    parse_bytes,
+)
+from creditflow.errors import (
+    AlreadyConsumedError,
+    AuthenticationError,
+    ClosedError,
+    ConnectionLostError,
+    CreditflowError,
+    InsufficientBuffersError,
+    InvalidArgumentError,
+    PartitionNotFoundError,
+    ProducerFailedError,
+    ProtocolError,
+    SchemaMismatchError,
+    TimeoutError,
+)
+
+__all__ = [
+    "AlreadyConsumedError",
+    "AuthenticationError",
+    "BroadcastPartitioner",
+    "ChannelSpec",
+    "ClosedError",
+    "ConnectionLostError",
+    "CreditflowError",
+    "ForwardPartitioner",
+    "HashPartitioner",
+    "InputGate",
+    "InsufficientBuffersError",
+    "InvalidArgumentError",
+    "NetworkEnvironment",
+    "PartitionNotFoundError",
+    "ProducerFailedError",
+    "ProtocolError",
+    "RecordWriter",
+    "ResultPartition",
+    "RoundRobinPartitioner",
+    "SchemaMismatchError",
+    "TimeoutError",
+    "__version__",
+    "parse_bytes",
+]

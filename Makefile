@@ -1,0 +1,139 @@
+# creditflow: the one entry point for building, testing and linting, used by people and by CI
+# (.ci/run calls `make test`). `make help` lists the targets.
+#
+# Python tools come only from .venv, which `make venv` creates from requirements-dev.txt.
+# Tests run against the installed release wheel (`make build`), not against python/ in place.
+
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+MAKEFLAGS += --no-print-directory
+
+# Interpreter that creates .venv (3.10+).
+PYTHON ?= python3
+VENV := .venv
+PY := $(abspath $(VENV)/bin/python)
+BIN := $(abspath $(VENV)/bin)
+STAMP := $(VENV)/.creditflow-dev-stamp
+WHEEL_DIR := dist
+# Extra pytest arguments, e.g. make test-python PYTEST_ARGS='-m "not spark" -x'
+PYTEST_ARGS ?=
+
+# One interpreter for everything: maturin, pyo3's build script (cargo), pytest and Spark workers.
+export VIRTUAL_ENV := $(abspath $(VENV))
+export PATH := $(BIN):$(PATH)
+export PYO3_PYTHON := $(PY)
+export PYSPARK_PYTHON := $(PY)
+export PYSPARK_DRIVER_PYTHON := $(PY)
+# Spark binds to loopback only; no test traffic leaves the machine.
+export SPARK_LOCAL_IP ?= 127.0.0.1
+ifeq ($(strip $(JAVA_HOME)),)
+JAVA_HOME := $(shell scripts/java-home.sh)
+endif
+export JAVA_HOME
+export CARGO_TERM_COLOR ?= $(if $(CI),never,auto)
+
+.PHONY: help
+help: ## Show this help
+	@echo "usage: make <target>   (Python tools live in $(VENV); JAVA_HOME=$(JAVA_HOME))"
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  %-13s %s\n", $$1, $$2}'
+
+# ---------------------------------------------------------------------------------- environment
+
+$(STAMP): requirements-dev.txt scripts/bootstrap-venv.sh
+	PYTHON=$(PYTHON) scripts/bootstrap-venv.sh $(VENV)
+	@touch $@
+
+.PHONY: venv
+venv: $(STAMP) ## Create .venv and install the pinned dev tools (no-op when up to date)
+
+# ------------------------------------------------------------------------------------- building
+
+.PHONY: build
+build: venv ## Build the release abi3 wheel into dist/ and install it into .venv
+	rm -f $(WHEEL_DIR)/creditflow-*.whl
+	$(BIN)/maturin build --release --interpreter $(PY) --out $(WHEEL_DIR)
+	scripts/check-wheel.sh $(WHEEL_DIR)/creditflow-*.whl
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
+		$(WHEEL_DIR)/creditflow-*.whl
+
+.PHONY: develop
+develop: venv ## Faster edit loop: maturin develop --release into .venv (skips the wheel file)
+	$(BIN)/maturin develop --release
+
+.PHONY: demo
+demo: build ## Build, then run the demo (python -m creditflow.demo)
+	$(PY) -m creditflow.demo
+
+# -------------------------------------------------------------------------------------- testing
+
+.PHONY: test
+test: lint test-rust test-python ## Everything CI runs: lint, Rust tests, loom models, Python tests incl. Spark
+
+.PHONY: test-rust
+test-rust: venv ## Rust unit/property tests (nextest if installed), doctests, then the loom models
+	if cargo nextest --version >/dev/null 2>&1; then \
+		cargo nextest run --workspace; \
+	else \
+		cargo test --workspace --lib --bins --tests; \
+	fi
+	cargo test -p creditflow-core --doc
+	$(MAKE) test-loom
+
+.PHONY: test-loom
+test-loom: ## Loom model checks of the lock-free core (own target dir: --cfg loom rebuilds everything)
+	mkdir -p target
+	RUSTFLAGS="--cfg loom" cargo test -p creditflow-core --release --lib --target-dir target/loom \
+		loom 2>&1 | tee target/loom.log
+	@if ! grep -Eq 'test result: ok\. [1-9][0-9]* passed' target/loom.log; then \
+		echo "error: no loom model ran (expected tests named *loom* under cfg(loom))" >&2; exit 1; \
+	fi
+
+# pytest exits 5 when it collects no test; that fails the target like any other non-zero exit.
+.PHONY: test-python
+test-python: build ## Python tests (incl. Spark) against the installed wheel
+	$(PY) -m pytest --benchmark-disable --durations=10 $(PYTEST_ARGS)
+
+.PHONY: bench
+bench: build ## Benchmarks: pytest-benchmark (benches/) and criterion (cargo bench)
+	$(PY) -m pytest benches/ --benchmark-only --benchmark-columns=min,median,max,ops \
+		--benchmark-sort=name $(PYTEST_ARGS)
+	cargo bench -p creditflow-core
+
+# -------------------------------------------------------------------------------------- linting
+
+.PHONY: lint
+lint: lint-rust lint-python ## All linters: rustfmt, clippy, ruff, mypy, stubtest
+
+.PHONY: lint-rust
+lint-rust: venv ## cargo fmt --check and clippy -D warnings
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+.PHONY: lint-python
+lint-python: build ## ruff check/format, mypy --strict, stubtest of _native.pyi against the built module
+	$(BIN)/ruff check
+	$(BIN)/ruff format --check
+	$(BIN)/mypy python/creditflow
+	$(PY) -m mypy.stubtest creditflow._native --allowlist .mypy-stubtest-allowlist
+
+.PHONY: format
+format: venv ## Apply rustfmt and ruff format/fixes
+	cargo fmt --all
+	$(BIN)/ruff check --fix
+	$(BIN)/ruff format
+
+# ------------------------------------------------------------------------------------- cleaning
+
+.PHONY: clean
+clean: ## Remove build outputs and caches (keeps .venv)
+	cargo clean
+	rm -rf $(WHEEL_DIR) .pytest_cache .mypy_cache .ruff_cache .benchmarks
+	find python tests benches -name __pycache__ -type d -prune -exec rm -rf {} +
+	find python -name '*.so' -delete
+
+.PHONY: distclean
+distclean: clean ## clean, and remove .venv too
+	rm -rf $(VENV)

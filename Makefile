@@ -72,8 +72,13 @@ demo: build ## Build, then run the demo (python -m creditflow.demo)
 .PHONY: test
 test: lint test-rust test-python ## Everything CI runs: lint, Rust tests, loom models, Python tests incl. Spark
 
+# Test binaries of the bindings crate link libpython (no extension-module there); make it findable
+# for interpreters outside the default library path (pyenv, uv).
+PY_LIBDIR = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')
+
 .PHONY: test-rust
 test-rust: venv ## Rust unit/property tests (nextest if installed), doctests, then the loom models
+	export LD_LIBRARY_PATH="$(PY_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"; \
 	if cargo nextest --version >/dev/null 2>&1; then \
 		cargo nextest run --workspace; \
 	else \
@@ -117,7 +122,8 @@ lint-python: build ## ruff check/format, mypy --strict, stubtest of _native.pyi 
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/mypy python/creditflow
-	$(PY) -m mypy.stubtest creditflow._native --allowlist .mypy-stubtest-allowlist
+	$(PY) -m mypy.stubtest creditflow._native --mypy-config-file pyproject.toml \
+		--allowlist .mypy-stubtest-allowlist
 
 .PHONY: format
 format: venv ## Apply rustfmt and ruff format/fixes

@@ -17,7 +17,7 @@ use arrow_array::RecordBatch;
 use crate::error::{Error, Result};
 use crate::memory::{LocalPool, PoolStats};
 use crate::metrics::{Counter, TimeMeter};
-use crate::partition::subpartition::{Event, Polled, Subpartition};
+use crate::partition::subpartition::{Event, Polled, Subpartition, Token};
 use crate::partition::{Registry, ResultPartition};
 use crate::serde::RecordDeserializer;
 use crate::wait::Wait;
@@ -36,8 +36,9 @@ pub struct ChannelSpec {
 /// What `next` yields.
 #[derive(Debug)]
 pub enum GateItem {
-    /// A batch, and the channel it came from.
-    Batch(usize, RecordBatch),
+    /// A batch, the channel it came from, and the writer's token if the batch is the
+    /// writer's whole input batch handed over locally.
+    Batch(usize, RecordBatch, Option<Token>),
 }
 
 /// Backoff for partition requests (Flink's `taskmanager.network.request-backoff.*`).
@@ -156,7 +157,7 @@ pub struct InputGate {
     channels: Vec<Channel>,
     ready: Arc<Ready>,
     /// Decoded batches not yet returned, with their channel (keeps per-channel order).
-    pending: VecDeque<(usize, RecordBatch)>,
+    pending: VecDeque<(usize, RecordBatch, Option<Token>)>,
     ended: usize,
     registry: Weak<Registry>,
     local_address: String,
@@ -290,7 +291,7 @@ impl InputGate {
 
     /// The next batch; `None` once every channel has ended. Blocks as `wait` allows.
     pub fn next(&mut self, wait: &mut Wait<'_>) -> Result<Option<RecordBatch>> {
-        Ok(self.next_item(wait)?.map(|GateItem::Batch(_, b)| b))
+        Ok(self.next_item(wait)?.map(|GateItem::Batch(_, b, _)| b))
     }
 
     /// Like [`InputGate::next`], with the channel index.
@@ -299,9 +300,9 @@ impl InputGate {
             return Err(Error::Closed("input gate"));
         }
         loop {
-            if let Some((ch, b)) = self.pending.pop_front() {
+            if let Some((ch, b, token)) = self.pending.pop_front() {
                 self.handle.queued.store(self.pending.len(), Ordering::Relaxed);
-                return Ok(Some(GateItem::Batch(ch, b)));
+                return Ok(Some(GateItem::Batch(ch, b, token)));
             }
             if self.ended == self.channels.len() {
                 return Ok(None);
@@ -359,7 +360,7 @@ impl InputGate {
                 counters.batches.add(1);
                 counters.bytes.add(lb.bytes as u64);
                 counters.rows.add(lb.batch.num_rows() as u64);
-                self.pending.push_back((idx, lb.batch));
+                self.pending.push_back((idx, lb.batch, lb.token));
                 // lb.segments are recycled here: the batch left the partition's budget.
             }
             Polled::Data(slice) => {
@@ -370,7 +371,7 @@ impl InputGate {
                     counters.batches.add(1);
                     counters.bytes.add(b.get_array_memory_size() as u64);
                     counters.rows.add(b.num_rows() as u64);
-                    self.pending.push_back((idx, b));
+                    self.pending.push_back((idx, b, None));
                 }
             }
             Polled::Event(Event::EndOfPartition) => {

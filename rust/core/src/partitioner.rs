@@ -21,6 +21,23 @@ pub enum Partitioner {
     Forward,
 }
 
+/// One piece of a split batch.
+#[derive(Debug, Clone)]
+pub struct Piece {
+    /// Target subpartition.
+    pub subpartition: usize,
+    /// Its rows.
+    pub batch: RecordBatch,
+    /// True when the piece is the whole input batch, unchanged (no rows taken out).
+    pub whole: bool,
+}
+
+impl Piece {
+    fn whole(subpartition: usize, batch: &RecordBatch) -> Piece {
+        Piece { subpartition, batch: batch.clone(), whole: true }
+    }
+}
+
 /// A partitioner bound to a schema, with its scratch space.
 pub struct Splitter {
     kind: Partitioner,
@@ -62,20 +79,20 @@ impl Splitter {
 
     /// Splits `batch` into `(subpartition, rows)` pieces for `n` subpartitions, skipping
     /// empty pieces of a hash split.
-    pub fn split(&mut self, batch: &RecordBatch, n: usize) -> Result<Vec<(usize, RecordBatch)>> {
+    pub fn split(&mut self, batch: &RecordBatch, n: usize) -> Result<Vec<Piece>> {
         match &self.kind {
-            Partitioner::Forward => Ok(vec![(0, batch.clone())]),
+            Partitioner::Forward => Ok(vec![Piece::whole(0, batch)]),
             Partitioner::RoundRobin => {
                 let i = self.next % n;
                 self.next = (i + 1) % n;
-                Ok(vec![(i, batch.clone())])
+                Ok(vec![Piece::whole(i, batch)])
             }
-            Partitioner::Broadcast => Ok((0..n).map(|i| (i, batch.clone())).collect()),
+            Partitioner::Broadcast => Ok((0..n).map(|i| Piece::whole(i, batch)).collect()),
             Partitioner::Hash(_) => self.hash_split(batch, n),
         }
     }
 
-    fn hash_split(&mut self, batch: &RecordBatch, n: usize) -> Result<Vec<(usize, RecordBatch)>> {
+    fn hash_split(&mut self, batch: &RecordBatch, n: usize) -> Result<Vec<Piece>> {
         let rows = batch.num_rows();
         if rows == 0 {
             return Ok(Vec::new());
@@ -91,7 +108,7 @@ impl Splitter {
             self.counts[id as usize + 1] += 1;
         }
         if let Some(p) = self.counts.iter().position(|&c| c == rows) {
-            return Ok(vec![(p - 1, batch.clone())]);
+            return Ok(vec![Piece::whole(p - 1, batch)]);
         }
         for i in 1..=n {
             self.counts[i] += self.counts[i - 1];
@@ -111,7 +128,7 @@ impl Splitter {
                 continue;
             }
             let idx = UInt32Array::from(self.order[lo..hi].to_vec());
-            out.push((p, take_record_batch(batch, &idx)?));
+            out.push(Piece { subpartition: p, batch: take_record_batch(batch, &idx)?, whole: false });
         }
         Ok(out)
     }
@@ -134,11 +151,11 @@ mod tests {
         let b = batch(1000);
         let mut s = Splitter::new(Partitioner::Hash(vec!["k".into()]), &b.schema()).unwrap();
         let parts = s.split(&b, 4).unwrap();
-        let total: usize = parts.iter().map(|(_, p)| p.num_rows()).sum();
+        let total: usize = parts.iter().map(|p| p.batch.num_rows()).sum();
         assert_eq!(total, 1000);
         let mut ids = Vec::new();
         spark_partition_ids(&[b.column(0).as_ref()], 1000, 4, &mut ids).unwrap();
-        for (p, piece) in &parts {
+        for Piece { subpartition: p, batch: piece, .. } in &parts {
             let keys = piece.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
             let keys: Vec<i64> = keys.values().to_vec();
             assert!(keys.windows(2).all(|w| w[0] < w[1]), "row order kept within a piece");
@@ -158,7 +175,7 @@ mod tests {
     fn round_robin_rotates_and_broadcast_copies() {
         let b = batch(3);
         let mut rr = Splitter::new(Partitioner::RoundRobin, &b.schema()).unwrap();
-        let targets: Vec<usize> = (0..5).map(|_| rr.split(&b, 3).unwrap()[0].0).collect();
+        let targets: Vec<usize> = (0..5).map(|_| rr.split(&b, 3).unwrap()[0].subpartition).collect();
         assert_eq!(targets, vec![0, 1, 2, 0, 1]);
         let mut bc = Splitter::new(Partitioner::Broadcast, &b.schema()).unwrap();
         assert_eq!(bc.split(&b, 3).unwrap().len(), 3);

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 
 use crate::error::{Error, Result};
+use crate::partition::subpartition::Token;
 use crate::partition::ResultPartition;
 use crate::partitioner::{Partitioner, Splitter};
 use crate::wait::Wait;
@@ -31,6 +32,13 @@ impl RecordWriter {
     /// Splits `batch` and queues the pieces, blocking while the pool has no room
     /// (backpressure) as `wait` allows.
     pub fn write(&mut self, batch: &RecordBatch, wait: &mut Wait<'_>) -> Result<()> {
+        self.write_with_token(batch, None, wait)
+    }
+
+    /// Like [`RecordWriter::write`], attaching `token` to every piece that is the whole
+    /// batch, for local readers (the Python layer passes the original Python object, so a
+    /// reader in the same process gets it back without a conversion).
+    pub fn write_with_token(&mut self, batch: &RecordBatch, token: Option<Token>, wait: &mut Wait<'_>) -> Result<()> {
         if self.closed {
             return Err(Error::Closed("record writer"));
         }
@@ -40,7 +48,7 @@ impl RecordWriter {
             None => self.splitter.insert(Splitter::new(self.kind.clone(), batch.schema_ref())?),
         };
         let pieces = splitter.split(batch, self.partition.num_subpartitions())?;
-        self.partition.write_pieces(pieces, wait)
+        self.partition.write_pieces(pieces, token, wait)
     }
 
     /// Makes partly filled buffers visible to readers now.

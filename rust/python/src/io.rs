@@ -3,13 +3,16 @@
 
 use std::sync::{Arc, Mutex};
 
-use creditflow_core::gate::ChannelSpec as CoreSpec;
+use creditflow_core::gate::{ChannelSpec as CoreSpec, GateItem};
 use creditflow_core::Partitioner;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
+use arrow_array::{RecordBatch, StructArray};
+use arrow_schema::Field;
+use creditflow_core::partition::subpartition::Token;
+use pyo3::sync::PyOnceLock;
 use pyo3_arrow::input::AnyRecordBatch;
-use pyo3_arrow::PyRecordBatch;
 
 use crate::blocking;
 use crate::env::{check_pid, gate_metrics_dict, partition_metrics_dict, ResultPartition};
@@ -149,6 +152,38 @@ impl ChannelSpec {
     }
 }
 
+/// `pyarrow.RecordBatch` and its `_import_from_c_capsule`, looked up once.
+static PA_RECORD_BATCH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static PA_IMPORT_BATCH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// The original Python batch object, carried with a batch handed over in-process.
+struct PyToken(Py<PyAny>);
+
+/// A token for `data` if it is exactly a `pyarrow.RecordBatch` (what a gate returns).
+fn token_for(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<Option<Token>> {
+    let cls = PA_RECORD_BATCH.import(py, "pyarrow", "RecordBatch")?;
+    if data.get_type().is(cls) {
+        Ok(Some(Arc::new(PyToken(data.clone().unbind()))))
+    } else {
+        Ok(None)
+    }
+}
+
+/// Converts a batch to `pyarrow.RecordBatch` through the Arrow C data interface.
+fn to_pyarrow(py: Python<'_>, batch: RecordBatch, token: Option<Token>) -> PyResult<Py<PyAny>> {
+    if let Some(t) = token.as_ref().and_then(|t| t.downcast_ref::<PyToken>()) {
+        return Ok(t.0.clone_ref(py));
+    }
+    let schema = batch.schema();
+    let field = Field::new_struct("", schema.fields().clone(), false).with_metadata(schema.metadata().clone());
+    let array = StructArray::from(batch);
+    let capsules = pyo3_arrow::ffi::to_array_pycapsules(py, field.into(), &array, None)?;
+    let import = PA_IMPORT_BATCH.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
+        Ok(PA_RECORD_BATCH.import(py, "pyarrow", "RecordBatch")?.getattr("_import_from_c_capsule")?.unbind())
+    })?;
+    Ok(import.bind(py).call1(capsules)?.unbind())
+}
+
 /// Writes Arrow data into a partition through a partitioner.
 #[pyclass(module = "creditflow._native", frozen)]
 pub struct RecordWriter {
@@ -189,8 +224,9 @@ impl RecordWriter {
         match input {
             AnyRecordBatch::RecordBatch(b) => {
                 let batch = b.into_inner();
+                let token = token_for(py, data)?;
                 blocking::run(py, timeout, "waiting for a free buffer", |wait| {
-                    self.inner.lock().unwrap().write(&batch, wait)
+                    self.inner.lock().unwrap().write_with_token(&batch, token, wait)
                 })
             }
             AnyRecordBatch::Stream(s) => {
@@ -269,10 +305,10 @@ impl InputGate {
     fn next_batch(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Py<PyAny>>> {
         check_pid(self.pid, "InputGate")?;
         let timeout = blocking::timeout(timeout)?;
-        let batch = blocking::run(py, timeout, "waiting for data", |wait| self.inner.lock().unwrap().next(wait))?;
-        match batch {
+        let item = blocking::run(py, timeout, "waiting for data", |wait| self.inner.lock().unwrap().next_item(wait))?;
+        match item {
             None => Ok(None),
-            Some(b) => Ok(Some(PyRecordBatch::new(b).into_pyarrow(py)?.unbind())),
+            Some(GateItem::Batch(_, b, token)) => Ok(Some(to_pyarrow(py, b, token)?)),
         }
     }
 }

@@ -26,7 +26,8 @@ use crate::metrics::{BackpressureLevel, Counter, TimeMeter};
 use crate::serde::BatchEncoder;
 use crate::wait::Wait;
 use buffer::{new_buffer, BufferBuilder};
-use subpartition::{Entry, Event, LocalBatch, Subpartition};
+use crate::partitioner::Piece;
+use subpartition::{Entry, Event, LocalBatch, Subpartition, Token};
 
 /// Where partitions are registered, so that they can unregister when done.
 pub(crate) type Registry = Mutex<std::collections::HashMap<String, Arc<ResultPartition>>>;
@@ -195,10 +196,10 @@ impl ResultPartition {
 
     /// Writes pieces already split by a partitioner. With hand-off, all pieces are queued or
     /// none (a timeout loses nothing and the write may be retried).
-    pub(crate) fn write_pieces(&self, pieces: Vec<(usize, RecordBatch)>, wait: &mut Wait<'_>) -> Result<()> {
+    pub(crate) fn write_pieces(&self, pieces: Vec<Piece>, token: Option<Token>, wait: &mut Wait<'_>) -> Result<()> {
         self.check_writable()?;
         match self.handoff {
-            Handoff::Batch => self.write_handoff(pieces, wait),
+            Handoff::Batch => self.write_handoff(pieces, token, wait),
             Handoff::Serialized => self.write_serialized(pieces, wait),
         }?;
         if self.flush_every_write {
@@ -207,9 +208,9 @@ impl ResultPartition {
         Ok(())
     }
 
-    fn write_handoff(&self, pieces: Vec<(usize, RecordBatch)>, wait: &mut Wait<'_>) -> Result<()> {
+    fn write_handoff(&self, pieces: Vec<Piece>, token: Option<Token>, wait: &mut Wait<'_>) -> Result<()> {
         let seg = self.pool.segment_size();
-        let sizes: Vec<usize> = pieces.iter().map(|(_, b)| b.get_array_memory_size()).collect();
+        let sizes: Vec<usize> = pieces.iter().map(|p| p.batch.get_array_memory_size()).collect();
         let needs: Vec<usize> = sizes.iter().map(|s| s.div_ceil(seg).max(1)).collect();
         let total: usize = needs.iter().sum();
         let mut segments = match self.pool.try_request_many(total) {
@@ -219,21 +220,22 @@ impl ResultPartition {
                 self.pool.request_many(total, wait)?
             }
         };
-        for (((sp, batch), need), bytes) in pieces.into_iter().zip(needs).zip(sizes) {
+        for ((Piece { subpartition: sp, batch, whole }, need), bytes) in pieces.into_iter().zip(needs).zip(sizes) {
             let take = need.min(segments.len());
             let held = segments.split_off(segments.len() - take);
             self.metrics.batches.add(1);
             self.metrics.buffers.add(1);
             self.metrics.bytes.add(bytes as u64);
             self.metrics.rows.add(batch.num_rows() as u64);
-            self.subpartitions[sp].add_finished(Entry::Batch(LocalBatch { batch, bytes, segments: held }));
+            let token = if whole { token.clone() } else { None };
+            self.subpartitions[sp].add_finished(Entry::Batch(LocalBatch { token, batch, bytes, segments: held }));
         }
         Ok(())
     }
 
-    fn write_serialized(&self, pieces: Vec<(usize, RecordBatch)>, wait: &mut Wait<'_>) -> Result<()> {
+    fn write_serialized(&self, pieces: Vec<Piece>, wait: &mut Wait<'_>) -> Result<()> {
         let mut serial = self.serial.lock().unwrap();
-        for (sp, batch) in pieces {
+        for Piece { subpartition: sp, batch, .. } in pieces {
             let sub = &self.subpartitions[sp];
             if sub.is_released() {
                 continue;

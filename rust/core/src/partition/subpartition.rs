@@ -35,8 +35,13 @@ pub enum Event {
     ProducerFailed(String),
 }
 
+/// An opaque value that travels with a handed-off batch (see `RecordWriter::write_with_token`).
+pub type Token = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+
 /// A batch handed over without serializing, with the segments that account for its memory.
 pub struct LocalBatch {
+    /// Travels with the batch when it is the writer's whole input batch.
+    pub token: Option<Token>,
     /// The batch itself (shares the writer's Arrow buffers).
     pub batch: RecordBatch,
     /// Arrow bytes of the batch, for metrics.

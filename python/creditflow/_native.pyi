@@ -1,0 +1,174 @@
+"""Type stubs of the compiled core (``creditflow._native``); checked by ``mypy.stubtest``."""
+
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any, final
+
+import pyarrow as pa
+from typing_extensions import Self
+
+__version__: str
+
+def parse_bytes(value: int | str) -> int:
+    """Parses a byte size such as ``"64MiB"``, ``"32 KiB"`` or ``65536`` into bytes."""
+
+@final
+class NetworkEnvironment:
+    """One per process: the buffer pool, partitions, gates and (soon) connections."""
+
+    def __new__(
+        cls,
+        memory: int | str | None = None,
+        segment_size: int | str | None = None,
+        bind: str = "127.0.0.1:0",
+        secret: bytes | str | None = None,
+        flow_control: str = "credit",
+        buffer_timeout: float = 0.1,
+        exclusive_buffers: int = 2,
+        floating_buffers: int = 8,
+        *,
+        insecure: bool = False,
+        local_handoff: bool = True,
+        request_backoff_initial: float = 0.1,
+        request_backoff_max: float = 10.0,
+    ) -> NetworkEnvironment: ...
+    @property
+    def address(self) -> str:
+        """The address other environments reach this one at, ``"host:port"``."""
+    @property
+    def segment_size(self) -> int:
+        """Bytes per segment."""
+    @property
+    def total_segments(self) -> int:
+        """Total segments (``memory // segment_size``)."""
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+    def create_partition(self, partition_id: str, num_subpartitions: int = 1) -> ResultPartition:
+        """Creates a partition with ``num_subpartitions`` pipelined subpartitions."""
+    def create_input_gate(self, channels: Iterable[ChannelSpec]) -> InputGate:
+        """Creates an input gate reading the given channels."""
+    def metrics(self) -> dict[str, Any]:
+        """Metrics of the environment, its partitions and gates, as a dict."""
+    def close(self) -> None:
+        """Releases every partition and stops background work. Idempotent."""
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+
+@final
+class ResultPartition:
+    """A partition: N subpartitions filled by a :class:`RecordWriter`."""
+
+    @property
+    def id(self) -> str:
+        """The partition id."""
+    @property
+    def num_subpartitions(self) -> int:
+        """Number of subpartitions."""
+    @property
+    def schema(self) -> pa.Schema | None:
+        """Schema of the first batch written, or None."""
+    @property
+    def finished(self) -> bool:
+        """Whether end-of-partition was sent."""
+    @property
+    def released(self) -> bool:
+        """Whether the partition was released."""
+    def flush(self) -> None:
+        """Makes partly filled buffers readable now."""
+    def release(self) -> None:
+        """Drops queued data, returns the memory and unregisters the partition."""
+    def metrics(self) -> dict[str, Any]:
+        """This partition's metrics, as a dict."""
+
+@final
+class HashPartitioner:
+    """Row r goes to ``pmod(hash(keys...), n)`` with Spark SQL's Murmur3 ``hash``."""
+
+    def __new__(cls, keys: str | Sequence[str]) -> HashPartitioner: ...
+    @property
+    def keys(self) -> list[str]:
+        """The key columns."""
+
+@final
+class RoundRobinPartitioner:
+    """Sends whole batches to the subpartitions in turn."""
+
+    def __new__(cls) -> RoundRobinPartitioner: ...
+
+@final
+class BroadcastPartitioner:
+    """Sends every batch to every subpartition (the data is shared, not copied)."""
+
+    def __new__(cls) -> BroadcastPartitioner: ...
+
+@final
+class ForwardPartitioner:
+    """Sends every batch to subpartition 0 (one-to-one; use with one subpartition)."""
+
+    def __new__(cls) -> ForwardPartitioner: ...
+
+Partitioner = HashPartitioner | RoundRobinPartitioner | BroadcastPartitioner | ForwardPartitioner
+
+@final
+class ChannelSpec:
+    """Where a channel reads from: a subpartition of a partition in some environment."""
+
+    def __new__(cls, address: str, partition_id: str, subpartition: int) -> ChannelSpec: ...
+    @property
+    def address(self) -> str:
+        """Address of the environment owning the partition."""
+    @property
+    def partition_id(self) -> str:
+        """The partition id."""
+    @property
+    def subpartition(self) -> int:
+        """The subpartition index."""
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class RecordWriter:
+    """Writes Arrow data into a partition through a partitioner."""
+
+    def __new__(
+        cls, partition: ResultPartition, partitioner: Partitioner | None = None, *, timeout: float | None = None
+    ) -> RecordWriter: ...
+    def write(self, data: object, timeout: float | None = None) -> None:
+        """Writes a batch, table or stream (any Arrow PyCapsule producer)."""
+    def flush(self) -> None:
+        """Makes partly filled buffers readable now."""
+    def close(self) -> None:
+        """Sends end-of-partition to every subpartition. Idempotent."""
+    def fail(self, message: str) -> None:
+        """Ends the partition with an error that readers raise as ``ProducerFailedError``."""
+    def metrics(self) -> dict[str, Any]:
+        """The partition's metrics, as a dict."""
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        _tb: TracebackType | None = None,
+    ) -> bool: ...
+
+@final
+class InputGate:
+    """Reads batches from channels; iterate it, or call :meth:`next`."""
+
+    def next(self, timeout: float | None = None) -> pa.RecordBatch | None:
+        """The next batch; None once every channel has ended."""
+    def __iter__(self) -> Self: ...
+    def __next__(self) -> pa.RecordBatch: ...
+    @property
+    def num_channels(self) -> int:
+        """Number of channels."""
+    @property
+    def channels(self) -> list[ChannelSpec]:
+        """The channels, in order."""
+    def close(self) -> None:
+        """Releases the channels."""
+    def metrics(self) -> dict[str, Any]:
+        """This gate's metrics, as a dict."""
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...

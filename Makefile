@@ -10,12 +10,12 @@ SHELL := bash
 .DELETE_ON_ERROR:
 MAKEFLAGS += --no-print-directory
 
-# Interpreter that creates .venv (3.10+).
+# Interpreter that creates .venv (3.10+), resolved before .venv/bin goes first on PATH.
 PYTHON ?= python3
+BASE_PYTHON := $(or $(shell command -v $(PYTHON)),$(PYTHON))
 VENV := .venv
 PY := $(abspath $(VENV)/bin/python)
 BIN := $(abspath $(VENV)/bin)
-STAMP := $(VENV)/.creditflow-dev-stamp
 WHEEL_DIR := dist
 # Extra pytest arguments, e.g. make test-python PYTEST_ARGS='-m "not spark" -x'
 PYTEST_ARGS ?=
@@ -42,12 +42,11 @@ help: ## Show this help
 
 # ---------------------------------------------------------------------------------- environment
 
-$(STAMP): requirements-dev.txt scripts/bootstrap-venv.sh
-	PYTHON=$(PYTHON) scripts/bootstrap-venv.sh $(VENV)
-	@touch $@
-
+# Always runs the script: it checks the venv still works and compares its own stamp (interpreter
+# version + hash of requirements-dev.txt), so an up-to-date .venv costs a fraction of a second.
 .PHONY: venv
-venv: $(STAMP) ## Create .venv and install the pinned dev tools (no-op when up to date)
+venv: ## Create .venv and install the pinned dev tools (no-op when up to date)
+	@PYTHON=$(BASE_PYTHON) scripts/bootstrap-venv.sh $(VENV)
 
 # ------------------------------------------------------------------------------------- building
 

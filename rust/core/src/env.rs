@@ -117,12 +117,17 @@ impl NetworkEnvironment {
     /// Validates `config`, binds the listener and starts the flusher.
     pub fn new(config: EnvConfig) -> Result<NetworkEnvironment> {
         if config.floating_buffers == 0 {
-            return Err(Error::InvalidArgument("floating_buffers must be at least 1".into()));
+            return Err(Error::InvalidArgument(
+                "floating_buffers must be at least 1".into(),
+            ));
         }
         let pool = GlobalPool::new(config.memory, config.segment_size)?;
         let listener = TcpListener::bind(&config.bind)
             .map_err(|e| Error::InvalidArgument(format!("cannot bind {:?}: {e}", config.bind)))?;
-        let address = listener.local_addr().map_err(|e| Error::InvalidArgument(e.to_string()))?.to_string();
+        let address = listener
+            .local_addr()
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?
+            .to_string();
         let inner = Arc::new(Inner {
             config,
             address,
@@ -139,7 +144,10 @@ impl NetworkEnvironment {
             .name("creditflow-flusher".into())
             .spawn(move || flusher_loop(weak))
             .map_err(|e| Error::InvalidArgument(format!("cannot start the flusher thread: {e}")))?;
-        Ok(NetworkEnvironment { inner, flusher: Mutex::new(Some(flusher)) })
+        Ok(NetworkEnvironment {
+            inner,
+            flusher: Mutex::new(Some(flusher)),
+        })
     }
 
     /// The address other environments reach this one at.
@@ -170,7 +178,9 @@ impl NetworkEnvironment {
     pub fn create_partition(&self, id: &str, num_subpartitions: usize) -> Result<Arc<ResultPartition>> {
         self.check_open()?;
         if num_subpartitions == 0 {
-            return Err(Error::InvalidArgument("num_subpartitions must be at least 1".into()));
+            return Err(Error::InvalidArgument(
+                "num_subpartitions must be at least 1".into(),
+            ));
         }
         if id.is_empty() {
             return Err(Error::InvalidArgument("partition id must not be empty".into()));
@@ -186,7 +196,11 @@ impl NetworkEnvironment {
             usize::MAX,
             "increase `memory` or decrease `segment_size` of the NetworkEnvironment, or close unused partitions and gates",
         )?;
-        let handoff = if cfg.local_handoff { Handoff::Batch } else { Handoff::Serialized };
+        let handoff = if cfg.local_handoff {
+            Handoff::Batch
+        } else {
+            Handoff::Serialized
+        };
         let p = Arc::new(ResultPartition::new(
             id.to_string(),
             num_subpartitions,
@@ -238,10 +252,24 @@ impl NetworkEnvironment {
     /// Metrics of the environment, its partitions and gates.
     pub fn metrics(&self) -> EnvMetrics {
         let pool = &self.inner.pool;
-        let mut partitions: Vec<PartitionMetrics> =
-            self.inner.registry.lock().unwrap().values().map(|p| p.metrics()).collect();
+        let mut partitions: Vec<PartitionMetrics> = self
+            .inner
+            .registry
+            .lock()
+            .unwrap()
+            .values()
+            .map(|p| p.metrics())
+            .collect();
         partitions.sort_by(|a, b| a.id.cmp(&b.id));
-        let gates = self.inner.gates.lock().unwrap().iter().filter_map(|g| g.upgrade()).map(|g| g.metrics()).collect();
+        let gates = self
+            .inner
+            .gates
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|g| g.upgrade())
+            .map(|g| g.metrics())
+            .collect();
         EnvMetrics {
             address: self.inner.address.clone(),
             segment_size: pool.segment_size(),
@@ -260,7 +288,8 @@ impl NetworkEnvironment {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return;
         }
-        let parts: Vec<Arc<ResultPartition>> = self.inner.registry.lock().unwrap().values().cloned().collect();
+        let parts: Vec<Arc<ResultPartition>> =
+            self.inner.registry.lock().unwrap().values().cloned().collect();
         for p in parts {
             p.release();
         }
@@ -291,7 +320,11 @@ fn flusher_loop(weak: Weak<Inner>) {
     loop {
         let Some(inner) = weak.upgrade() else { return };
         let timeout = inner.config.buffer_timeout;
-        let period = if timeout.is_zero() { METER_TICK } else { timeout.min(METER_TICK) };
+        let period = if timeout.is_zero() {
+            METER_TICK
+        } else {
+            timeout.min(METER_TICK)
+        };
         {
             let (lock, cv) = &inner.stop;
             let stopped = lock.lock().unwrap();
@@ -314,7 +347,13 @@ fn flusher_loop(weak: Weak<Inner>) {
             }
             p.tick();
         }
-        let gates: Vec<Arc<GateHandle>> = inner.gates.lock().unwrap().iter().filter_map(|g| g.upgrade()).collect();
+        let gates: Vec<Arc<GateHandle>> = inner
+            .gates
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|g| g.upgrade())
+            .collect();
         for g in gates {
             g.tick();
         }

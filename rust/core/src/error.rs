@@ -30,13 +30,21 @@ pub enum Error {
     PartitionExists(String),
     /// A subpartition index outside `0..num_subpartitions`.
     #[error("subpartition {index} out of range: partition {partition:?} has {count}")]
-    SubpartitionOutOfRange { partition: String, index: usize, count: usize },
+    SubpartitionOutOfRange {
+        partition: String,
+        index: usize,
+        count: usize,
+    },
     /// A subpartition already has a reader (pipelined subpartitions are read once).
     #[error("subpartition {index} of partition {partition:?} is already being read")]
     AlreadyConsumed { partition: String, index: usize },
     /// A batch whose schema differs from the partition's first batch.
     #[error("schema mismatch in partition {partition:?}: expected {expected}, got {actual}")]
-    SchemaMismatch { partition: String, expected: String, actual: String },
+    SchemaMismatch {
+        partition: String,
+        expected: String,
+        actual: String,
+    },
     /// A bad argument (configuration value, key column, ...).
     #[error("{0}")]
     InvalidArgument(String),

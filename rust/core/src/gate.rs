@@ -52,7 +52,10 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(10) }
+        Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+        }
     }
 }
 
@@ -76,7 +79,11 @@ enum ChannelState {
     /// Waiting for the partition to be registered.
     Pending { next_try: Instant, delay: Duration },
     /// Reading a local subpartition.
-    Local { partition: Arc<ResultPartition>, sub: Arc<Subpartition>, de: RecordDeserializer },
+    Local {
+        partition: Arc<ResultPartition>,
+        sub: Arc<Subpartition>,
+        de: RecordDeserializer,
+    },
     /// End-of-partition seen (or the gate was closed).
     Ended,
 }
@@ -178,7 +185,9 @@ impl InputGate {
         max_record: usize,
     ) -> Result<(InputGate, Arc<GateHandle>)> {
         if specs.is_empty() {
-            return Err(Error::InvalidArgument("an input gate needs at least one channel".into()));
+            return Err(Error::InvalidArgument(
+                "an input gate needs at least one channel".into(),
+            ));
         }
         let mut seen = std::collections::HashSet::new();
         for s in &specs {
@@ -194,7 +203,13 @@ impl InputGate {
         let now = Instant::now();
         let channels: Vec<Channel> = specs
             .into_iter()
-            .map(|spec| Channel { spec, state: ChannelState::Pending { next_try: now, delay: backoff.initial } })
+            .map(|spec| Channel {
+                spec,
+                state: ChannelState::Pending {
+                    next_try: now,
+                    delay: backoff.initial,
+                },
+            })
             .collect();
         let handle = Arc::new(GateHandle {
             name,
@@ -235,7 +250,9 @@ impl InputGate {
     fn resolve_pending(&mut self, first: bool) -> Result<()> {
         let now = Instant::now();
         for idx in 0..self.channels.len() {
-            let ChannelState::Pending { next_try, delay } = self.channels[idx].state else { continue };
+            let ChannelState::Pending { next_try, delay } = self.channels[idx].state else {
+                continue;
+            };
             if now < next_try {
                 continue;
             }
@@ -247,7 +264,10 @@ impl InputGate {
                     spec.address, self.local_address
                 )));
             }
-            let partition = self.registry.upgrade().and_then(|r| r.lock().unwrap().get(&spec.partition_id).cloned());
+            let partition = self
+                .registry
+                .upgrade()
+                .and_then(|r| r.lock().unwrap().get(&spec.partition_id).cloned());
             match partition {
                 Some(p) => {
                     let sub = p.subpartition(spec.subpartition)?.clone();
@@ -258,21 +278,33 @@ impl InputGate {
                         }
                     });
                     if !sub.attach_reader(listener) {
-                        return Err(Error::AlreadyConsumed { partition: spec.partition_id, index: spec.subpartition });
+                        return Err(Error::AlreadyConsumed {
+                            partition: spec.partition_id,
+                            index: spec.subpartition,
+                        });
                     }
-                    self.channels[idx].state =
-                        ChannelState::Local { partition: p, sub, de: RecordDeserializer::new(self.max_record) };
+                    self.channels[idx].state = ChannelState::Local {
+                        partition: p,
+                        sub,
+                        de: RecordDeserializer::new(self.max_record),
+                    };
                     self.ready.push(idx);
                 }
                 None if first => {
-                    self.channels[idx].state = ChannelState::Pending { next_try: now + delay, delay };
+                    self.channels[idx].state = ChannelState::Pending {
+                        next_try: now + delay,
+                        delay,
+                    };
                 }
                 None => {
                     if delay >= self.backoff.max {
                         return Err(Error::PartitionNotFound(spec.partition_id));
                     }
                     let next = (delay * 2).min(self.backoff.max);
-                    self.channels[idx].state = ChannelState::Pending { next_try: now + next, delay: next };
+                    self.channels[idx].state = ChannelState::Pending {
+                        next_try: now + next,
+                        delay: next,
+                    };
                 }
             }
         }
@@ -391,6 +423,7 @@ impl InputGate {
                 partition.subpartition_done();
                 self.channels[idx].state = ChannelState::Ended;
                 self.ended += 1;
+                self.handle.ended.store(self.ended, Ordering::Relaxed);
                 return Err(Error::ProducerFailed(msg));
             }
         }

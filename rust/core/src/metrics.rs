@@ -64,14 +64,19 @@ impl TimeMeter {
     fn stop(&self) {
         let since = self.running_since.swap(0, Ordering::SeqCst);
         if since != 0 {
-            self.total_ns.fetch_add(self.now_ns().saturating_sub(since), Ordering::SeqCst);
+            self.total_ns
+                .fetch_add(self.now_ns().saturating_sub(since), Ordering::SeqCst);
         }
     }
 
     /// Total time ever spent in the state, including a running interval.
     pub fn total(&self) -> Duration {
         let since = self.running_since.load(Ordering::SeqCst);
-        let running = if since == 0 { 0 } else { self.now_ns().saturating_sub(since) };
+        let running = if since == 0 {
+            0
+        } else {
+            self.now_ns().saturating_sub(since)
+        };
         Duration::from_nanos(self.total_ns.load(Ordering::SeqCst) + running)
     }
 
@@ -94,7 +99,11 @@ impl TimeMeter {
         let total = self.total().as_nanos() as u64;
         let s = self.samples.lock().unwrap();
         // The newest sample that is at least a window old, else the oldest.
-        let base = s.iter().rev().find(|(t, _)| now.duration_since(*t) >= METER_WINDOW).unwrap_or(&s[0]);
+        let base = s
+            .iter()
+            .rev()
+            .find(|(t, _)| now.duration_since(*t) >= METER_WINDOW)
+            .unwrap_or(&s[0]);
         let dt = now.duration_since(base.0).as_secs_f64();
         if dt <= 0.0 {
             return 0.0;
@@ -154,10 +163,22 @@ mod tests {
 
     #[test]
     fn levels_follow_flinks_thresholds() {
-        assert_eq!(BackpressureLevel::from_ms_per_second(100.0), BackpressureLevel::Ok);
-        assert_eq!(BackpressureLevel::from_ms_per_second(100.1), BackpressureLevel::Low);
-        assert_eq!(BackpressureLevel::from_ms_per_second(500.0), BackpressureLevel::Low);
-        assert_eq!(BackpressureLevel::from_ms_per_second(500.1), BackpressureLevel::High);
+        assert_eq!(
+            BackpressureLevel::from_ms_per_second(100.0),
+            BackpressureLevel::Ok
+        );
+        assert_eq!(
+            BackpressureLevel::from_ms_per_second(100.1),
+            BackpressureLevel::Low
+        );
+        assert_eq!(
+            BackpressureLevel::from_ms_per_second(500.0),
+            BackpressureLevel::Low
+        );
+        assert_eq!(
+            BackpressureLevel::from_ms_per_second(500.1),
+            BackpressureLevel::High
+        );
     }
 
     #[test]

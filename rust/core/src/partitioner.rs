@@ -34,7 +34,11 @@ pub struct Piece {
 
 impl Piece {
     fn whole(subpartition: usize, batch: &RecordBatch) -> Piece {
-        Piece { subpartition, batch: batch.clone(), whole: true }
+        Piece {
+            subpartition,
+            batch: batch.clone(),
+            whole: true,
+        }
     }
 }
 
@@ -54,12 +58,15 @@ impl Splitter {
         let key_indices = match &kind {
             Partitioner::Hash(keys) => {
                 if keys.is_empty() {
-                    return Err(Error::InvalidArgument("HashPartitioner needs at least one key column".into()));
+                    return Err(Error::InvalidArgument(
+                        "HashPartitioner needs at least one key column".into(),
+                    ));
                 }
                 keys.iter()
                     .map(|k| {
                         schema.index_of(k).map_err(|_| {
-                            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                            let names: Vec<&str> =
+                                schema.fields().iter().map(|f| f.name().as_str()).collect();
                             Error::InvalidArgument(format!(
                                 "key column {k:?} not in the batch schema; columns are {names:?}"
                             ))
@@ -69,7 +76,14 @@ impl Splitter {
             }
             _ => Vec::new(),
         };
-        Ok(Splitter { kind, key_indices, next: 0, ids: Vec::new(), counts: Vec::new(), order: Vec::new() })
+        Ok(Splitter {
+            kind,
+            key_indices,
+            next: 0,
+            ids: Vec::new(),
+            counts: Vec::new(),
+            order: Vec::new(),
+        })
     }
 
     /// The partitioner.
@@ -97,8 +111,11 @@ impl Splitter {
         if rows == 0 {
             return Ok(Vec::new());
         }
-        let columns: Vec<&dyn arrow_array::Array> =
-            self.key_indices.iter().map(|&i| batch.column(i).as_ref()).collect();
+        let columns: Vec<&dyn arrow_array::Array> = self
+            .key_indices
+            .iter()
+            .map(|&i| batch.column(i).as_ref())
+            .collect();
         let n32 = u32::try_from(n).map_err(|_| Error::InvalidArgument("too many subpartitions".into()))?;
         spark_partition_ids(&columns, rows, n32, &mut self.ids)?;
         // Counting sort of row indices by target.
@@ -128,7 +145,11 @@ impl Splitter {
                 continue;
             }
             let idx = UInt32Array::from(self.order[lo..hi].to_vec());
-            out.push(Piece { subpartition: p, batch: take_record_batch(batch, &idx)?, whole: false });
+            out.push(Piece {
+                subpartition: p,
+                batch: take_record_batch(batch, &idx)?,
+                whole: false,
+            });
         }
         Ok(out)
     }
@@ -155,10 +176,18 @@ mod tests {
         assert_eq!(total, 1000);
         let mut ids = Vec::new();
         spark_partition_ids(&[b.column(0).as_ref()], 1000, 4, &mut ids).unwrap();
-        for Piece { subpartition: p, batch: piece, .. } in &parts {
+        for Piece {
+            subpartition: p,
+            batch: piece,
+            ..
+        } in &parts
+        {
             let keys = piece.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
             let keys: Vec<i64> = keys.values().to_vec();
-            assert!(keys.windows(2).all(|w| w[0] < w[1]), "row order kept within a piece");
+            assert!(
+                keys.windows(2).all(|w| w[0] < w[1]),
+                "row order kept within a piece"
+            );
             assert!(keys.iter().all(|&k| ids[k as usize] as usize == *p));
         }
     }
@@ -166,7 +195,9 @@ mod tests {
     #[test]
     fn unknown_key_column_is_a_clear_error() {
         let b = batch(3);
-        let err = Splitter::new(Partitioner::Hash(vec!["nope".into()]), &b.schema()).err().unwrap();
+        let err = Splitter::new(Partitioner::Hash(vec!["nope".into()]), &b.schema())
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("\"nope\""), "{err}");
         assert!(err.to_string().contains("\"k\""), "{err}");
     }

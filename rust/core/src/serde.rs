@@ -56,14 +56,19 @@ impl EncodedRecord {
 impl BatchEncoder {
     /// An encoder for a stream of batches with this schema (checked for IPC support).
     pub fn new(schema: &Schema) -> Result<BatchEncoder> {
-        Ok(BatchEncoder { inner: StreamEncoder::try_new(schema)? })
+        Ok(BatchEncoder {
+            inner: StreamEncoder::try_new(schema)?,
+        })
     }
 
     /// Encodes one batch as one record.
     pub fn encode(&mut self, batch: &RecordBatch) -> Result<EncodedRecord> {
         let parts = self.inner.encode(batch)?;
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        Ok(EncodedRecord { header: (len as u64).to_le_bytes(), parts })
+        Ok(EncodedRecord {
+            header: (len as u64).to_le_bytes(),
+            parts,
+        })
     }
 }
 
@@ -139,6 +144,20 @@ impl RecordDeserializer {
             }
         }
         if !produced {
+            // A record batch message with an empty body (0 rows of fixed-width columns, or
+            // only null-typed columns) ends exactly at the record's end, and the decoder only
+            // completes a message when offered more bytes. Offer a few it will not consume:
+            // it needs none for an empty body.
+            let mut nudge = Buffer::from(vec![0u8; 8]);
+            if let Some(batch) = self.decoder.decode(&mut nudge)? {
+                if nudge.len() != 8 {
+                    return Err(Error::Protocol("a record ended inside an IPC message".into()));
+                }
+                out.push_back(batch);
+                produced = true;
+            }
+        }
+        if !produced {
             return Err(Error::Protocol("a record held no record batch".into()));
         }
         Ok(())
@@ -148,15 +167,19 @@ impl RecordDeserializer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow_array::{ArrayRef, DictionaryArray, Int64Array, StringArray};
     use arrow_array::types::Int32Type;
+    use arrow_array::{ArrayRef, DictionaryArray, Int64Array, StringArray};
     use std::sync::Arc;
 
     fn batch(start: i64, n: i64) -> RecordBatch {
         let a: ArrayRef = Arc::new(Int64Array::from_iter_values(start..start + n));
-        let s: ArrayRef = Arc::new(StringArray::from_iter_values((start..start + n).map(|i| format!("v{i}"))));
+        let s: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (start..start + n).map(|i| format!("v{i}")),
+        ));
         let d: ArrayRef = Arc::new(
-            (start..start + n).map(|i| if i % 2 == 0 { "even" } else { "odd" }).collect::<DictionaryArray<Int32Type>>(),
+            (start..start + n)
+                .map(|i| if i % 2 == 0 { "even" } else { "odd" })
+                .collect::<DictionaryArray<Int32Type>>(),
         );
         RecordBatch::try_from_iter([("a", a), ("s", s), ("d", d)]).unwrap()
     }
@@ -185,6 +208,28 @@ mod tests {
             for (got, want) in out.iter().zip(&batches) {
                 assert_eq!(got, want);
             }
+        }
+    }
+
+    #[test]
+    fn batches_with_an_empty_ipc_body_round_trip() {
+        let empty: ArrayRef = Arc::new(Int64Array::from(Vec::<i64>::new()));
+        let nulls: ArrayRef = Arc::new(arrow_array::NullArray::new(3));
+        for b in [
+            RecordBatch::try_from_iter([("e", empty)]).unwrap(),
+            RecordBatch::try_from_iter([("n", nulls)]).unwrap(),
+        ] {
+            let mut enc = BatchEncoder::new(&b.schema()).unwrap();
+            let mut de = RecordDeserializer::new(1 << 20);
+            let mut out = VecDeque::new();
+            for _ in 0..3 {
+                let rec = enc.encode(&b).unwrap();
+                for c in rec.chunks() {
+                    de.push(c, &mut out).unwrap();
+                }
+            }
+            assert_eq!(out.len(), 3);
+            assert!(out.iter().all(|got| got == &b));
         }
     }
 

@@ -6,12 +6,16 @@ use crate::error::{Error, Result};
 /// Decimal units (KB) are powers of 1000, binary units (KiB, K) powers of 1024.
 pub fn parse_bytes(text: &str) -> Result<usize> {
     let s = text.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let num = num.replace('_', "");
-    let value: f64 = num
-        .parse()
-        .map_err(|_| Error::InvalidArgument(format!("invalid byte size {text:?}: expected e.g. 65536, \"64MiB\" or \"32KiB\"")))?;
+    let value: f64 = num.parse().map_err(|_| {
+        Error::InvalidArgument(format!(
+            "invalid byte size {text:?}: expected e.g. 65536, \"64MiB\" or \"32KiB\""
+        ))
+    })?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => 1024.0,
@@ -30,7 +34,9 @@ pub fn parse_bytes(text: &str) -> Result<usize> {
     };
     let bytes = value * mult;
     if !bytes.is_finite() || bytes < 0.0 || bytes > usize::MAX as f64 || bytes.fract() != 0.0 {
-        return Err(Error::InvalidArgument(format!("invalid byte size {text:?}: not a whole number of bytes")));
+        return Err(Error::InvalidArgument(format!(
+            "invalid byte size {text:?}: not a whole number of bytes"
+        )));
     }
     Ok(bytes as usize)
 }

@@ -19,12 +19,22 @@ pub struct Wait<'a> {
 impl<'a> Wait<'a> {
     /// Waits without limit and without interrupt check (tests, internal threads).
     pub fn forever() -> Wait<'static> {
-        Wait { deadline: None, timeout: None, what: "", check: None }
+        Wait {
+            deadline: None,
+            timeout: None,
+            what: "",
+            check: None,
+        }
     }
 
     /// Waits at most `timeout` (None: without limit); `what` names the wait in the error.
     pub fn timeout(timeout: Option<Duration>, what: &'static str) -> Wait<'static> {
-        Wait { deadline: timeout.map(|t| Instant::now() + t), timeout, what, check: None }
+        Wait {
+            deadline: timeout.map(|t| Instant::now() + t),
+            timeout,
+            what,
+            check: None,
+        }
     }
 
     /// Adds an interrupt check.
@@ -32,7 +42,12 @@ impl<'a> Wait<'a> {
     where
         'a: 'b,
     {
-        Wait { deadline: self.deadline, timeout: self.timeout, what: self.what, check: Some(check) }
+        Wait {
+            deadline: self.deadline,
+            timeout: self.timeout,
+            what: self.what,
+            check: Some(check),
+        }
     }
 
     /// How long the caller may sleep now before calling [`Wait::tick`] again; `Err` when the
@@ -41,7 +56,11 @@ impl<'a> Wait<'a> {
         if let Some(check) = self.check.as_mut() {
             check()?;
         }
-        let slice = if self.check.is_some() { CHECK_INTERVAL } else { Duration::from_secs(3600) };
+        let slice = if self.check.is_some() {
+            CHECK_INTERVAL
+        } else {
+            Duration::from_secs(3600)
+        };
         match self.deadline {
             None => Ok(slice),
             Some(deadline) => {

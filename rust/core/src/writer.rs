@@ -21,7 +21,12 @@ pub struct RecordWriter {
 impl RecordWriter {
     /// A writer for `partition`.
     pub fn new(partition: Arc<ResultPartition>, partitioner: Partitioner) -> RecordWriter {
-        RecordWriter { partition, kind: partitioner, splitter: None, closed: false }
+        RecordWriter {
+            partition,
+            kind: partitioner,
+            splitter: None,
+            closed: false,
+        }
     }
 
     /// The partition written to.
@@ -38,14 +43,21 @@ impl RecordWriter {
     /// Like [`RecordWriter::write`], attaching `token` to every piece that is the whole
     /// batch, for local readers (the Python layer passes the original Python object, so a
     /// reader in the same process gets it back without a conversion).
-    pub fn write_with_token(&mut self, batch: &RecordBatch, token: Option<Token>, wait: &mut Wait<'_>) -> Result<()> {
+    pub fn write_with_token(
+        &mut self,
+        batch: &RecordBatch,
+        token: Option<Token>,
+        wait: &mut Wait<'_>,
+    ) -> Result<()> {
         if self.closed {
             return Err(Error::Closed("record writer"));
         }
         self.partition.check_schema(batch)?;
         let splitter = match self.splitter.as_mut() {
             Some(s) => s,
-            None => self.splitter.insert(Splitter::new(self.kind.clone(), batch.schema_ref())?),
+            None => self
+                .splitter
+                .insert(Splitter::new(self.kind.clone(), batch.schema_ref())?),
         };
         let pieces = splitter.split(batch, self.partition.num_subpartitions())?;
         self.partition.write_pieces(pieces, token, wait)

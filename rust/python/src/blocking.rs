@@ -14,7 +14,9 @@ pub fn timeout(seconds: Option<f64>) -> PyResult<Option<Duration>> {
     match seconds {
         None => Ok(None),
         Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s))),
-        Some(s) => Err(PyValueError::new_err(format!("timeout must be a non-negative number of seconds, got {s}"))),
+        Some(s) => Err(PyValueError::new_err(format!(
+            "timeout must be a non-negative number of seconds, got {s}"
+        ))),
     }
 }
 

@@ -20,13 +20,16 @@ use crate::io::{ChannelSpec, InputGate};
 fn bytes_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     if let Ok(i) = value.cast::<PyInt>() {
         let v: i64 = i.extract()?;
-        return usize::try_from(v)
-            .map_err(|_| PyValueError::new_err(format!("{name} must be a non-negative number of bytes, got {v}")));
+        return usize::try_from(v).map_err(|_| {
+            PyValueError::new_err(format!("{name} must be a non-negative number of bytes, got {v}"))
+        });
     }
     if let Ok(s) = value.cast::<PyString>() {
         return units::parse_bytes(s.to_str()?).map_err(|e| PyValueError::new_err(format!("{name}: {e}")));
     }
-    Err(PyTypeError::new_err(format!("{name} must be an int (bytes) or a string such as \"64MiB\"")))
+    Err(PyTypeError::new_err(format!(
+        "{name} must be an int (bytes) or a string such as \"64MiB\""
+    )))
 }
 
 /// Parses a byte size such as ``"64MiB"``, ``"32 KiB"`` or ``65536`` into bytes.
@@ -122,27 +125,37 @@ impl NetworkEnvironment {
             "credit" => FlowControl::Credit,
             "tcp" => FlowControl::Tcp,
             other => {
-                return Err(PyValueError::new_err(format!("flow_control must be \"credit\" or \"tcp\", got {other:?}")))
+                return Err(PyValueError::new_err(format!(
+                    "flow_control must be \"credit\" or \"tcp\", got {other:?}"
+                )))
             }
         };
         let secs = |v: f64, name: &str| -> PyResult<Duration> {
             if v.is_finite() && v >= 0.0 {
                 Ok(Duration::from_secs_f64(v))
             } else {
-                Err(PyValueError::new_err(format!("{name} must be a non-negative number of seconds, got {v}")))
+                Err(PyValueError::new_err(format!(
+                    "{name} must be a non-negative number of seconds, got {v}"
+                )))
             }
         };
         config.buffer_timeout = secs(buffer_timeout, "buffer_timeout")?;
         config.exclusive_buffers = exclusive_buffers;
         config.floating_buffers = floating_buffers;
         config.local_handoff = local_handoff;
-        config.request_backoff =
-            Backoff { initial: secs(request_backoff_initial, "request_backoff_initial")?, max: secs(request_backoff_max, "request_backoff_max")? };
+        config.request_backoff = Backoff {
+            initial: secs(request_backoff_initial, "request_backoff_initial")?,
+            max: secs(request_backoff_max, "request_backoff_max")?,
+        };
         if config.request_backoff.initial.is_zero() {
             return Err(PyValueError::new_err("request_backoff_initial must be positive"));
         }
         let inner = Python::attach(|py| creditflow_core::NetworkEnvironment::new(config).py_err(py))?;
-        Ok(NetworkEnvironment { inner, pid: std::process::id(), secret })
+        Ok(NetworkEnvironment {
+            inner,
+            pid: std::process::id(),
+            secret,
+        })
     }
 
     /// The address other environments reach this one at, ``"host:port"``.
@@ -171,9 +184,17 @@ impl NetworkEnvironment {
 
     /// Creates a partition with ``num_subpartitions`` pipelined subpartitions.
     #[pyo3(signature = (partition_id, num_subpartitions = 1))]
-    fn create_partition(&self, py: Python<'_>, partition_id: &str, num_subpartitions: usize) -> PyResult<ResultPartition> {
+    fn create_partition(
+        &self,
+        py: Python<'_>,
+        partition_id: &str,
+        num_subpartitions: usize,
+    ) -> PyResult<ResultPartition> {
         check_pid(self.pid, "NetworkEnvironment")?;
-        let inner = self.inner.create_partition(partition_id, num_subpartitions).py_err(py)?;
+        let inner = self
+            .inner
+            .create_partition(partition_id, num_subpartitions)
+            .py_err(py)?;
         Ok(ResultPartition { inner, pid: self.pid })
     }
 
@@ -227,7 +248,6 @@ impl NetworkEnvironment {
         )
     }
 }
-
 
 /// A partition: N subpartitions filled by a :class:`RecordWriter`.
 #[pyclass(module = "creditflow._native", frozen)]
@@ -289,7 +309,11 @@ impl ResultPartition {
     }
 
     fn __repr__(&self) -> String {
-        format!("ResultPartition(id={:?}, num_subpartitions={})", self.inner.id(), self.inner.num_subpartitions())
+        format!(
+            "ResultPartition(id={:?}, num_subpartitions={})",
+            self.inner.id(),
+            self.inner.num_subpartitions()
+        )
     }
 }
 
@@ -303,7 +327,10 @@ fn pool_dict<'py>(py: Python<'py>, p: &PoolStats) -> PyResult<Bound<'py, PyDict>
     Ok(d)
 }
 
-pub(crate) fn partition_metrics_dict<'py>(py: Python<'py>, m: &PartitionMetrics) -> PyResult<Bound<'py, PyDict>> {
+pub(crate) fn partition_metrics_dict<'py>(
+    py: Python<'py>,
+    m: &PartitionMetrics,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("id", &m.id)?;
     d.set_item("num_subpartitions", m.num_subpartitions)?;

@@ -12,14 +12,21 @@ fn make(py: Python<'_>, name: &str, message: String, kwargs: Option<&Bound<'_, P
         let exc = cls.call((message.clone(),), kwargs)?;
         Ok(PyErr::from_value(exc))
     };
-    build().unwrap_or_else(|e| PyRuntimeError::new_err(format!("{message} (and creditflow.errors failed: {e})")))
+    build()
+        .unwrap_or_else(|e| PyRuntimeError::new_err(format!("{message} (and creditflow.errors failed: {e})")))
 }
 
 /// Converts a core error into the matching Python exception.
 pub fn to_py(py: Python<'_>, err: Error) -> PyErr {
     let message = err.to_string();
     match err {
-        Error::InsufficientBuffers { required, available, total, segment_size, .. } => {
+        Error::InsufficientBuffers {
+            required,
+            available,
+            total,
+            segment_size,
+            ..
+        } => {
             let kwargs = PyDict::new(py);
             let _ = kwargs.set_item("required", required);
             let _ = kwargs.set_item("available", available);

@@ -3,15 +3,15 @@
 
 use std::sync::{Arc, Mutex};
 
+use arrow_array::{RecordBatch, StructArray};
+use arrow_schema::Field;
 use creditflow_core::gate::{ChannelSpec as CoreSpec, GateItem};
+use creditflow_core::partition::subpartition::Token;
 use creditflow_core::Partitioner;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString, PyTuple};
-use arrow_array::{RecordBatch, StructArray};
-use arrow_schema::Field;
-use creditflow_core::partition::subpartition::Token;
 use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3_arrow::input::AnyRecordBatch;
 
 use crate::blocking;
@@ -32,10 +32,13 @@ impl HashPartitioner {
         let keys: Vec<String> = if let Ok(s) = keys.cast::<PyString>() {
             vec![s.to_str()?.to_string()]
         } else {
-            keys.extract().map_err(|_| PyTypeError::new_err("keys must be a column name or a list of column names"))?
+            keys.extract()
+                .map_err(|_| PyTypeError::new_err("keys must be a column name or a list of column names"))?
         };
         if keys.is_empty() {
-            return Err(PyValueError::new_err("HashPartitioner needs at least one key column"));
+            return Err(PyValueError::new_err(
+                "HashPartitioner needs at least one key column",
+            ));
         }
         Ok(HashPartitioner { keys })
     }
@@ -100,7 +103,9 @@ impl ForwardPartitioner {
 }
 
 fn partitioner_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Partitioner> {
-    let Some(obj) = obj else { return Ok(Partitioner::RoundRobin) };
+    let Some(obj) = obj else {
+        return Ok(Partitioner::RoundRobin);
+    };
     if let Ok(h) = obj.cast::<HashPartitioner>() {
         return Ok(Partitioner::Hash(h.get().keys.clone()));
     }
@@ -144,11 +149,18 @@ impl ChannelSpec {
 impl ChannelSpec {
     #[new]
     fn new(address: String, partition_id: String, subpartition: usize) -> Self {
-        ChannelSpec { address, partition_id, subpartition }
+        ChannelSpec {
+            address,
+            partition_id,
+            subpartition,
+        }
     }
 
     fn __repr__(&self) -> String {
-        format!("ChannelSpec({:?}, {:?}, {})", self.address, self.partition_id, self.subpartition)
+        format!(
+            "ChannelSpec({:?}, {:?}, {})",
+            self.address, self.partition_id, self.subpartition
+        )
     }
 }
 
@@ -175,11 +187,15 @@ fn to_pyarrow(py: Python<'_>, batch: RecordBatch, token: Option<Token>) -> PyRes
         return Ok(t.0.clone_ref(py));
     }
     let schema = batch.schema();
-    let field = Field::new_struct("", schema.fields().clone(), false).with_metadata(schema.metadata().clone());
+    let field =
+        Field::new_struct("", schema.fields().clone(), false).with_metadata(schema.metadata().clone());
     let array = StructArray::from(batch);
     let capsules = pyo3_arrow::ffi::to_array_pycapsules(py, field.into(), &array, None)?;
     let import = PA_IMPORT_BATCH.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
-        Ok(PA_RECORD_BATCH.import(py, "pyarrow", "RecordBatch")?.getattr("_import_from_c_capsule")?.unbind())
+        Ok(PA_RECORD_BATCH
+            .import(py, "pyarrow", "RecordBatch")?
+            .getattr("_import_from_c_capsule")?
+            .unbind())
     })?;
     Ok(import.bind(py).call1(capsules)?.unbind())
 }
@@ -197,7 +213,11 @@ pub struct RecordWriter {
 impl RecordWriter {
     #[new]
     #[pyo3(signature = (partition, partitioner = None, *, timeout = None))]
-    fn new(partition: &Bound<'_, ResultPartition>, partitioner: Option<&Bound<'_, PyAny>>, timeout: Option<f64>) -> PyResult<Self> {
+    fn new(
+        partition: &Bound<'_, ResultPartition>,
+        partitioner: Option<&Bound<'_, PyAny>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Self> {
         blocking::timeout(timeout)?;
         let p = partition.get();
         let kind = partitioner_arg(partitioner)?;
@@ -251,7 +271,8 @@ impl RecordWriter {
 
     /// Sends end-of-partition to every subpartition. Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.inner.lock().unwrap().close()).map_err(|e| to_py(py, e))
+        py.detach(|| self.inner.lock().unwrap().close())
+            .map_err(|e| to_py(py, e))
     }
 
     /// Ends the partition with an error: readers raise ``ProducerFailedError(message)``
@@ -299,13 +320,18 @@ pub struct InputGate {
 
 impl InputGate {
     pub(crate) fn new(gate: creditflow_core::InputGate, pid: u32) -> InputGate {
-        InputGate { inner: Mutex::new(gate), pid }
+        InputGate {
+            inner: Mutex::new(gate),
+            pid,
+        }
     }
 
     fn next_batch(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Py<PyAny>>> {
         check_pid(self.pid, "InputGate")?;
         let timeout = blocking::timeout(timeout)?;
-        let item = blocking::run(py, timeout, "waiting for data", |wait| self.inner.lock().unwrap().next_item(wait))?;
+        let item = blocking::run(py, timeout, "waiting for data", |wait| {
+            self.inner.lock().unwrap().next_item(wait)
+        })?;
         match item {
             None => Ok(None),
             Some(GateItem::Batch(_, b, token)) => Ok(Some(to_pyarrow(py, b, token)?)),
@@ -371,4 +397,3 @@ impl InputGate {
         false
     }
 }
-

@@ -86,7 +86,12 @@ impl GlobalPool {
         Ok(Arc::new(GlobalPool {
             segment_size,
             total,
-            state: Mutex::new(GlobalState { free: Vec::new(), allocated: 0, pools: HashMap::new(), next_id: 0 }),
+            state: Mutex::new(GlobalState {
+                free: Vec::new(),
+                allocated: 0,
+                pools: HashMap::new(),
+                next_id: 0,
+            }),
         }))
     }
 
@@ -151,7 +156,10 @@ impl GlobalPool {
                 global: self.clone(),
                 share: AtomicUsize::new(min),
                 held: AtomicUsize::new(0),
-                state: Mutex::new(LocalState { free: Vec::new(), destroyed: false }),
+                state: Mutex::new(LocalState {
+                    free: Vec::new(),
+                    destroyed: false,
+                }),
                 available: Condvar::new(),
             });
             st.pools.insert(id, shared.clone());
@@ -334,7 +342,8 @@ impl LocalPool {
 
     /// Takes one segment if one is available now.
     pub fn try_request(&self) -> Option<PooledSegment> {
-        self.try_request_many(1).map(|mut v| v.pop().expect("one segment"))
+        self.try_request_many(1)
+            .map(|mut v| v.pop().expect("one segment"))
     }
 
     /// Takes `n` segments at once, all or nothing, waiting as `wait` allows. A request above
@@ -379,7 +388,15 @@ impl LocalPool {
             }
         }
         let at = st.free.len() - n;
-        Ok(Some(st.free.drain(at..).map(|seg| PooledSegment { seg: Some(seg), pool: sh.clone() }).collect()))
+        Ok(Some(
+            st.free
+                .drain(at..)
+                .map(|seg| PooledSegment {
+                    seg: Some(seg),
+                    pool: sh.clone(),
+                })
+                .collect(),
+        ))
     }
 
     /// Numbers for metrics.
@@ -446,7 +463,10 @@ impl Drop for LocalPool {
 
 impl std::fmt::Debug for LocalPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LocalPool").field("name", &self.shared.what).field("stats", &self.stats()).finish()
+        f.debug_struct("LocalPool")
+            .field("name", &self.shared.what)
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -478,7 +498,9 @@ impl Drop for PooledSegment {
 
 impl std::fmt::Debug for PooledSegment {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PooledSegment").field("pool", &self.pool.what).finish()
+        f.debug_struct("PooledSegment")
+            .field("pool", &self.pool.what)
+            .finish()
     }
 }
 
@@ -512,9 +534,17 @@ mod tests {
     fn insufficient_minimum_fails_at_construction_with_numbers() {
         let g = GlobalPool::new(8 * SEG, SEG).unwrap();
         let _a = g.create_local_pool("a", 5, usize::MAX, "").unwrap();
-        let err = g.create_local_pool("gate b", 4, usize::MAX, "increase memory").unwrap_err();
+        let err = g
+            .create_local_pool("gate b", 4, usize::MAX, "increase memory")
+            .unwrap_err();
         match err {
-            Error::InsufficientBuffers { required, available, total, ref hint, .. } => {
+            Error::InsufficientBuffers {
+                required,
+                available,
+                total,
+                ref hint,
+                ..
+            } => {
                 assert_eq!((required, available, total), (4, 3, 8));
                 assert_eq!(hint, "increase memory");
             }
@@ -632,7 +662,10 @@ mod proptests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (0usize..6, 0usize..20).prop_map(|(min, extra)| Op::Create { min, max: min + extra }),
+            (0usize..6, 0usize..20).prop_map(|(min, extra)| Op::Create {
+                min,
+                max: min + extra
+            }),
             (0usize..8).prop_map(Op::Destroy),
             (0usize..8, 1usize..8).prop_map(|(pool, n)| Op::Request { pool, n }),
             (0usize..8, 1usize..8).prop_map(|(pool, n)| Op::Recycle { pool, n }),

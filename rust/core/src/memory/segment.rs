@@ -29,7 +29,9 @@ impl Segment {
         let layout = Self::layout(len);
         // SAFETY: layout has non-zero size (asserted in `layout`).
         let raw = unsafe { alloc(layout) };
-        let Some(ptr) = NonNull::new(raw) else { handle_alloc_error(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            handle_alloc_error(layout)
+        };
         Segment { ptr, len }
     }
 

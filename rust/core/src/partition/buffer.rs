@@ -44,8 +44,19 @@ pub struct BufferSlice {
 /// Creates the two halves over a pooled segment.
 pub fn new_buffer(segment: PooledSegment) -> (BufferBuilder, BufferConsumer) {
     let capacity = segment.segment().len();
-    let shared = Arc::new(Shared { segment, position: AtomicUsize::new(0) });
-    (BufferBuilder { shared: shared.clone(), written: 0, capacity, finished: false }, BufferConsumer { shared, read: 0 })
+    let shared = Arc::new(Shared {
+        segment,
+        position: AtomicUsize::new(0),
+    });
+    (
+        BufferBuilder {
+            shared: shared.clone(),
+            written: 0,
+            capacity,
+            finished: false,
+        },
+        BufferConsumer { shared, read: 0 },
+    )
 }
 
 impl BufferBuilder {
@@ -92,7 +103,9 @@ impl BufferBuilder {
     fn mark_finished(&mut self) {
         if !self.finished {
             self.finished = true;
-            self.shared.position.store(self.written | FINISHED, Ordering::Release);
+            self.shared
+                .position
+                .store(self.written | FINISHED, Ordering::Release);
         }
     }
 }
@@ -111,7 +124,11 @@ impl BufferConsumer {
         let committed = pos & !FINISHED;
         let finished = pos & FINISHED != 0;
         if committed > self.read {
-            let slice = BufferSlice { shared: self.shared.clone(), start: self.read, end: committed };
+            let slice = BufferSlice {
+                shared: self.shared.clone(),
+                start: self.read,
+                end: committed,
+            };
             self.read = committed;
             (Some(slice), finished)
         } else {
@@ -137,7 +154,12 @@ impl BufferSlice {
         // SAFETY: [start, end) was committed (release-stored by the builder, acquired by the
         // consumer that made this slice) and the builder never writes below its committed
         // position again; the Arc keeps the segment alive.
-        unsafe { std::slice::from_raw_parts(self.shared.segment.segment().as_ptr().add(self.start), self.end - self.start) }
+        unsafe {
+            std::slice::from_raw_parts(
+                self.shared.segment.segment().as_ptr().add(self.start),
+                self.end - self.start,
+            )
+        }
     }
 
     /// Length in bytes.
@@ -153,7 +175,10 @@ impl BufferSlice {
 
 impl std::fmt::Debug for BufferSlice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BufferSlice").field("start", &self.start).field("end", &self.end).finish()
+        f.debug_struct("BufferSlice")
+            .field("start", &self.start)
+            .field("end", &self.end)
+            .finish()
     }
 }
 
@@ -178,7 +203,11 @@ mod tests {
         assert_eq!(s.unwrap().as_slice(), b"world");
         assert!(fin && c.is_drained());
         drop(c);
-        assert_eq!(pool.stats().in_use, 0, "segment recycled when both halves are gone");
+        assert_eq!(
+            pool.stats().in_use,
+            0,
+            "segment recycled when both halves are gone"
+        );
     }
 
     #[test]

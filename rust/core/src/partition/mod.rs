@@ -21,12 +21,12 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
 use crate::error::{Error, Result};
-use crate::memory::{LocalPool, PoolStats};
+use crate::memory::{LocalPool, PoolStats, PooledSegment};
 use crate::metrics::{BackpressureLevel, Counter, TimeMeter};
+use crate::partitioner::Piece;
 use crate::serde::BatchEncoder;
 use crate::wait::Wait;
 use buffer::{new_buffer, BufferBuilder};
-use crate::partitioner::Piece;
 use subpartition::{Entry, Event, LocalBatch, Subpartition, Token};
 
 /// Where partitions are registered, so that they can unregister when done.
@@ -129,7 +129,9 @@ impl ResultPartition {
     ) -> ResultPartition {
         ResultPartition {
             id,
-            subpartitions: (0..num_subpartitions).map(|i| Arc::new(Subpartition::new(i))).collect(),
+            subpartitions: (0..num_subpartitions)
+                .map(|i| Arc::new(Subpartition::new(i)))
+                .collect(),
             pool,
             handoff,
             flush_every_write,
@@ -156,11 +158,13 @@ impl ResultPartition {
 
     /// One subpartition.
     pub fn subpartition(&self, index: usize) -> Result<&Arc<Subpartition>> {
-        self.subpartitions.get(index).ok_or_else(|| Error::SubpartitionOutOfRange {
-            partition: self.id.clone(),
-            index,
-            count: self.subpartitions.len(),
-        })
+        self.subpartitions
+            .get(index)
+            .ok_or_else(|| Error::SubpartitionOutOfRange {
+                partition: self.id.clone(),
+                index,
+                count: self.subpartitions.len(),
+            })
     }
 
     /// The schema of the first batch written, if any.
@@ -196,7 +200,12 @@ impl ResultPartition {
 
     /// Writes pieces already split by a partitioner. With hand-off, all pieces are queued or
     /// none (a timeout loses nothing and the write may be retried).
-    pub(crate) fn write_pieces(&self, pieces: Vec<Piece>, token: Option<Token>, wait: &mut Wait<'_>) -> Result<()> {
+    pub(crate) fn write_pieces(
+        &self,
+        pieces: Vec<Piece>,
+        token: Option<Token>,
+        wait: &mut Wait<'_>,
+    ) -> Result<()> {
         self.check_writable()?;
         match self.handoff {
             Handoff::Batch => self.write_handoff(pieces, token, wait),
@@ -220,7 +229,18 @@ impl ResultPartition {
                 self.pool.request_many(total, wait)?
             }
         };
-        for ((Piece { subpartition: sp, batch, whole }, need), bytes) in pieces.into_iter().zip(needs).zip(sizes) {
+        for (
+            (
+                Piece {
+                    subpartition: sp,
+                    batch,
+                    whole,
+                },
+                need,
+            ),
+            bytes,
+        ) in pieces.into_iter().zip(needs).zip(sizes)
+        {
             let take = need.min(segments.len());
             let held = segments.split_off(segments.len() - take);
             self.metrics.batches.add(1);
@@ -228,14 +248,24 @@ impl ResultPartition {
             self.metrics.bytes.add(bytes as u64);
             self.metrics.rows.add(batch.num_rows() as u64);
             let token = if whole { token.clone() } else { None };
-            self.subpartitions[sp].add_finished(Entry::Batch(LocalBatch { token, batch, bytes, segments: held }));
+            self.subpartitions[sp].add_finished(Entry::Batch(LocalBatch {
+                token,
+                batch,
+                bytes,
+                segments: held,
+            }));
         }
         Ok(())
     }
 
     fn write_serialized(&self, pieces: Vec<Piece>, wait: &mut Wait<'_>) -> Result<()> {
         let mut serial = self.serial.lock().unwrap();
-        for Piece { subpartition: sp, batch, .. } in pieces {
+        for Piece {
+            subpartition: sp,
+            batch,
+            ..
+        } in pieces
+        {
             let sub = &self.subpartitions[sp];
             if sub.is_released() {
                 continue;
@@ -246,9 +276,29 @@ impl ResultPartition {
                 None => state.encoder.insert(BatchEncoder::new(&batch.schema())?),
             };
             let record = encoder.encode(&batch)?;
+            // Reserve the segments the record needs before writing any of it, so that a
+            // timeout or interrupt loses nothing and the write can be retried. Only a record
+            // larger than the pool's share streams through segment by segment; if that is
+            // interrupted half-way, the partition fails (see below).
+            let free_in_builder = state.builder.as_ref().map_or(0, |b| b.remaining());
+            let needed = record
+                .len()
+                .saturating_sub(free_in_builder)
+                .div_ceil(self.pool.segment_size());
+            let mut reserved = if needed == 0 {
+                Vec::new()
+            } else {
+                match self.pool.try_request_many(needed) {
+                    Some(s) => s,
+                    None => {
+                        let _blocked = self.metrics.backpressure.start();
+                        self.pool.request_many(needed, wait)?
+                    }
+                }
+            };
             let start = state.stream_bytes;
             for chunk in record.chunks() {
-                if let Err(e) = self.append(sub, state, chunk, wait) {
+                if let Err(e) = self.append(sub, state, &mut reserved, chunk, wait) {
                     if state.stream_bytes != start {
                         // Half a record is in the stream: the reader cannot continue.
                         let msg = format!("write to partition {:?} failed mid-batch: {e}", self.id);
@@ -270,13 +320,20 @@ impl ResultPartition {
     }
 
     /// Appends bytes to a subpartition's stream, starting buffers as needed.
-    fn append(&self, sub: &Subpartition, state: &mut SerialState, mut data: &[u8], wait: &mut Wait<'_>) -> Result<()> {
+    fn append(
+        &self,
+        sub: &Subpartition,
+        state: &mut SerialState,
+        reserved: &mut Vec<PooledSegment>,
+        mut data: &[u8],
+        wait: &mut Wait<'_>,
+    ) -> Result<()> {
         let builder = &mut state.builder;
         while !data.is_empty() {
             let b = match builder {
                 Some(b) => b,
                 None => {
-                    let seg = match self.pool.try_request() {
+                    let seg = match reserved.pop().or_else(|| self.pool.try_request()) {
                         Some(s) => s,
                         None => {
                             let _blocked = self.metrics.backpressure.start();
@@ -374,7 +431,14 @@ impl ResultPartition {
         for s in &self.subpartitions {
             s.release();
         }
+        // Destroy the pool first: it wakes a writer blocked on a segment (with `Closed`),
+        // which then lets go of the serializer lock taken next.
         self.pool.destroy();
+        for state in self.serial.lock().unwrap().iter_mut() {
+            // The consumers went with the queues; dropping the builders recycles their
+            // half-filled segments now rather than when the writer goes away.
+            state.builder = None;
+        }
         if let Some(reg) = self.registry.upgrade() {
             let mut reg = reg.lock().unwrap();
             if reg.get(&self.id).is_some_and(|p| std::ptr::eq(p.as_ref(), self)) {

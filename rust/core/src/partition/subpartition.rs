@@ -9,18 +9,21 @@
 //! unfinished buffer at the tail become readable on a *flush* (by `flush()`, the output
 //! flusher after `buffer_timeout`, or every write when the timeout is 0).
 //!
-//! Wake-ups use two flags and no lock: the reader sets `reader_waiting` before it re-checks
-//! the queue and goes to sleep; the writer, after publishing, swaps the flag and calls the
-//! reader's listener only if it was set. Both use SeqCst so one of them sees the other.
+//! Wake-ups use one atomic word and no lock. `signal` counts publications (in steps of 2)
+//! and its low bit says "the reader sleeps". The writer, after publishing, adds 2 and
+//! clears the bit in one read-modify-write, and calls the listener if the bit was set. The
+//! reader snapshots `signal` before polling; when it finds nothing it sets the bit with a
+//! compare-exchange against the snapshot, which fails if anything was published meanwhile,
+//! and then polls again. All decisions are RMWs on one location, so no store/load reordering
+//! can lose a wake-up; the loom models at the bottom of this file check it.
 
 use std::sync::Mutex as StdMutex;
 
 use arrow_array::RecordBatch;
-use crossbeam_queue::SegQueue;
 
 use super::buffer::{BufferConsumer, BufferSlice};
 use crate::memory::PooledSegment;
-use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, AtomicUsize, Ordering, Queue};
 
 /// Called by the writer side when a waiting reader has something new to read.
 pub type Listener = std::sync::Arc<dyn Fn() + Send + Sync>;
@@ -74,13 +77,13 @@ pub enum Polled {
 /// Shared state of one subpartition.
 pub struct Subpartition {
     index: usize,
-    queue: SegQueue<Entry>,
+    queue: Queue<Entry>,
     /// Finished entries in the queue not yet taken by the reader: Flink's backlog.
     finished: AtomicUsize,
     /// Set by flush, cleared by the reader when it reads the unfinished buffer.
     flush_requested: AtomicBool,
-    /// The reader found nothing and sleeps until the listener is called.
-    reader_waiting: AtomicBool,
+    /// Publication count × 2 | reader-sleeps bit (see the module docs).
+    signal: AtomicUsize,
     /// A reader is attached (pipelined subpartitions are read once).
     consumed: AtomicBool,
     /// The reader went away: writes are dropped, the queue drained.
@@ -97,10 +100,10 @@ impl Subpartition {
     pub fn new(index: usize) -> Subpartition {
         Subpartition {
             index,
-            queue: SegQueue::new(),
+            queue: Queue::new(),
             finished: AtomicUsize::new(0),
             flush_requested: AtomicBool::new(false),
-            reader_waiting: AtomicBool::new(false),
+            signal: AtomicUsize::new(0),
             consumed: AtomicBool::new(false),
             released: AtomicBool::new(false),
             listener: StdMutex::new(None),
@@ -146,7 +149,13 @@ impl Subpartition {
     }
 
     fn notify(&self) {
-        if self.reader_waiting.swap(false, Ordering::SeqCst) {
+        let old = self
+            .signal
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                Some(s.wrapping_add(2) & !1)
+            })
+            .expect("the closure always returns Some");
+        if old & 1 == 1 {
             let listener = self.listener.lock().unwrap().clone();
             if let Some(l) = listener {
                 l();
@@ -178,11 +187,20 @@ impl Subpartition {
     /// Takes the next readable item; `None` when nothing is readable now. After `None`, the
     /// listener is called once something becomes readable.
     pub fn poll(&self) -> Option<Polled> {
-        if let Some(item) = self.poll_once() {
-            return Some(item);
+        loop {
+            let snapshot = self.signal.load(Ordering::Acquire);
+            if let Some(item) = self.poll_once() {
+                return Some(item);
+            }
+            // Sleep only if nothing was published since the snapshot; otherwise look again.
+            if self
+                .signal
+                .compare_exchange(snapshot, snapshot | 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return None;
+            }
         }
-        self.reader_waiting.store(true, Ordering::SeqCst);
-        self.poll_once()
     }
 
     fn poll_once(&self) -> Option<Polled> {
@@ -234,6 +252,96 @@ impl Subpartition {
 
 impl std::fmt::Debug for Subpartition {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Subpartition").field("index", &self.index).field("backlog", &self.backlog()).finish()
+        f.debug_struct("Subpartition")
+            .field("index", &self.index)
+            .field("backlog", &self.backlog())
+            .finish()
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::memory::GlobalPool;
+    use crate::partition::buffer::new_buffer;
+    use crate::wait::Wait;
+    use loom::sync::Notify;
+    use std::sync::Arc;
+
+    /// Reads until end-of-partition, sleeping on the listener whenever `poll` finds nothing.
+    /// A lost wake-up makes loom report a deadlock.
+    fn read_all(sub: &Subpartition, wake: &Notify) -> (Vec<u8>, usize) {
+        let mut bytes = Vec::new();
+        let mut events = 0;
+        loop {
+            match sub.poll() {
+                Some(Polled::Data(s)) => bytes.extend_from_slice(s.as_slice()),
+                Some(Polled::Event(Event::EndOfPartition)) => return (bytes, events + 1),
+                Some(Polled::Event(_)) | Some(Polled::Batch(_)) => events += 1,
+                None => {
+                    eprintln!("WAIT backlog={}", sub.backlog());
+                    wake.wait()
+                }
+            }
+        }
+    }
+
+    fn attach(sub: &Arc<Subpartition>) -> Arc<Notify> {
+        let wake = Arc::new(Notify::new());
+        let w = wake.clone();
+        assert!(sub.attach_reader(Arc::new(move || w.notify())));
+        wake
+    }
+
+    /// A writer fills a buffer in two appends with a flush in between, finishes it and ends
+    /// the partition; the reader never misses a wake-up and sees every byte once, in order.
+    #[test]
+    fn loom_subpartition_flush_finish_and_end_wake_the_reader() {
+        loom::model(|| {
+            let g = GlobalPool::new(4096, 4096).unwrap();
+            let pool = g.create_local_pool("p", 1, 1, "").unwrap();
+            let sub = Arc::new(Subpartition::new(0));
+            let wake = attach(&sub);
+            let seg = pool.request(&mut Wait::forever()).unwrap();
+            let writer = {
+                let sub = sub.clone();
+                loom::thread::spawn(move || {
+                    let (mut b, c) = new_buffer(seg);
+                    sub.add_unfinished_buffer(c);
+                    b.append(b"ab");
+                    sub.flush();
+                    b.append(b"cd");
+                    b.finish();
+                    sub.buffer_finished();
+                    sub.add_finished(Entry::Event(Event::EndOfPartition));
+                })
+            };
+            let (bytes, events) = read_all(&sub, &wake);
+            writer.join().unwrap();
+            assert_eq!(bytes, b"abcd");
+            assert_eq!(events, 1);
+            assert_eq!(sub.backlog(), 0);
+        });
+    }
+
+    /// Two finished entries pushed concurrently with polling: both arrive, in order, and the
+    /// backlog returns to zero.
+    #[test]
+    fn loom_subpartition_events_arrive_in_order() {
+        loom::model(|| {
+            let sub = Arc::new(Subpartition::new(0));
+            let wake = attach(&sub);
+            let writer = {
+                let sub = sub.clone();
+                loom::thread::spawn(move || {
+                    sub.add_finished(Entry::Event(Event::ProducerFailed("x".into())));
+                    sub.add_finished(Entry::Event(Event::EndOfPartition));
+                })
+            };
+            let (_, events) = read_all(&sub, &wake);
+            writer.join().unwrap();
+            assert_eq!(events, 2);
+            assert_eq!(sub.backlog(), 0);
+        });
     }
 }

@@ -2,7 +2,7 @@
 
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import Any, final
+from typing import Any, TypeAlias, final
 
 import pyarrow as pa
 from typing_extensions import Self
@@ -108,7 +108,7 @@ class ForwardPartitioner:
 
     def __new__(cls) -> ForwardPartitioner: ...
 
-Partitioner = HashPartitioner | RoundRobinPartitioner | BroadcastPartitioner | ForwardPartitioner
+Partitioner: TypeAlias = HashPartitioner | RoundRobinPartitioner | BroadcastPartitioner | ForwardPartitioner
 
 @final
 class ChannelSpec:
@@ -124,7 +124,7 @@ class ChannelSpec:
     @property
     def subpartition(self) -> int:
         """The subpartition index."""
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
 @final
@@ -132,7 +132,11 @@ class RecordWriter:
     """Writes Arrow data into a partition through a partitioner."""
 
     def __new__(
-        cls, partition: ResultPartition, partitioner: Partitioner | None = None, *, timeout: float | None = None
+        cls,
+        partition: ResultPartition,
+        partitioner: Partitioner | None = None,
+        *,
+        timeout: float | None = None,
     ) -> RecordWriter: ...
     def write(self, data: object, timeout: float | None = None) -> None:
         """Writes a batch, table or stream (any Arrow PyCapsule producer)."""

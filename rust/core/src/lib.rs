@@ -18,6 +18,7 @@
 //! | batch → partition | [`writer`] | `RecordWriter` |
 //! | channels → batches | [`gate`] | `SingleInputGate`, `LocalInputChannel` |
 //! | credit, backlog, sequence numbers (no I/O) | [`credit`] | `CreditBasedPartitionRequestClientHandler` state |
+//! | wire protocol: frames ⇄ messages (no I/O) | [`transport`] | `NettyMessage`, `NettyMessageClientDecoderDelegate` |
 //! | counters, meters, OK/LOW/HIGH | [`metrics`] | `BackPressureStatsTracker`, `TimerGauge` |
 //! | one per process: pools, partitions, gates, flusher | [`env`] | `NettyShuffleEnvironment` |
 //!
@@ -35,6 +36,7 @@ pub mod partition;
 pub mod partitioner;
 pub mod serde;
 pub(crate) mod sync;
+pub mod transport;
 pub mod units;
 pub mod wait;
 pub mod writer;

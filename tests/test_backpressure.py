@@ -60,13 +60,22 @@ SCENARIO = textwrap.dedent(
     phase = ["slow"]
     stop = threading.Event()
 
+    fast = threading.Event()
+
     def producer():
+        pace = 0.0
         with cf.RecordWriter(part, cf.RoundRobinPartitioner()) as w:
             for seq in range(n_batches):
                 t0 = time.perf_counter()
                 b = make(seq)
                 produce_s.append(time.perf_counter() - t0)
                 w.write(b, timeout=60)
+                if fast.is_set():
+                    # Once the consumer is fast, the source runs at a steady rate (spreading
+                    # what is left over ~4 s) so the fast phase lasts long enough to be measured.
+                    if not pace:
+                        pace = 4.0 / max(1, n_batches - seq)
+                    time.sleep(pace)
 
     def monitor():
         while not stop.is_set():
@@ -100,6 +109,7 @@ SCENARIO = textwrap.dedent(
             time.sleep(10 * sum(recent) / len(recent))
         elif phase[0] == "slow":
             phase[0] = "fast"
+            fast.set()
             fast_since = time.perf_counter()
         elif levels["fast"] and time.perf_counter() - fast_since < 1.25:
             levels["fast"].clear()      # the meter's one-second window still covers the slow phase

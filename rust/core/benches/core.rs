@@ -104,12 +104,12 @@ fn bench_subpartition(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     g.bench_function("hand-off batch push+poll", |b| {
         b.iter(|| {
-            let seg = pool.try_request().expect("segment");
+            let segments = pool.try_reserve(1).expect("segment");
             sub.add_finished(Entry::Batch(LocalBatch {
                 token: None,
                 batch: small.clone(),
                 bytes,
-                segments: vec![seg],
+                segments,
             }));
             match sub.poll() {
                 Some(Polled::Batch(local)) => black_box(local.batch.num_rows()),

@@ -1,8 +1,13 @@
 //! Which subpartition each row (or batch) goes to (Flink's `ChannelSelector`).
 
-use arrow_array::{RecordBatch, UInt32Array};
-use arrow_schema::Schema;
-use arrow_select::take::take_record_batch;
+use arrow_array::types::{ByteArrayType, GenericBinaryType, GenericStringType};
+use arrow_array::{
+    make_array, Array, ArrayRef, GenericByteArray, RecordBatch, RecordBatchOptions, UInt32Array,
+};
+use arrow_buffer::{ArrowNativeType, Buffer, OffsetBuffer, ScalarBuffer};
+use arrow_data::ArrayData;
+use arrow_schema::{DataType, Schema};
+use arrow_select::take::take;
 
 use crate::error::{Error, Result};
 use crate::hash::spark_partition_ids;
@@ -138,21 +143,125 @@ impl Splitter {
             self.order[*slot] = row as u32;
             *slot += 1;
         }
+        // Columns without nulls of the common types are scattered in one pass (the rows of
+        // each piece stay in input order); everything else goes through Arrow's `take`.
+        let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::with_capacity(batch.num_columns()); n];
+        for col in batch.columns() {
+            let pieces = match scatter(col, &self.ids, &self.counts, n) {
+                Some(pieces) => pieces,
+                None => (0..n)
+                    .map(|p| {
+                        let idx = UInt32Array::from(self.order[self.counts[p]..self.counts[p + 1]].to_vec());
+                        take(col.as_ref(), &idx, None)
+                    })
+                    .collect::<std::result::Result<Vec<_>, _>>()?,
+            };
+            for (p, piece) in pieces.into_iter().enumerate() {
+                columns[p].push(piece);
+            }
+        }
         let mut out = Vec::new();
-        for p in 0..n {
-            let (lo, hi) = (self.counts[p], self.counts[p + 1]);
-            if lo == hi {
+        for (p, cols) in columns.into_iter().enumerate() {
+            let rows = self.counts[p + 1] - self.counts[p];
+            if rows == 0 {
                 continue;
             }
-            let idx = UInt32Array::from(self.order[lo..hi].to_vec());
+            let options = RecordBatchOptions::new().with_row_count(Some(rows));
+            let piece = RecordBatch::try_new_with_options(batch.schema(), cols, &options)?;
             out.push(Piece {
                 subpartition: p,
-                batch: take_record_batch(batch, &idx)?,
+                batch: piece,
                 whole: false,
             });
         }
         Ok(out)
     }
+}
+
+/// Splits a column without nulls into `n` pieces by partition id, in one pass; `None` for
+/// columns this fast path does not handle. `offsets[p]..offsets[p + 1]` is piece p's row range
+/// in the counting sort, i.e. `offsets[p + 1] - offsets[p]` rows.
+fn scatter(col: &ArrayRef, ids: &[u32], offsets: &[usize], n: usize) -> Option<Vec<ArrayRef>> {
+    if col.null_count() != 0 || col.len() != ids.len() {
+        return None;
+    }
+    let counts: Vec<usize> = (0..n).map(|p| offsets[p + 1] - offsets[p]).collect();
+    match col.data_type() {
+        DataType::Utf8 => Some(scatter_bytes::<GenericStringType<i32>>(col, ids, &counts)),
+        DataType::LargeUtf8 => Some(scatter_bytes::<GenericStringType<i64>>(col, ids, &counts)),
+        DataType::Binary => Some(scatter_bytes::<GenericBinaryType<i32>>(col, ids, &counts)),
+        DataType::LargeBinary => Some(scatter_bytes::<GenericBinaryType<i64>>(col, ids, &counts)),
+        dt if dt.is_primitive() => match dt.primitive_width()? {
+            1 => Some(scatter_fixed::<u8>(col, ids, &counts)),
+            2 => Some(scatter_fixed::<u16>(col, ids, &counts)),
+            4 => Some(scatter_fixed::<u32>(col, ids, &counts)),
+            8 => Some(scatter_fixed::<u64>(col, ids, &counts)),
+            16 => Some(scatter_fixed::<u128>(col, ids, &counts)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Fixed-width values reinterpreted as `T` (same width), scattered by id.
+fn scatter_fixed<T: ArrowNativeType>(col: &ArrayRef, ids: &[u32], counts: &[usize]) -> Vec<ArrayRef> {
+    let data = col.to_data();
+    let values: &[T] = &data.buffers()[0].typed_data::<T>()[data.offset()..data.offset() + data.len()];
+    let mut outs: Vec<Vec<T>> = counts.iter().map(|&c| Vec::with_capacity(c)).collect();
+    for (&v, &id) in values.iter().zip(ids) {
+        outs[id as usize].push(v);
+    }
+    outs.into_iter()
+        .map(|v| {
+            let len = v.len();
+            let data = ArrayData::builder(col.data_type().clone())
+                .len(len)
+                .add_buffer(Buffer::from_vec(v))
+                .build()
+                .expect("same type and width as a valid input column");
+            make_array(data)
+        })
+        .collect()
+}
+
+/// Variable-width values (strings, binary), scattered by id with one pass to size the
+/// pieces and one to copy.
+fn scatter_bytes<B: ByteArrayType>(col: &ArrayRef, ids: &[u32], counts: &[usize]) -> Vec<ArrayRef> {
+    let arr = col
+        .as_any()
+        .downcast_ref::<GenericByteArray<B>>()
+        .expect("checked data type");
+    let offs = arr.value_offsets();
+    let values = arr.value_data();
+    let mut sizes = vec![0usize; counts.len()];
+    for (w, &id) in offs.windows(2).zip(ids) {
+        sizes[id as usize] += (w[1] - w[0]).as_usize();
+    }
+    let mut out_vals: Vec<Vec<u8>> = sizes.iter().map(|&s| Vec::with_capacity(s)).collect();
+    let mut out_offs: Vec<Vec<B::Offset>> = counts
+        .iter()
+        .map(|&c| {
+            let mut v = Vec::with_capacity(c + 1);
+            v.push(B::Offset::usize_as(0));
+            v
+        })
+        .collect();
+    for (w, &id) in offs.windows(2).zip(ids) {
+        let p = id as usize;
+        out_vals[p].extend_from_slice(&values[w[0].as_usize()..w[1].as_usize()]);
+        out_offs[p].push(B::Offset::usize_as(out_vals[p].len()));
+    }
+    out_offs
+        .into_iter()
+        .zip(out_vals)
+        .map(|(o, v)| {
+            let offsets = OffsetBuffer::new(ScalarBuffer::from(o));
+            // SAFETY: each value is copied whole from a valid array of the same type, so the
+            // offsets are monotonic and in bounds and, for strings, every value is UTF-8.
+            let piece = unsafe { GenericByteArray::<B>::new_unchecked(offsets, Buffer::from_vec(v), None) };
+            std::sync::Arc::new(piece) as ArrayRef
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -189,6 +298,63 @@ mod tests {
                 "row order kept within a piece"
             );
             assert!(keys.iter().all(|&k| ids[k as usize] as usize == *p));
+        }
+    }
+
+    #[test]
+    fn scatter_matches_take_for_every_fast_path_type_and_sliced_input() {
+        use arrow_array::{BinaryArray, Float32Array, Int16Array, Int8Array, LargeStringArray, StringArray};
+        let n = 500;
+        let cols: Vec<(&str, ArrayRef)> = vec![
+            ("k", Arc::new(Int64Array::from_iter_values(0..n))),
+            (
+                "i8",
+                Arc::new(Int8Array::from_iter_values((0..n).map(|i| i as i8))),
+            ),
+            (
+                "i16",
+                Arc::new(Int16Array::from_iter_values((0..n).map(|i| i as i16))),
+            ),
+            (
+                "f32",
+                Arc::new(Float32Array::from_iter_values((0..n).map(|i| i as f32 * 0.5))),
+            ),
+            (
+                "s",
+                Arc::new(StringArray::from_iter_values(
+                    (0..n).map(|i| "é".repeat(i as usize % 5)),
+                )),
+            ),
+            (
+                "ls",
+                Arc::new(LargeStringArray::from_iter_values(
+                    (0..n).map(|i| format!("v{i}")),
+                )),
+            ),
+            (
+                "b",
+                Arc::new(BinaryArray::from_iter_values(
+                    (0..n).map(|i| vec![i as u8; i as usize % 3]),
+                )),
+            ),
+            (
+                "nullable",
+                Arc::new(Int64Array::from_iter((0..n).map(|i| (i % 7 != 0).then_some(i)))),
+            ),
+        ];
+        let full = RecordBatch::try_from_iter(cols).unwrap();
+        for b in [full.clone(), full.slice(13, 300)] {
+            let mut s = Splitter::new(Partitioner::Hash(vec!["k".into()]), &b.schema()).unwrap();
+            let parts = s.split(&b, 4).unwrap();
+            let mut ids = Vec::new();
+            spark_partition_ids(&[b.column(0).as_ref()], b.num_rows(), 4, &mut ids).unwrap();
+            for piece in &parts {
+                let idx: Vec<u32> = (0..b.num_rows() as u32)
+                    .filter(|&r| ids[r as usize] as usize == piece.subpartition)
+                    .collect();
+                let want = arrow_select::take::take_record_batch(&b, &UInt32Array::from(idx)).unwrap();
+                assert_eq!(piece.batch, want);
+            }
         }
     }
 

@@ -4,5 +4,5 @@
 pub mod pool;
 pub mod segment;
 
-pub use pool::{GlobalPool, LocalPool, PoolStats, PooledSegment};
+pub use pool::{GlobalPool, LocalPool, PoolStats, PooledSegment, Reservation};
 pub use segment::Segment;

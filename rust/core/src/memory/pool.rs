@@ -159,6 +159,7 @@ impl GlobalPool {
                 state: Mutex::new(LocalState {
                     free: Vec::new(),
                     destroyed: false,
+                    waiters: 0,
                 }),
                 available: Condvar::new(),
             });
@@ -289,20 +290,36 @@ pub(crate) struct LocalShared {
 struct LocalState {
     free: Vec<Segment>,
     destroyed: bool,
+    /// Threads blocked in `reserve`; the condvar is signalled only when this is > 0
+    /// (a futex wake is a system call, and recycling is hot).
+    waiters: usize,
 }
 
 impl LocalShared {
-    fn recycle(&self, seg: Segment) {
+    /// Takes segments back: into the free list up to the share, the rest (or all, after
+    /// `destroy`) to the global pool. One lock and at most one wake-up for the lot.
+    fn recycle(&self, mut segs: Vec<Segment>) {
+        if segs.is_empty() {
+            return;
+        }
         let mut st = self.state.lock().unwrap();
         let held = self.held.load(Ordering::SeqCst);
-        if st.destroyed || held > self.share.load(Ordering::SeqCst) {
-            self.held.store(held - 1, Ordering::SeqCst);
-            drop(st);
-            self.global.give_back([seg]);
+        let surplus = if st.destroyed {
+            held
         } else {
-            st.free.push(seg);
-            drop(st);
+            held.saturating_sub(self.share.load(Ordering::SeqCst))
+        };
+        let back: Vec<Segment> = segs.drain(segs.len() - surplus.min(segs.len())..).collect();
+        self.held.store(held - back.len(), Ordering::SeqCst);
+        let kept = !segs.is_empty();
+        st.free.append(&mut segs);
+        let wake = kept && st.waiters > 0;
+        drop(st);
+        if wake {
             self.available.notify_all();
+        }
+        if !back.is_empty() {
+            self.global.give_back(back);
         }
     }
 
@@ -323,8 +340,10 @@ impl LocalShared {
     }
 
     fn wake(&self) {
-        let _guard = self.state.lock().unwrap();
-        self.available.notify_all();
+        let st = self.state.lock().unwrap();
+        if st.waiters > 0 {
+            self.available.notify_all();
+        }
     }
 }
 
@@ -350,23 +369,43 @@ impl LocalPool {
     /// the pool's current share is clamped to the share (a batch bigger than the pool passes
     /// through on its own). Returns fewer than `n` only in that case.
     pub fn request_many(&self, n: usize, wait: &mut Wait<'_>) -> Result<Vec<PooledSegment>> {
+        Ok(self.reserve(n, wait)?.into_segments())
+    }
+
+    /// Like [`LocalPool::request_many`], as one [`Reservation`] that recycles all its
+    /// segments at once when dropped (what a handed-off batch holds).
+    pub fn reserve(&self, n: usize, wait: &mut Wait<'_>) -> Result<Reservation> {
         let mut st = self.shared.state.lock().unwrap();
         loop {
             if let Some(segs) = self.take_locked(&mut st, n)? {
-                return Ok(segs);
+                return Ok(Reservation {
+                    segs,
+                    pool: self.shared.clone(),
+                });
             }
             let slice = wait.tick()?;
+            st.waiters += 1;
             st = self.shared.available.wait_timeout(st, slice).unwrap().0;
+            st.waiters -= 1;
         }
+    }
+
+    /// [`LocalPool::reserve`] without waiting.
+    pub fn try_reserve(&self, n: usize) -> Option<Reservation> {
+        let mut st = self.shared.state.lock().unwrap();
+        let segs = self.take_locked(&mut st, n).ok().flatten()?;
+        Some(Reservation {
+            segs,
+            pool: self.shared.clone(),
+        })
     }
 
     /// [`LocalPool::request_many`] without waiting: `None` if not available now.
     pub fn try_request_many(&self, n: usize) -> Option<Vec<PooledSegment>> {
-        let mut st = self.shared.state.lock().unwrap();
-        self.take_locked(&mut st, n).ok().flatten()
+        self.try_reserve(n).map(Reservation::into_segments)
     }
 
-    fn take_locked(&self, st: &mut LocalState, n: usize) -> Result<Option<Vec<PooledSegment>>> {
+    fn take_locked(&self, st: &mut LocalState, n: usize) -> Result<Option<Vec<Segment>>> {
         let sh = &self.shared;
         if st.destroyed {
             return Err(Error::Closed("buffer pool"));
@@ -388,15 +427,7 @@ impl LocalPool {
             }
         }
         let at = st.free.len() - n;
-        Ok(Some(
-            st.free
-                .drain(at..)
-                .map(|seg| PooledSegment {
-                    seg: Some(seg),
-                    pool: sh.clone(),
-                })
-                .collect(),
-        ))
+        Ok(Some(st.free.drain(at..).collect()))
     }
 
     /// Numbers for metrics.
@@ -491,8 +522,62 @@ impl PooledSegment {
 impl Drop for PooledSegment {
     fn drop(&mut self) {
         if let Some(seg) = self.seg.take() {
-            self.pool.recycle(seg);
+            self.pool.recycle(vec![seg]);
         }
+    }
+}
+
+/// Segments on loan from a local pool as one unit, recycled together when dropped.
+pub struct Reservation {
+    segs: Vec<Segment>,
+    pool: Arc<LocalShared>,
+}
+
+impl Reservation {
+    /// Number of segments held.
+    pub fn len(&self) -> usize {
+        self.segs.len()
+    }
+
+    /// True when no segment is held.
+    pub fn is_empty(&self) -> bool {
+        self.segs.is_empty()
+    }
+
+    /// Moves the last `n` segments (or all, if fewer) into a reservation of their own.
+    pub fn split_off(&mut self, n: usize) -> Reservation {
+        let at = self.segs.len() - n.min(self.segs.len());
+        Reservation {
+            segs: self.segs.split_off(at),
+            pool: self.pool.clone(),
+        }
+    }
+
+    /// Separate loans, one per segment (to build buffers from).
+    pub fn into_segments(mut self) -> Vec<PooledSegment> {
+        let pool = self.pool.clone();
+        std::mem::take(&mut self.segs)
+            .into_iter()
+            .map(|seg| PooledSegment {
+                seg: Some(seg),
+                pool: pool.clone(),
+            })
+            .collect()
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.pool.recycle(std::mem::take(&mut self.segs));
+    }
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("segments", &self.segs.len())
+            .field("pool", &self.pool.what)
+            .finish()
     }
 }
 

@@ -222,11 +222,11 @@ impl ResultPartition {
         let sizes: Vec<usize> = pieces.iter().map(|p| p.batch.get_array_memory_size()).collect();
         let needs: Vec<usize> = sizes.iter().map(|s| s.div_ceil(seg).max(1)).collect();
         let total: usize = needs.iter().sum();
-        let mut segments = match self.pool.try_request_many(total) {
+        let mut segments = match self.pool.try_reserve(total) {
             Some(s) => s,
             None => {
                 let _blocked = self.metrics.backpressure.start();
-                self.pool.request_many(total, wait)?
+                self.pool.reserve(total, wait)?
             }
         };
         for (
@@ -242,7 +242,7 @@ impl ResultPartition {
         ) in pieces.into_iter().zip(needs).zip(sizes)
         {
             let take = need.min(segments.len());
-            let held = segments.split_off(segments.len() - take);
+            let held = segments.split_off(take);
             self.metrics.batches.add(1);
             self.metrics.buffers.add(1);
             self.metrics.bytes.add(bytes as u64);
@@ -277,15 +277,16 @@ impl ResultPartition {
             };
             let record = encoder.encode(&batch)?;
             // Reserve the segments the record needs before writing any of it, so that a
-            // timeout or interrupt loses nothing and the write can be retried. Only a record
-            // larger than the pool's share streams through segment by segment; if that is
-            // interrupted half-way, the partition fails (see below).
+            // timeout or interrupt loses nothing and the write can be retried. A record
+            // larger than half the pool's share streams through segment by segment instead
+            // (the segments it needs may only free up as the reader consumes its first part);
+            // if that is interrupted half-way, the partition fails (see below).
             let free_in_builder = state.builder.as_ref().map_or(0, |b| b.remaining());
             let needed = record
                 .len()
                 .saturating_sub(free_in_builder)
                 .div_ceil(self.pool.segment_size());
-            let mut reserved = if needed == 0 {
+            let mut reserved = if needed == 0 || needed * 2 > self.pool.stats().share {
                 Vec::new()
             } else {
                 match self.pool.try_request_many(needed) {

@@ -22,7 +22,7 @@ use std::sync::Mutex as StdMutex;
 use arrow_array::RecordBatch;
 
 use super::buffer::{BufferConsumer, BufferSlice};
-use crate::memory::PooledSegment;
+use crate::memory::Reservation;
 use crate::sync::{AtomicBool, AtomicUsize, Ordering, Queue};
 
 /// Called by the writer side when a waiting reader has something new to read.
@@ -51,7 +51,7 @@ pub struct LocalBatch {
     pub bytes: usize,
     /// Segments reserved from the partition's pool while the batch is queued; recycled when
     /// the reader takes it.
-    pub segments: Vec<PooledSegment>,
+    pub segments: Reservation,
 }
 
 /// What the writer side puts in the queue.

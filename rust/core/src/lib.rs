@@ -20,7 +20,7 @@
 //! | credit, backlog, sequence numbers (no I/O) | [`credit`] | `CreditBasedPartitionRequestClientHandler` state |
 //! | wire protocol: frames ⇄ messages (no I/O) | [`transport`] | `NettyMessage`, `NettyMessageClientDecoderDelegate` |
 //! | counters, meters, OK/LOW/HIGH | [`metrics`] | `BackPressureStatsTracker`, `TimerGauge` |
-//! | one per process: pools, partitions, gates, flusher | [`env`] | `NettyShuffleEnvironment` |
+//! | one per process: pools, partitions, gates, flusher | [`mod@env`] | `NettyShuffleEnvironment` |
 //!
 //! Blocking calls take a [`wait::Wait`]: an optional deadline and an interrupt check that
 //! the Python layer uses for Ctrl-C, so no call can block forever without a way out.

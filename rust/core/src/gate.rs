@@ -127,6 +127,17 @@ pub struct GateMetrics {
     pub idle_ms_per_second: f64,
 }
 
+/// Reads a gate's metrics from any thread (see [`InputGate::metrics_reader`]).
+#[derive(Clone)]
+pub struct GateMetricsReader(Arc<GateHandle>);
+
+impl GateMetricsReader {
+    /// A snapshot of the gate's metrics.
+    pub fn read(&self) -> GateMetrics {
+        self.0.metrics()
+    }
+}
+
 /// The part of a gate the environment keeps, to tick its meters and report its metrics.
 pub(crate) struct GateHandle {
     name: String,
@@ -453,6 +464,12 @@ impl InputGate {
     /// A snapshot of the metrics.
     pub fn metrics(&self) -> GateMetrics {
         self.handle.metrics()
+    }
+
+    /// A handle that reads this gate's metrics without access to the gate itself (so a
+    /// monitoring thread never waits for a reader blocked in `next`).
+    pub fn metrics_reader(&self) -> GateMetricsReader {
+        GateMetricsReader(self.handle.clone())
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use arrow_array::{RecordBatch, StructArray};
 use arrow_schema::Field;
-use creditflow_core::gate::{ChannelSpec as CoreSpec, GateItem};
+use creditflow_core::gate::{ChannelSpec as CoreSpec, GateItem, GateMetricsReader};
 use creditflow_core::partition::subpartition::Token;
 use creditflow_core::Partitioner;
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -314,13 +314,28 @@ impl RecordWriter {
 /// Reads batches from channels; iterate it, or call :meth:`next`.
 #[pyclass(module = "creditflow._native", frozen)]
 pub struct InputGate {
+    /// Locked only with the GIL released (inside `blocking::run` or `detach`): a reader
+    /// blocked in `next` takes the GIL every 50 ms to check for Ctrl-C.
     inner: Mutex<creditflow_core::InputGate>,
+    /// Read without `inner`, so `metrics()` and the getters never wait for `next`.
+    metrics: GateMetricsReader,
+    channels: Vec<ChannelSpec>,
     pid: u32,
 }
 
 impl InputGate {
     pub(crate) fn new(gate: creditflow_core::InputGate, pid: u32) -> InputGate {
+        let channels = gate
+            .specs()
+            .map(|s| ChannelSpec {
+                address: s.address.clone(),
+                partition_id: s.partition_id.clone(),
+                subpartition: s.subpartition,
+            })
+            .collect();
         InputGate {
+            metrics: gate.metrics_reader(),
+            channels,
             inner: Mutex::new(gate),
             pid,
         }
@@ -358,22 +373,13 @@ impl InputGate {
     /// Number of channels.
     #[getter]
     fn num_channels(&self) -> usize {
-        self.inner.lock().unwrap().num_channels()
+        self.channels.len()
     }
 
     /// The channels, in order.
     #[getter]
     fn channels(&self) -> Vec<ChannelSpec> {
-        self.inner
-            .lock()
-            .unwrap()
-            .specs()
-            .map(|s| ChannelSpec {
-                address: s.address.clone(),
-                partition_id: s.partition_id.clone(),
-                subpartition: s.subpartition,
-            })
-            .collect()
+        self.channels.clone()
     }
 
     /// Releases the channels (producers stop being backpressured by this gate).
@@ -383,8 +389,7 @@ impl InputGate {
 
     /// This gate's metrics, as a dict.
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let m = self.inner.lock().unwrap().metrics();
-        gate_metrics_dict(py, &m)
+        gate_metrics_dict(py, &self.metrics.read())
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {

@@ -68,3 +68,55 @@ def test_writer_metrics_answer_while_write_blocks() -> None:
         t.join(10)
         assert errors == []
         assert rows == 4 * 20_000
+
+
+def _hammer(call: object, seconds: float) -> bool:
+    """Calls `call()` in a tight loop on a daemon thread; True if it kept answering."""
+    done = threading.Event()
+
+    def loop() -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            call()  # type: ignore[operator]
+        done.set()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return done.wait(seconds + 10)
+
+
+def test_partition_metrics_in_a_loop_while_a_writer_is_blocked() -> None:
+    # A blocked writer wakes every 50 ms to check for Ctrl-C, which needs the GIL; it must not
+    # hold the pool's lock then, or a thread asking for metrics (GIL held) deadlocks with it.
+    with cf.NetworkEnvironment(memory="256KiB", segment_size="32KiB") as env:
+        part = env.create_partition("p", 1)
+        gate = env.create_input_gate([cf.ChannelSpec(env.address, "p", 0)])
+        w = cf.RecordWriter(part)
+        big = pa.record_batch({"x": pa.array(range(20_000), pa.int64())})
+        t = threading.Thread(target=lambda: [w.write(big, timeout=20) for _ in range(3)])
+        t.start()
+        time.sleep(0.2)  # the writer is blocked on a full pool
+        assert _hammer(part.metrics, 2.0), "metrics() deadlocked with the blocked writer"
+        assert _hammer(env.metrics, 1.0), "env.metrics() deadlocked with the blocked writer"
+        for _ in range(3):
+            assert gate.next(timeout=10) is not None
+        t.join(20)
+        w.close()
+
+
+def test_flush_in_a_loop_while_a_reader_is_blocked() -> None:
+    # flush() runs with the GIL and wakes the reader through the gate's ready queue; the
+    # reader must not hold that queue's lock while it takes the GIL for its Ctrl-C check.
+    with cf.NetworkEnvironment(memory="1MiB", local_handoff=False) as env:
+        part = env.create_partition("p", 1)
+        gate = env.create_input_gate([cf.ChannelSpec(env.address, "p", 0)])
+        w = cf.RecordWriter(part)
+        got: list[object] = []
+        t = threading.Thread(target=lambda: got.append(gate.next(timeout=20)))
+        t.start()
+        time.sleep(0.2)
+        assert _hammer(w.flush, 2.0), "flush() deadlocked with the blocked reader"
+        w.write(pa.record_batch({"x": [1, 2, 3]}))
+        w.flush()
+        t.join(20)
+        assert isinstance(got[0], pa.RecordBatch)
+        w.close()

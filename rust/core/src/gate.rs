@@ -373,12 +373,8 @@ impl InputGate {
 
     /// Sleeps until a channel is ready, a pending channel is due for a retry, or `wait` ends.
     fn wait_ready(&self, wait: &mut Wait<'_>) -> Result<Option<usize>> {
-        let mut q = self.ready.queue.lock().unwrap();
         loop {
-            if let Some(idx) = q.pop_front() {
-                self.ready.queued[idx].store(false, Ordering::SeqCst);
-                return Ok(Some(idx));
-            }
+            // The interrupt check may take the GIL: never hold the queue lock across it.
             let mut slice = wait.tick()?;
             if let Some(t) = self.next_retry() {
                 let now = Instant::now();
@@ -387,7 +383,14 @@ impl InputGate {
                 }
                 slice = slice.min(t - now);
             }
-            q = self.ready.cv.wait_timeout(q, slice).unwrap().0;
+            let mut q = self.ready.queue.lock().unwrap();
+            if q.is_empty() {
+                q = self.ready.cv.wait_timeout(q, slice).unwrap().0;
+            }
+            if let Some(idx) = q.pop_front() {
+                self.ready.queued[idx].store(false, Ordering::SeqCst);
+                return Ok(Some(idx));
+            }
         }
     }
 

@@ -375,19 +375,38 @@ impl LocalPool {
     /// Like [`LocalPool::request_many`], as one [`Reservation`] that recycles all its
     /// segments at once when dropped (what a handed-off batch holds).
     pub fn reserve(&self, n: usize, wait: &mut Wait<'_>) -> Result<Reservation> {
-        let mut st = self.shared.state.lock().unwrap();
+        if let Some(r) = self.try_reserve_or_closed(n)? {
+            return Ok(r);
+        }
         loop {
+            // The interrupt check may take the GIL, so it runs with no lock held: a Python
+            // thread holding the GIL may be waiting for this pool's lock (metrics).
+            let slice = wait.tick()?;
+            let mut st = self.shared.state.lock().unwrap();
             if let Some(segs) = self.take_locked(&mut st, n)? {
                 return Ok(Reservation {
                     segs,
                     pool: self.shared.clone(),
                 });
             }
-            let slice = wait.tick()?;
             st.waiters += 1;
-            st = self.shared.available.wait_timeout(st, slice).unwrap().0;
+            let mut st = self.shared.available.wait_timeout(st, slice).unwrap().0;
             st.waiters -= 1;
+            if let Some(segs) = self.take_locked(&mut st, n)? {
+                return Ok(Reservation {
+                    segs,
+                    pool: self.shared.clone(),
+                });
+            }
         }
+    }
+
+    fn try_reserve_or_closed(&self, n: usize) -> Result<Option<Reservation>> {
+        let mut st = self.shared.state.lock().unwrap();
+        Ok(self.take_locked(&mut st, n)?.map(|segs| Reservation {
+            segs,
+            pool: self.shared.clone(),
+        }))
     }
 
     /// [`LocalPool::reserve`] without waiting.

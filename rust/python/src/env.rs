@@ -32,6 +32,11 @@ fn bytes_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     )))
 }
 
+/// A non-negative count; a negative one is a `ValueError` (not pyo3's `OverflowError`).
+pub(crate) fn count_arg(value: i64, name: &str) -> PyResult<usize> {
+    usize::try_from(value).map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, got {value}")))
+}
+
 /// Parses a byte size such as ``"64MiB"``, ``"32 KiB"`` or ``65536`` into bytes.
 #[pyfunction]
 pub fn parse_bytes(value: &Bound<'_, PyAny>) -> PyResult<usize> {
@@ -85,8 +90,8 @@ impl NetworkEnvironment {
         secret: Option<&Bound<'_, PyAny>>,
         flow_control: &str,
         buffer_timeout: f64,
-        exclusive_buffers: usize,
-        floating_buffers: usize,
+        exclusive_buffers: i64,
+        floating_buffers: i64,
         insecure: bool,
         local_handoff: bool,
         request_backoff_initial: f64,
@@ -140,8 +145,8 @@ impl NetworkEnvironment {
             }
         };
         config.buffer_timeout = secs(buffer_timeout, "buffer_timeout")?;
-        config.exclusive_buffers = exclusive_buffers;
-        config.floating_buffers = floating_buffers;
+        config.exclusive_buffers = count_arg(exclusive_buffers, "exclusive_buffers")?;
+        config.floating_buffers = count_arg(floating_buffers, "floating_buffers")?;
         config.local_handoff = local_handoff;
         config.request_backoff = Backoff {
             initial: secs(request_backoff_initial, "request_backoff_initial")?,
@@ -188,9 +193,10 @@ impl NetworkEnvironment {
         &self,
         py: Python<'_>,
         partition_id: &str,
-        num_subpartitions: usize,
+        num_subpartitions: i64,
     ) -> PyResult<ResultPartition> {
         check_pid(self.pid, "NetworkEnvironment")?;
+        let num_subpartitions = count_arg(num_subpartitions, "num_subpartitions")?;
         let inner = self
             .inner
             .create_partition(partition_id, num_subpartitions)

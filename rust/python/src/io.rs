@@ -148,12 +148,13 @@ impl ChannelSpec {
 #[pymethods]
 impl ChannelSpec {
     #[new]
-    fn new(address: String, partition_id: String, subpartition: usize) -> Self {
-        ChannelSpec {
+    fn new(address: String, partition_id: String, subpartition: i64) -> PyResult<Self> {
+        let subpartition = crate::env::count_arg(subpartition, "subpartition")?;
+        Ok(ChannelSpec {
             address,
             partition_id,
             subpartition,
-        }
+        })
     }
 
     fn __repr__(&self) -> String {

@@ -177,6 +177,8 @@ pub struct InputGate {
     /// Decoded batches not yet returned, with their channel (keeps per-channel order).
     pending: VecDeque<(usize, RecordBatch, Option<Token>)>,
     ended: usize,
+    /// Channels still `Pending` (keeps the per-batch path from scanning them all).
+    unresolved: usize,
     registry: Weak<Registry>,
     local_address: String,
     backoff: Backoff,
@@ -230,11 +232,13 @@ impl InputGate {
             ended: Default::default(),
             queued: Default::default(),
         });
+        let channels_len = channels.len();
         let mut gate = InputGate {
             channels,
             ready,
             pending: VecDeque::new(),
             ended: 0,
+            unresolved: channels_len,
             registry,
             local_address,
             backoff,
@@ -294,6 +298,7 @@ impl InputGate {
                             index: spec.subpartition,
                         });
                     }
+                    self.unresolved -= 1;
                     self.channels[idx].state = ChannelState::Local {
                         partition: p,
                         sub,
@@ -350,7 +355,9 @@ impl InputGate {
             if self.ended == self.channels.len() {
                 return Ok(None);
             }
-            self.resolve_pending(false)?;
+            if self.unresolved > 0 {
+                self.resolve_pending(false)?;
+            }
             let idx = match self.take_ready() {
                 Some(idx) => idx,
                 None => {

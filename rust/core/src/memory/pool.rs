@@ -15,7 +15,6 @@
 //! way round. The global pool wakes waiting local pools only after releasing its own lock.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::memory::segment::Segment;
@@ -488,20 +487,6 @@ impl LocalPool {
         self.shared.available.notify_all();
         self.shared.global.give_back(free);
         self.shared.global.unregister(self.shared.id);
-    }
-
-    /// Waits until no segment of this pool is in use (tests, orderly shutdown).
-    pub fn wait_all_recycled(&self, timeout: Duration) -> bool {
-        let mut wait = Wait::timeout(Some(timeout), "");
-        loop {
-            if self.stats().in_use == 0 {
-                return true;
-            }
-            if wait.tick().is_err() {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
     }
 }
 

@@ -304,11 +304,7 @@ impl ResultPartition {
                         // Half a record is in the stream: the reader cannot continue.
                         let msg = format!("write to partition {:?} failed mid-batch: {e}", self.id);
                         *self.failed.lock().unwrap() = Some(msg.clone());
-                        if let Some(b) = state.builder.take() {
-                            b.finish();
-                            sub.buffer_finished();
-                        }
-                        sub.add_finished(Entry::Event(Event::ProducerFailed(msg)));
+                        self.end_stream(sub, state, Event::ProducerFailed(msg));
                     }
                     return Err(e);
                 }
@@ -372,17 +368,7 @@ impl ResultPartition {
         if self.finished.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        let mut serial = self.serial.lock().unwrap();
-        for (sub, state) in self.subpartitions.iter().zip(serial.iter_mut()) {
-            if let Some(b) = state.builder.take() {
-                b.finish();
-                self.metrics.buffers.add(1);
-                sub.buffer_finished();
-            }
-            sub.add_finished(Entry::Event(Event::EndOfPartition));
-        }
-        drop(serial);
-        self.maybe_release();
+        self.end_all(Event::EndOfPartition);
         Ok(())
     }
 
@@ -394,16 +380,28 @@ impl ResultPartition {
             return;
         }
         *self.failed.lock().unwrap() = Some(message.to_string());
+        self.end_all(Event::ProducerFailed(message.to_string()));
+    }
+
+    /// Ends every subpartition's stream with `event` (see [`ResultPartition::end_stream`]).
+    fn end_all(&self, event: Event) {
         let mut serial = self.serial.lock().unwrap();
         for (sub, state) in self.subpartitions.iter().zip(serial.iter_mut()) {
-            if let Some(b) = state.builder.take() {
-                b.finish();
-                sub.buffer_finished();
-            }
-            sub.add_finished(Entry::Event(Event::ProducerFailed(message.to_string())));
+            self.end_stream(sub, state, event.clone());
         }
         drop(serial);
         self.maybe_release();
+    }
+
+    /// Finishes a subpartition's open buffer (its bytes become readable) and queues `event`
+    /// after it.
+    fn end_stream(&self, sub: &Subpartition, state: &mut SerialState, event: Event) {
+        if let Some(b) = state.builder.take() {
+            b.finish();
+            self.metrics.buffers.add(1);
+            sub.buffer_finished();
+        }
+        sub.add_finished(Entry::Event(event));
     }
 
     /// Whether end-of-partition was sent.

@@ -104,6 +104,7 @@ test-python: build ## Python tests (incl. Spark) against the installed wheel
 
 .PHONY: bench
 bench: build ## Benchmarks: pytest-benchmark (benches/) and criterion (cargo bench)
+	cargo build --release -p creditflow-rawtcp  # the raw-TCP ceiling of benches/test_bench_remote.py
 	$(PY) -m pytest benches/ --benchmark-only --benchmark-columns=min,median,max,ops \
 		--benchmark-sort=name $(PYTEST_ARGS)
 	cargo bench -p creditflow-core

@@ -13,10 +13,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::gate::{Backoff, ChannelSpec, GateHandle, GateMetrics, InputGate};
+use crate::gate::{Backoff, ChannelSpec, GateHandle, GateMetrics, InputGate, RemoteSetup};
 use crate::memory::GlobalPool;
 use crate::partition::{Handoff, PartitionMetrics, Registry, ResultPartition};
 use crate::serde::RECORD_HEADER_LEN;
+use crate::transport::{Transport, TransportConfig};
 
 /// Flow control between environments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +51,11 @@ pub struct EnvConfig {
     pub request_backoff: Backoff,
     /// Largest record (one serialized batch) a reader accepts.
     pub max_record_size: usize,
+    /// Shared secret for the peer handshake (HMAC challenge-response); `None`: no proof.
+    pub secret: Option<Vec<u8>>,
+    /// The address to report as `address` when the bound one is not what peers reach
+    /// (NAT, containers); `None`: the bound address.
+    pub advertise: Option<String>,
 }
 
 impl Default for EnvConfig {
@@ -65,6 +71,8 @@ impl Default for EnvConfig {
             local_handoff: true,
             request_backoff: Backoff::default(),
             max_record_size: 2 << 30,
+            secret: None,
+            advertise: None,
         }
     }
 }
@@ -82,8 +90,8 @@ struct Inner {
     closed: AtomicBool,
     /// Wakes the flusher early on close.
     stop: (Mutex<bool>, Condvar),
-    /// Reserved for the transport; keeps the advertised port ours.
-    _listener: TcpListener,
+    /// The listener, connections and I/O thread.
+    transport: Arc<Transport>,
 }
 
 /// A snapshot of an environment's metrics.
@@ -124,20 +132,40 @@ impl NetworkEnvironment {
         let pool = GlobalPool::new(config.memory, config.segment_size)?;
         let listener = TcpListener::bind(&config.bind)
             .map_err(|e| Error::InvalidArgument(format!("cannot bind {:?}: {e}", config.bind)))?;
-        let address = listener
+        let bound = listener
             .local_addr()
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?
-            .to_string();
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let address = match &config.advertise {
+            Some(a) => advertised(a, bound.port())?,
+            None if bound.ip().is_unspecified() => {
+                return Err(Error::InvalidArgument(format!(
+                    "bound {bound}, which peers cannot connect to: pass advertise=\"host:port\" with the \
+                     address peers should use"
+                )))
+            }
+            None => bound.to_string(),
+        };
+        let registry: Arc<Registry> = Arc::new(Mutex::new(HashMap::new()));
+        let transport = Arc::new(Transport::start(
+            listener,
+            TransportConfig {
+                segment_size: config.segment_size,
+                secret: config.secret.clone(),
+                flow_control: config.flow_control,
+                backoff: config.request_backoff,
+            },
+            Arc::downgrade(&registry),
+        )?);
         let inner = Arc::new(Inner {
             config,
             address,
             pool,
-            registry: Arc::new(Mutex::new(HashMap::new())),
+            registry,
             gates: Mutex::new(Vec::new()),
             next_gate: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             stop: (Mutex::new(false), Condvar::new()),
-            _listener: listener,
+            transport,
         });
         let weak = Arc::downgrade(&inner);
         let flusher = std::thread::Builder::new()
@@ -242,6 +270,11 @@ impl NetworkEnvironment {
             self.inner.address.clone(),
             cfg.request_backoff,
             max_record,
+            Some(RemoteSetup {
+                transport: self.inner.transport.clone(),
+                exclusive_buffers: cfg.exclusive_buffers,
+                floating_buffers: cfg.floating_buffers,
+            }),
         )?;
         let mut gates = self.inner.gates.lock().unwrap();
         gates.retain(|g| g.strong_count() > 0);
@@ -288,6 +321,7 @@ impl NetworkEnvironment {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.inner.transport.close();
         let parts: Vec<Arc<ResultPartition>> =
             self.inner.registry.lock().unwrap().values().cloned().collect();
         for p in parts {
@@ -312,6 +346,29 @@ impl NetworkEnvironment {
 impl Drop for NetworkEnvironment {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// `advertise` as `host:port`; a bare host (or IPv6 address) gets the bound port.
+fn advertised(advertise: &str, port: u16) -> Result<String> {
+    let a = advertise.trim();
+    if a.is_empty() {
+        return Err(Error::InvalidArgument("advertise must not be empty".into()));
+    }
+    if a.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(a.to_string());
+    }
+    if a.parse::<std::net::Ipv6Addr>().is_ok() {
+        return Ok(format!("[{a}]:{port}"));
+    }
+    match a.rsplit_once(':') {
+        None => Ok(format!("{a}:{port}")),
+        Some((host, p)) if !host.is_empty() && !host.contains(':') && p.parse::<u16>().is_ok() => {
+            Ok(a.to_string())
+        }
+        Some(_) => Err(Error::InvalidArgument(format!(
+            "advertise must be \"host\" or \"host:port\", got {advertise:?}"
+        ))),
     }
 }
 

@@ -20,6 +20,7 @@ use crate::metrics::{Counter, TimeMeter};
 use crate::partition::subpartition::{Event, Polled, Subpartition, Token};
 use crate::partition::{Registry, ResultPartition};
 use crate::serde::RecordDeserializer;
+use crate::transport::{Inbound, RemoteChannel, RemoteGate, Transport};
 use crate::wait::Wait;
 
 /// Which subpartition of which partition, where.
@@ -82,6 +83,11 @@ enum ChannelState {
     Local {
         partition: Arc<ResultPartition>,
         sub: Arc<Subpartition>,
+        de: RecordDeserializer,
+    },
+    /// Reading a subpartition of another environment over TCP.
+    Remote {
+        ch: Arc<RemoteChannel>,
         de: RecordDeserializer,
     },
     /// End-of-partition seen (or the gate was closed).
@@ -184,7 +190,16 @@ pub struct InputGate {
     backoff: Backoff,
     max_record: usize,
     handle: Arc<GateHandle>,
+    /// Buffers and credit of the remote channels, if any.
+    remote: Option<Arc<RemoteGate>>,
     closed: bool,
+}
+
+/// What a gate with remote channels needs.
+pub(crate) struct RemoteSetup {
+    pub(crate) transport: Arc<Transport>,
+    pub(crate) exclusive_buffers: usize,
+    pub(crate) floating_buffers: usize,
 }
 
 impl InputGate {
@@ -196,6 +211,7 @@ impl InputGate {
         local_address: String,
         backoff: Backoff,
         max_record: usize,
+        remote: Option<RemoteSetup>,
     ) -> Result<(InputGate, Arc<GateHandle>)> {
         if specs.is_empty() {
             return Err(Error::InvalidArgument(
@@ -214,16 +230,60 @@ impl InputGate {
             queued: (0..specs.len()).map(|_| AtomicBool::new(false)).collect(),
         });
         let now = Instant::now();
-        let channels: Vec<Channel> = specs
-            .into_iter()
-            .map(|spec| Channel {
-                spec,
-                state: ChannelState::Pending {
-                    next_try: now,
-                    delay: backoff.initial,
-                },
-            })
-            .collect();
+        let num_remote = specs.iter().filter(|s| s.address != local_address).count();
+        let remote_gate = match &remote {
+            Some(setup) if num_remote > 0 => {
+                // The exclusive buffers are guaranteed by the pool's minimum; floating ones
+                // are taken as far as the pool's share allows (at least one is guaranteed).
+                let exclusive = num_remote * setup.exclusive_buffers;
+                let mut segments = pool.try_request_many(exclusive).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "the gate pool cannot hold its {exclusive} exclusive buffers"
+                    ))
+                })?;
+                let mut floating = 0;
+                while floating < setup.floating_buffers {
+                    match pool.try_request() {
+                        Some(seg) => segments.push(seg),
+                        None => break,
+                    }
+                    floating += 1;
+                }
+                Some(RemoteGate::new(
+                    setup.transport.flow_control(),
+                    setup.exclusive_buffers,
+                    floating,
+                    segments,
+                )?)
+            }
+            _ => None,
+        };
+        let mut channels: Vec<Channel> = Vec::with_capacity(specs.len());
+        let mut unresolved = 0;
+        for (idx, spec) in specs.into_iter().enumerate() {
+            let state = match (&remote_gate, &remote) {
+                (Some(rg), Some(setup)) if spec.address != local_address => {
+                    let weak = Arc::downgrade(&ready);
+                    let notify: crate::partition::subpartition::Listener = Arc::new(move || {
+                        if let Some(r) = weak.upgrade() {
+                            r.push(idx);
+                        }
+                    });
+                    ChannelState::Remote {
+                        ch: setup.transport.open_channel(spec.clone(), rg, notify),
+                        de: RecordDeserializer::new(max_record),
+                    }
+                }
+                _ => {
+                    unresolved += 1;
+                    ChannelState::Pending {
+                        next_try: now,
+                        delay: backoff.initial,
+                    }
+                }
+            };
+            channels.push(Channel { spec, state });
+        }
         let handle = Arc::new(GateHandle {
             name,
             counters: GateCounters::default(),
@@ -232,18 +292,18 @@ impl InputGate {
             ended: Default::default(),
             queued: Default::default(),
         });
-        let channels_len = channels.len();
         let mut gate = InputGate {
             channels,
             ready,
             pending: VecDeque::new(),
             ended: 0,
-            unresolved: channels_len,
+            unresolved,
             registry,
             local_address,
             backoff,
             max_record,
             handle: handle.clone(),
+            remote: remote_gate,
             closed: false,
         };
         gate.resolve_pending(true)?;
@@ -274,8 +334,8 @@ impl InputGate {
             let spec = self.channels[idx].spec.clone();
             if spec.address != self.local_address {
                 return Err(Error::InvalidArgument(format!(
-                    "channel {spec:?} names another environment ({}), but this environment is {}: remote \
-                     channels need the TCP transport, which this build does not have yet",
+                    "channel {spec:?} names another environment ({}), but this environment ({}) has no \
+                     transport",
                     spec.address, self.local_address
                 )));
             }
@@ -402,6 +462,9 @@ impl InputGate {
     }
 
     fn poll_channel(&mut self, idx: usize) -> Result<()> {
+        if let ChannelState::Remote { .. } = self.channels[idx].state {
+            return self.poll_remote(idx);
+        }
         let ChannelState::Local { partition, sub, de } = &mut self.channels[idx].state else {
             return Ok(());
         };
@@ -454,6 +517,54 @@ impl InputGate {
         Ok(())
     }
 
+    fn poll_remote(&mut self, idx: usize) -> Result<()> {
+        let ChannelState::Remote { ch, de } = &mut self.channels[idx].state else {
+            return Ok(());
+        };
+        let Some(item) = ch.pop() else { return Ok(()) };
+        let counters = &self.handle.counters;
+        match item {
+            Inbound::Data(received) => {
+                counters.buffers.add(1);
+                let mut out = VecDeque::new();
+                de.push(received.bytes(), &mut out)?;
+                // Dropping `received` hands the segment back: new credit for the sender.
+                drop(received);
+                for b in out {
+                    counters.batches.add(1);
+                    counters.bytes.add(b.get_array_memory_size() as u64);
+                    counters.rows.add(b.num_rows() as u64);
+                    self.pending.push_back((idx, b, None));
+                }
+            }
+            Inbound::Event(ev) => {
+                let at_boundary = de.is_at_record_boundary();
+                ch.close();
+                self.channels[idx].state = ChannelState::Ended;
+                self.ended += 1;
+                self.handle.ended.store(self.ended, Ordering::Relaxed);
+                return match Event::from(ev) {
+                    Event::EndOfPartition if !at_boundary => Err(Error::Protocol(format!(
+                        "channel {:?} ended in the middle of a record",
+                        self.channels[idx].spec
+                    ))),
+                    Event::EndOfPartition => Ok(()),
+                    Event::ProducerFailed(msg) => Err(Error::ProducerFailed(msg)),
+                };
+            }
+            Inbound::Failed(e) => {
+                ch.close();
+                self.channels[idx].state = ChannelState::Ended;
+                self.ended += 1;
+                self.handle.ended.store(self.ended, Ordering::Relaxed);
+                return Err(e);
+            }
+        }
+        self.handle.queued.store(self.pending.len(), Ordering::Relaxed);
+        self.ready.push(idx);
+        Ok(())
+    }
+
     /// Releases every channel (their subpartitions drop what is queued) and the gate's pool.
     pub fn close(&mut self) {
         if self.closed {
@@ -461,11 +572,18 @@ impl InputGate {
         }
         self.closed = true;
         for ch in &mut self.channels {
-            if let ChannelState::Local { partition, sub, .. } = &ch.state {
-                sub.release();
-                partition.subpartition_done();
+            match &ch.state {
+                ChannelState::Local { partition, sub, .. } => {
+                    sub.release();
+                    partition.subpartition_done();
+                }
+                ChannelState::Remote { ch, .. } => ch.close(),
+                _ => {}
             }
             ch.state = ChannelState::Ended;
+        }
+        if let Some(r) = &self.remote {
+            r.close();
         }
         self.pending.clear();
         self.handle.pool.destroy();

@@ -47,6 +47,11 @@ impl EncodedRecord {
         false
     }
 
+    /// The length prefix and the IPC parts (which share the batch's buffers).
+    pub fn into_parts(self) -> ([u8; RECORD_HEADER_LEN], Vec<Buffer>) {
+        (self.header, self.parts)
+    }
+
     /// The byte chunks in order.
     pub fn chunks(&self) -> impl Iterator<Item = &[u8]> {
         std::iter::once(&self.header[..]).chain(self.parts.iter().map(|p| p.as_slice()))

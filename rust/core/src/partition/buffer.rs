@@ -167,6 +167,23 @@ impl BufferSlice {
         self.end - self.start
     }
 
+    /// The bytes `range` of this slice (relative to its start), sharing the segment.
+    ///
+    /// # Panics
+    ///
+    /// If `range` is not within `0..len()`.
+    pub fn sub(&self, range: std::ops::Range<usize>) -> BufferSlice {
+        assert!(
+            range.start <= range.end && range.end <= self.len(),
+            "sub-slice out of bounds"
+        );
+        BufferSlice {
+            shared: self.shared.clone(),
+            start: self.start + range.start,
+            end: self.start + range.end,
+        }
+    }
+
     /// True for an empty slice.
     pub fn is_empty(&self) -> bool {
         self.end == self.start

@@ -65,6 +65,8 @@ pub struct ResultPartition {
     finished: AtomicBool,
     /// Set when a write failed half-way; later writes fail with it.
     failed: Mutex<Option<String>>,
+    /// Set when a remote consumer went away without cancelling; later writes fail with it.
+    lost: Mutex<Option<String>>,
     /// Subpartitions whose reader saw the end or went away.
     done: AtomicUsize,
     released: AtomicBool,
@@ -139,6 +141,7 @@ impl ResultPartition {
             serial: Mutex::new((0..num_subpartitions).map(|_| SerialState::default()).collect()),
             finished: AtomicBool::new(false),
             failed: Mutex::new(None),
+            lost: Mutex::new(None),
             done: AtomicUsize::new(0),
             released: AtomicBool::new(false),
             registry,
@@ -195,7 +198,19 @@ impl ResultPartition {
         if let Some(msg) = self.failed.lock().unwrap().as_ref() {
             return Err(Error::ProducerFailed(msg.clone()));
         }
+        if let Some(msg) = self.lost.lock().unwrap().as_ref() {
+            return Err(Error::ConnectionLost(msg.clone()));
+        }
         Ok(())
+    }
+
+    /// A remote consumer of one of the subpartitions disappeared (its connection broke):
+    /// the data written for it is lost, so the writer fails from its next write on.
+    pub(crate) fn consumer_lost(&self, message: &str) {
+        let mut lost = self.lost.lock().unwrap();
+        if lost.is_none() {
+            *lost = Some(message.to_string());
+        }
     }
 
     /// Writes pieces already split by a partitioner. With hand-off, all pieces are queued or

@@ -1,0 +1,713 @@
+//! The receiving side: connections this environment opened to read remote subpartitions
+//! (Flink's `PartitionRequestClient`, `CreditBasedPartitionRequestClientHandler` and
+//! `RemoteInputChannel`).
+//!
+//! * [`ClientConn`]: one per remote environment, shared by every remote channel of every
+//!   gate of this environment that reads from it. Its reader half takes each data
+//!   BufferResponse's header, asks the gate's [`GateCredit`] which buffer it goes into, and
+//!   reads the payload from the socket straight into that segment. Its writer half sends
+//!   PartitionRequests, AddCredits (the amount taken when the message is written, so a burst
+//!   of recycled buffers costs one message), CancelPartitionRequests and CloseRequest.
+//! * [`RemoteGate`]: the buffers of one input gate — its exclusive and floating segments,
+//!   held for the gate's life, and the credit state that says which one a buffer goes into.
+//! * [`RemoteChannel`]: one channel's inbox of received buffers and events, read by the
+//!   gate's thread, which hands each buffer back ([`Received`] drop) once deserialized.
+//!
+//! In `flow_control="tcp"` mode there is no credit: the request carries unlimited credit,
+//! and the reader half takes any free segment of the gate, or stops reading the socket
+//! until one is recycled, so TCP's window stalls every channel of the connection at once.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::Notify;
+
+use super::codec::{self, ErrorKind, EventKind, Message, Payload, ReceiverId};
+use super::io::{self, FrameReader, InFrame};
+use crate::credit::{BufferLease, ChannelId, Credit, Delivery, GateCredit, GateCreditConfig, ReceiverAction};
+use crate::env::FlowControl;
+use crate::error::{Error, Result};
+use crate::gate::{Backoff, ChannelSpec};
+use crate::memory::PooledSegment;
+use crate::partition::subpartition::Listener;
+
+/// What a remote channel's inbox holds.
+pub(crate) enum Inbound {
+    /// A data buffer.
+    Data(Received),
+    /// An event (end of partition, producer failed).
+    Event(EventKind),
+    /// The channel failed (connection lost, partition not found, remote error).
+    Failed(Error),
+}
+
+/// A received data buffer; dropping it gives the segment back to the gate (and its credit
+/// back to the sender).
+pub(crate) struct Received {
+    segment: Option<PooledSegment>,
+    len: usize,
+    lease: Option<BufferLease>,
+    gate: Arc<RemoteGate>,
+}
+
+impl Received {
+    /// The payload bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        let seg = self.segment.as_ref().expect("held until drop");
+        // SAFETY: the segment is exclusively ours; `len` bytes were written by the reader
+        // task before the buffer was queued (the inbox mutex orders the accesses).
+        unsafe { std::slice::from_raw_parts(seg.segment().as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        if let Some(seg) = self.segment.take() {
+            self.gate.recycle(seg, self.lease.take());
+        }
+    }
+}
+
+struct GateBuffers {
+    credit: GateCredit,
+    free: Vec<PooledSegment>,
+    /// Channels by credit id, to route AddCredit requests.
+    channels: Vec<Weak<RemoteChannel>>,
+    closed: bool,
+}
+
+/// The remote half of one input gate: its segments and its credit.
+pub(crate) struct RemoteGate {
+    flow: FlowControl,
+    bufs: Mutex<GateBuffers>,
+    /// tcp mode: a reader task waits here for a free segment.
+    recycled: Notify,
+}
+
+impl RemoteGate {
+    /// A gate's remote half over `segments` (exclusive ones for every channel, then floating).
+    pub(crate) fn new(
+        flow: FlowControl,
+        exclusive_per_channel: usize,
+        floating: usize,
+        segments: Vec<PooledSegment>,
+    ) -> Result<Arc<RemoteGate>> {
+        let credit = GateCredit::new(GateCreditConfig {
+            exclusive_buffers_per_channel: exclusive_per_channel as u32,
+            floating_buffers: floating as u32,
+        })?;
+        Ok(Arc::new(RemoteGate {
+            flow,
+            bufs: Mutex::new(GateBuffers {
+                credit,
+                free: segments,
+                channels: Vec::new(),
+                closed: false,
+            }),
+            recycled: Notify::new(),
+        }))
+    }
+
+    /// Segments free right now and segments held, for metrics.
+    pub(crate) fn usage(&self) -> (usize, usize) {
+        let b = self.bufs.lock().unwrap();
+        (b.free.len(), b.credit.num_channels())
+    }
+
+    fn recycle(&self, seg: PooledSegment, lease: Option<BufferLease>) {
+        let wake = {
+            let mut b = self.bufs.lock().unwrap();
+            if b.closed {
+                return;
+            }
+            b.free.push(seg);
+            if let Some(lease) = lease {
+                if let Err(e) = b.credit.on_buffer_recycled(lease) {
+                    log::error!("creditflow: recycling a buffer: {e}");
+                }
+            }
+            drain_actions(&mut b)
+        };
+        for ch in wake {
+            ch.conn.request_credit(ch.rid);
+        }
+        if self.flow == FlowControl::Tcp {
+            self.recycled.notify_waiters();
+        }
+    }
+
+    /// The gate closed: later recycled segments go back to the memory layer.
+    pub(crate) fn close(&self) {
+        let mut b = self.bufs.lock().unwrap();
+        b.closed = true;
+        b.free.clear();
+        drop(b);
+        self.recycled.notify_waiters();
+    }
+
+    /// A buffer for a data BufferResponse (credit mode: as the credit state says; tcp mode:
+    /// any free one, waiting for a recycled one). `None`: drop the payload.
+    async fn take_buffer(
+        self: &Arc<Self>,
+        ch: &RemoteChannel,
+        header: codec::BufferResponseHeader,
+    ) -> Result<Option<(PooledSegment, Option<BufferLease>)>> {
+        if self.flow == FlowControl::Tcp {
+            ch.check_sequence(header.sequence_number)?;
+            loop {
+                let notified = self.recycled.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                {
+                    let mut b = self.bufs.lock().unwrap();
+                    if b.closed || ch.released.load(Ordering::SeqCst) {
+                        return Ok(None);
+                    }
+                    if let Some(seg) = b.free.pop() {
+                        return Ok(Some((seg, None)));
+                    }
+                }
+                // No free segment: stop reading the socket until one is recycled.
+                notified.await;
+            }
+        }
+        let (delivery, wake) = {
+            let mut b = self.bufs.lock().unwrap();
+            let delivery = b.credit.on_buffer_response(ch.cid, header.credit_header())?;
+            let wake = drain_actions(&mut b);
+            let out = match delivery {
+                Delivery::Data(lease) => match b.free.pop() {
+                    Some(seg) => Some((seg, Some(lease))),
+                    None if b.closed => None,
+                    None => {
+                        return Err(Error::Protocol(format!(
+                            "{}: a credited buffer arrived but the gate has no free segment",
+                            header.receiver
+                        )))
+                    }
+                },
+                Delivery::Event | Delivery::Discarded => None,
+            };
+            (out, wake)
+        };
+        for c in wake {
+            c.conn.request_credit(c.rid);
+        }
+        Ok(delivery)
+    }
+
+    /// An event or a backlog announcement: sequence check / floating buffers.
+    fn on_event(&self, ch: &RemoteChannel, header: codec::BufferResponseHeader) -> Result<()> {
+        if self.flow == FlowControl::Tcp {
+            return ch.check_sequence(header.sequence_number);
+        }
+        let wake = {
+            let mut b = self.bufs.lock().unwrap();
+            let delivery = b.credit.on_buffer_response(ch.cid, header.credit_header())?;
+            debug_assert!(matches!(delivery, Delivery::Event | Delivery::Discarded));
+            drain_actions(&mut b)
+        };
+        for c in wake {
+            c.conn.request_credit(c.rid);
+        }
+        Ok(())
+    }
+
+    fn on_backlog(&self, ch: &RemoteChannel, backlog: u32) -> Result<()> {
+        if self.flow == FlowControl::Tcp {
+            return Ok(());
+        }
+        let wake = {
+            let mut b = self.bufs.lock().unwrap();
+            b.credit.on_backlog_announcement(ch.cid, backlog)?;
+            drain_actions(&mut b)
+        };
+        for c in wake {
+            c.conn.request_credit(c.rid);
+        }
+        Ok(())
+    }
+
+    fn release(&self, ch: &RemoteChannel) {
+        if self.flow == FlowControl::Tcp {
+            return;
+        }
+        let wake = {
+            let mut b = self.bufs.lock().unwrap();
+            let _ = b.credit.release_channel(ch.cid);
+            drain_actions(&mut b)
+        };
+        for c in wake {
+            c.conn.request_credit(c.rid);
+        }
+    }
+
+    fn take_credit(&self, ch: &RemoteChannel) -> Option<Credit> {
+        self.bufs.lock().unwrap().credit.take_unannounced_credit(ch.cid)
+    }
+}
+
+fn drain_actions(b: &mut GateBuffers) -> Vec<Arc<RemoteChannel>> {
+    let mut out = Vec::new();
+    while let Some(ReceiverAction::SendAddCredit { channel }) = b.credit.poll_action() {
+        if let Some(ch) = b.channels.get(channel.0).and_then(Weak::upgrade) {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+struct Inbox {
+    items: VecDeque<Inbound>,
+    /// The last item (end of partition or failure) was queued.
+    done: bool,
+}
+
+/// One remote input channel.
+pub(crate) struct RemoteChannel {
+    rid: ReceiverId,
+    cid: ChannelId,
+    spec: ChannelSpec,
+    gate: Arc<RemoteGate>,
+    conn: Arc<ClientConn>,
+    inbox: Mutex<Inbox>,
+    notify: Listener,
+    /// tcp mode: the next sequence number (credit mode: the credit state checks).
+    next_sequence: AtomicU64,
+    /// Backoff of the partition request: the delay used last (`None` before the first retry).
+    retry: Mutex<Option<Duration>>,
+    backoff: Backoff,
+    released: AtomicBool,
+}
+
+impl RemoteChannel {
+    /// The next item, if any.
+    pub(crate) fn pop(&self) -> Option<Inbound> {
+        self.inbox.lock().unwrap().items.pop_front()
+    }
+
+    /// Received buffers not yet taken.
+    pub(crate) fn queued(&self) -> usize {
+        self.inbox.lock().unwrap().items.len()
+    }
+
+    fn push(&self, item: Inbound) {
+        {
+            let mut inbox = self.inbox.lock().unwrap();
+            if inbox.done {
+                return;
+            }
+            if !matches!(item, Inbound::Data(_)) {
+                inbox.done = true;
+            }
+            inbox.items.push_back(item);
+        }
+        (self.notify)();
+    }
+
+    /// Ends the channel with an error (unless it already ended).
+    fn fail(&self, error: Error) {
+        self.push(Inbound::Failed(error));
+        self.gate.release(self);
+    }
+
+    fn check_sequence(&self, seq: u64) -> Result<()> {
+        let expected = self.next_sequence.fetch_add(1, Ordering::SeqCst);
+        if seq != expected {
+            return Err(Error::Protocol(format!(
+                "{}: buffer out of order: expected sequence number {expected}, got {seq}",
+                self.rid
+            )));
+        }
+        Ok(())
+    }
+
+    fn request(&self) -> Message<'static> {
+        Message::PartitionRequest {
+            partition_id: self.spec.partition_id.clone(),
+            subpartition: self.spec.subpartition as u32,
+            receiver: self.rid,
+            initial_credit: match self.gate.flow {
+                FlowControl::Credit => self.gate.bufs.lock().unwrap().credit.initial_credit(),
+                FlowControl::Tcp => Credit::new(u32::MAX),
+            },
+        }
+    }
+
+    /// The reader of this channel goes away: stop the sender, free the buffers.
+    pub(crate) fn close(&self) {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let ended = {
+            let mut inbox = self.inbox.lock().unwrap();
+            let ended = inbox.done;
+            inbox.done = true;
+            inbox.items.clear();
+            ended
+        };
+        self.conn.channels.lock().unwrap().remove(&self.rid);
+        if !ended {
+            self.conn
+                .send(Message::CancelPartitionRequest { receiver: self.rid });
+        }
+        self.gate.release(self);
+    }
+}
+
+#[derive(Default)]
+struct Outbox {
+    control: VecDeque<Message<'static>>,
+    credit: Vec<ReceiverId>,
+    close: bool,
+}
+
+/// One connection to a remote environment.
+pub(crate) struct ClientConn {
+    addr: String,
+    out: Mutex<Outbox>,
+    wake: Notify,
+    channels: Mutex<HashMap<ReceiverId, Arc<RemoteChannel>>>,
+    /// Set once the connection failed; new channels need a new connection.
+    dead: AtomicBool,
+}
+
+impl ClientConn {
+    fn send(&self, msg: Message<'static>) {
+        self.out.lock().unwrap().control.push_back(msg);
+        self.wake.notify_one();
+    }
+
+    fn request_credit(&self, rid: ReceiverId) {
+        self.out.lock().unwrap().credit.push(rid);
+        self.wake.notify_one();
+    }
+
+    /// Whether the connection failed.
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+
+    /// Asks the writer to send CloseRequest and stop.
+    pub(crate) fn close(&self) {
+        self.out.lock().unwrap().close = true;
+        self.wake.notify_one();
+    }
+
+    /// Fails every channel of the connection.
+    fn fail(&self, error: &Error) {
+        self.dead.store(true, Ordering::SeqCst);
+        let channels: Vec<Arc<RemoteChannel>> =
+            self.channels.lock().unwrap().drain().map(|(_, c)| c).collect();
+        for ch in channels {
+            ch.fail(duplicate(error, &self.addr));
+        }
+    }
+
+    fn channel(&self, rid: ReceiverId) -> Option<Arc<RemoteChannel>> {
+        self.channels.lock().unwrap().get(&rid).cloned()
+    }
+
+    fn remove(&self, rid: ReceiverId) -> Option<Arc<RemoteChannel>> {
+        self.channels.lock().unwrap().remove(&rid)
+    }
+
+    /// Frames to write now, and whether to stop after them.
+    fn collect(&self) -> Result<(Vec<u8>, bool)> {
+        let (control, credit, close) = {
+            let mut out = self.out.lock().unwrap();
+            (
+                std::mem::take(&mut out.control),
+                std::mem::take(&mut out.credit),
+                out.close,
+            )
+        };
+        let mut bytes = Vec::new();
+        for msg in &control {
+            codec::encode(msg, &mut bytes)?;
+        }
+        for rid in credit {
+            let Some(ch) = self.channel(rid) else { continue };
+            if let Some(credit) = ch.gate.take_credit(&ch) {
+                codec::encode(
+                    &Message::AddCredit {
+                        receiver: rid,
+                        credit,
+                    },
+                    &mut bytes,
+                )?;
+            }
+        }
+        if close {
+            codec::encode(&Message::CloseRequest, &mut bytes)?;
+        }
+        Ok((bytes, close))
+    }
+}
+
+/// The same error for another channel (errors are not `Clone`).
+fn duplicate(error: &Error, addr: &str) -> Error {
+    match error {
+        Error::Authentication(m) => Error::Authentication(m.clone()),
+        Error::Protocol(m) => Error::Protocol(format!("connection to {addr}: {m}")),
+        Error::ConnectionLost(m) => Error::ConnectionLost(format!("connection to {addr}: {m}")),
+        other => Error::ConnectionLost(format!("connection to {addr}: {other}")),
+    }
+}
+
+/// The error a channel fails with for an ErrorResponse about it.
+fn channel_error(spec: &ChannelSpec, kind: ErrorKind, message: String) -> Error {
+    match kind {
+        ErrorKind::ProducerFailed => Error::ProducerFailed(message),
+        ErrorKind::Authentication => Error::Authentication(message),
+        ErrorKind::Protocol => Error::Protocol(message),
+        ErrorKind::SubpartitionOutOfRange | ErrorKind::AlreadyConsumed => {
+            Error::InvalidArgument(format!("{spec:?}: {message}"))
+        }
+        ErrorKind::Internal => Error::ConnectionLost(format!("{spec:?}: the producer reports: {message}")),
+    }
+}
+
+/// What a client connection needs from its environment.
+#[derive(Clone)]
+pub(crate) struct ClientContext {
+    pub(crate) segment_size: usize,
+    pub(crate) secret: Option<Vec<u8>>,
+}
+
+impl ClientConn {
+    /// A connection to `addr`, connecting in the background; messages queue meanwhile.
+    pub(crate) fn open(addr: String, ctx: ClientContext, rt: &tokio::runtime::Handle) -> Arc<ClientConn> {
+        let conn = Arc::new(ClientConn {
+            addr: addr.clone(),
+            out: Mutex::new(Outbox::default()),
+            wake: Notify::new(),
+            channels: Mutex::new(HashMap::new()),
+            dead: AtomicBool::new(false),
+        });
+        let c = conn.clone();
+        rt.spawn(async move {
+            let result = match tokio::time::timeout(
+                io::HANDSHAKE_TIMEOUT,
+                tokio::net::TcpStream::connect(&addr),
+            )
+            .await
+            {
+                Ok(Ok(stream)) => {
+                    let _ = stream.set_nodelay(true);
+                    run(&c, stream, &ctx).await
+                }
+                Ok(Err(e)) => Err(Error::ConnectionLost(format!("cannot connect: {e}"))),
+                Err(_) => Err(Error::ConnectionLost(format!(
+                    "cannot connect: no answer within {:?}",
+                    io::HANDSHAKE_TIMEOUT
+                ))),
+            };
+            let error = match result {
+                Ok(()) => Error::ConnectionLost("closed".into()),
+                Err(e) => {
+                    log::warn!("creditflow: connection to {addr}: {e}");
+                    e
+                }
+            };
+            c.fail(&error);
+        });
+        conn
+    }
+
+    /// Opens a channel on this connection and sends its PartitionRequest.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn open_channel(
+        self: &Arc<Self>,
+        rid: ReceiverId,
+        spec: ChannelSpec,
+        gate: &Arc<RemoteGate>,
+        notify: Listener,
+        backoff: Backoff,
+    ) -> Arc<RemoteChannel> {
+        let mut bufs = gate.bufs.lock().unwrap();
+        let cid = bufs.credit.add_channel();
+        let ch = Arc::new(RemoteChannel {
+            rid,
+            cid,
+            spec,
+            gate: gate.clone(),
+            conn: self.clone(),
+            inbox: Mutex::new(Inbox {
+                items: VecDeque::new(),
+                done: false,
+            }),
+            notify,
+            next_sequence: AtomicU64::new(0),
+            retry: Mutex::new(None),
+            backoff,
+            released: AtomicBool::new(false),
+        });
+        bufs.channels.push(Arc::downgrade(&ch));
+        drop(bufs);
+        if self.is_dead() {
+            ch.fail(Error::ConnectionLost(format!("connection to {} lost", self.addr)));
+            return ch;
+        }
+        self.channels.lock().unwrap().insert(rid, ch.clone());
+        self.send(ch.request());
+        ch
+    }
+}
+
+async fn run<S>(conn: &Arc<ClientConn>, stream: S, ctx: &ClientContext) -> Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (rd, mut wr) = tokio::io::split(stream);
+    let mut reader = FrameReader::new(rd);
+    let hs = io::client_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref());
+    match tokio::time::timeout(io::HANDSHAKE_TIMEOUT, hs).await {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(Error::ConnectionLost(format!(
+                "no handshake within {:?}",
+                io::HANDSHAKE_TIMEOUT
+            )))
+        }
+    };
+    let result = tokio::select! {
+        r = read_loop(conn, &mut reader) => r,
+        r = write_loop(conn, &mut wr) => r,
+    };
+    if let Err(Error::Protocol(m)) = &result {
+        let msg = Message::error_response(None, ErrorKind::Protocol, m);
+        let _ = io::write_message(&mut wr, &msg).await;
+    }
+    result
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(conn: &Arc<ClientConn>, wr: &mut W) -> Result<()> {
+    loop {
+        let notified = conn.wake.notified();
+        let (bytes, close) = conn.collect()?;
+        if !bytes.is_empty() {
+            wr.write_all(&bytes)
+                .await
+                .map_err(|e| Error::ConnectionLost(e.to_string()))?;
+        }
+        if close {
+            let _ = wr.shutdown().await;
+            // Wait for the peer to close its side (the read loop ends the task).
+            std::future::pending::<()>().await;
+        }
+        if bytes.is_empty() {
+            notified.await;
+        }
+    }
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ClientConn>, reader: &mut FrameReader<R>) -> Result<()> {
+    loop {
+        match reader.next().await? {
+            InFrame::Data(header) => {
+                let Some(ch) = conn.channel(header.receiver) else {
+                    reader.skip_payload().await?;
+                    continue;
+                };
+                match ch.gate.take_buffer(&ch, header).await? {
+                    Some((mut seg, lease)) => {
+                        let len = header.payload_len;
+                        let dst = seg.segment_mut().as_mut_slice();
+                        if len > dst.len() {
+                            return Err(Error::Protocol(format!(
+                                "{}: payload of {len} bytes exceeds the segment size {}",
+                                header.receiver,
+                                dst.len()
+                            )));
+                        }
+                        reader.read_payload(&mut dst[..len]).await?;
+                        ch.push(Inbound::Data(Received {
+                            segment: Some(seg),
+                            len,
+                            lease,
+                            gate: ch.gate.clone(),
+                        }));
+                    }
+                    None => reader.skip_payload().await?,
+                }
+            }
+            InFrame::Message(Message::BufferResponse(br)) => {
+                let Some(ch) = conn.channel(br.receiver) else {
+                    continue;
+                };
+                let header = br.header();
+                ch.gate.on_event(&ch, header)?;
+                if let Payload::Event(ev) = br.payload {
+                    conn.remove(br.receiver);
+                    ch.push(Inbound::Event(ev));
+                    ch.gate.release(&ch);
+                }
+            }
+            InFrame::Message(Message::BacklogAnnouncement { receiver, backlog }) => {
+                if let Some(ch) = conn.channel(receiver) {
+                    ch.gate.on_backlog(&ch, backlog)?;
+                }
+            }
+            InFrame::Message(Message::PartitionNotFound { receiver }) => {
+                if let Some(ch) = conn.channel(receiver) {
+                    schedule_retry(conn, ch);
+                }
+            }
+            InFrame::Message(Message::ErrorResponse {
+                receiver: Some(receiver),
+                kind,
+                message,
+            }) => {
+                if let Some(ch) = conn.remove(receiver) {
+                    let e = channel_error(&ch.spec, kind, message);
+                    ch.fail(e);
+                }
+            }
+            InFrame::Message(Message::ErrorResponse {
+                receiver: None,
+                kind,
+                message,
+            }) => return Err(io::remote_error(kind, &message)),
+            InFrame::Message(Message::CloseRequest) => {
+                return Err(Error::ConnectionLost("the peer closed the connection".into()))
+            }
+            InFrame::Message(other) => {
+                return Err(Error::Protocol(format!(
+                    "a server sent {:?}, which only clients send",
+                    other.message_type()
+                )))
+            }
+        }
+    }
+}
+
+/// The partition is not registered at the peer yet: ask again after the backoff, or fail.
+fn schedule_retry(conn: &Arc<ClientConn>, ch: Arc<RemoteChannel>) {
+    let delay = {
+        let mut retry = ch.retry.lock().unwrap();
+        let next = match *retry {
+            None => ch.backoff.initial,
+            Some(d) if d >= ch.backoff.max => {
+                drop(retry);
+                conn.remove(ch.rid);
+                let id = ch.spec.partition_id.clone();
+                ch.fail(Error::PartitionNotFound(id));
+                return;
+            }
+            Some(d) => (d * 2).min(ch.backoff.max),
+        };
+        *retry = Some(next);
+        next
+    };
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        if !ch.released.load(Ordering::SeqCst) && conn.channel(ch.rid).is_some() {
+            conn.send(ch.request());
+        }
+    });
+}

@@ -1,0 +1,309 @@
+//! Bytes on a socket: reading frames (payloads straight into segments), vectored writes, and
+//! the handshake. Everything about what the bytes mean is in [`super::codec`].
+
+use std::io::IoSlice;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::auth::{self, Role};
+use super::codec::{
+    self, AuthMode, BufferResponseHeader, Decoder, ErrorKind, Frame, Hello, Message, MAX_CONTROL_FRAME_LEN,
+    PROTOCOL_VERSION,
+};
+use crate::error::{Error, Result};
+
+/// Bytes read from the socket into the decoder at a time. Small, so that most of a data
+/// payload is read by the kernel straight into its segment rather than through this buffer.
+const READ_CHUNK: usize = 4096;
+
+/// How long a peer may take to complete the handshake.
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An owned frame: a control message or event, or the header of a data payload that
+/// [`FrameReader::read_payload`] must take next.
+pub(crate) enum InFrame {
+    /// A whole message (never a data BufferResponse).
+    Message(Message<'static>),
+    /// A data BufferResponse header; its payload follows.
+    Data(BufferResponseHeader),
+}
+
+/// Reads frames from a byte stream.
+pub(crate) struct FrameReader<R> {
+    rd: R,
+    dec: Decoder,
+}
+
+fn io_lost(e: std::io::Error) -> Error {
+    Error::ConnectionLost(e.to_string())
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub(crate) fn new(rd: R) -> Self {
+        FrameReader {
+            rd,
+            dec: Decoder::new(MAX_CONTROL_FRAME_LEN),
+        }
+    }
+
+    /// Raises the frame limit after the handshake.
+    pub(crate) fn set_max_frame_size(&mut self, n: usize) {
+        self.dec.set_max_frame_size(n);
+    }
+
+    async fn fill(&mut self) -> Result<()> {
+        let buf = self.dec.read_buf(READ_CHUNK);
+        let n = self.rd.read(buf).await.map_err(io_lost)?;
+        if n == 0 {
+            return Err(Error::ConnectionLost(if self.dec.buffered() > 0 {
+                "the peer closed the connection in the middle of a frame".into()
+            } else {
+                "the peer closed the connection".into()
+            }));
+        }
+        self.dec.commit(n);
+        Ok(())
+    }
+
+    /// The next frame. A clean end of stream between frames is `ConnectionLost` too: the
+    /// callers know whether they expected it.
+    pub(crate) async fn next(&mut self) -> Result<InFrame> {
+        loop {
+            match self.dec.next_frame()? {
+                Some(Frame::DataHeader(h)) => return Ok(InFrame::Data(h)),
+                Some(Frame::Message(m)) => return Ok(InFrame::Message(m.into_owned())),
+                None => self.fill().await?,
+            }
+        }
+    }
+
+    /// Reads the current data payload into `dst` (exactly its length): what the decoder has
+    /// buffered first, the rest straight from the socket.
+    pub(crate) async fn read_payload(&mut self, dst: &mut [u8]) -> Result<()> {
+        debug_assert_eq!(dst.len(), self.dec.payload_remaining());
+        let mut done = self.dec.read_payload(dst);
+        while done < dst.len() {
+            let n = self.rd.read(&mut dst[done..]).await.map_err(io_lost)?;
+            if n == 0 {
+                return Err(Error::ConnectionLost(
+                    "the peer closed the connection in the middle of a buffer".into(),
+                ));
+            }
+            self.dec.payload_read_elsewhere(n)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Skips the current data payload.
+    pub(crate) async fn skip_payload(&mut self) -> Result<()> {
+        let mut scratch = [0u8; READ_CHUNK];
+        loop {
+            let left = self.dec.discard_payload();
+            if left == 0 {
+                return Ok(());
+            }
+            let want = left.min(scratch.len());
+            let n = self.rd.read(&mut scratch[..want]).await.map_err(io_lost)?;
+            if n == 0 {
+                return Err(Error::ConnectionLost(
+                    "the peer closed the connection in the middle of a buffer".into(),
+                ));
+            }
+            self.dec.payload_read_elsewhere(n)?;
+        }
+    }
+}
+
+/// Writes all of `slices` with as few vectored writes as the socket allows.
+pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    slices: &mut [IoSlice<'_>],
+) -> Result<()> {
+    let mut slices = slices;
+    // Skip leading empty slices so that a 0-byte write means the peer is gone.
+    IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        let n = w.write_vectored(slices).await.map_err(io_lost)?;
+        if n == 0 {
+            return Err(Error::ConnectionLost("the socket accepted no bytes".into()));
+        }
+        IoSlice::advance_slices(&mut slices, n);
+    }
+    Ok(())
+}
+
+/// Encodes and writes one message.
+pub(crate) async fn write_message<W: AsyncWrite + Unpin>(w: &mut W, msg: &Message<'_>) -> Result<()> {
+    let mut out = Vec::with_capacity(64);
+    codec::encode(msg, &mut out)?;
+    w.write_all(&out).await.map_err(io_lost)
+}
+
+/// What the handshake settled.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Negotiated {
+    /// Largest data payload either side sends: the smaller segment size.
+    pub payload_limit: usize,
+}
+
+fn hello(segment_size: usize, secret: Option<&[u8]>) -> Result<Hello> {
+    Ok(Hello {
+        version: PROTOCOL_VERSION,
+        segment_size: segment_size as u32,
+        max_frame_size: codec::max_frame_size(segment_size) as u32,
+        auth: if secret.is_some() {
+            AuthMode::HmacSha256
+        } else {
+            AuthMode::None
+        },
+        nonce: auth::nonce()?,
+    })
+}
+
+fn negotiate(ours: &Hello, theirs: &Hello) -> Result<Negotiated> {
+    if theirs.version != PROTOCOL_VERSION {
+        return Err(Error::Protocol(format!(
+            "the peer speaks protocol version {}, this side {}",
+            theirs.version, PROTOCOL_VERSION
+        )));
+    }
+    let payload_limit = ours.segment_size.min(theirs.segment_size) as usize;
+    if payload_limit == 0 {
+        return Err(Error::Protocol("the peer announced segment size 0".into()));
+    }
+    Ok(Negotiated { payload_limit })
+}
+
+/// A fatal ErrorResponse received where a handshake message was expected, as an error.
+pub(crate) fn remote_error(kind: ErrorKind, message: &str) -> Error {
+    match kind {
+        ErrorKind::Authentication => Error::Authentication(format!("the peer refused us: {message}")),
+        ErrorKind::Protocol => Error::Protocol(format!("the peer reports: {message}")),
+        ErrorKind::ProducerFailed => Error::ProducerFailed(message.to_string()),
+        _ => Error::ConnectionLost(format!("the peer reports: {message}")),
+    }
+}
+
+fn unexpected(what: &str, msg: &Message<'_>) -> Error {
+    if let Message::ErrorResponse { kind, message, .. } = msg {
+        return remote_error(*kind, message);
+    }
+    Error::Protocol(format!(
+        "expected {what} during the handshake, got {:?}",
+        msg.message_type()
+    ))
+}
+
+async fn next_message<R: AsyncRead + Unpin>(r: &mut FrameReader<R>, what: &str) -> Result<Message<'static>> {
+    match r.next().await? {
+        InFrame::Message(m) => Ok(m),
+        InFrame::Data(_) => Err(Error::Protocol(format!(
+            "expected {what} during the handshake, got a data buffer"
+        ))),
+    }
+}
+
+/// Client side: Hello → HelloAck (check the server's proof) → AuthProof.
+pub(crate) async fn client_handshake<R, W>(
+    r: &mut FrameReader<R>,
+    w: &mut W,
+    segment_size: usize,
+    secret: Option<&[u8]>,
+) -> Result<Negotiated>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let ours = hello(segment_size, secret)?;
+    write_message(w, &Message::Hello(ours)).await?;
+    let (theirs, tag) = match next_message(r, "HelloAck").await? {
+        Message::HelloAck { hello, tag } => (hello, tag),
+        other => return Err(unexpected("HelloAck", &other)),
+    };
+    let negotiated = negotiate(&ours, &theirs)?;
+    let proof = match (secret, theirs.auth) {
+        (Some(secret), AuthMode::HmacSha256) => {
+            if !auth::verify(secret, Role::Server, &ours.nonce, &tag) {
+                return Err(Error::Authentication(
+                    "the peer does not know the shared secret (wrong HMAC in its HelloAck)".into(),
+                ));
+            }
+            auth::tag(secret, Role::Client, &theirs.nonce)
+        }
+        (Some(_), AuthMode::None) => {
+            return Err(Error::Authentication(
+                "this environment has a secret but the peer has none; give both the same secret".into(),
+            ))
+        }
+        (None, AuthMode::HmacSha256) => {
+            return Err(Error::Authentication(
+                "the peer requires a shared secret; pass secret=... to this environment".into(),
+            ))
+        }
+        (None, AuthMode::None) => Default::default(),
+    };
+    write_message(w, &Message::AuthProof { tag: proof }).await?;
+    r.set_max_frame_size(codec::max_frame_size(negotiated.payload_limit));
+    Ok(negotiated)
+}
+
+/// Server side: Hello → HelloAck → AuthProof (checked). On an authentication failure the
+/// peer gets a fatal ErrorResponse before the error is returned.
+pub(crate) async fn server_handshake<R, W>(
+    r: &mut FrameReader<R>,
+    w: &mut W,
+    segment_size: usize,
+    secret: Option<&[u8]>,
+) -> Result<Negotiated>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let theirs = match next_message(r, "Hello").await? {
+        Message::Hello(h) => h,
+        other => return Err(unexpected("Hello", &other)),
+    };
+    let refuse = |message: &str| Message::error_response(None, ErrorKind::Authentication, message);
+    let ours = hello(segment_size, secret)?;
+    let tag = match (secret, theirs.auth) {
+        (Some(secret), AuthMode::HmacSha256) => auth::tag(secret, Role::Server, &theirs.nonce),
+        (Some(_), AuthMode::None) => {
+            let msg = "this environment requires a shared secret and the peer offered none";
+            let _ = write_message(w, &refuse(msg)).await;
+            return Err(Error::Authentication(msg.into()));
+        }
+        (None, AuthMode::HmacSha256) => {
+            let msg = "the peer has a shared secret but this environment has none";
+            let _ = write_message(w, &refuse(msg)).await;
+            return Err(Error::Authentication(msg.into()));
+        }
+        (None, AuthMode::None) => Default::default(),
+    };
+    let negotiated = match negotiate(&ours, &theirs) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = write_message(
+                w,
+                &Message::error_response(None, ErrorKind::Protocol, &e.to_string()),
+            )
+            .await;
+            return Err(e);
+        }
+    };
+    write_message(w, &Message::HelloAck { hello: ours, tag }).await?;
+    let proof = match next_message(r, "AuthProof").await? {
+        Message::AuthProof { tag } => tag,
+        other => return Err(unexpected("AuthProof", &other)),
+    };
+    if let Some(secret) = secret {
+        if !auth::verify(secret, Role::Client, &ours.nonce, &proof) {
+            let msg = "wrong shared secret (bad HMAC in AuthProof)";
+            let _ = write_message(w, &refuse(msg)).await;
+            return Err(Error::Authentication(msg.into()));
+        }
+    }
+    r.set_max_frame_size(codec::max_frame_size(negotiated.payload_limit));
+    Ok(negotiated)
+}

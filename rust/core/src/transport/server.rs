@@ -1,0 +1,558 @@
+//! The sending side: connections this environment accepted, each serving the subpartitions
+//! its peer requested (Flink's `PartitionRequestServerHandler` + `PartitionRequestQueue`).
+//!
+//! One [`ServerConn`] per accepted connection. Its reader half handles PartitionRequest,
+//! AddCredit, CancelPartitionRequest and CloseRequest; its writer half is the *sender loop*:
+//! round robin over the readers that have something to send **and** credit for it
+//! ([`SenderCredit`] and [`ReadyQueue`] from [`crate::credit`] decide), gathering up to
+//! [`MAX_WRITE_BYTES`] of frames into one vectored write. Only that loop writes, so there is
+//! one write in flight per connection. Payloads are never copied: serialized buffers go out
+//! as slices of their segments, handed-off batches as the Arrow IPC encoder's parts, which
+//! point at the batch's own buffers.
+//!
+//! A subpartition wakes the loop through its listener (called by the producer's thread when
+//! the loop found it empty). Each reader drains its subpartition into its own queue, so the
+//! backlog it announces is exact in buffers.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::IoSlice;
+use std::sync::{Arc, Mutex, Weak};
+
+use arrow_buffer::Buffer;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Notify;
+
+use super::codec::{self, ErrorKind, EventKind, Message, ReceiverId, BUFFER_RESPONSE_HEADER_LEN};
+use super::io::{self, FrameReader, InFrame};
+use crate::credit::{Credit, DataType, QueueHead, ReadyQueue, SenderCredit};
+use crate::error::{Error, Result};
+use crate::partition::buffer::BufferSlice;
+use crate::partition::subpartition::{Event, LocalBatch, Polled, Subpartition};
+use crate::partition::{Registry, ResultPartition};
+use crate::serde::{BatchEncoder, RECORD_HEADER_LEN};
+
+/// Bytes of frames gathered into one vectored write.
+const MAX_WRITE_BYTES: usize = 1 << 20;
+/// Frames gathered into one vectored write (stays well under `IOV_MAX`).
+const MAX_WRITE_FRAMES: usize = 128;
+
+/// A piece of an outgoing payload; never a copy of data bytes.
+#[derive(Clone)]
+enum Part {
+    Slice(BufferSlice),
+    Arrow(Buffer),
+    Bytes(Vec<u8>),
+}
+
+impl Part {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Part::Slice(s) => s.as_slice(),
+            Part::Arrow(b) => b.as_slice(),
+            Part::Bytes(v) => v,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    fn split(self, at: usize) -> (Part, Part) {
+        match self {
+            Part::Slice(s) => (Part::Slice(s.sub(0..at)), Part::Slice(s.sub(at..s.len()))),
+            Part::Arrow(b) => (Part::Arrow(b.slice_with_length(0, at)), Part::Arrow(b.slice(at))),
+            Part::Bytes(mut v) => {
+                let tail = v.split_off(at);
+                (Part::Bytes(v), Part::Bytes(tail))
+            }
+        }
+    }
+}
+
+/// Stream bytes still to send from one polled item, cut into payloads of at most the
+/// negotiated size.
+struct Cursor {
+    parts: VecDeque<Part>,
+    remaining: usize,
+    /// The handed-off batch whose segments account for the bytes; released with the last chunk.
+    hold: Option<LocalBatch>,
+}
+
+impl Cursor {
+    fn chunks(&self, limit: usize) -> usize {
+        self.remaining.div_ceil(limit)
+    }
+
+    fn take(&mut self, limit: usize) -> (Vec<Part>, usize) {
+        let mut out = Vec::new();
+        let mut n = 0;
+        while n < limit {
+            let Some(front) = self.parts.pop_front() else {
+                break;
+            };
+            let len = front.len();
+            if n + len <= limit {
+                n += len;
+                out.push(front);
+            } else {
+                let (head, tail) = front.split(limit - n);
+                n = limit;
+                out.push(head);
+                self.parts.push_front(tail);
+            }
+        }
+        self.remaining -= n;
+        (out, n)
+    }
+}
+
+enum Item {
+    Data(Cursor),
+    Event(Event),
+}
+
+/// One frame ready to write.
+struct OutFrame {
+    head: Vec<u8>,
+    parts: Vec<Part>,
+    _hold: Option<LocalBatch>,
+}
+
+impl OutFrame {
+    fn control(msg: &Message<'_>) -> Result<OutFrame> {
+        let mut head = Vec::with_capacity(32);
+        codec::encode(msg, &mut head)?;
+        Ok(OutFrame {
+            head,
+            parts: Vec::new(),
+            _hold: None,
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.head.len() + self.parts.iter().map(Part::len).sum::<usize>()
+    }
+}
+
+/// One requested subpartition (Flink: `CreditBasedSequenceNumberingViewReader`).
+struct SubReader {
+    partition: Arc<ResultPartition>,
+    sub: Arc<Subpartition>,
+    credit: SenderCredit,
+    queue: VecDeque<Item>,
+    /// Data buffers (payload chunks) in `queue`: the backlog.
+    chunks: usize,
+    /// Encodes handed-off batches for the wire (their first record carries the schema).
+    encoder: Option<BatchEncoder>,
+    /// The last event was queued; the subpartition is read to its end.
+    drained: bool,
+}
+
+impl SubReader {
+    /// Moves everything readable from the subpartition into the queue.
+    fn fill(&mut self, limit: usize) -> Result<()> {
+        while !self.drained {
+            let Some(polled) = self.sub.poll() else { break };
+            let item = match polled {
+                Polled::Data(slice) => {
+                    let remaining = slice.len();
+                    Item::Data(Cursor {
+                        parts: VecDeque::from([Part::Slice(slice)]),
+                        remaining,
+                        hold: None,
+                    })
+                }
+                Polled::Batch(lb) => {
+                    let encoder = match self.encoder.as_mut() {
+                        Some(e) => e,
+                        None => self.encoder.insert(BatchEncoder::new(&lb.batch.schema())?),
+                    };
+                    let record = encoder.encode(&lb.batch)?;
+                    let (header, parts) = record.into_parts();
+                    let mut all = VecDeque::with_capacity(parts.len() + 1);
+                    all.push_back(Part::Bytes(header.to_vec()));
+                    all.extend(parts.into_iter().filter(|p| !p.is_empty()).map(Part::Arrow));
+                    let remaining = all.iter().map(Part::len).sum();
+                    debug_assert!(remaining >= RECORD_HEADER_LEN);
+                    Item::Data(Cursor {
+                        parts: all,
+                        remaining,
+                        hold: Some(lb),
+                    })
+                }
+                Polled::Event(e) => {
+                    self.drained = true;
+                    Item::Event(e)
+                }
+            };
+            if let Item::Data(c) = &item {
+                self.chunks += c.chunks(limit);
+            }
+            self.queue.push_back(item);
+        }
+        Ok(())
+    }
+
+    fn head(&self) -> QueueHead {
+        match self.queue.front() {
+            None => QueueHead::Empty,
+            Some(Item::Data(_)) => QueueHead::Data,
+            Some(Item::Event(_)) => QueueHead::Event,
+        }
+    }
+
+    fn backlog(&self) -> u32 {
+        (self.chunks + self.sub.backlog()).min(u32::MAX as usize) as u32
+    }
+}
+
+#[derive(Default)]
+struct ServerState {
+    readers: HashMap<ReceiverId, SubReader>,
+    ready: ReadyQueue<ReceiverId>,
+    control: VecDeque<Message<'static>>,
+}
+
+/// One accepted connection.
+pub(crate) struct ServerConn {
+    peer: String,
+    payload_limit: usize,
+    registry: Weak<Registry>,
+    state: Mutex<ServerState>,
+    /// Readers whose subpartition has new data (pushed by the producers' listeners).
+    signalled: Mutex<Vec<ReceiverId>>,
+    wake: Notify,
+}
+
+impl ServerConn {
+    fn signal(&self, rid: ReceiverId) {
+        self.signalled.lock().unwrap().push(rid);
+        self.wake.notify_one();
+    }
+
+    /// Puts the reader in the ready queue if it can send, or queues a backlog announcement.
+    fn refresh(&self, st: &mut ServerState, rid: ReceiverId) -> Result<()> {
+        let Some(r) = st.readers.get_mut(&rid) else {
+            return Ok(());
+        };
+        r.fill(self.payload_limit)?;
+        let head = r.head();
+        if r.credit.is_available(head) {
+            st.ready.enqueue(rid);
+        } else {
+            let backlog = r.backlog();
+            if r.credit.needs_backlog_announcement(backlog) {
+                r.credit.on_backlog_announced(backlog);
+                st.control.push_back(Message::BacklogAnnouncement {
+                    receiver: rid,
+                    backlog,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn on_partition_request(
+        self: &Arc<Self>,
+        partition_id: String,
+        subpartition: u32,
+        receiver: ReceiverId,
+        initial_credit: Credit,
+    ) -> Result<()> {
+        let mut st = self.state.lock().unwrap();
+        if st.readers.contains_key(&receiver) {
+            return Err(Error::Protocol(format!("{receiver} requested twice")));
+        }
+        let partition = self
+            .registry
+            .upgrade()
+            .and_then(|r| r.lock().unwrap().get(&partition_id).cloned());
+        let Some(partition) = partition else {
+            st.control.push_back(Message::PartitionNotFound { receiver });
+            self.wake.notify_one();
+            return Ok(());
+        };
+        let attached = partition
+            .subpartition(subpartition as usize)
+            .cloned()
+            .and_then(|sub| {
+                let weak = Arc::downgrade(self);
+                let listener: crate::partition::subpartition::Listener = Arc::new(move || {
+                    if let Some(c) = weak.upgrade() {
+                        c.signal(receiver);
+                    }
+                });
+                if sub.attach_reader(listener) {
+                    Ok(sub)
+                } else {
+                    Err(Error::AlreadyConsumed {
+                        partition: partition_id.clone(),
+                        index: subpartition as usize,
+                    })
+                }
+            });
+        match attached {
+            Ok(sub) => {
+                log::debug!(
+                    "{}: serving {partition_id:?}[{subpartition}] to {receiver}",
+                    self.peer
+                );
+                st.readers.insert(
+                    receiver,
+                    SubReader {
+                        partition,
+                        sub,
+                        credit: SenderCredit::new(initial_credit),
+                        queue: VecDeque::new(),
+                        chunks: 0,
+                        encoder: None,
+                        drained: false,
+                    },
+                );
+                self.refresh(&mut st, receiver)?;
+            }
+            Err(e) => {
+                let kind = ErrorKind::of(&e);
+                st.control
+                    .push_back(Message::error_response(Some(receiver), kind, &e.to_string()));
+            }
+        }
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    fn on_add_credit(&self, receiver: ReceiverId, credit: Credit) -> Result<()> {
+        let mut st = self.state.lock().unwrap();
+        let Some(r) = st.readers.get_mut(&receiver) else {
+            // Credit for a reader that just ended or was cancelled: harmless.
+            return Ok(());
+        };
+        let was_available = r.credit.can_send_data();
+        r.credit.on_add_credit(credit)?;
+        if !was_available {
+            self.refresh(&mut st, receiver)?;
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    fn cancel(&self, receiver: ReceiverId) {
+        let mut st = self.state.lock().unwrap();
+        st.ready.remove(receiver);
+        if let Some(r) = st.readers.remove(&receiver) {
+            log::debug!("{}: {receiver} cancelled", self.peer);
+            r.sub.release();
+            r.partition.subpartition_done();
+        }
+    }
+
+    /// The connection ended. Readers not at their end lost their consumer: their
+    /// partitions fail their writers (when `lost`) and their segments go back to the pools.
+    fn shutdown(&self, lost: Option<&Error>) {
+        let readers: Vec<SubReader> = {
+            let mut st = self.state.lock().unwrap();
+            st.ready = ReadyQueue::new();
+            st.control.clear();
+            st.readers.drain().map(|(_, r)| r).collect()
+        };
+        for r in readers {
+            r.sub.release();
+            if let Some(e) = lost {
+                r.partition.consumer_lost(&format!(
+                    "the consumer of subpartition {} at {} went away: {e}",
+                    r.sub.index(),
+                    self.peer
+                ));
+            }
+            r.partition.subpartition_done();
+        }
+    }
+
+    /// Gathers the next frames to write: control messages first, then data round robin.
+    fn collect(&self) -> Result<Vec<OutFrame>> {
+        let signalled = std::mem::take(&mut *self.signalled.lock().unwrap());
+        let mut st = self.state.lock().unwrap();
+        for rid in signalled {
+            self.refresh(&mut st, rid)?;
+        }
+        let mut frames = Vec::new();
+        let mut bytes = 0;
+        while let Some(msg) = st.control.pop_front() {
+            let f = OutFrame::control(&msg)?;
+            bytes += f.len();
+            frames.push(f);
+        }
+        while bytes < MAX_WRITE_BYTES && frames.len() < MAX_WRITE_FRAMES {
+            let Some(rid) = st.ready.dequeue() else { break };
+            let Some(r) = st.readers.get_mut(&rid) else {
+                continue;
+            };
+            if !r.credit.is_available(r.head()) {
+                continue;
+            }
+            let frame = match r.queue.front_mut().expect("available means non-empty") {
+                Item::Data(cursor) => {
+                    let (parts, len) = cursor.take(self.payload_limit);
+                    let hold = if cursor.remaining == 0 {
+                        cursor.hold.take()
+                    } else {
+                        None
+                    };
+                    if cursor.remaining == 0 {
+                        r.queue.pop_front();
+                    }
+                    r.chunks -= 1;
+                    let header = r.credit.on_buffer_sent(DataType::Data, r.backlog())?;
+                    let head = codec::encode_buffer_response_header(rid, header, len)?;
+                    OutFrame {
+                        head: head.to_vec(),
+                        parts,
+                        _hold: hold,
+                    }
+                }
+                Item::Event(_) => {
+                    let Some(Item::Event(event)) = r.queue.pop_front() else {
+                        unreachable!()
+                    };
+                    let header = r.credit.on_buffer_sent(DataType::Event, r.backlog())?;
+                    let mut head = Vec::with_capacity(BUFFER_RESPONSE_HEADER_LEN + 8);
+                    let ev = EventKind::from(&event);
+                    let msg = Message::event(rid, header.sequence_number, header.backlog, ev);
+                    codec::encode(&msg, &mut head)?;
+                    // The reader is at its end: nothing more to serve.
+                    let r = st.readers.remove(&rid).expect("present");
+                    r.partition.subpartition_done();
+                    OutFrame {
+                        head,
+                        parts: Vec::new(),
+                        _hold: None,
+                    }
+                }
+            };
+            bytes += frame.len();
+            frames.push(frame);
+            self.refresh(&mut st, rid)?;
+        }
+        // Backlog announcements queued by the refreshes above go out in this write too.
+        while let Some(msg) = st.control.pop_front() {
+            frames.push(OutFrame::control(&msg)?);
+        }
+        Ok(frames)
+    }
+}
+
+/// Serves one accepted, not yet authenticated connection until it ends.
+pub(crate) async fn serve<S>(stream: S, peer: String, ctx: ServeContext)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (rd, mut wr) = tokio::io::split(stream);
+    let mut reader = FrameReader::new(rd);
+    let hs = io::server_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref());
+    let negotiated = match tokio::time::timeout(io::HANDSHAKE_TIMEOUT, hs).await {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => {
+            log::warn!("creditflow: refused connection from {peer}: {e}");
+            return;
+        }
+        Err(_) => {
+            log::warn!(
+                "creditflow: dropped connection from {peer}: no handshake within {:?}",
+                io::HANDSHAKE_TIMEOUT
+            );
+            return;
+        }
+    };
+    let conn = Arc::new(ServerConn {
+        peer: peer.clone(),
+        payload_limit: negotiated.payload_limit,
+        registry: ctx.registry,
+        state: Mutex::new(ServerState::default()),
+        signalled: Mutex::new(Vec::new()),
+        wake: Notify::new(),
+    });
+    let result = tokio::select! {
+        r = read_loop(&conn, &mut reader) => r,
+        r = write_loop(&conn, &mut wr) => r,
+        _ = ctx.shutdown.notified() => Ok(()),
+    };
+    match &result {
+        Ok(()) => {
+            log::debug!("creditflow: connection from {peer} closed");
+            conn.shutdown(None);
+        }
+        Err(e) => {
+            if matches!(e, Error::Protocol(_)) {
+                log::warn!("creditflow: closing connection from {peer}: {e}");
+                let msg = Message::error_response(None, ErrorKind::Protocol, &e.to_string());
+                let _ = io::write_message(&mut wr, &msg).await;
+            } else {
+                log::info!("creditflow: connection from {peer} ended: {e}");
+            }
+            conn.shutdown(Some(e));
+        }
+    }
+}
+
+/// What a served connection needs from its environment.
+pub(crate) struct ServeContext {
+    pub(crate) segment_size: usize,
+    pub(crate) secret: Option<Vec<u8>>,
+    pub(crate) registry: Weak<Registry>,
+    pub(crate) shutdown: Arc<Notify>,
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ServerConn>, reader: &mut FrameReader<R>) -> Result<()> {
+    loop {
+        let msg = match reader.next().await {
+            Ok(InFrame::Message(m)) => m,
+            Ok(InFrame::Data(_)) => {
+                return Err(Error::Protocol("a client sent a data buffer".into()));
+            }
+            Err(e) => return Err(e),
+        };
+        match msg {
+            Message::PartitionRequest {
+                partition_id,
+                subpartition,
+                receiver,
+                initial_credit,
+            } => conn.on_partition_request(partition_id, subpartition, receiver, initial_credit)?,
+            Message::AddCredit { receiver, credit } => conn.on_add_credit(receiver, credit)?,
+            Message::CancelPartitionRequest { receiver } => conn.cancel(receiver),
+            Message::CloseRequest => return Ok(()),
+            Message::ErrorResponse {
+                receiver: None,
+                kind,
+                message,
+            } => return Err(io::remote_error(kind, &message)),
+            Message::ErrorResponse {
+                receiver: Some(receiver),
+                ..
+            } => conn.cancel(receiver),
+            other => {
+                return Err(Error::Protocol(format!(
+                    "a client sent {:?}, which only servers send",
+                    other.message_type()
+                )))
+            }
+        }
+    }
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(conn: &Arc<ServerConn>, wr: &mut W) -> Result<()> {
+    loop {
+        let frames = conn.collect()?;
+        if frames.is_empty() {
+            conn.wake.notified().await;
+            continue;
+        }
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(frames.len() * 4);
+        for f in &frames {
+            slices.push(IoSlice::new(&f.head));
+            slices.extend(f.parts.iter().map(|p| IoSlice::new(p.bytes())));
+        }
+        io::write_all_vectored(wr, &mut slices).await?;
+        // Dropping the frames recycles their segments and releases handed-off batches.
+    }
+}

@@ -1,0 +1,202 @@
+//! Two environments in one process talking over loopback TCP.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_array::{Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
+use creditflow_core::env::{EnvConfig, FlowControl, NetworkEnvironment};
+use creditflow_core::error::Error;
+use creditflow_core::gate::{Backoff, ChannelSpec};
+use creditflow_core::partitioner::Partitioner;
+use creditflow_core::wait::Wait;
+use creditflow_core::writer::RecordWriter;
+
+fn env(cfg: impl FnOnce(&mut EnvConfig)) -> NetworkEnvironment {
+    let mut c = EnvConfig::default();
+    cfg(&mut c);
+    NetworkEnvironment::new(c).unwrap()
+}
+
+fn batch(start: i64, n: usize) -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("s", DataType::Utf8, true),
+    ]));
+    let k = Int64Array::from_iter_values(start..start + n as i64);
+    let s = StringArray::from_iter((0..n).map(|i| {
+        if i % 7 == 0 {
+            None
+        } else {
+            Some(format!("row-{}", start + i as i64))
+        }
+    }));
+    RecordBatch::try_new(schema, vec![Arc::new(k), Arc::new(s)]).unwrap()
+}
+
+fn wait(secs: u64) -> Wait<'static> {
+    Wait::timeout(Some(Duration::from_secs(secs)), "test")
+}
+
+fn exchange(handoff: bool, flow: FlowControl, subs: usize, batches: usize, rows: usize) {
+    let producer = env(|c| {
+        c.local_handoff = handoff;
+        c.flow_control = flow;
+        c.memory = 4 << 20;
+    });
+    let consumer = env(|c| {
+        c.flow_control = flow;
+        c.memory = 4 << 20;
+    });
+    let part = producer.create_partition("p", subs).unwrap();
+    let specs: Vec<ChannelSpec> = (0..subs)
+        .map(|i| ChannelSpec {
+            address: producer.address().to_string(),
+            partition_id: "p".into(),
+            subpartition: i,
+        })
+        .collect();
+    let mut gate = consumer.create_input_gate(specs).unwrap();
+    let writer = std::thread::spawn(move || {
+        let mut w = RecordWriter::new(part, Partitioner::RoundRobin);
+        for b in 0..batches {
+            w.write(&batch((b * rows) as i64, rows), &mut wait(30)).unwrap();
+        }
+        w.close().unwrap();
+    });
+    let mut seen = vec![false; batches * rows];
+    let mut total = 0;
+    while let Some(b) = gate.next(&mut wait(30)).unwrap() {
+        let k = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        for v in k.values() {
+            assert!(!seen[*v as usize], "row {v} twice");
+            seen[*v as usize] = true;
+        }
+        total += b.num_rows();
+    }
+    writer.join().unwrap();
+    assert_eq!(total, batches * rows);
+    gate.close();
+    let m = consumer.metrics();
+    assert_eq!(m.segments_available, m.segments_total, "consumer leaked segments");
+}
+
+#[test]
+fn handoff_batches_cross_tcp() {
+    exchange(true, FlowControl::Credit, 3, 40, 5000);
+}
+
+#[test]
+fn serialized_buffers_cross_tcp() {
+    exchange(false, FlowControl::Credit, 3, 40, 5000);
+}
+
+#[test]
+fn tcp_mode_exchange() {
+    exchange(true, FlowControl::Tcp, 2, 20, 5000);
+}
+
+#[test]
+fn partition_registered_later_is_served() {
+    let producer = env(|c| {
+        c.request_backoff = Backoff {
+            initial: Duration::from_millis(20),
+            max: Duration::from_secs(2),
+        }
+    });
+    let consumer = env(|c| {
+        c.request_backoff = Backoff {
+            initial: Duration::from_millis(20),
+            max: Duration::from_secs(2),
+        }
+    });
+    let spec = ChannelSpec {
+        address: producer.address().into(),
+        partition_id: "late".into(),
+        subpartition: 0,
+    };
+    let mut gate = consumer.create_input_gate(vec![spec]).unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    let part = producer.create_partition("late", 1).unwrap();
+    let mut w = RecordWriter::new(part, Partitioner::Forward);
+    w.write(&batch(0, 10), &mut wait(5)).unwrap();
+    w.close().unwrap();
+    assert_eq!(gate.next(&mut wait(5)).unwrap().unwrap().num_rows(), 10);
+    assert!(gate.next(&mut wait(5)).unwrap().is_none());
+}
+
+#[test]
+fn missing_partition_fails_after_backoff() {
+    let producer = env(|_| {});
+    let consumer = env(|c| {
+        c.request_backoff = Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(80),
+        }
+    });
+    let spec = ChannelSpec {
+        address: producer.address().into(),
+        partition_id: "never".into(),
+        subpartition: 0,
+    };
+    let mut gate = consumer.create_input_gate(vec![spec]).unwrap();
+    let t = Instant::now();
+    let err = gate.next(&mut wait(5)).unwrap_err();
+    assert!(
+        matches!(err, Error::PartitionNotFound(ref id) if id == "never"),
+        "{err}"
+    );
+    assert!(t.elapsed() >= Duration::from_millis(10 + 20 + 40 + 80));
+}
+
+#[test]
+fn wrong_secret_is_refused() {
+    let producer = env(|c| c.secret = Some(b"right".to_vec()));
+    let consumer = env(|c| c.secret = Some(b"wrong".to_vec()));
+    producer.create_partition("p", 1).unwrap();
+    let spec = ChannelSpec {
+        address: producer.address().into(),
+        partition_id: "p".into(),
+        subpartition: 0,
+    };
+    let mut gate = consumer.create_input_gate(vec![spec]).unwrap();
+    let err = gate.next(&mut wait(5)).unwrap_err();
+    assert!(matches!(err, Error::Authentication(_)), "{err}");
+}
+
+#[test]
+fn missing_secret_is_refused() {
+    let producer = env(|c| c.secret = Some(b"right".to_vec()));
+    let consumer = env(|_| {});
+    producer.create_partition("p", 1).unwrap();
+    let spec = ChannelSpec {
+        address: producer.address().into(),
+        partition_id: "p".into(),
+        subpartition: 0,
+    };
+    let mut gate = consumer.create_input_gate(vec![spec]).unwrap();
+    let err = gate.next(&mut wait(5)).unwrap_err();
+    assert!(matches!(err, Error::Authentication(_)), "{err}");
+}
+
+#[test]
+fn producer_going_away_fails_the_gate() {
+    let producer = env(|_| {});
+    let consumer = env(|_| {});
+    let part = producer.create_partition("p", 1).unwrap();
+    let spec = ChannelSpec {
+        address: producer.address().into(),
+        partition_id: "p".into(),
+        subpartition: 0,
+    };
+    let mut gate = consumer.create_input_gate(vec![spec]).unwrap();
+    let mut w = RecordWriter::new(part, Partitioner::Forward);
+    w.write(&batch(0, 10), &mut wait(5)).unwrap();
+    w.flush();
+    assert_eq!(gate.next(&mut wait(5)).unwrap().unwrap().num_rows(), 10);
+    producer.close();
+    let t = Instant::now();
+    let err = gate.next(&mut wait(5)).unwrap_err();
+    assert!(matches!(err, Error::ConnectionLost(_)), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(2));
+}

@@ -1,0 +1,497 @@
+"""Worker processes of the remote benchmarks (``benches/test_bench_remote.py``), and the
+parent-side :class:`Worker` that starts and drives them.
+
+Every worker is a separate OS process, ``python benches/remote.py ROLE CONFIG_JSON``. It talks
+to the parent in JSON lines: it prints one object per line on stdout (its address, "warm",
+its result) and reads one object per line on stdin ("go" with a start time, "exit"). Its
+stderr goes to a file that the parent shows when the worker fails.
+
+Times that cross processes are ``time.monotonic()``: on Linux that is ``CLOCK_MONOTONIC``,
+one clock for the whole machine, so a producer's start and a consumer's end can be
+subtracted. Every transfer is timed from the producer's first timed write (after a warm-up
+that has connected every channel) to the consumer's end of stream.
+
+Roles:
+
+``cf-producer``     partitions in one NetworkEnvironment, one writer thread each: warm-up
+                    batches, then ``count`` timed batches from ``start_at``, then close
+``cf-consumer``     gates in one NetworkEnvironment, one reader thread each: reads the warm-up,
+                    reports "warm", reads to end of stream, reports rows and the end time
+``lat-producer``    one partition, ``buffer_timeout=0``: small batches numbered 0..count-1,
+                    one every ``interval`` seconds; reports each send time
+``lat-consumer``    one gate; reports each batch's receive time
+``hol-producer``    two partitions "hol/a" and "hol/b" (one subpartition each, one writer
+                    thread each) writing continuously on a schedule of absolute times
+``hol-consumer``    two gates (one channel each, over one connection); reader "a" stops
+                    reading for ``stall`` seconds; reports both receive timelines
+``flight-server``   pyarrow.flight server; ``do_get`` streams ``count`` pool batches
+``flight-client``   one warm-up ``do_get`` of one batch, then one timed ``do_get``
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+import creditflow as cf
+
+ROWS = 65_536
+POOL = 4  # distinct pre-built batches, cycled
+SEED = 11
+TIMEOUT = 120.0  # any single wait of a worker or of the parent
+
+Config = dict[str, Any]
+
+
+def make_batches(rows: int = ROWS, pool: int = POOL, seed: int = SEED) -> list[pa.RecordBatch]:
+    """``pool`` distinct batches ``k: int64, v: float64, s: utf8`` ("k" + up to 7 digits, about
+    8 characters). 65,536 rows are about 1.83 MB of Arrow data (``RecordBatch.nbytes``,
+    1,827,677 to 1,827,930 bytes for the default pool: 8 + 8 bytes a row, 4 of offsets, 7.9 of
+    characters, and validity bitmaps). Deterministic: every process that calls this with the
+    same arguments gets the same batches."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(pool):
+        words = np.char.add("k", rng.integers(0, 10**7, rows).astype(str))
+        out.append(
+            pa.record_batch(
+                {
+                    "k": pa.array(rng.integers(-(2**62), 2**62, rows), pa.int64()),
+                    "v": pa.array(rng.random(rows), pa.float64()),
+                    "s": pa.array(words.tolist(), pa.string()),
+                }
+            )
+        )
+    return out
+
+
+def payload_bytes(batches: list[pa.RecordBatch], count: int, start: int = 0) -> int:
+    """Bytes of Arrow data (``nbytes``) in ``count`` batches cycled from ``batches[start]`` on."""
+    return sum(batches[i % len(batches)].nbytes for i in range(start, start + count))
+
+
+# ------------------------------------------------------------------------------- worker side
+
+
+def emit(**fields: Any) -> None:
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def receive() -> Config:
+    line = sys.stdin.readline()
+    if not line:
+        raise SystemExit("the parent closed stdin")
+    msg: Config = json.loads(line)
+    return msg
+
+
+def sleep_until(t: float) -> None:
+    while (left := t - time.monotonic()) > 0:
+        time.sleep(min(left, 0.05))
+
+
+def run_threads(fns: list[Callable[[], None]], timeout: float = TIMEOUT) -> None:
+    """Runs each function in its own thread, joins them, re-raises the first error."""
+    errors: list[BaseException] = []
+
+    def guard(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:
+                errors.append(exc)
+
+        return run
+
+    threads = [threading.Thread(target=guard(fn), daemon=True) for fn in fns]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if errors:
+        raise errors[0]
+    if any(t.is_alive() for t in threads):
+        raise RuntimeError(f"a thread is still running after {timeout} s")
+
+
+def _partitioner(name: str) -> cf.ForwardPartitioner | cf.RoundRobinPartitioner | cf.HashPartitioner:
+    if name == "forward":
+        return cf.ForwardPartitioner()
+    if name == "round_robin":
+        return cf.RoundRobinPartitioner()
+    if name.startswith("hash:"):
+        return cf.HashPartitioner(name.removeprefix("hash:").split(","))
+    raise ValueError(f"unknown partitioner {name!r}")
+
+
+def _gates(env: cf.NetworkEnvironment, specs: list[list[list[Any]]]) -> list[cf.InputGate]:
+    """One gate per entry of ``specs``; an entry lists channels as [address, partition, sub]."""
+    return [env.create_input_gate([cf.ChannelSpec(a, p, s) for a, p, s in chans]) for chans in specs]
+
+
+def cf_producer(cfg: Config) -> None:
+    """cfg: env, partitions, subpartitions, partitioner, count, warmup, rows."""
+    batches = make_batches(cfg.get("rows", ROWS))
+    with cf.NetworkEnvironment(**cfg["env"]) as env:
+        parts = [env.create_partition(pid, cfg["subpartitions"]) for pid in cfg["partitions"]]
+        emit(address=env.address)
+        go = threading.Event()
+        start_at = [0.0]
+        starts: list[float] = []
+        ends: list[float] = []
+
+        def writer(part: cf.ResultPartition) -> Callable[[], None]:
+            def run() -> None:
+                with cf.RecordWriter(part, _partitioner(cfg["partitioner"]), timeout=TIMEOUT) as w:
+                    for i in range(cfg["warmup"]):
+                        w.write(batches[i % len(batches)])
+                    w.flush()
+                    go.wait(TIMEOUT)
+                    sleep_until(start_at[0])
+                    starts.append(time.monotonic())
+                    for i in range(cfg["warmup"], cfg["warmup"] + cfg["count"]):
+                        w.write(batches[i % len(batches)])
+                ends.append(time.monotonic())
+
+            return run
+
+        def control() -> None:
+            start_at[0] = receive()["start_at"]
+            go.set()
+
+        run_threads([control] + [writer(p) for p in parts])
+        emit(
+            t0=min(starts),
+            t_written=max(ends),
+            rows=len(parts) * cfg["count"] * cfg.get("rows", ROWS),
+            bytes=len(parts) * payload_bytes(batches, cfg["count"], cfg["warmup"]),
+        )
+        receive()  # "exit": remote readers may still be reading what is queued here
+
+
+def cf_consumer(cfg: Config) -> None:
+    """cfg: env, gates, warmup (batches per gate before "warm"), verify, rows."""
+    pool = make_batches(cfg.get("rows", ROWS))
+    by_first_key = {b.column("k")[0].as_py(): i for i, b in enumerate(pool)}
+    with cf.NetworkEnvironment(**cfg["env"]) as env:
+        gates = _gates(env, cfg["gates"])
+        warm = threading.Barrier(len(gates) + 1)
+        results: list[tuple[int, int, float]] = []
+
+        def reader(gate: cf.InputGate) -> Callable[[], None]:
+            def check(b: pa.RecordBatch, seq: int) -> None:
+                i = by_first_key.get(b.column("k")[0].as_py())
+                assert i is not None, f"batch {seq} is not a batch that was sent"
+                assert b.equals(pool[i]), f"batch {seq} differs from the batch that was sent"
+                if cfg["verify"] == "ordered":
+                    assert i == seq % len(pool), f"batch {seq} out of order"
+
+            def run() -> None:
+                for i in range(cfg["warmup"]):
+                    b = gate.next(timeout=TIMEOUT)
+                    assert b is not None, "end of stream during the warm-up"
+                    if cfg["verify"]:
+                        check(b, i)
+                warm.wait(TIMEOUT)
+                rows = batches = 0
+                while (b := gate.next(timeout=TIMEOUT)) is not None:
+                    if cfg["verify"]:
+                        check(b, cfg["warmup"] + batches)
+                    rows += b.num_rows
+                    batches += 1
+                results.append((rows, batches, time.monotonic()))
+
+            return run
+
+        def announce() -> None:
+            warm.wait(TIMEOUT)
+            emit(warm=True)
+
+        run_threads([announce] + [reader(g) for g in gates])
+        emit(
+            t_end=max(t for _, _, t in results),
+            rows=sum(r for r, _, _ in results),
+            batches=sum(n for _, n, _ in results),
+            per_gate_rows=[r for r, _, _ in results],
+        )
+
+
+def _small_batches(rows: int, count: int) -> list[pa.RecordBatch]:
+    """``count`` batches of ``rows`` rows, ``seq`` (the batch number) first, then the payload."""
+    payload = make_batches(rows, 1)[0]
+    return [
+        pa.RecordBatch.from_arrays(
+            [pa.array(np.full(rows, i, np.int64)), *payload.columns], ["seq", *payload.schema.names]
+        )
+        for i in range(-1, count)  # -1: the warm-up batch
+    ]
+
+
+def lat_producer(cfg: Config) -> None:
+    """cfg: env, rows, count, interval."""
+    batches = _small_batches(cfg["rows"], cfg["count"])
+    with cf.NetworkEnvironment(**cfg["env"]) as env:
+        part = env.create_partition("latency", 1)
+        emit(address=env.address)
+        sent: list[float] = []
+        with cf.RecordWriter(part, cf.ForwardPartitioner(), timeout=TIMEOUT) as w:
+            w.write(batches[0])
+            start_at = receive()["start_at"]
+            for i, b in enumerate(batches[1:]):
+                sleep_until(start_at + i * cfg["interval"])
+                sent.append(time.monotonic())
+                w.write(b)
+        emit(sent=sent)
+        receive()
+
+
+def lat_consumer(cfg: Config) -> None:
+    """cfg: env, producer (address), count."""
+    with cf.NetworkEnvironment(**cfg["env"]) as env:
+        (gate,) = _gates(env, [[[cfg["producer"], "latency", 0]]])
+        first = gate.next(timeout=TIMEOUT)
+        assert first is not None
+        assert first.column("seq")[0].as_py() == -1
+        emit(warm=True)
+        received: list[float] = []
+        while (b := gate.next(timeout=TIMEOUT)) is not None:
+            received.append(time.monotonic())
+            assert b.column("seq")[0].as_py() == len(received) - 1, "latency batches out of order"
+        assert len(received) == cfg["count"]
+        emit(received=received)
+
+
+def hol_producer(cfg: Config) -> None:
+    """cfg: env. Then receives {"start": {"a": t, "b": t}, "end": t}: each writer writes batches
+    back to back from its start time until ``end``, then closes."""
+    batches = make_batches()
+    with cf.NetworkEnvironment(**cfg["env"]) as env:
+        parts = {name: env.create_partition(f"hol/{name}", 1) for name in ("a", "b")}
+        emit(address=env.address)
+        schedule: Config = {}
+        go = threading.Event()
+        written: dict[str, int] = {}
+
+        def writer(name: str) -> Callable[[], None]:
+            def run() -> None:
+                with cf.RecordWriter(parts[name], cf.ForwardPartitioner(), timeout=TIMEOUT) as w:
+                    w.write(batches[0])  # warm-up: connects the channel
+                    w.flush()
+                    go.wait(TIMEOUT)
+                    sleep_until(schedule["start"][name])
+                    n = 0
+                    while time.monotonic() < schedule["end"]:
+                        w.write(batches[n % len(batches)])
+                        n += 1
+                written[name] = n + 1
+
+            return run
+
+        def control() -> None:
+            schedule.update(receive())
+            go.set()
+
+        run_threads([control, writer("a"), writer("b")])
+        emit(written=written, batch_bytes=payload_bytes(batches, len(batches)) / len(batches))
+        receive()
+
+
+def hol_consumer(cfg: Config) -> None:
+    """cfg: env, producer (address), stall (seconds). After "warm" it receives {"stall_at": t}:
+    reader "a" stops calling ``next`` at its first batch after ``stall_at``, for ``stall``
+    seconds; both readers record when each batch came."""
+    with cf.NetworkEnvironment(**cfg["env"]) as env:
+        names = ("a", "b")
+        specs = [[[cfg["producer"], f"hol/{n}", 0]] for n in names]
+        gates = dict(zip(names, _gates(env, specs), strict=True))
+        warm = threading.Barrier(3)
+        scheduled = threading.Event()
+        stall_at = [0.0]
+        times: dict[str, list[float]] = {}
+
+        def reader(name: str) -> Callable[[], None]:
+            def run() -> None:
+                gate = gates[name]
+                assert gate.next(timeout=TIMEOUT) is not None
+                warm.wait(TIMEOUT)
+                scheduled.wait(TIMEOUT)
+                got: list[float] = []
+                stalled = name != "a"
+                while (b := gate.next(timeout=TIMEOUT)) is not None:
+                    now = time.monotonic()
+                    got.append(now)
+                    assert b.num_rows == ROWS
+                    if not stalled and now >= stall_at[0]:
+                        stalled = True
+                        sleep_until(stall_at[0] + cfg["stall"])
+                times[name] = got
+
+            return run
+
+        def announce() -> None:
+            warm.wait(TIMEOUT)
+            emit(warm=True)
+            stall_at[0] = receive()["stall_at"]
+            scheduled.set()
+
+        run_threads([announce, reader("a"), reader("b")])
+        emit(times=times)
+
+
+def flight_server(cfg: Config) -> None:
+    """cfg: rows. ``do_get`` of ticket ``b"<count>"`` streams ``count`` pool batches as one
+    table through ``RecordBatchStream`` (served by Flight's C++ code, no Python per batch)."""
+    import pyarrow.flight as fl
+
+    batches = make_batches(cfg.get("rows", ROWS))
+
+    class Server(fl.FlightServerBase):  # type: ignore[misc]
+        def do_get(self, context: object, ticket: fl.Ticket) -> fl.RecordBatchStream:
+            count = int(ticket.ticket.decode())
+            table = pa.Table.from_batches([batches[i % len(batches)] for i in range(count)])
+            return fl.RecordBatchStream(table)
+
+    server = Server("grpc://127.0.0.1:0")
+    emit(port=server.port)
+    receive()
+    server.shutdown()
+
+
+def flight_client(cfg: Config) -> None:
+    """cfg: port, count, verify, rows."""
+    import pyarrow.flight as fl
+
+    client = fl.connect(f"grpc://127.0.0.1:{cfg['port']}")
+    warm = client.do_get(fl.Ticket(b"1")).read_all()
+    assert warm.num_rows == cfg.get("rows", ROWS)
+    pool = make_batches(cfg.get("rows", ROWS)) if cfg["verify"] else []
+    t0 = time.monotonic()
+    reader = client.do_get(fl.Ticket(str(cfg["count"]).encode()))
+    rows = batches = 0
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            break
+        if pool:
+            assert chunk.data.equals(pool[batches % len(pool)]), f"flight batch {batches} differs"
+        rows += chunk.data.num_rows
+        batches += 1
+    t_end = time.monotonic()
+    client.close()
+    emit(t0=t0, t_end=t_end, rows=rows, batches=batches)
+
+
+ROLES: dict[str, Callable[[Config], None]] = {
+    "cf-producer": cf_producer,
+    "cf-consumer": cf_consumer,
+    "lat-producer": lat_producer,
+    "lat-consumer": lat_consumer,
+    "hol-producer": hol_producer,
+    "hol-consumer": hol_consumer,
+    "flight-server": flight_server,
+    "flight-client": flight_client,
+}
+
+
+# ------------------------------------------------------------------------------- parent side
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+class Worker(contextlib.AbstractContextManager["Worker"]):
+    """A worker process: ``read()`` its next JSON line, ``send(**fields)`` one to it."""
+
+    def __init__(self, role: str, **cfg: Any) -> None:
+        self.role = role
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by kill())
+        self._proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), role, json.dumps(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
+        self._pump_thread.start()
+
+    def _pump(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _fail(self, what: str) -> WorkerError:
+        self._stderr.seek(0)
+        tail = self._stderr.read()[-4000:]
+        return WorkerError(f"worker {self.role}: {what}\n--- its stderr ---\n{tail}")
+
+    def read(self, timeout: float = TIMEOUT) -> Config:
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise self._fail(f"no answer within {timeout} s") from None
+        if line is None:
+            self._proc.wait(5)
+            raise self._fail(f"exited (code {self._proc.returncode}) without answering")
+        msg: Config = json.loads(line)
+        return msg
+
+    def send(self, **fields: Any) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(fields) + "\n")
+        self._proc.stdin.flush()
+
+    def wait(self, timeout: float = TIMEOUT) -> None:
+        """Waits for the worker to exit, and raises if it failed."""
+        try:
+            code = self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise self._fail(f"still running after {timeout} s") from None
+        if code != 0:
+            raise self._fail(f"exited with code {code}")
+
+    def kill(self) -> None:
+        """Kills the worker if it is still running, and closes its pipes."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        assert self._proc.stdin is not None
+        assert self._proc.stdout is not None
+        with contextlib.suppress(OSError):  # a broken pipe to a dead worker
+            self._proc.stdin.close()
+        self._pump_thread.join(5)
+        self._proc.stdout.close()
+        self._stderr.close()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.kill()
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 3 or argv[1] not in ROLES:
+        raise SystemExit(f"usage: {argv[0]} {{{','.join(ROLES)}}} CONFIG_JSON")
+    ROLES[argv[1]](json.loads(argv[2]))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,335 @@
+"""Remote (between-process) benchmarks of creditflow, with pytest-benchmark, against Arrow
+Flight and raw TCP on the same machine.
+
+Every side runs in its own OS process (``benches/remote.py`` holds the workers); figures are
+medians of the rounds, each measured inside the round, transfer only (process start-up,
+connection and a warm-up batch are not timed; pytest-benchmark's own time column includes
+them). See benches/README.md for what each benchmark measures.
+
+Settings (environment variables):
+
+``CREDITFLOW_BENCH_SEGMENT``        segment size of every environment here (default 32KiB)
+``CREDITFLOW_BENCH_4X4_PROCESSES``  processes per side of the 4x4 exchange: 1, 2 or 4 (default 2)
+``CREDITFLOW_BENCH_STALL_SECONDS``  how long the head-of-line consumer stops reading (default 3)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import creditflow as cf
+from remote import ROWS, TIMEOUT, Config, Worker, make_batches, payload_bytes
+
+pytestmark = pytest.mark.benchmark
+
+ROOT = Path(__file__).resolve().parent.parent
+SEGMENT = os.environ.get("CREDITFLOW_BENCH_SEGMENT", "32KiB")
+ENV: Config = {"memory": "64MiB", "segment_size": SEGMENT}
+COUNT = 512  # 65,536-row batches per 1→1 transfer (936 MB)
+COUNT_4X4 = 128  # per producer task: 4 x 128 batches in all
+PROCS_4X4 = int(os.environ.get("CREDITFLOW_BENCH_4X4_PROCESSES", "2"))
+LAT_ROWS = 1_024
+LAT_COUNT = 1_000
+LAT_INTERVAL = 0.001
+STALL = float(os.environ.get("CREDITFLOW_BENCH_STALL_SECONDS", "3"))
+HOL_SOLO = 1.5  # B writes alone for this long (the first 0.3 s are not counted)
+HOL_SHARED = 0.5  # then A and B write; then A's reader stalls for STALL seconds
+HOL_TAIL = 0.5  # both go on writing after the stall, then close
+
+
+def _median(samples: list[float]) -> float:
+    # The first sample is pytest-benchmark's warm-up round when there is more than one.
+    return statistics.median(samples[1:] if len(samples) > 1 else samples)
+
+
+def _pedantic(benchmark: object, fn: Callable[[], None], rounds: int, warmup: int = 1) -> None:
+    benchmark.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=warmup)  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def rawtcp() -> Path:
+    """The creditflow-rawtcp binary (`make bench` builds it; built here if missing)."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    exe = target / "release" / "creditflow-rawtcp"
+    if not exe.exists():
+        subprocess.run(["cargo", "build", "--release", "-p", "creditflow-rawtcp"], cwd=ROOT, check=True)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def transport() -> None:
+    """Skips the creditflow benchmarks while this build cannot connect two environments."""
+    with cf.NetworkEnvironment() as a, cf.NetworkEnvironment() as b:
+        a.create_partition("probe", 1)
+        try:
+            b.create_input_gate([cf.ChannelSpec(a.address, "probe", 0)]).close()
+        except cf.InvalidArgumentError as exc:
+            if "transport" not in str(exc):
+                raise
+            pytest.skip(f"no remote transport in this build: {exc}")
+
+
+@pytest.fixture(scope="module")
+def batch_bytes() -> int:
+    return payload_bytes(make_batches(), 1)
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def exchange(producers: list[Config], consumers_for: Callable[[list[str]], list[Config]]) -> dict[str, float]:
+    """Runs one timed transfer: starts the producer processes (they create their partitions and
+    write their warm-up batches), then the consumer processes (gates over the producers'
+    addresses, which read the warm-up), then tells every producer to start at the same
+    instant. GB/s = payload written / (last consumer's end of stream - first timed write)."""
+    with ExitStack() as stack:
+        prods = [stack.enter_context(Worker("cf-producer", **cfg)) for cfg in producers]
+        addresses = [p.read()["address"] for p in prods]
+        cons = [stack.enter_context(Worker("cf-consumer", **cfg)) for cfg in consumers_for(addresses)]
+        for c in cons:
+            assert c.read()["warm"]
+        start_at = time.monotonic() + 0.05
+        for p in prods:
+            p.send(start_at=start_at)
+        written = [p.read() for p in prods]
+        read = [c.read() for c in cons]
+        for p in prods:
+            p.send(cmd="exit")
+        for w in (*prods, *cons):
+            w.wait()
+    rows = sum(w["rows"] for w in written)
+    assert sum(r["rows"] for r in read) == rows, f"rows read {[r['rows'] for r in read]} != written {rows}"
+    seconds = max(r["t_end"] for r in read) - min(w["t0"] for w in written)
+    payload = sum(w["bytes"] for w in written)
+    return {"seconds": seconds, "bytes": payload, "gbps": payload / seconds / 1e9}
+
+
+def one_to_one(count: int, verify: str | bool = False) -> dict[str, float]:
+    producer = {
+        "env": ENV,
+        "partitions": ["fwd"],
+        "subpartitions": 1,
+        "partitioner": "forward",
+        "count": count,
+        "warmup": 1,
+    }
+
+    def consumers(addresses: list[str]) -> list[Config]:
+        return [{"env": ENV, "gates": [[[addresses[0], "fwd", 0]]], "warmup": 1, "verify": verify}]
+
+    return exchange([producer], consumers)
+
+
+def all_to_all(count: int, verify: str | bool = False, procs: int = PROCS_4X4) -> dict[str, float]:
+    """4 producer tasks (partitions of 4 subpartitions, RoundRobinPartitioner: whole batches in
+    turn) and 4 consumer tasks (gates over subpartition j of all 4 partitions: 16 remote
+    channels), spread over ``procs`` processes a side, ``4 // procs`` tasks (threads) each."""
+    assert procs in (1, 2, 4)
+    per = 4 // procs
+    producers = [
+        {
+            "env": ENV,
+            "partitions": [f"p{i * per + t}" for t in range(per)],
+            "subpartitions": 4,
+            "partitioner": "round_robin",
+            "count": count,
+            "warmup": 4,  # one per subpartition: every channel is connected before timing
+        }
+        for i in range(procs)
+    ]
+
+    def consumers(addresses: list[str]) -> list[Config]:
+        def gate(j: int) -> list[list[Any]]:
+            return [[addresses[p // per], f"p{p}", j] for p in range(4)]
+
+        return [
+            {"env": ENV, "gates": [gate(c * per + t) for t in range(per)], "warmup": 4, "verify": verify}
+            for c in range(procs)
+        ]
+
+    return exchange(producers, consumers)
+
+
+def flight(count: int, verify: bool = False) -> dict[str, float]:
+    """One ``do_get`` of ``count`` batches; server and client in two processes."""
+    with Worker("flight-server") as server:
+        port = server.read()["port"]
+        with Worker("flight-client", port=port, count=count, verify=verify) as client:
+            got = client.read()
+            client.wait()
+        server.send(cmd="exit")
+        server.wait()
+    assert got["rows"] == count * ROWS
+    seconds = got["t_end"] - got["t0"]
+    return {"seconds": seconds, "gbps": payload_bytes(make_batches(), count) / seconds / 1e9}
+
+
+def raw_tcp(exe: Path, nbytes: int) -> float:
+    out = subprocess.run([str(exe), "bench", str(nbytes)], capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["bytes"] == nbytes
+    return float(got["bytes"] / got["seconds"] / 1e9)
+
+
+def latencies() -> list[float]:
+    """One-way latency in µs of each of LAT_COUNT small batches, one every LAT_INTERVAL s."""
+    env = {**ENV, "buffer_timeout": 0}
+    with Worker("lat-producer", env=env, rows=LAT_ROWS, count=LAT_COUNT, interval=LAT_INTERVAL) as prod:
+        address = prod.read()["address"]
+        with Worker("lat-consumer", env=env, producer=address, count=LAT_COUNT) as cons:
+            assert cons.read()["warm"]
+            prod.send(start_at=time.monotonic() + 0.05)
+            sent = prod.read()["sent"]
+            received = cons.read()["received"]
+            prod.send(cmd="exit")
+            prod.wait()
+            cons.wait()
+    return [(r - s) * 1e6 for s, r in zip(sent, received, strict=True)]
+
+
+def head_of_line(flow_control: str) -> dict[str, float]:
+    """Two channels ("hol/a", "hol/b") from one producer environment to one consumer
+    environment, so over one connection. B writes alone, then A too, then A's reader stops
+    for STALL seconds. Returns B's GB/s alone and during the stall, and their ratio in %."""
+    env = {**ENV, "flow_control": flow_control}
+    with Worker("hol-producer", env=env) as prod:
+        address = prod.read()["address"]
+        with Worker("hol-consumer", env=env, producer=address, stall=STALL) as cons:
+            assert cons.read()["warm"]
+            t0 = time.monotonic() + 0.1
+            a_start = t0 + HOL_SOLO
+            stall_at = a_start + HOL_SHARED
+            end = stall_at + STALL + HOL_TAIL
+            prod.send(start={"a": a_start, "b": t0}, end=end)
+            cons.send(stall_at=stall_at)
+            written = prod.read(timeout=TIMEOUT + end - t0)
+            times = cons.read(timeout=TIMEOUT + end - t0)["times"]
+            prod.send(cmd="exit")
+            prod.wait()
+            cons.wait()
+    for name in ("a", "b"):
+        assert len(times[name]) == written["written"][name] - 1, f"channel {name} lost batches"
+    size = float(written["batch_bytes"])
+
+    def rate(lo: float, hi: float) -> float:
+        n = sum(1 for t in times["b"] if lo <= t < hi)
+        return n * size / (hi - lo) / 1e9
+
+    solo = rate(t0 + 0.3, a_start)
+    stalled = rate(stall_at, stall_at + STALL)
+    return {
+        "solo": solo,
+        "shared": rate(a_start + 0.2, stall_at),
+        "stalled": stalled,
+        "percent": 100 * stalled / solo,
+        "a_during_stall": sum(1 for t in times["a"] if stall_at + 0.1 <= t < stall_at + STALL),
+    }
+
+
+# ------------------------------------------------------------------------ 1→1 throughput
+
+
+@pytest.mark.benchmark(group="remote-1to1-65536-rows")
+def test_remote_raw_tcp(benchmark: object, report: Any, rawtcp: Path, batch_bytes: int) -> None:
+    """The ceiling: the same number of bytes as one creditflow 1→1 transfer, 1 MiB writes."""
+    samples: list[float] = []
+    _pedantic(benchmark, lambda: samples.append(raw_tcp(rawtcp, COUNT * batch_bytes)), rounds=5)
+    report("raw tcp", _median(samples), "GB/s")
+
+
+@pytest.mark.benchmark(group="remote-1to1-65536-rows")
+def test_remote_flight_do_get(benchmark: object, report: Any) -> None:
+    """The same batches through one Arrow Flight do_get (server and client processes)."""
+    flight(16, verify=True)
+    samples: list[float] = []
+    _pedantic(benchmark, lambda: samples.append(flight(COUNT)["gbps"]), rounds=5)
+    report("flight do_get", _median(samples), "GB/s")
+
+
+@pytest.mark.benchmark(group="remote-1to1-65536-rows")
+@pytest.mark.usefixtures("transport")
+def test_remote_forward_1to1(benchmark: object, report: Any, rawtcp: Path, batch_bytes: int) -> None:
+    """ForwardPartitioner, one remote channel between two processes; ratios to Flight and raw
+    TCP measured in the same session (measured here if those benchmarks did not run)."""
+    one_to_one(16, verify="ordered")
+    samples: list[float] = []
+    _pedantic(benchmark, lambda: samples.append(one_to_one(COUNT)["gbps"]), rounds=5)
+    gbps = _median(samples)
+    report("remote 1→1", gbps, "GB/s")
+    fl = report.get("flight do_get")
+    fl_gbps = fl.value if fl is not None else _median([flight(COUNT)["gbps"] for _ in range(3)])
+    raw = report.get("raw tcp")
+    if raw is not None:
+        raw_gbps = raw.value
+    else:
+        raw_gbps = _median([raw_tcp(rawtcp, COUNT * batch_bytes) for _ in range(3)])
+    report("creditflow/flight", gbps / fl_gbps, "x", 1.25)
+    report("creditflow/raw tcp", gbps / raw_gbps, "x", 0.60)
+
+
+# ----------------------------------------------------------------------------- 4x4 all-to-all
+
+
+@pytest.mark.benchmark(group="remote-4x4")
+@pytest.mark.usefixtures("transport")
+def test_remote_all_to_all_4x4(benchmark: object, report: Any) -> None:
+    """4 producer tasks x 4 consumer tasks, every channel remote; aggregate GB/s."""
+    all_to_all(4, verify=True)
+    samples: list[float] = []
+    _pedantic(benchmark, lambda: samples.append(all_to_all(COUNT_4X4)["gbps"]), rounds=5)
+    report("4x4 all-to-all", _median(samples), "GB/s")
+
+
+# ----------------------------------------------------------------------------------- latency
+
+
+@pytest.mark.benchmark(group="remote-latency")
+@pytest.mark.usefixtures("transport")
+def test_remote_small_batch_latency(benchmark: object, report: Any) -> None:
+    """One-way latency of 1,024-row batches with buffer_timeout=0, paced (not a throughput
+    test): send (before write) to receive (after gate.next), p50 and p99 of each round."""
+    p50: list[float] = []
+    p99: list[float] = []
+
+    def run() -> None:
+        lat = sorted(latencies())
+        p50.append(lat[len(lat) // 2])
+        p99.append(lat[int(len(lat) * 0.99)])
+
+    _pedantic(benchmark, run, rounds=5)
+    report("latency p50", _median(p50), "us", None, higher_is_better=False)
+    report("latency p99", _median(p99), "us", None, higher_is_better=False)
+
+
+# ------------------------------------------------------------------------------ head-of-line
+
+
+@pytest.mark.benchmark(group="remote-head-of-line")
+@pytest.mark.parametrize("flow_control", ["credit", "tcp"])
+@pytest.mark.usefixtures("transport")
+def test_remote_head_of_line(benchmark: object, report: Any, flow_control: str) -> None:
+    """B's throughput while A's consumer stalls, relative to B alone, over one connection."""
+    runs: list[dict[str, float]] = []
+    _pedantic(benchmark, lambda: runs.append(head_of_line(flow_control)), rounds=3, warmup=0)
+    percent = statistics.median(r["percent"] for r in runs)
+    benchmark.extra_info["runs"] = runs  # type: ignore[attr-defined]
+    report(
+        f"{flow_control}: other channel during stall",
+        percent,
+        "%",
+        80.0 if flow_control == "credit" else None,
+    )

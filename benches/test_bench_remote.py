@@ -8,7 +8,9 @@ them). See benches/README.md for what each benchmark measures.
 
 Settings (environment variables):
 
-``CREDITFLOW_BENCH_SEGMENT``        segment size of every environment here (default 32KiB)
+``CREDITFLOW_BENCH_ENV``            JSON object of NetworkEnvironment settings for every
+                                   environment here, over the defaults ``{"memory": "64MiB",
+                                   "segment_size": "32KiB"}``, e.g. ``{"floating_buffers": 64}``
 ``CREDITFLOW_BENCH_4X4_PROCESSES``  processes per side of the 4x4 exchange: 1, 2 or 4 (default 2)
 ``CREDITFLOW_BENCH_STALL_SECONDS``  how long the head-of-line consumer stops reading (default 3)
 """
@@ -33,16 +35,20 @@ from remote import ROWS, TIMEOUT, Config, Worker, make_batches, payload_bytes
 pytestmark = pytest.mark.benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
-SEGMENT = os.environ.get("CREDITFLOW_BENCH_SEGMENT", "32KiB")
-ENV: Config = {"memory": "64MiB", "segment_size": SEGMENT}
+ENV: Config = {
+    "memory": "64MiB",
+    "segment_size": "32KiB",
+    **json.loads(os.environ.get("CREDITFLOW_BENCH_ENV", "{}")),
+}
 COUNT = 512  # 65,536-row batches per 1→1 transfer (936 MB)
 COUNT_4X4 = 128  # per producer task: 4 x 128 batches in all
 PROCS_4X4 = int(os.environ.get("CREDITFLOW_BENCH_4X4_PROCESSES", "2"))
 LAT_ROWS = 1_024
 LAT_COUNT = 1_000
+LAT_WARMUP = 100
 LAT_INTERVAL = 0.001
 STALL = float(os.environ.get("CREDITFLOW_BENCH_STALL_SECONDS", "3"))
-HOL_SOLO = 1.5  # B writes alone for this long (the first 0.3 s are not counted)
+HOL_SOLO = 2.0  # B writes alone for this long (the first 0.3 s are not counted)
 HOL_SHARED = 0.5  # then A and B write; then A's reader stalls for STALL seconds
 HOL_TAIL = 0.5  # both go on writing after the stall, then close
 
@@ -186,11 +192,13 @@ def raw_tcp(exe: Path, nbytes: int) -> float:
 
 
 def latencies() -> list[float]:
-    """One-way latency in µs of each of LAT_COUNT small batches, one every LAT_INTERVAL s."""
+    """One-way latency in µs of each of LAT_COUNT small batches, one every LAT_INTERVAL s,
+    after LAT_WARMUP more sent the same way and not counted."""
     env = {**ENV, "buffer_timeout": 0}
-    with Worker("lat-producer", env=env, rows=LAT_ROWS, count=LAT_COUNT, interval=LAT_INTERVAL) as prod:
+    count = LAT_WARMUP + LAT_COUNT
+    with Worker("lat-producer", env=env, rows=LAT_ROWS, count=count, interval=LAT_INTERVAL) as prod:
         address = prod.read()["address"]
-        with Worker("lat-consumer", env=env, producer=address, count=LAT_COUNT) as cons:
+        with Worker("lat-consumer", env=env, producer=address, count=count) as cons:
             assert cons.read()["warm"]
             prod.send(start_at=time.monotonic() + 0.05)
             sent = prod.read()["sent"]
@@ -198,7 +206,7 @@ def latencies() -> list[float]:
             prod.send(cmd="exit")
             prod.wait()
             cons.wait()
-    return [(r - s) * 1e6 for s, r in zip(sent, received, strict=True)]
+    return [(r - s) * 1e6 for s, r in zip(sent, received, strict=True)][LAT_WARMUP:]
 
 
 def head_of_line(flow_control: str) -> dict[str, float]:
@@ -243,21 +251,24 @@ def head_of_line(flow_control: str) -> dict[str, float]:
 # ------------------------------------------------------------------------ 1→1 throughput
 
 
+def _gbps(benchmark: object, report: Any, name: str, transfer: Callable[[], float]) -> float:
+    """Times ``transfer`` (returns GB/s) in 5 rounds after one warm-up; reports the median."""
+    samples: list[float] = []
+    _pedantic(benchmark, lambda: samples.append(transfer()), rounds=5)
+    return report(name, _median(samples), "GB/s").value  # type: ignore[no-any-return]
+
+
 @pytest.mark.benchmark(group="remote-1to1-65536-rows")
 def test_remote_raw_tcp(benchmark: object, report: Any, rawtcp: Path, batch_bytes: int) -> None:
     """The ceiling: the same number of bytes as one creditflow 1→1 transfer, 1 MiB writes."""
-    samples: list[float] = []
-    _pedantic(benchmark, lambda: samples.append(raw_tcp(rawtcp, COUNT * batch_bytes)), rounds=5)
-    report("raw tcp", _median(samples), "GB/s")
+    _gbps(benchmark, report, "raw tcp", lambda: raw_tcp(rawtcp, COUNT * batch_bytes))
 
 
 @pytest.mark.benchmark(group="remote-1to1-65536-rows")
 def test_remote_flight_do_get(benchmark: object, report: Any) -> None:
     """The same batches through one Arrow Flight do_get (server and client processes)."""
     flight(16, verify=True)
-    samples: list[float] = []
-    _pedantic(benchmark, lambda: samples.append(flight(COUNT)["gbps"]), rounds=5)
-    report("flight do_get", _median(samples), "GB/s")
+    _gbps(benchmark, report, "flight do_get", lambda: flight(COUNT)["gbps"])
 
 
 @pytest.mark.benchmark(group="remote-1to1-65536-rows")
@@ -266,10 +277,7 @@ def test_remote_forward_1to1(benchmark: object, report: Any, rawtcp: Path, batch
     """ForwardPartitioner, one remote channel between two processes; ratios to Flight and raw
     TCP measured in the same session (measured here if those benchmarks did not run)."""
     one_to_one(16, verify="ordered")
-    samples: list[float] = []
-    _pedantic(benchmark, lambda: samples.append(one_to_one(COUNT)["gbps"]), rounds=5)
-    gbps = _median(samples)
-    report("remote 1→1", gbps, "GB/s")
+    gbps = _gbps(benchmark, report, "remote 1→1", lambda: one_to_one(COUNT)["gbps"])
     fl = report.get("flight do_get")
     fl_gbps = fl.value if fl is not None else _median([flight(COUNT)["gbps"] for _ in range(3)])
     raw = report.get("raw tcp")
@@ -289,9 +297,7 @@ def test_remote_forward_1to1(benchmark: object, report: Any, rawtcp: Path, batch
 def test_remote_all_to_all_4x4(benchmark: object, report: Any) -> None:
     """4 producer tasks x 4 consumer tasks, every channel remote; aggregate GB/s."""
     all_to_all(4, verify=True)
-    samples: list[float] = []
-    _pedantic(benchmark, lambda: samples.append(all_to_all(COUNT_4X4)["gbps"]), rounds=5)
-    report("4x4 all-to-all", _median(samples), "GB/s")
+    _gbps(benchmark, report, "4x4 all-to-all", lambda: all_to_all(COUNT_4X4)["gbps"])
 
 
 # ----------------------------------------------------------------------------------- latency

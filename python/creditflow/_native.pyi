@@ -14,7 +14,19 @@ def parse_bytes(value: int | str) -> int:
 
 @final
 class NetworkEnvironment:
-    """One per process: the buffer pool, partitions, gates and (soon) connections."""
+    """One per process: the buffer pool, partitions, gates, the listener and connections.
+
+    ``memory`` / ``segment_size``: network memory and segment size (ints or ``"64MiB"``).
+    ``bind``: listen address (port 0 = ephemeral); ``advertise``: the ``host[:port]`` peers
+    should use when that differs (NAT, containers). ``secret``: shared secret; peers prove
+    knowledge of it with an HMAC challenge-response before any other message. Without one,
+    binding a non-loopback address is refused unless ``insecure=True``. ``flow_control``:
+    ``"credit"`` (Flink's credit-based flow control) or ``"tcp"`` (the pre-credit design,
+    kept as a teaching/comparison mode: one slow channel stalls its whole connection).
+    ``exclusive_buffers`` per remote channel, ``floating_buffers`` per gate.
+    ``request_backoff_initial`` / ``request_backoff_max``: retry delays of a request for a
+    partition the producer has not registered yet, then ``PartitionNotFoundError``.
+    """
 
     def __new__(
         cls,
@@ -31,6 +43,7 @@ class NetworkEnvironment:
         local_handoff: bool = True,
         request_backoff_initial: float = 0.1,
         request_backoff_max: float = 10.0,
+        advertise: str | None = None,
     ) -> NetworkEnvironment: ...
     @property
     def address(self) -> str:
@@ -51,7 +64,8 @@ class NetworkEnvironment:
     def metrics(self) -> dict[str, Any]:
         """Metrics of the environment, its partitions and gates, as a dict."""
     def close(self) -> None:
-        """Releases every partition and stops background work. Idempotent."""
+        """Closes connections and the listener, releases every partition, stops background
+        threads. Idempotent."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
 

@@ -20,7 +20,7 @@ use crate::metrics::{Counter, TimeMeter};
 use crate::partition::subpartition::{Event, Polled, Subpartition, Token};
 use crate::partition::{Registry, ResultPartition};
 use crate::serde::RecordDeserializer;
-use crate::transport::{Inbound, RemoteChannel, RemoteGate, Transport};
+use crate::transport::{Inbound, RemoteChannel, RemoteGate, RemoteStats, Transport};
 use crate::wait::Wait;
 
 /// Which subpartition of which partition, where.
@@ -131,6 +131,8 @@ pub struct GateMetrics {
     pub rows_received: u64,
     /// Time the reader waited for data, over the last second.
     pub idle_ms_per_second: f64,
+    /// Buffers and credit of the remote channels (`None`: no remote channel).
+    pub remote: Option<RemoteStats>,
 }
 
 /// Reads a gate's metrics from any thread (see [`InputGate::metrics_reader`]).
@@ -152,6 +154,7 @@ pub(crate) struct GateHandle {
     num_channels: usize,
     ended: std::sync::atomic::AtomicUsize,
     queued: std::sync::atomic::AtomicUsize,
+    remote: std::sync::OnceLock<Arc<RemoteGate>>,
 }
 
 impl GateHandle {
@@ -172,6 +175,7 @@ impl GateHandle {
             bytes_received: c.bytes.get(),
             rows_received: c.rows.get(),
             idle_ms_per_second: c.idle.ms_per_second(),
+            remote: self.remote.get().map(|r| r.stats()),
         }
     }
 }
@@ -203,6 +207,7 @@ pub(crate) struct RemoteSetup {
 }
 
 impl InputGate {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         name: String,
         specs: Vec<ChannelSpec>,
@@ -291,7 +296,11 @@ impl InputGate {
             num_channels: channels.len(),
             ended: Default::default(),
             queued: Default::default(),
+            remote: Default::default(),
         });
+        if let Some(r) = &remote_gate {
+            let _ = handle.remote.set(r.clone());
+        }
         let mut gate = InputGate {
             channels,
             ready,

@@ -14,6 +14,8 @@ pub struct Wait<'a> {
     timeout: Option<Duration>,
     what: &'static str,
     check: Option<&'a mut dyn FnMut() -> Result<()>>,
+    /// When the check last ran (it may take the GIL: not on every tick).
+    last_check: Option<Instant>,
 }
 
 impl<'a> Wait<'a> {
@@ -24,6 +26,7 @@ impl<'a> Wait<'a> {
             timeout: None,
             what: "",
             check: None,
+            last_check: None,
         }
     }
 
@@ -34,6 +37,7 @@ impl<'a> Wait<'a> {
             timeout,
             what,
             check: None,
+            last_check: None,
         }
     }
 
@@ -47,14 +51,23 @@ impl<'a> Wait<'a> {
             timeout: self.timeout,
             what: self.what,
             check: Some(check),
+            last_check: None,
         }
     }
 
     /// How long the caller may sleep now before calling [`Wait::tick`] again; `Err` when the
-    /// deadline has passed or the check failed.
+    /// deadline has passed or the check failed. The check runs on the first tick and then at
+    /// most every [`CHECK_INTERVAL`], however often the caller ticks.
     pub fn tick(&mut self) -> Result<Duration> {
         if let Some(check) = self.check.as_mut() {
-            check()?;
+            let now = Instant::now();
+            if self
+                .last_check
+                .is_none_or(|t| now.duration_since(t) >= CHECK_INTERVAL)
+            {
+                self.last_check = Some(now);
+                check()?;
+            }
         }
         let slice = if self.check.is_some() {
             CHECK_INTERVAL

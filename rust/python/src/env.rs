@@ -65,13 +65,11 @@ pub(crate) fn check_pid(pid: u32, what: &str) -> PyResult<()> {
     Ok(())
 }
 
-/// One per process: the buffer pool, partitions, gates and (soon) connections.
+/// One per process: the buffer pool, partitions, gates, the listener and connections.
 #[pyclass(module = "creditflow._native", frozen)]
 pub struct NetworkEnvironment {
     inner: creditflow_core::NetworkEnvironment,
     pid: u32,
-    #[allow(dead_code)] // used by the transport
-    secret: Option<Vec<u8>>,
 }
 
 #[pymethods]
@@ -80,7 +78,7 @@ impl NetworkEnvironment {
     #[pyo3(signature = (
         memory = None, segment_size = None, bind = "127.0.0.1:0", secret = None, flow_control = "credit",
         buffer_timeout = 0.1, exclusive_buffers = 2, floating_buffers = 8, *, insecure = false,
-        local_handoff = true, request_backoff_initial = 0.1, request_backoff_max = 10.0
+        local_handoff = true, request_backoff_initial = 0.1, request_backoff_max = 10.0, advertise = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -96,6 +94,7 @@ impl NetworkEnvironment {
         local_handoff: bool,
         request_backoff_initial: f64,
         request_backoff_max: f64,
+        advertise: Option<String>,
     ) -> PyResult<Self> {
         let mut config = EnvConfig::default();
         if let Some(m) = memory {
@@ -155,11 +154,12 @@ impl NetworkEnvironment {
         if config.request_backoff.initial.is_zero() {
             return Err(PyValueError::new_err("request_backoff_initial must be positive"));
         }
+        config.secret = secret;
+        config.advertise = advertise;
         let inner = Python::attach(|py| creditflow_core::NetworkEnvironment::new(config).py_err(py))?;
         Ok(NetworkEnvironment {
             inner,
             pid: std::process::id(),
-            secret,
         })
     }
 
@@ -227,7 +227,8 @@ impl NetworkEnvironment {
         env_metrics_dict(py, &self.inner.metrics())
     }
 
-    /// Releases every partition and stops background work. Idempotent.
+    /// Closes connections and the listener, releases every partition, stops background
+    /// threads. Idempotent.
     fn close(&self, py: Python<'_>) {
         py.detach(|| self.inner.close());
     }
@@ -366,6 +367,16 @@ pub(crate) fn gate_metrics_dict<'py>(py: Python<'py>, m: &GateMetrics) -> PyResu
     d.set_item("bytes_received", m.bytes_received)?;
     d.set_item("rows_received", m.rows_received)?;
     d.set_item("idle_time_ms_per_second", m.idle_ms_per_second)?;
+    if let Some(r) = &m.remote {
+        d.set_item("remote_channels", r.remote_channels)?;
+        d.set_item("exclusive_buffers", r.exclusive_total)?;
+        d.set_item("exclusive_in_use", r.exclusive_in_use)?;
+        d.set_item("floating_buffers", r.floating_total)?;
+        d.set_item("floating_in_use", r.floating_in_use)?;
+        d.set_item("credit_outstanding", r.credit_announced)?;
+        d.set_item("credit_unannounced", r.credit_unannounced)?;
+        d.set_item("queued_buffers", r.queued_buffers)?;
+    }
     Ok(d)
 }
 

@@ -34,6 +34,28 @@ use crate::gate::{Backoff, ChannelSpec};
 use crate::memory::PooledSegment;
 use crate::partition::subpartition::Listener;
 
+/// A snapshot of a gate's remote buffers (credit mode; in tcp mode only the totals and
+/// queued buffers mean anything).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RemoteStats {
+    /// Remote channels opened by the gate.
+    pub remote_channels: usize,
+    /// Exclusive buffers of channels still open.
+    pub exclusive_total: usize,
+    /// Exclusive buffers holding received data not yet read.
+    pub exclusive_in_use: usize,
+    /// Floating buffers of the gate.
+    pub floating_total: usize,
+    /// Floating buffers assigned to channels (holding data or promised to a sender).
+    pub floating_in_use: usize,
+    /// Empty buffers announced to senders (their credit, in flight included).
+    pub credit_announced: usize,
+    /// Empty buffers not yet announced.
+    pub credit_unannounced: usize,
+    /// Received buffers waiting to be read.
+    pub queued_buffers: usize,
+}
+
 /// What a remote channel's inbox holds.
 pub(crate) enum Inbound {
     /// A data buffer.
@@ -111,10 +133,32 @@ impl RemoteGate {
         }))
     }
 
-    /// Segments free right now and segments held, for metrics.
-    pub(crate) fn usage(&self) -> (usize, usize) {
+    /// Buffers and credit of the remote channels, for metrics.
+    pub(crate) fn stats(&self) -> RemoteStats {
         let b = self.bufs.lock().unwrap();
-        (b.free.len(), b.credit.num_channels())
+        let cfg = b.credit.config();
+        let mut s = RemoteStats {
+            remote_channels: b.credit.num_channels(),
+            floating_total: cfg.floating_buffers as usize,
+            ..RemoteStats::default()
+        };
+        for i in 0..b.credit.num_channels() {
+            let Some(c) = b.credit.channel_stats(ChannelId(i)) else {
+                continue;
+            };
+            if c.released {
+                continue;
+            }
+            s.exclusive_total += cfg.exclusive_buffers_per_channel as usize;
+            s.exclusive_in_use += c.exclusive_in_use as usize;
+            s.floating_in_use += (c.floating_in_use + c.floating_available) as usize;
+            s.credit_announced += c.announced.get() as usize;
+            s.credit_unannounced += c.unannounced.get() as usize;
+        }
+        let channels: Vec<Arc<RemoteChannel>> = b.channels.iter().filter_map(Weak::upgrade).collect();
+        drop(b);
+        s.queued_buffers = channels.iter().map(|c| c.queued()).sum();
+        s
     }
 
     fn recycle(&self, seg: PooledSegment, lease: Option<BufferLease>) {

@@ -84,6 +84,7 @@ pub mod codec;
 mod io;
 mod server;
 
+pub use client::RemoteStats;
 pub(crate) use client::{Inbound, RemoteChannel, RemoteGate};
 
 pub use codec::{

@@ -255,6 +255,7 @@ def _gbps(benchmark: object, report: Any, name: str, transfer: Callable[[], floa
     """Times ``transfer`` (returns GB/s) in 5 rounds after one warm-up; reports the median."""
     samples: list[float] = []
     _pedantic(benchmark, lambda: samples.append(transfer()), rounds=5)
+    benchmark.extra_info[f"{name} rounds"] = samples  # type: ignore[attr-defined]
     return report(name, _median(samples), "GB/s").value  # type: ignore[no-any-return]
 
 

@@ -863,7 +863,7 @@ def test_import_starts_no_thread_and_an_environment_starts_one() -> None:
     )
     before, with_env, closed = map(int, out.split())
     if sys.platform == "linux":
-        assert with_env == before + 1, "one background thread per environment"
+        assert with_env == before + 2, "two background threads per environment: flusher and I/O"
         assert closed == before, "close() stops it"
 
 

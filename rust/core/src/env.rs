@@ -138,10 +138,7 @@ impl NetworkEnvironment {
         let address = match &config.advertise {
             Some(a) => advertised(a, bound.port())?,
             None if bound.ip().is_unspecified() => {
-                return Err(Error::InvalidArgument(format!(
-                    "bound {bound}, which peers cannot connect to: pass advertise=\"host:port\" with the \
-                     address peers should use"
-                )))
+                std::net::SocketAddr::new(outbound_ip(bound.is_ipv6()), bound.port()).to_string()
             }
             None => bound.to_string(),
         };
@@ -347,6 +344,23 @@ impl Drop for NetworkEnvironment {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// The address of the interface that routes outside (for a wildcard bind without
+/// `advertise`): a UDP "connect" sends nothing but picks the route. Loopback if there is none.
+fn outbound_ip(v6: bool) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};
+    let (any, probe, fallback): (&str, &str, IpAddr) = if v6 {
+        ("[::]:0", "[2001:db8::1]:9", IpAddr::V6(Ipv6Addr::LOCALHOST))
+    } else {
+        ("0.0.0.0:0", "192.0.2.1:9", IpAddr::V4(Ipv4Addr::LOCALHOST))
+    };
+    UdpSocket::bind(any)
+        .and_then(|s| s.connect(probe).and_then(|_| s.local_addr()))
+        .map(|a| a.ip())
+        .ok()
+        .filter(|ip| !ip.is_unspecified())
+        .unwrap_or(fallback)
 }
 
 /// `advertise` as `host:port`; a bare host (or IPv6 address) gets the bound port.

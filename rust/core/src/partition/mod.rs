@@ -226,6 +226,10 @@ impl ResultPartition {
             Handoff::Batch => self.write_handoff(pieces, token, wait),
             Handoff::Serialized => self.write_serialized(pieces, wait),
         }?;
+        // A consumer that went away while this write waited for buffers: its share is lost.
+        if let Some(msg) = self.lost.lock().unwrap().as_ref() {
+            return Err(Error::ConnectionLost(msg.clone()));
+        }
         if self.flush_every_write {
             self.flush();
         }

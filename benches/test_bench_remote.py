@@ -245,6 +245,8 @@ def head_of_line(flow_control: str) -> dict[str, float]:
         "stalled": stalled,
         "percent": 100 * stalled / solo,
         "a_during_stall": sum(1 for t in times["a"] if stall_at + 0.1 <= t < stall_at + STALL),
+        # B's GB/s in each 0.25 s from its start: the whole story of one run
+        "b_timeline": [rate(t0 + i / 4, t0 + (i + 1) / 4) for i in range(int((end - t0) * 4))],
     }
 
 

@@ -277,8 +277,8 @@ def lat_consumer(cfg: Config) -> None:
 
 
 def hol_producer(cfg: Config) -> None:
-    """cfg: env. Then receives {"start": {"a": t, "b": t}, "end": t}: each writer writes batches
-    back to back from its start time until ``end``, then closes."""
+    """cfg: env. Then receives {"start": {"a": t, "b": t}, "end": {"a": t, "b": t}}: each
+    writer writes batches back to back from its start time until its end time, then closes."""
     batches = make_batches()
     with cf.NetworkEnvironment(**cfg["env"]) as env:
         parts = {name: env.create_partition(f"hol/{name}", 1) for name in ("a", "b")}
@@ -295,7 +295,7 @@ def hol_producer(cfg: Config) -> None:
                     go.wait(TIMEOUT)
                     sleep_until(schedule["start"][name])
                     n = 0
-                    while time.monotonic() < schedule["end"]:
+                    while time.monotonic() < schedule["end"][name]:
                         w.write(batches[n % len(batches)])
                         n += 1
                 written[name] = n + 1

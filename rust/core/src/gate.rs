@@ -65,13 +65,20 @@ struct Ready {
     queue: Mutex<VecDeque<usize>>,
     cv: Condvar,
     queued: Vec<AtomicBool>,
+    /// The reader sleeps on `cv`; written only with `queue` locked, so a pusher that holds
+    /// the lock sees it exactly (and skips the futex wake when nobody sleeps).
+    sleeping: AtomicBool,
 }
 
 impl Ready {
     fn push(&self, idx: usize) {
         if !self.queued[idx].swap(true, Ordering::SeqCst) {
-            self.queue.lock().unwrap().push_back(idx);
-            self.cv.notify_one();
+            let mut q = self.queue.lock().unwrap();
+            q.push_back(idx);
+            if self.sleeping.load(Ordering::SeqCst) {
+                drop(q);
+                self.cv.notify_one();
+            }
         }
     }
 }
@@ -233,6 +240,7 @@ impl InputGate {
             queue: Mutex::new(VecDeque::new()),
             cv: Condvar::new(),
             queued: (0..specs.len()).map(|_| AtomicBool::new(false)).collect(),
+            sleeping: AtomicBool::new(false),
         });
         let now = Instant::now();
         let num_remote = specs.iter().filter(|s| s.address != local_address).count();
@@ -461,7 +469,9 @@ impl InputGate {
             }
             let mut q = self.ready.queue.lock().unwrap();
             if q.is_empty() {
+                self.ready.sleeping.store(true, Ordering::SeqCst);
                 q = self.ready.cv.wait_timeout(q, slice).unwrap().0;
+                self.ready.sleeping.store(false, Ordering::SeqCst);
             }
             if let Some(idx) = q.pop_front() {
                 self.ready.queued[idx].store(false, Ordering::SeqCst);
@@ -526,51 +536,50 @@ impl InputGate {
         Ok(())
     }
 
+    /// Takes everything the remote channel received. No need to requeue the channel: it
+    /// notifies again when the next buffer arrives.
     fn poll_remote(&mut self, idx: usize) -> Result<()> {
-        let ChannelState::Remote { ch, de } = &mut self.channels[idx].state else {
+        let channel = &mut self.channels[idx];
+        let spec = &channel.spec;
+        let ChannelState::Remote { ch, de } = &mut channel.state else {
             return Ok(());
         };
-        let Some(item) = ch.pop() else { return Ok(()) };
         let counters = &self.handle.counters;
-        match item {
-            Inbound::Data(received) => {
-                counters.buffers.add(1);
-                let mut out = VecDeque::new();
-                de.push(received.bytes(), &mut out)?;
-                // Dropping `received` hands the segment back: new credit for the sender.
-                drop(received);
-                for b in out {
-                    counters.batches.add(1);
-                    counters.bytes.add(b.get_array_memory_size() as u64);
-                    counters.rows.add(b.num_rows() as u64);
-                    self.pending.push_back((idx, b, None));
+        let mut end = None;
+        let mut out = VecDeque::new();
+        for item in ch.take_all() {
+            match item {
+                Inbound::Data(received) => {
+                    counters.buffers.add(1);
+                    de.push(received.bytes(), &mut out)?;
+                    // Dropping `received` hands the segment back: new credit for the sender.
                 }
-            }
-            Inbound::Event(ev) => {
-                let at_boundary = de.is_at_record_boundary();
-                ch.close();
-                self.channels[idx].state = ChannelState::Ended;
-                self.ended += 1;
-                self.handle.ended.store(self.ended, Ordering::Relaxed);
-                return match Event::from(ev) {
-                    Event::EndOfPartition if !at_boundary => Err(Error::Protocol(format!(
-                        "channel {:?} ended in the middle of a record",
-                        self.channels[idx].spec
-                    ))),
-                    Event::EndOfPartition => Ok(()),
-                    Event::ProducerFailed(msg) => Err(Error::ProducerFailed(msg)),
-                };
-            }
-            Inbound::Failed(e) => {
-                ch.close();
-                self.channels[idx].state = ChannelState::Ended;
-                self.ended += 1;
-                self.handle.ended.store(self.ended, Ordering::Relaxed);
-                return Err(e);
+                Inbound::Event(ev) => {
+                    end = Some(match Event::from(ev) {
+                        Event::EndOfPartition if !de.is_at_record_boundary() => Err(Error::Protocol(
+                            format!("channel {spec:?} ended in the middle of a record"),
+                        )),
+                        Event::EndOfPartition => Ok(()),
+                        Event::ProducerFailed(msg) => Err(Error::ProducerFailed(msg)),
+                    });
+                }
+                Inbound::Failed(e) => end = Some(Err(e)),
             }
         }
+        for b in out {
+            counters.batches.add(1);
+            counters.bytes.add(b.get_array_memory_size() as u64);
+            counters.rows.add(b.num_rows() as u64);
+            self.pending.push_back((idx, b, None));
+        }
         self.handle.queued.store(self.pending.len(), Ordering::Relaxed);
-        self.ready.push(idx);
+        if let Some(result) = end {
+            ch.close();
+            self.channels[idx].state = ChannelState::Ended;
+            self.ended += 1;
+            self.handle.ended.store(self.ended, Ordering::Relaxed);
+            return result;
+        }
         Ok(())
     }
 

@@ -328,9 +328,9 @@ pub(crate) struct RemoteChannel {
 }
 
 impl RemoteChannel {
-    /// The next item, if any.
-    pub(crate) fn pop(&self) -> Option<Inbound> {
-        self.inbox.lock().unwrap().items.pop_front()
+    /// Everything received so far, in order (the channel notifies again on the next item).
+    pub(crate) fn take_all(&self) -> VecDeque<Inbound> {
+        std::mem::take(&mut self.inbox.lock().unwrap().items)
     }
 
     /// Received buffers not yet taken.
@@ -407,6 +407,8 @@ struct Outbox {
     control: VecDeque<Message<'static>>,
     credit: Vec<ReceiverId>,
     close: bool,
+    /// The writer was woken and has not collected yet (saves redundant wake-ups).
+    woken: bool,
 }
 
 /// One connection to a remote environment.
@@ -421,13 +423,22 @@ pub(crate) struct ClientConn {
 
 impl ClientConn {
     fn send(&self, msg: Message<'static>) {
-        self.out.lock().unwrap().control.push_back(msg);
-        self.wake.notify_one();
+        self.enqueue(|out| out.control.push_back(msg));
     }
 
     fn request_credit(&self, rid: ReceiverId) {
-        self.out.lock().unwrap().credit.push(rid);
-        self.wake.notify_one();
+        self.enqueue(|out| out.credit.push(rid));
+    }
+
+    fn enqueue(&self, f: impl FnOnce(&mut Outbox)) {
+        let wake = {
+            let mut out = self.out.lock().unwrap();
+            f(&mut out);
+            !std::mem::replace(&mut out.woken, true)
+        };
+        if wake {
+            self.wake.notify_one();
+        }
     }
 
     /// Whether the connection failed.
@@ -437,8 +448,7 @@ impl ClientConn {
 
     /// Asks the writer to send CloseRequest and stop.
     pub(crate) fn close(&self) {
-        self.out.lock().unwrap().close = true;
-        self.wake.notify_one();
+        self.enqueue(|out| out.close = true);
     }
 
     /// Fails every channel of the connection.
@@ -463,6 +473,7 @@ impl ClientConn {
     fn collect(&self) -> Result<(Vec<u8>, bool)> {
         let (control, credit, close) = {
             let mut out = self.out.lock().unwrap();
+            out.woken = false;
             (
                 std::mem::take(&mut out.control),
                 std::mem::take(&mut out.credit),

@@ -226,8 +226,15 @@ pub(crate) struct ServerConn {
 
 impl ServerConn {
     fn signal(&self, rid: ReceiverId) {
-        self.signalled.lock().unwrap().push(rid);
-        self.wake.notify_one();
+        let first = {
+            let mut s = self.signalled.lock().unwrap();
+            s.push(rid);
+            s.len() == 1
+        };
+        // Later signals find the loop already woken and not yet collected.
+        if first {
+            self.wake.notify_one();
+        }
     }
 
     /// Puts the reader in the ready queue if it can send, or queues a backlog announcement.

@@ -19,6 +19,9 @@ BIN := $(abspath $(VENV)/bin)
 WHEEL_DIR := dist
 # Extra pytest arguments, e.g. make test-python PYTEST_ARGS='-m "not spark" -x'
 PYTEST_ARGS ?=
+# How long `make soak` runs, and its other options, e.g. SOAK_ARGS='--flow-control tcp'
+SOAK_MINUTES ?= 10
+SOAK_ARGS ?=
 
 # One interpreter for everything: maturin, pyo3's build script (cargo), pytest and Spark workers.
 export VIRTUAL_ENV := $(abspath $(VENV))
@@ -108,6 +111,12 @@ bench: build ## Benchmarks: pytest-benchmark (benches/) and criterion (cargo ben
 	$(PY) -m pytest benches/ --benchmark-only --benchmark-columns=min,median,max,ops \
 		--benchmark-sort=name $(PYTEST_ARGS)
 	cargo bench -p creditflow-core
+
+# Not part of `test`: it runs for SOAK_MINUTES and exits non-zero on any lost, duplicated,
+# reordered or corrupted batch, or any error.
+.PHONY: soak
+soak: build ## Soak the transport: 4x4 channels, two processes, random stalls, SOAK_MINUTES (10)
+	$(PY) scripts/soak.py --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
 # -------------------------------------------------------------------------------------- linting
 

@@ -6,13 +6,16 @@ Markers, strictness, warnings-as-errors and the per-test timeout live in pyproje
 * the header names the creditflow build under test, so a run against a stale install or the
   source tree (instead of the wheel `make build` installed) is visible at a glance;
 * Spark tests are skipped on a developer machine without Java, but never on CI (CI=true),
-  where a missing JDK must fail the run rather than silently shrink it.
+  where a missing JDK must fail the run rather than silently shrink it;
+* the ``workers`` fixture, which kills the worker processes a transport test started.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -48,3 +51,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "spark" in item.keywords:
             item.add_marker(skip_spark)
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Any]]:
+    """Worker processes (``remote_worker.Worker``) a test appends here are killed when it ends,
+    whatever happened (a test that fails mid-exchange must not leave a producer running)."""
+    started: list[Any] = []
+    yield started
+    for w in started:
+        w.close()

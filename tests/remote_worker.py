@@ -1,0 +1,464 @@
+"""Worker processes of the transport tests (``tests/test_remote.py``, ``tests/test_faults.py``)
+and of the soak (``scripts/soak.py``), the parent-side :class:`Worker` that starts and drives
+them, and the data both sides agree on.
+
+A worker is a separate OS process, ``python tests/remote_worker.py ROLE CONFIG_JSON``. It talks
+to its parent in JSON lines: it prints one object per line on stdout and reads one object per
+line on stdin. Its stderr goes to a file the parent shows when the worker fails. Times that
+cross processes are ``time.monotonic()`` (``CLOCK_MONOTONIC``: one clock for the machine).
+
+Roles:
+
+``producer``  one NetworkEnvironment (``env``: its settings) with the partitions in
+              ``partitions`` (each: ``id``, ``subpartitions``, ``partitioner``, ``data``,
+              ``count``, ``rows``, ``delay``), one writer thread each. Prints ``{"address"}``
+              at once; a partition is created ``delay`` seconds later, gets ``count`` batches
+              (``None``: until "stop") and is closed, then ``{"finished": id, "sent": {...}}``.
+              Commands: ``{"cmd": "metrics"}`` → ``{"metrics": env.metrics()}``;
+              ``{"cmd": "stop"}`` ends endless writers; ``{"cmd": "exit"}`` (or end of stdin)
+              closes the environment and exits.
+``consumer``  one NetworkEnvironment with the gates in ``gates`` (each a list of
+              ``[address, partition, subpartition]``), one reader thread each, checking
+              ``data="seq"`` batches with a :class:`Tracker`. ``pause_after``: a reader stops
+              reading for good after that many batches (and prints ``{"paused": gate}``);
+              ``random_stalls``: ``{"seed", "every", "longest"}`` seconds. Commands:
+              ``{"cmd": "stall", "gate": g, "seconds": s}`` (gate g stops reading after its
+              next batch), ``{"cmd": "report"}``. Prints ``{"done": [per-gate stats]}`` at
+              the end of every gate, then exits.
+
+Any failure of a worker thread is printed as ``{"error": ..., "where": ...}``.
+
+Data kinds (made the same way in every process, from the batch number ``i``):
+
+``types``  :func:`type_batch`: a hash key ``k``, the global row number ``row``, and strings,
+           nulls, a nested list of structs, a dictionary, a decimal and a timestamp column.
+``seq``    :func:`seq_batch`: ``producer``, ``channel``, ``seq``, a payload and a
+           ``checksum`` over it. Written round robin, so batch ``i`` of a partition with ``n``
+           subpartitions goes to channel ``i % n`` as its ``seq = i // n``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+import creditflow as cf
+
+#: Any single wait of a worker or of its parent.
+TIMEOUT = 60.0
+SEED = 23
+
+Config = dict[str, Any]
+
+
+# ------------------------------------------------------------------------------------- data
+
+
+def type_batch(i: int, rows: int) -> pa.RecordBatch:
+    """Batch ``i`` of the ``types`` data: rows ``i * rows`` to ``(i + 1) * rows - 1``."""
+    rng = random.Random(SEED * 1000 + i)
+    first = i * rows
+    nested: list[list[dict[str, Any]] | None] = []
+    for r in range(rows):
+        if r % 11 == 3:
+            nested.append(None)
+        else:
+            nested.append([{"a": rng.randrange(-1000, 1000), "b": None if r % 7 == 0 else f"n{r}"}] * (r % 4))
+    colors = ["red", "green", "blue", "grün", ""]
+    fields = {
+        "k": pa.array(
+            [None if r % 97 == 5 else rng.randrange(-(2**40), 2**40) for r in range(rows)], pa.int64()
+        ),
+        "row": pa.array(range(first, first + rows), pa.int64()),
+        "s": pa.array([None if r % 5 == 0 else "x" * (r % 13) + str(first + r) for r in range(rows)]),
+        "f": pa.array([None if r % 3 == 0 else rng.random() for r in range(rows)], pa.float64()),
+        "nested": pa.array(nested, pa.list_(pa.struct([("a", pa.int32()), ("b", pa.string())]))),
+        "dict": pa.DictionaryArray.from_arrays(
+            pa.array([None if r % 9 == 0 else rng.randrange(len(colors)) for r in range(rows)], pa.int8()),
+            pa.array(colors),
+        ),
+        "dec": pa.array(
+            [
+                None if r % 8 == 1 else Decimal(rng.randrange(-(10**18), 10**18)).scaleb(-4)
+                for r in range(rows)
+            ],
+            pa.decimal128(20, 4),
+        ),
+        "ts": pa.array([first + r * 1_000_003 for r in range(rows)], pa.timestamp("us", tz="Europe/Berlin")),
+    }
+    schema = pa.schema(
+        [pa.field(n, a.type) for n, a in fields.items()], metadata={"made-by": "remote_worker"}
+    )
+    return pa.RecordBatch.from_arrays(list(fields.values()), schema=schema)
+
+
+def _checksum(payload: np.ndarray) -> int:
+    # Order-sensitive, exact in int64: payload values < 2**20, positions < 2**17, rows < 2**17.
+    return int((payload * np.arange(1, len(payload) + 1, dtype=np.int64)).sum())
+
+
+def seq_batch(producer: int, i: int, num_channels: int, rows: int) -> pa.RecordBatch:
+    """Batch ``i`` of producer ``producer``'s ``seq`` data (``rows`` varies a little with ``i``)."""
+    channel, seq = i % num_channels, i // num_channels
+    n = max(1, rows - (i * 7919) % max(1, rows // 2))
+    rng = np.random.default_rng([SEED, producer, channel, seq])
+    payload = rng.integers(0, 1 << 20, n, dtype=np.int64)
+    return pa.record_batch(
+        {
+            "producer": pa.array(np.full(n, producer, np.int32)),
+            "channel": pa.array(np.full(n, channel, np.int32)),
+            "seq": pa.array(np.full(n, seq, np.int64)),
+            "payload": pa.array(payload),
+            "checksum": pa.array(np.full(n, _checksum(payload), np.int64)),
+        }
+    )
+
+
+def make_batch(data: str, i: int, *, producer: int, num_channels: int, rows: int) -> pa.RecordBatch:
+    if data == "types":
+        return type_batch(i, rows)
+    if data == "seq":
+        return seq_batch(producer, i, num_channels, rows)
+    raise ValueError(f"unknown data {data!r}")
+
+
+class Tracker:
+    """Checks ``seq`` batches: per (producer, channel), counts what arrived, duplicates, what
+    came after a later one (out of order) and corrupted batches. Lost batches are what the
+    producer sent minus :meth:`unique`. Memory grows with the gaps, not with the stream."""
+
+    def __init__(self) -> None:
+        self.high: dict[tuple[int, int], int] = {}  # highest seq seen
+        self.missing: dict[tuple[int, int], set[int]] = {}  # seqs under it not seen yet
+        self.batches = 0
+        self.rows = 0
+        self.duplicated = 0
+        self.out_of_order = 0
+        self.corrupted = 0
+
+    def add(self, b: pa.RecordBatch) -> None:
+        key = (b.column("producer")[0].as_py(), b.column("channel")[0].as_py())
+        seq = b.column("seq")[0].as_py()
+        self.batches += 1
+        self.rows += b.num_rows
+        if b.column("checksum")[0].as_py() != _checksum(b.column("payload").to_numpy()):
+            self.corrupted += 1
+        high = self.high.get(key, -1)
+        missing = self.missing.setdefault(key, set())
+        if seq > high:
+            missing.update(range(high + 1, seq))
+            self.high[key] = seq
+        elif seq in missing:
+            missing.remove(seq)
+            self.out_of_order += 1
+        else:
+            self.duplicated += 1
+
+    def unique(self) -> dict[str, int]:
+        """Distinct batches received per ``"producer/channel"`` (seqs start at 0)."""
+        return {f"{p}/{c}": high + 1 - len(self.missing[p, c]) for (p, c), high in self.high.items()}
+
+    def stats(self) -> Config:
+        return {
+            "batches": self.batches,
+            "rows": self.rows,
+            "unique": self.unique(),
+            "duplicated": self.duplicated,
+            "out_of_order": self.out_of_order,
+            "corrupted": self.corrupted,
+        }
+
+
+def partitioner(name: str) -> cf.ForwardPartitioner | cf.RoundRobinPartitioner | cf.HashPartitioner:
+    if name == "forward":
+        return cf.ForwardPartitioner()
+    if name == "round_robin":
+        return cf.RoundRobinPartitioner()
+    if name.startswith("hash:"):
+        return cf.HashPartitioner(name.removeprefix("hash:").split(","))
+    raise ValueError(f"unknown partitioner {name!r}")
+
+
+def vm_rss_kib(pid: int | str = "self") -> int:
+    """Resident set size of a process, in KiB (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+# ------------------------------------------------------------------------------ worker side
+
+_emit_lock = threading.Lock()
+
+
+def emit(**fields: Any) -> None:
+    with _emit_lock:
+        sys.stdout.write(json.dumps(fields) + "\n")
+        sys.stdout.flush()
+
+
+def commands() -> Iterator[Config]:
+    """The parent's commands, until it closes stdin."""
+    for line in sys.stdin:
+        if line.strip():
+            yield json.loads(line)
+
+
+def guarded(where: str, fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn``, printing its failure as ``{"error"}`` instead of dying silently in a thread."""
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            emit(error=f"{type(exc).__name__}: {exc}", type=type(exc).__name__, where=where)
+
+    return run
+
+
+def producer(cfg: Config) -> None:
+    stop = threading.Event()
+    with cf.NetworkEnvironment(**cfg["env"]) as env:
+        emit(address=env.address, pid=os.getpid())
+
+        def writer(spec: Config) -> Callable[[], None]:
+            def run() -> None:
+                time.sleep(spec.get("delay", 0.0))
+                part = env.create_partition(spec["id"], spec["subpartitions"])
+                count = spec.get("count")
+                sent: dict[str, int] = {}
+                i = 0
+                with cf.RecordWriter(part, partitioner(spec["partitioner"]), timeout=TIMEOUT) as w:
+                    while (i < count) if count is not None else not stop.is_set():
+                        b = make_batch(
+                            spec["data"],
+                            i,
+                            producer=spec.get("producer", 0),
+                            num_channels=spec["subpartitions"],
+                            rows=spec.get("rows", 1000),
+                        )
+                        w.write(b)
+                        key = f"{spec.get('producer', 0)}/{i % spec['subpartitions']}"
+                        sent[key] = sent.get(key, 0) + 1
+                        i += 1
+                emit(finished=spec["id"], batches=i, sent=sent)
+
+            return run
+
+        for spec in cfg["partitions"]:
+            threading.Thread(target=guarded(spec["id"], writer(spec)), daemon=True).start()
+        for cmd in commands():
+            if cmd["cmd"] == "metrics":
+                emit(metrics=env.metrics())
+            elif cmd["cmd"] == "stop":
+                stop.set()
+            elif cmd["cmd"] == "exit":
+                break
+
+
+def consumer(cfg: Config) -> None:
+    with cf.NetworkEnvironment(**cfg["env"]) as env:
+        gates = [
+            env.create_input_gate([cf.ChannelSpec(a, p, s) for a, p, s in chans]) for chans in cfg["gates"]
+        ]
+        trackers = [Tracker() for _ in gates]
+        times: list[list[float]] = [[] for _ in gates]
+        stalls: list[list[tuple[float, float]]] = [[] for _ in gates]
+        stall_for = [0.0 for _ in gates]
+        pause_after = cfg.get("pause_after")
+        random_stalls = cfg.get("random_stalls")
+        emit(address=env.address, pid=os.getpid())
+
+        def stall(g: int, seconds: float) -> None:
+            t0 = time.monotonic()
+            time.sleep(seconds)
+            stalls[g].append((t0, time.monotonic()))
+
+        def reader(g: int) -> Callable[[], None]:
+            def run() -> None:
+                rng = random.Random(f"{(random_stalls or {}).get('seed', 0)}/{g}")
+                next_stall = (
+                    time.monotonic() + rng.uniform(0, 2 * random_stalls["every"]) if random_stalls else 0.0
+                )
+                while (b := gates[g].next(timeout=TIMEOUT)) is not None:
+                    if cfg.get("times"):
+                        times[g].append(time.monotonic())
+                    if cfg.get("data") == "seq":
+                        trackers[g].add(b)
+                    else:
+                        trackers[g].batches += 1
+                        trackers[g].rows += b.num_rows
+                    if pause_after is not None and trackers[g].batches >= pause_after:
+                        emit(paused=g)
+                        threading.Event().wait()  # reads no more, ever
+                    if stall_for[g]:
+                        seconds, stall_for[g] = stall_for[g], 0.0
+                        stall(g, seconds)
+                    if random_stalls and time.monotonic() >= next_stall:
+                        stall(g, rng.uniform(0, random_stalls["longest"]))
+                        next_stall = time.monotonic() + rng.uniform(0, 2 * random_stalls["every"])
+                gates[g].close()
+
+            return run
+
+        def control() -> None:
+            for cmd in commands():
+                if cmd["cmd"] == "stall":
+                    stall_for[cmd["gate"]] = cmd["seconds"]
+                elif cmd["cmd"] == "report":
+                    emit(report=[t.batches for t in trackers])
+
+        threading.Thread(target=control, daemon=True).start()
+        threads = [
+            threading.Thread(target=guarded(f"gate {g}", reader(g)), daemon=True) for g in range(len(gates))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        emit(
+            done=[{**tr.stats(), "times": times[g], "stalls": stalls[g]} for g, tr in enumerate(trackers)],
+            metrics=env.metrics(),
+        )
+
+
+ROLES: dict[str, Callable[[Config], None]] = {"producer": producer, "consumer": consumer}
+
+
+# ------------------------------------------------------------------------------ parent side
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+class Worker(contextlib.AbstractContextManager["Worker"]):
+    """A worker process: :meth:`wait_for` one of its messages, :meth:`send` it a command."""
+
+    def __init__(self, role: str, **cfg: Any) -> None:
+        self.role = role
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by kill())
+        self._proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), role, json.dumps(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._stash: list[Config] = []
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
+        self._pump_thread.start()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _pump(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _fail(self, what: str) -> WorkerError:
+        self._stderr.seek(0)
+        tail = self._stderr.read()[-4000:]
+        return WorkerError(f"worker {self.role}: {what}\n--- its stderr ---\n{tail}")
+
+    def wait_for(self, key: str, timeout: float = TIMEOUT) -> Config:
+        """The next message with ``key``; other messages are kept for later calls. A message
+        reporting an error raises :class:`WorkerError`."""
+        for i, kept in enumerate(self._stash):
+            if key in kept:
+                return self._stash.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise self._fail(f"no {key!r} within {timeout} s") from None
+            if line is None:
+                self._proc.wait(5)
+                raise self._fail(f"exited (code {self._proc.returncode}) before {key!r}")
+            msg: Config = json.loads(line)
+            if key in msg:
+                return msg
+            if "error" in msg:
+                raise self._fail(f"failed in {msg['where']}: {msg['error']}")
+            self._stash.append(msg)
+
+    def send(self, **fields: Any) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(fields) + "\n")
+        self._proc.stdin.flush()
+
+    def wait(self, timeout: float = TIMEOUT) -> None:
+        """Waits for the worker to exit, and raises if it failed."""
+        try:
+            code = self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise self._fail(f"still running after {timeout} s") from None
+        if code != 0:
+            raise self._fail(f"exited with code {code}")
+
+    def kill(self) -> None:
+        """SIGKILLs the worker if it is still running (no clean-up of any kind in it)."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+    def close(self) -> None:
+        """Kills the worker if it is still running, and closes its pipes."""
+        self.kill()
+        assert self._proc.stdin is not None
+        assert self._proc.stdout is not None
+        with contextlib.suppress(OSError):  # a broken pipe to a dead worker
+            self._proc.stdin.close()
+        self._pump_thread.join(5)
+        self._proc.stdout.close()
+        self._stderr.close()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def wait_all_segments_free(metrics: Callable[[], Config], what: str, timeout: float = 5.0) -> None:
+    """Polls ``metrics()`` (an environment's) until every segment is available again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metrics()
+        if m["segments_available"] == m["segments_total"]:
+            return
+        assert time.monotonic() < deadline, f"{what}: segments not returned: {m}"
+        time.sleep(0.05)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 3 or argv[1] not in ROLES:
+        raise SystemExit(f"usage: {argv[0]} {{{','.join(ROLES)}}} CONFIG_JSON")
+    ROLES[argv[1]](json.loads(argv[2]))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

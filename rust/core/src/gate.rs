@@ -20,7 +20,7 @@ use crate::metrics::{Counter, TimeMeter};
 use crate::partition::subpartition::{Event, Polled, Subpartition, Token};
 use crate::partition::{Registry, ResultPartition};
 use crate::serde::RecordDeserializer;
-use crate::transport::{Inbound, RemoteChannel, RemoteGate, RemoteStats, Transport};
+use crate::transport::{recycle_all, Inbound, RemoteChannel, RemoteGate, RemoteStats, Transport};
 use crate::wait::Wait;
 
 /// Which subpartition of which partition, where.
@@ -203,6 +203,9 @@ pub struct InputGate {
     handle: Arc<GateHandle>,
     /// Buffers and credit of the remote channels, if any.
     remote: Option<Arc<RemoteGate>>,
+    /// A channel's failure that arrived behind batches still in `pending`: raised once they
+    /// have been returned (at most one: no channel is polled while `pending` is non-empty).
+    deferred: Option<Error>,
     closed: bool,
 }
 
@@ -321,6 +324,7 @@ impl InputGate {
             max_record,
             handle: handle.clone(),
             remote: remote_gate,
+            deferred: None,
             closed: false,
         };
         gate.resolve_pending(true)?;
@@ -428,6 +432,9 @@ impl InputGate {
             if let Some((ch, b, token)) = self.pending.pop_front() {
                 self.handle.queued.store(self.pending.len(), Ordering::Relaxed);
                 return Ok(Some(GateItem::Batch(ch, b, token)));
+            }
+            if let Some(e) = self.deferred.take() {
+                return Err(e);
             }
             if self.ended == self.channels.len() {
                 return Ok(None);
@@ -547,12 +554,14 @@ impl InputGate {
         let counters = &self.handle.counters;
         let mut end = None;
         let mut out = VecDeque::new();
-        for item in ch.take_all() {
+        let items = ch.take_all();
+        let mut done = Vec::with_capacity(items.len());
+        for item in items {
             match item {
                 Inbound::Data(received) => {
                     counters.buffers.add(1);
                     de.push(received.bytes(), &mut out)?;
-                    // Dropping `received` hands the segment back: new credit for the sender.
+                    done.push(received);
                 }
                 Inbound::Event(ev) => {
                     end = Some(match Event::from(ev) {
@@ -566,6 +575,8 @@ impl InputGate {
                 Inbound::Failed(e) => end = Some(Err(e)),
             }
         }
+        // The segments go back together: new credit for the sender in one AddCredit.
+        recycle_all(done);
         for b in out {
             counters.batches.add(1);
             counters.bytes.add(b.get_array_memory_size() as u64);
@@ -578,7 +589,13 @@ impl InputGate {
             self.channels[idx].state = ChannelState::Ended;
             self.ended += 1;
             self.handle.ended.store(self.ended, Ordering::Relaxed);
-            return result;
+            // The batches received before a failure come out first, then the failure.
+            if let Err(e) = result {
+                if self.pending.is_empty() {
+                    return Err(e);
+                }
+                self.deferred = Some(e);
+            }
         }
         Ok(())
     }

@@ -88,9 +88,22 @@ impl Received {
 impl Drop for Received {
     fn drop(&mut self) {
         if let Some(seg) = self.segment.take() {
-            self.gate.recycle(seg, self.lease.take());
+            self.gate.recycle(std::iter::once((seg, self.lease.take())));
         }
     }
+}
+
+/// Hands back many received buffers at once: one lock, and one AddCredit per channel for
+/// the whole burst rather than one per buffer.
+pub(crate) fn recycle_all(received: Vec<Received>) {
+    let Some(gate) = received.first().map(|r| r.gate.clone()) else {
+        return;
+    };
+    gate.recycle(
+        received
+            .into_iter()
+            .filter_map(|mut r| r.segment.take().map(|seg| (seg, r.lease.take()))),
+    );
 }
 
 struct GateBuffers {
@@ -161,16 +174,18 @@ impl RemoteGate {
         s
     }
 
-    fn recycle(&self, seg: PooledSegment, lease: Option<BufferLease>) {
+    fn recycle(&self, buffers: impl Iterator<Item = (PooledSegment, Option<BufferLease>)>) {
         let wake = {
             let mut b = self.bufs.lock().unwrap();
             if b.closed {
                 return;
             }
-            b.free.push(seg);
-            if let Some(lease) = lease {
-                if let Err(e) = b.credit.on_buffer_recycled(lease) {
-                    log::error!("creditflow: recycling a buffer: {e}");
+            for (seg, lease) in buffers {
+                b.free.push(seg);
+                if let Some(lease) = lease {
+                    if let Err(e) = b.credit.on_buffer_recycled(lease) {
+                        log::error!("creditflow: recycling a buffer: {e}");
+                    }
                 }
             }
             drain_actions(&mut b)

@@ -85,7 +85,7 @@ mod io;
 mod server;
 
 pub use client::RemoteStats;
-pub(crate) use client::{Inbound, RemoteChannel, RemoteGate};
+pub(crate) use client::{recycle_all, Inbound, RemoteChannel, RemoteGate};
 
 pub use codec::{
     check, decode, decode_buffer_response_header, encode, encode_buffer_response_header, max_frame_size,

@@ -26,6 +26,8 @@ class NetworkEnvironment:
     ``exclusive_buffers`` per remote channel, ``floating_buffers`` per gate.
     ``request_backoff_initial`` / ``request_backoff_max``: retry delays of a request for a
     partition the producer has not registered yet, then ``PartitionNotFoundError``.
+    ``handshake_timeout``: seconds a peer may take to connect and prove itself; a peer that
+    connects and stays silent is dropped after it.
     """
 
     def __new__(
@@ -44,6 +46,7 @@ class NetworkEnvironment:
         request_backoff_initial: float = 0.1,
         request_backoff_max: float = 10.0,
         advertise: str | None = None,
+        handshake_timeout: float = 10.0,
     ) -> NetworkEnvironment: ...
     @property
     def address(self) -> str:

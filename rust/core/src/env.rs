@@ -53,6 +53,9 @@ pub struct EnvConfig {
     pub max_record_size: usize,
     /// Shared secret for the peer handshake (HMAC challenge-response); `None`: no proof.
     pub secret: Option<Vec<u8>>,
+    /// How long a peer may take to connect and complete the handshake; a peer that connects
+    /// and stays silent is dropped after it.
+    pub handshake_timeout: Duration,
     /// The address to report as `address` when the bound one is not what peers reach
     /// (NAT, containers); `None`: the bound address.
     pub advertise: Option<String>,
@@ -72,6 +75,7 @@ impl Default for EnvConfig {
             request_backoff: Backoff::default(),
             max_record_size: 2 << 30,
             secret: None,
+            handshake_timeout: Duration::from_secs(10),
             advertise: None,
         }
     }
@@ -150,6 +154,7 @@ impl NetworkEnvironment {
                 secret: config.secret.clone(),
                 flow_control: config.flow_control,
                 backoff: config.request_backoff,
+                handshake_timeout: config.handshake_timeout,
             },
             Arc::downgrade(&registry),
         )?);

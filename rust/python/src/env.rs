@@ -78,7 +78,8 @@ impl NetworkEnvironment {
     #[pyo3(signature = (
         memory = None, segment_size = None, bind = "127.0.0.1:0", secret = None, flow_control = "credit",
         buffer_timeout = 0.1, exclusive_buffers = 2, floating_buffers = 8, *, insecure = false,
-        local_handoff = true, request_backoff_initial = 0.1, request_backoff_max = 10.0, advertise = None
+        local_handoff = true, request_backoff_initial = 0.1, request_backoff_max = 10.0, advertise = None,
+        handshake_timeout = 10.0
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -95,6 +96,7 @@ impl NetworkEnvironment {
         request_backoff_initial: f64,
         request_backoff_max: f64,
         advertise: Option<String>,
+        handshake_timeout: f64,
     ) -> PyResult<Self> {
         let mut config = EnvConfig::default();
         if let Some(m) = memory {
@@ -153,6 +155,10 @@ impl NetworkEnvironment {
         };
         if config.request_backoff.initial.is_zero() {
             return Err(PyValueError::new_err("request_backoff_initial must be positive"));
+        }
+        config.handshake_timeout = secs(handshake_timeout, "handshake_timeout")?;
+        if config.handshake_timeout.is_zero() {
+            return Err(PyValueError::new_err("handshake_timeout must be positive"));
         }
         config.secret = secret;
         config.advertise = advertise;

@@ -546,6 +546,7 @@ fn channel_error(spec: &ChannelSpec, kind: ErrorKind, message: String) -> Error 
 pub(crate) struct ClientContext {
     pub(crate) segment_size: usize,
     pub(crate) secret: Option<Vec<u8>>,
+    pub(crate) handshake_timeout: Duration,
 }
 
 impl ClientConn {
@@ -561,7 +562,7 @@ impl ClientConn {
         let c = conn.clone();
         rt.spawn(async move {
             let result = match tokio::time::timeout(
-                io::HANDSHAKE_TIMEOUT,
+                ctx.handshake_timeout,
                 tokio::net::TcpStream::connect(&addr),
             )
             .await
@@ -573,7 +574,7 @@ impl ClientConn {
                 Ok(Err(e)) => Err(Error::ConnectionLost(format!("cannot connect: {e}"))),
                 Err(_) => Err(Error::ConnectionLost(format!(
                     "cannot connect: no answer within {:?}",
-                    io::HANDSHAKE_TIMEOUT
+                    ctx.handshake_timeout
                 ))),
             };
             let error = match result {
@@ -635,12 +636,12 @@ where
     let (rd, mut wr) = tokio::io::split(stream);
     let mut reader = FrameReader::new(rd);
     let hs = io::client_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref());
-    match tokio::time::timeout(io::HANDSHAKE_TIMEOUT, hs).await {
+    match tokio::time::timeout(ctx.handshake_timeout, hs).await {
         Ok(r) => r?,
         Err(_) => {
             return Err(Error::ConnectionLost(format!(
                 "no handshake within {:?}",
-                io::HANDSHAKE_TIMEOUT
+                ctx.handshake_timeout
             )))
         }
     };
@@ -755,20 +756,27 @@ async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ClientConn>, reader: &mut Fr
     }
 }
 
+/// The delay before the next partition request after one was answered PartitionNotFound:
+/// `initial`, doubling up to `max`; `None` once a request at `max` failed (give up). `last` is
+/// the delay used before the failed request (`None` for the first request).
+pub(crate) fn next_retry_delay(last: Option<Duration>, backoff: Backoff) -> Option<Duration> {
+    match last {
+        None => Some(backoff.initial),
+        Some(d) if d >= backoff.max => None,
+        Some(d) => Some((d * 2).min(backoff.max)),
+    }
+}
+
 /// The partition is not registered at the peer yet: ask again after the backoff, or fail.
 fn schedule_retry(conn: &Arc<ClientConn>, ch: Arc<RemoteChannel>) {
     let delay = {
         let mut retry = ch.retry.lock().unwrap();
-        let next = match *retry {
-            None => ch.backoff.initial,
-            Some(d) if d >= ch.backoff.max => {
-                drop(retry);
-                conn.remove(ch.rid);
-                let id = ch.spec.partition_id.clone();
-                ch.fail(Error::PartitionNotFound(id));
-                return;
-            }
-            Some(d) => (d * 2).min(ch.backoff.max),
+        let Some(next) = next_retry_delay(*retry, ch.backoff) else {
+            drop(retry);
+            conn.remove(ch.rid);
+            let id = ch.spec.partition_id.clone();
+            ch.fail(Error::PartitionNotFound(id));
+            return;
         };
         *retry = Some(next);
         next
@@ -780,4 +788,38 @@ fn schedule_retry(conn: &Arc<ClientConn>, ch: Arc<RemoteChannel>) {
             conn.send(ch.request());
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The retry schedule on tokio's paused clock: 0.1 s doubling to 10 s, then give up.
+    #[tokio::test(start_paused = true)]
+    async fn partition_request_backoff_doubles_to_the_max_then_gives_up() {
+        let backoff = Backoff::default();
+        let start = tokio::time::Instant::now();
+        let mut last = None;
+        let mut delays = Vec::new();
+        while let Some(d) = next_retry_delay(last, backoff) {
+            tokio::time::sleep(d).await;
+            delays.push(d.as_millis());
+            last = Some(d);
+        }
+        assert_eq!(delays, [100, 200, 400, 800, 1600, 3200, 6400, 10000]);
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(delays.iter().sum::<u128>() as u64)
+        );
+    }
+
+    #[test]
+    fn a_max_below_initial_gives_up_after_one_retry() {
+        let backoff = Backoff {
+            initial: Duration::from_secs(1),
+            max: Duration::from_millis(10),
+        };
+        assert_eq!(next_retry_delay(None, backoff), Some(Duration::from_secs(1)));
+        assert_eq!(next_retry_delay(Some(Duration::from_secs(1)), backoff), None);
+    }
 }

@@ -2,8 +2,6 @@
 //! the handshake. Everything about what the bytes mean is in [`super::codec`].
 
 use std::io::IoSlice;
-use std::time::Duration;
-
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::auth::{self, Role};
@@ -16,9 +14,6 @@ use crate::error::{Error, Result};
 /// Bytes read from the socket into the decoder at a time. Small, so that most of a data
 /// payload is read by the kernel straight into its segment rather than through this buffer.
 const READ_CHUNK: usize = 4096;
-
-/// How long a peer may take to complete the handshake.
-pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// An owned frame: a control message or event, or the header of a data payload that
 /// [`FrameReader::read_payload`] must take next.

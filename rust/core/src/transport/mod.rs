@@ -114,6 +114,8 @@ pub(crate) struct TransportConfig {
     pub(crate) secret: Option<Vec<u8>>,
     pub(crate) flow_control: FlowControl,
     pub(crate) backoff: Backoff,
+    /// How long a peer may take to connect and complete the handshake.
+    pub(crate) handshake_timeout: Duration,
 }
 
 /// The TCP side of one environment: a tokio runtime (created with the environment, never at
@@ -152,12 +154,13 @@ impl Transport {
                 .map_err(|e| Error::InvalidArgument(format!("listener: {e}")))?
         };
         let shutdown = Arc::new(Notify::new());
-        let ctx = (
-            config.segment_size,
-            config.secret.clone(),
+        let ctx = AcceptContext {
+            segment_size: config.segment_size,
+            secret: config.secret.clone(),
+            handshake_timeout: config.handshake_timeout,
             registry,
-            shutdown.clone(),
-        );
+            shutdown: shutdown.clone(),
+        };
         handle.spawn(accept_loop(listener, ctx));
         Ok(Transport {
             runtime: Mutex::new(Some(runtime)),
@@ -185,6 +188,7 @@ impl Transport {
                     let ctx = ClientContext {
                         segment_size: self.config.segment_size,
                         secret: self.config.secret.clone(),
+                        handshake_timeout: self.config.handshake_timeout,
                     };
                     let c = ClientConn::open(spec.address.clone(), ctx, &self.handle);
                     clients.insert(spec.address.clone(), c.clone());
@@ -225,10 +229,22 @@ impl Drop for Transport {
     }
 }
 
-type AcceptContext = (usize, Option<Vec<u8>>, Weak<Registry>, Arc<Notify>);
+struct AcceptContext {
+    segment_size: usize,
+    secret: Option<Vec<u8>>,
+    handshake_timeout: Duration,
+    registry: Weak<Registry>,
+    shutdown: Arc<Notify>,
+}
 
 async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
-    let (segment_size, secret, registry, shutdown) = ctx;
+    let AcceptContext {
+        segment_size,
+        secret,
+        handshake_timeout,
+        registry,
+        shutdown,
+    } = ctx;
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -240,6 +256,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
                 let sctx = server::ServeContext {
                     segment_size,
                     secret: secret.clone(),
+                    handshake_timeout,
                     registry: registry.clone(),
                     shutdown: shutdown.clone(),
                 };

@@ -456,7 +456,7 @@ where
     let (rd, mut wr) = tokio::io::split(stream);
     let mut reader = FrameReader::new(rd);
     let hs = io::server_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref());
-    let negotiated = match tokio::time::timeout(io::HANDSHAKE_TIMEOUT, hs).await {
+    let negotiated = match tokio::time::timeout(ctx.handshake_timeout, hs).await {
         Ok(Ok(n)) => n,
         Ok(Err(e)) => {
             log::warn!("creditflow: refused connection from {peer}: {e}");
@@ -465,7 +465,7 @@ where
         Err(_) => {
             log::warn!(
                 "creditflow: dropped connection from {peer}: no handshake within {:?}",
-                io::HANDSHAKE_TIMEOUT
+                ctx.handshake_timeout
             );
             return;
         }
@@ -505,6 +505,7 @@ where
 pub(crate) struct ServeContext {
     pub(crate) segment_size: usize,
     pub(crate) secret: Option<Vec<u8>>,
+    pub(crate) handshake_timeout: std::time::Duration,
     pub(crate) registry: Weak<Registry>,
     pub(crate) shutdown: Arc<Notify>,
 }

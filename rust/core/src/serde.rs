@@ -95,6 +95,8 @@ impl RecordDeserializer {
             header: [0; RECORD_HEADER_LEN],
             header_filled: 0,
             body: None,
+            // Validates every array fully (offsets, UTF-8, dictionary keys): the bytes may
+            // come from a peer.
             decoder: StreamDecoder::new(),
             max_record,
         }
@@ -143,7 +145,7 @@ impl RecordDeserializer {
     fn decode_record(&mut self, mut buf: Buffer, out: &mut VecDeque<RecordBatch>) -> Result<()> {
         let mut produced = false;
         while !buf.is_empty() {
-            if let Some(batch) = self.decoder.decode(&mut buf)? {
+            if let Some(batch) = decode_guarded(&mut self.decoder, &mut buf)? {
                 out.push_back(batch);
                 produced = true;
             }
@@ -154,7 +156,7 @@ impl RecordDeserializer {
             // completes a message when offered more bytes. Offer a few it will not consume:
             // it needs none for an empty body.
             let mut nudge = Buffer::from(vec![0u8; 8]);
-            if let Some(batch) = self.decoder.decode(&mut nudge)? {
+            if let Some(batch) = decode_guarded(&mut self.decoder, &mut nudge)? {
                 if nudge.len() != 8 {
                     return Err(Error::Protocol("a record ended inside an IPC message".into()));
                 }
@@ -166,6 +168,19 @@ impl RecordDeserializer {
             return Err(Error::Protocol("a record held no record batch".into()));
         }
         Ok(())
+    }
+}
+
+/// `decoder.decode`, with a panic turned into a protocol error: arrow-ipc's reader asserts on
+/// some malformed inputs (buffer slices past the end, short validity bitmaps) instead of
+/// returning an error, and a peer's bytes must never take the process down. The decoder is
+/// not used again after an error (the channel fails).
+fn decode_guarded(decoder: &mut StreamDecoder, buf: &mut Buffer) -> Result<Option<RecordBatch>> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decoder.decode(buf))) {
+        Ok(r) => r.map_err(|e| Error::Protocol(format!("invalid Arrow IPC data: {e}"))),
+        Err(_) => Err(Error::Protocol(
+            "malformed Arrow IPC message (the decoder rejected it)".into(),
+        )),
     }
 }
 
@@ -253,5 +268,74 @@ mod tests {
         let mut bytes = 16u64.to_le_bytes().to_vec();
         bytes.extend_from_slice(&[0xAB; 16]);
         assert!(de.push(&bytes, &mut VecDeque::new()).is_err());
+    }
+
+    fn record_bytes(b: &RecordBatch) -> Vec<u8> {
+        let mut enc = BatchEncoder::new(&b.schema()).unwrap();
+        enc.encode(b).unwrap().chunks().flatten().copied().collect()
+    }
+
+    fn find(hay: &[u8], needle: &[u8]) -> usize {
+        hay.windows(needle.len())
+            .position(|w| w == needle)
+            .expect("pattern in the record")
+    }
+
+    #[test]
+    fn invalid_utf8_and_offsets_are_protocol_errors() {
+        let b = batch(0, 40);
+        let good = record_bytes(&b);
+        // A string value byte made invalid UTF-8.
+        let mut bad = good.clone();
+        let at = find(&bad, b"v12");
+        bad[at + 1] = 0xFF;
+        let err = RecordDeserializer::new(1 << 20)
+            .push(&bad, &mut VecDeque::new())
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Protocol(_)) && err.to_string().contains("UTF8"),
+            "{err}"
+        );
+        // Offsets 0, 2, 4, ... of column s: make one go backwards.
+        let mut bad = good.clone();
+        let offs: Vec<u8> = [0i32, 2, 4, 6].iter().flat_map(|o| o.to_le_bytes()).collect();
+        let at = find(&bad, &offs);
+        bad[at + 8..at + 12].copy_from_slice(&1i32.to_le_bytes());
+        let err = RecordDeserializer::new(1 << 20)
+            .push(&bad, &mut VecDeque::new())
+            .unwrap_err();
+        assert!(matches!(err, Error::Protocol(_)), "{err}");
+        // An offset past the values buffer.
+        let mut bad = good;
+        bad[at + 8..at + 12].copy_from_slice(&100_000i32.to_le_bytes());
+        assert!(RecordDeserializer::new(1 << 20)
+            .push(&bad, &mut VecDeque::new())
+            .is_err());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+        /// Whatever bytes are flipped, the deserializer never accepts a batch that Arrow's
+        /// own full validation rejects (and never panics).
+        #[test]
+        fn corrupted_records_never_pass_as_invalid_batches(
+            flips in proptest::collection::vec((0usize..10_000, proptest::prelude::any::<u8>()), 1..4)
+        ) {
+            let b = batch(0, 64);
+            let mut bytes = record_bytes(&b);
+            for (pos, val) in flips {
+                let i = RECORD_HEADER_LEN + pos % (bytes.len() - RECORD_HEADER_LEN);
+                bytes[i] = val;
+            }
+            let mut out = VecDeque::new();
+            if RecordDeserializer::new(1 << 20).push(&bytes, &mut out).is_ok() {
+                for got in &out {
+                    for col in got.columns() {
+                        proptest::prop_assert!(col.to_data().validate_full().is_ok());
+                    }
+                }
+            }
+        }
     }
 }

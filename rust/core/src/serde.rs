@@ -427,6 +427,32 @@ mod tests {
         assert!(de.push(&bytes, &mut VecDeque::new()).is_err());
     }
 
+    /// Every flat variable-width type the fast validator handles, with nulls, multi-byte
+    /// characters and a sliced column.
+    fn variable_width_batch(n: usize) -> RecordBatch {
+        use arrow_array::{BinaryArray, LargeBinaryArray, LargeStringArray};
+        let text = |i: usize| (!i.is_multiple_of(5)).then(|| format!("é{i}ü"));
+        let s: ArrayRef = Arc::new(LargeStringArray::from_iter((0..n).map(text)));
+        let b: ArrayRef = Arc::new(BinaryArray::from_iter(
+            (0..n).map(|i| text(i).map(String::into_bytes)),
+        ));
+        let lb: ArrayRef = Arc::new(LargeBinaryArray::from_iter_values(
+            (0..n).map(|i| vec![i as u8; i % 4]),
+        ));
+        let sliced: ArrayRef = Arc::new(StringArray::from_iter((0..n + 7).map(text)).slice(7, n));
+        RecordBatch::try_from_iter([("s", s), ("b", b), ("lb", lb), ("sliced", sliced)]).unwrap()
+    }
+
+    #[test]
+    fn variable_width_columns_round_trip() {
+        let b = variable_width_batch(100);
+        let mut out = VecDeque::new();
+        RecordDeserializer::new(1 << 20)
+            .push(&record_bytes(&b), &mut out)
+            .unwrap();
+        assert_eq!(out.pop_front().unwrap(), b);
+    }
+
     fn record_bytes(b: &RecordBatch) -> Vec<u8> {
         let mut enc = BatchEncoder::new(&b.schema()).unwrap();
         enc.encode(b).unwrap().chunks().flatten().copied().collect()
@@ -471,15 +497,16 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
 
         /// Whatever bytes are flipped, the deserializer never accepts a batch that Arrow's
         /// own full validation rejects (and never panics).
         #[test]
         fn corrupted_records_never_pass_as_invalid_batches(
-            flips in proptest::collection::vec((0usize..10_000, proptest::prelude::any::<u8>()), 1..4)
+            flips in proptest::collection::vec((0usize..10_000, proptest::prelude::any::<u8>()), 1..4),
+            wide in proptest::prelude::any::<bool>(),
         ) {
-            let b = batch(0, 64);
+            let b = if wide { variable_width_batch(48) } else { batch(0, 64) };
             let mut bytes = record_bytes(&b);
             for (pos, val) in flips {
                 let i = RECORD_HEADER_LEN + pos % (bytes.len() - RECORD_HEADER_LEN);

@@ -26,8 +26,10 @@
 //! the Python layer uses for Ctrl-C, so no call can block forever without a way out.
 
 pub mod credit;
+#[cfg(not(loom))]
 pub mod env;
 pub mod error;
+#[cfg(not(loom))]
 pub mod gate;
 pub mod hash;
 pub mod memory;
@@ -41,8 +43,10 @@ pub mod units;
 pub mod wait;
 pub mod writer;
 
+#[cfg(not(loom))]
 pub use env::{EnvConfig, FlowControl, NetworkEnvironment};
 pub use error::{Error, Result};
+#[cfg(not(loom))]
 pub use gate::{ChannelSpec, GateItem, InputGate};
 pub use partition::ResultPartition;
 pub use partitioner::Partitioner;

@@ -1,0 +1,180 @@
+//! The TCP side of an environment: the runtime, the listener, the connections.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::client::{ClientConn, ClientContext, RemoteChannel, RemoteGate};
+use super::{codec, server};
+use crate::env::FlowControl;
+use crate::error::{Error, Result};
+use crate::gate::{Backoff, ChannelSpec};
+use crate::partition::subpartition::Listener;
+use crate::partition::Registry;
+
+/// What the transport needs from its environment.
+#[derive(Clone)]
+pub(crate) struct TransportConfig {
+    pub(crate) segment_size: usize,
+    pub(crate) secret: Option<Vec<u8>>,
+    pub(crate) flow_control: FlowControl,
+    pub(crate) backoff: Backoff,
+    /// How long a peer may take to connect and complete the handshake.
+    pub(crate) handshake_timeout: Duration,
+}
+
+/// The TCP side of one environment: a tokio runtime (created with the environment, never at
+/// import), the listener's accept loop, and the client connections to other environments,
+/// one per remote address, shared by all gates.
+pub(crate) struct Transport {
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    handle: tokio::runtime::Handle,
+    config: TransportConfig,
+    clients: Mutex<HashMap<String, Arc<ClientConn>>>,
+    next_receiver: AtomicU64,
+    /// Ends the accept loop and every served connection.
+    shutdown: Arc<Notify>,
+}
+
+impl Transport {
+    /// Starts the I/O thread and serves `listener`.
+    pub(crate) fn start(
+        listener: std::net::TcpListener,
+        config: TransportConfig,
+        registry: Weak<Registry>,
+    ) -> Result<Transport> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("creditflow-io")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::InvalidArgument(format!("cannot start the I/O thread: {e}")))?;
+        let handle = runtime.handle().clone();
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::InvalidArgument(format!("listener: {e}")))?;
+        let listener = {
+            let _guard = runtime.enter();
+            tokio::net::TcpListener::from_std(listener)
+                .map_err(|e| Error::InvalidArgument(format!("listener: {e}")))?
+        };
+        let shutdown = Arc::new(Notify::new());
+        let ctx = AcceptContext {
+            segment_size: config.segment_size,
+            secret: config.secret.clone(),
+            handshake_timeout: config.handshake_timeout,
+            registry,
+            shutdown: shutdown.clone(),
+        };
+        handle.spawn(accept_loop(listener, ctx));
+        Ok(Transport {
+            runtime: Mutex::new(Some(runtime)),
+            handle,
+            config,
+            clients: Mutex::new(HashMap::new()),
+            next_receiver: AtomicU64::new(1),
+            shutdown,
+        })
+    }
+
+    /// Opens a remote channel reading `spec` into `gate`; `notify` is called whenever the
+    /// channel has something new.
+    pub(crate) fn open_channel(
+        &self,
+        spec: ChannelSpec,
+        gate: &Arc<RemoteGate>,
+        notify: Listener,
+    ) -> Arc<RemoteChannel> {
+        let conn = {
+            let mut clients = self.clients.lock().unwrap();
+            match clients.get(&spec.address) {
+                Some(c) if !c.is_dead() => c.clone(),
+                _ => {
+                    let ctx = ClientContext {
+                        segment_size: self.config.segment_size,
+                        secret: self.config.secret.clone(),
+                        handshake_timeout: self.config.handshake_timeout,
+                    };
+                    let c = ClientConn::open(spec.address.clone(), ctx, &self.handle);
+                    clients.insert(spec.address.clone(), c.clone());
+                    c
+                }
+            }
+        };
+        let rid = codec::ReceiverId(self.next_receiver.fetch_add(1, Ordering::Relaxed));
+        conn.open_channel(rid, spec, gate, notify, self.config.backoff)
+    }
+
+    /// Flow control of this environment's gates.
+    pub(crate) fn flow_control(&self) -> FlowControl {
+        self.config.flow_control
+    }
+
+    /// Closes every connection and stops the I/O thread (waiting up to a second for
+    /// CloseRequests to go out). Idempotent.
+    pub(crate) fn close(&self) {
+        let clients: Vec<Arc<ClientConn>> = self.clients.lock().unwrap().drain().map(|(_, c)| c).collect();
+        for c in &clients {
+            c.close();
+        }
+        self.shutdown.notify_waiters();
+        if let Some(rt) = self.runtime.lock().unwrap().take() {
+            if !clients.is_empty() {
+                // Let the writers send their CloseRequest.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            rt.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+impl Drop for Transport {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+struct AcceptContext {
+    segment_size: usize,
+    secret: Option<Vec<u8>>,
+    handshake_timeout: Duration,
+    registry: Weak<Registry>,
+    shutdown: Arc<Notify>,
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
+    let AcceptContext {
+        segment_size,
+        secret,
+        handshake_timeout,
+        registry,
+        shutdown,
+    } = ctx;
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.notified() => return,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                let sctx = server::ServeContext {
+                    segment_size,
+                    secret: secret.clone(),
+                    handshake_timeout,
+                    registry: registry.clone(),
+                    shutdown: shutdown.clone(),
+                };
+                tokio::spawn(server::serve(stream, peer.to_string(), sctx));
+            }
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                log::warn!("creditflow: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}

@@ -81,6 +81,9 @@ impl Default for EnvConfig {
     }
 }
 
+/// How long `close` waits for remote consumers of finished partitions to be sent everything.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How often the flusher samples meters.
 const METER_TICK: Duration = Duration::from_millis(250);
 
@@ -322,6 +325,12 @@ impl NetworkEnvironment {
     pub fn close(&self) {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return;
+        }
+        // Remote consumers of finished partitions get what is queued for them first.
+        if !self.inner.transport.drain(Instant::now() + DRAIN_TIMEOUT) {
+            log::warn!(
+                "creditflow: closing with data still queued for remote consumers after {DRAIN_TIMEOUT:?}"
+            );
         }
         self.inner.transport.close();
         let parts: Vec<Arc<ResultPartition>> =

@@ -200,3 +200,38 @@ fn producer_going_away_fails_the_gate() {
     assert!(matches!(err, Error::ConnectionLost(_)), "{err}");
     assert!(t.elapsed() < Duration::from_secs(2));
 }
+
+#[test]
+fn closing_the_producer_right_after_its_writer_still_delivers_everything() {
+    for rows in [1_000, 200_000] {
+        let producer = env(|_| {});
+        let consumer = env(|_| {});
+        let part = producer.create_partition("p", 1).unwrap();
+        let spec = ChannelSpec {
+            address: producer.address().into(),
+            partition_id: "p".into(),
+            subpartition: 0,
+        };
+        let mut gate = consumer.create_input_gate(vec![spec]).unwrap();
+        let (first_tx, first_rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut total = 0;
+            while let Some(b) = gate.next(&mut wait(20)).unwrap() {
+                total += b.num_rows();
+                let _ = first_tx.send(());
+            }
+            total
+        });
+        let mut w = RecordWriter::new(part, Partitioner::Forward);
+        w.write(&batch(0, rows), &mut wait(10)).unwrap();
+        w.flush();
+        // The consumer is attached; now queue more than the channel's credit and close at once.
+        first_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        for i in 1..6 {
+            w.write(&batch(i * rows as i64, rows), &mut wait(10)).unwrap();
+        }
+        w.close().unwrap();
+        producer.close();
+        assert_eq!(reader.join().unwrap(), 6 * rows);
+    }
+}

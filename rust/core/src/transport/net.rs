@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::watch;
 
 use super::client::{ClientConn, ClientContext, RemoteChannel, RemoteGate};
-use super::{codec, server};
+use super::codec;
+use super::server::{self, ServerConn};
 use crate::env::FlowControl;
 use crate::error::{Error, Result};
 use crate::gate::{Backoff, ChannelSpec};
@@ -35,8 +36,12 @@ pub(crate) struct Transport {
     config: TransportConfig,
     clients: Mutex<HashMap<String, Arc<ClientConn>>>,
     next_receiver: AtomicU64,
-    /// Ends the accept loop and every served connection.
-    shutdown: Arc<Notify>,
+    /// Set to true to end the accept loop and every served connection (gracefully).
+    shutdown: watch::Sender<bool>,
+    /// The accept loop; it ends after its connections have finished.
+    accept: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Connections this environment serves (to wait for them to drain).
+    served: Arc<Mutex<Vec<Weak<ServerConn>>>>,
 }
 
 impl Transport {
@@ -61,15 +66,17 @@ impl Transport {
             tokio::net::TcpListener::from_std(listener)
                 .map_err(|e| Error::InvalidArgument(format!("listener: {e}")))?
         };
-        let shutdown = Arc::new(Notify::new());
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let served = Arc::new(Mutex::new(Vec::new()));
         let ctx = AcceptContext {
             segment_size: config.segment_size,
             secret: config.secret.clone(),
             handshake_timeout: config.handshake_timeout,
             registry,
-            shutdown: shutdown.clone(),
+            shutdown: shutdown_rx,
+            served: served.clone(),
         };
-        handle.spawn(accept_loop(listener, ctx));
+        let accept = handle.spawn(accept_loop(listener, ctx));
         Ok(Transport {
             runtime: Mutex::new(Some(runtime)),
             handle,
@@ -77,6 +84,8 @@ impl Transport {
             clients: Mutex::new(HashMap::new()),
             next_receiver: AtomicU64::new(1),
             shutdown,
+            accept: Mutex::new(Some(accept)),
+            served,
         })
     }
 
@@ -113,6 +122,29 @@ impl Transport {
         self.config.flow_control
     }
 
+    /// Waits until no served connection still has a reader of a *finished* partition (one
+    /// whose writer sent end-of-partition) that has not been sent everything, or `deadline`.
+    /// So a producer that closes its environment right after its writers does not cut off
+    /// what its remote consumers have yet to receive. Returns whether everything drained.
+    pub(crate) fn drain(&self, deadline: std::time::Instant) -> bool {
+        loop {
+            let busy = self
+                .served
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(Weak::upgrade)
+                .any(|c| c.has_undrained_readers());
+            if !busy {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Closes every connection and stops the I/O thread (waiting up to a second for
     /// CloseRequests to go out). Idempotent.
     pub(crate) fn close(&self) {
@@ -120,7 +152,13 @@ impl Transport {
         for c in &clients {
             c.close();
         }
-        self.shutdown.notify_waiters();
+        let _ = self.shutdown.send(true);
+        if let Some(accept) = self.accept.lock().unwrap().take() {
+            // Served connections finish their last write and close their side first.
+            let _ = self
+                .handle
+                .block_on(async move { tokio::time::timeout(CLOSE_GRACE, accept).await });
+        }
         if let Some(rt) = self.runtime.lock().unwrap().take() {
             if !clients.is_empty() {
                 // Let the writers send their CloseRequest.
@@ -137,12 +175,16 @@ impl Drop for Transport {
     }
 }
 
+/// How long closing waits for served connections to finish their last write.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
 struct AcceptContext {
     segment_size: usize,
     secret: Option<Vec<u8>>,
     handshake_timeout: Duration,
     registry: Weak<Registry>,
-    shutdown: Arc<Notify>,
+    shutdown: watch::Receiver<bool>,
+    served: Arc<Mutex<Vec<Weak<ServerConn>>>>,
 }
 
 async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
@@ -151,12 +193,15 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
         secret,
         handshake_timeout,
         registry,
-        shutdown,
+        mut shutdown,
+        served,
     } = ctx;
+    let mut connections = tokio::task::JoinSet::new();
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
-            _ = shutdown.notified() => return,
+            _ = shutdown.wait_for(|closing| *closing) => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
         };
         match accepted {
             Ok((stream, peer)) => {
@@ -167,8 +212,9 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
                     handshake_timeout,
                     registry: registry.clone(),
                     shutdown: shutdown.clone(),
+                    served: served.clone(),
                 };
-                tokio::spawn(server::serve(stream, peer.to_string(), sctx));
+                connections.spawn(server::serve(stream, peer.to_string(), sctx));
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -177,4 +223,6 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
             }
         }
     }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
 }

@@ -19,7 +19,7 @@ use std::io::IoSlice;
 use std::sync::{Arc, Mutex, Weak};
 
 use arrow_buffer::Buffer;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
 use super::codec::{self, ErrorKind, EventKind, Message, ReceiverId, BUFFER_RESPONSE_HEADER_LEN};
@@ -222,9 +222,22 @@ pub(crate) struct ServerConn {
     /// Readers whose subpartition has new data (pushed by the producers' listeners).
     signalled: Mutex<Vec<ReceiverId>>,
     wake: Notify,
+    /// The environment closes: the writer stops once it has nothing left to write.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 impl ServerConn {
+    /// Whether a reader of a finished partition still has buffers or its end-of-partition
+    /// to send (see `Transport::drain`).
+    pub(crate) fn has_undrained_readers(&self) -> bool {
+        self.state
+            .lock()
+            .unwrap()
+            .readers
+            .values()
+            .any(|r| r.partition.is_finished())
+    }
+
     fn signal(&self, rid: ReceiverId) {
         let first = {
             let mut s = self.signalled.lock().unwrap();
@@ -477,12 +490,46 @@ where
         state: Mutex::new(ServerState::default()),
         signalled: Mutex::new(Vec::new()),
         wake: Notify::new(),
+        closing: Default::default(),
     });
-    let result = tokio::select! {
-        r = read_loop(&conn, &mut reader) => r,
-        r = write_loop(&conn, &mut wr) => r,
-        _ = ctx.shutdown.notified() => Ok(()),
+    ctx.served.lock().unwrap().push(Arc::downgrade(&conn));
+    let mut shutdown = ctx.shutdown.clone();
+    let mut closing = false;
+    let result = {
+        let writer = write_loop(&conn, &mut wr);
+        tokio::pin!(writer);
+        let r = tokio::select! {
+            r = read_loop(&conn, &mut reader) => Some(r),
+            r = &mut writer => Some(r),
+            _ = shutdown.wait_for(|c| *c) => None,
+        };
+        match r {
+            Some(r) => r,
+            None => {
+                // The environment closes: finish the write in progress and whatever is
+                // queued (last buffers, end-of-partition events), then close our side.
+                closing = true;
+                conn.closing.store(true, std::sync::atomic::Ordering::SeqCst);
+                conn.wake.notify_one();
+                tokio::time::timeout(CLOSE_FLUSH, &mut writer)
+                    .await
+                    .unwrap_or(Ok(()))
+            }
+        }
     };
+    if closing && result.is_ok() {
+        // FIN, then read until the peer closes too: closing with its AddCredits unread
+        // would make the kernel send a reset, which can discard data the peer has not read.
+        let _ = wr.shutdown().await;
+        let _ = tokio::time::timeout(CLOSE_FLUSH, async {
+            while let Ok(frame) = reader.next().await {
+                if let InFrame::Data(_) = frame {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
     match &result {
         Ok(()) => {
             log::debug!("creditflow: connection from {peer} closed");
@@ -507,8 +554,12 @@ pub(crate) struct ServeContext {
     pub(crate) secret: Option<Vec<u8>>,
     pub(crate) handshake_timeout: std::time::Duration,
     pub(crate) registry: Weak<Registry>,
-    pub(crate) shutdown: Arc<Notify>,
+    pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
+    pub(crate) served: Arc<Mutex<Vec<Weak<ServerConn>>>>,
 }
+
+/// How long a closing connection may take to write what is queued, and to see the peer close.
+const CLOSE_FLUSH: std::time::Duration = std::time::Duration::from_millis(1000);
 
 async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ServerConn>, reader: &mut FrameReader<R>) -> Result<()> {
     loop {
@@ -552,6 +603,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(conn: &Arc<ServerConn>, wr: &mut W) -
     loop {
         let frames = conn.collect()?;
         if frames.is_empty() {
+            if conn.closing.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(());
+            }
             conn.wake.notified().await;
             continue;
         }

@@ -34,6 +34,15 @@ fn batch(start: i64, n: usize) -> RecordBatch {
     RecordBatch::try_new(schema, vec![Arc::new(k), Arc::new(s)]).unwrap()
 }
 
+/// Subpartition `sub` of partition `id` in `producer`.
+fn spec(producer: &NetworkEnvironment, id: &str, sub: usize) -> ChannelSpec {
+    ChannelSpec {
+        address: producer.address().into(),
+        partition_id: id.into(),
+        subpartition: sub,
+    }
+}
+
 fn wait(secs: u64) -> Wait<'static> {
     Wait::timeout(Some(Duration::from_secs(secs)), "test")
 }
@@ -49,13 +58,7 @@ fn exchange(handoff: bool, flow: FlowControl, subs: usize, batches: usize, rows:
         c.memory = 4 << 20;
     });
     let part = producer.create_partition("p", subs).unwrap();
-    let specs: Vec<ChannelSpec> = (0..subs)
-        .map(|i| ChannelSpec {
-            address: producer.address().to_string(),
-            partition_id: "p".into(),
-            subpartition: i,
-        })
-        .collect();
+    let specs: Vec<ChannelSpec> = (0..subs).map(|i| spec(&producer, "p", i)).collect();
     let mut gate = consumer.create_input_gate(specs).unwrap();
     let writer = std::thread::spawn(move || {
         let mut w = RecordWriter::new(part, Partitioner::RoundRobin);
@@ -110,11 +113,7 @@ fn partition_registered_later_is_served() {
             max: Duration::from_secs(2),
         }
     });
-    let spec = ChannelSpec {
-        address: producer.address().into(),
-        partition_id: "late".into(),
-        subpartition: 0,
-    };
+    let spec = spec(&producer, "late", 0);
     let mut gate = consumer.create_input_gate(vec![spec]).unwrap();
     std::thread::sleep(Duration::from_millis(150));
     let part = producer.create_partition("late", 1).unwrap();
@@ -134,11 +133,7 @@ fn missing_partition_fails_after_backoff() {
             max: Duration::from_millis(80),
         }
     });
-    let spec = ChannelSpec {
-        address: producer.address().into(),
-        partition_id: "never".into(),
-        subpartition: 0,
-    };
+    let spec = spec(&producer, "never", 0);
     let mut gate = consumer.create_input_gate(vec![spec]).unwrap();
     let t = Instant::now();
     let err = gate.next(&mut wait(5)).unwrap_err();
@@ -154,11 +149,7 @@ fn wrong_secret_is_refused() {
     let producer = env(|c| c.secret = Some(b"right".to_vec()));
     let consumer = env(|c| c.secret = Some(b"wrong".to_vec()));
     producer.create_partition("p", 1).unwrap();
-    let spec = ChannelSpec {
-        address: producer.address().into(),
-        partition_id: "p".into(),
-        subpartition: 0,
-    };
+    let spec = spec(&producer, "p", 0);
     let mut gate = consumer.create_input_gate(vec![spec]).unwrap();
     let err = gate.next(&mut wait(5)).unwrap_err();
     assert!(matches!(err, Error::Authentication(_)), "{err}");
@@ -169,11 +160,7 @@ fn missing_secret_is_refused() {
     let producer = env(|c| c.secret = Some(b"right".to_vec()));
     let consumer = env(|_| {});
     producer.create_partition("p", 1).unwrap();
-    let spec = ChannelSpec {
-        address: producer.address().into(),
-        partition_id: "p".into(),
-        subpartition: 0,
-    };
+    let spec = spec(&producer, "p", 0);
     let mut gate = consumer.create_input_gate(vec![spec]).unwrap();
     let err = gate.next(&mut wait(5)).unwrap_err();
     assert!(matches!(err, Error::Authentication(_)), "{err}");
@@ -184,11 +171,7 @@ fn producer_going_away_fails_the_gate() {
     let producer = env(|_| {});
     let consumer = env(|_| {});
     let part = producer.create_partition("p", 1).unwrap();
-    let spec = ChannelSpec {
-        address: producer.address().into(),
-        partition_id: "p".into(),
-        subpartition: 0,
-    };
+    let spec = spec(&producer, "p", 0);
     let mut gate = consumer.create_input_gate(vec![spec]).unwrap();
     let mut w = RecordWriter::new(part, Partitioner::Forward);
     w.write(&batch(0, 10), &mut wait(5)).unwrap();
@@ -207,11 +190,7 @@ fn closing_the_producer_right_after_its_writer_still_delivers_everything() {
         let producer = env(|_| {});
         let consumer = env(|_| {});
         let part = producer.create_partition("p", 1).unwrap();
-        let spec = ChannelSpec {
-            address: producer.address().into(),
-            partition_id: "p".into(),
-            subpartition: 0,
-        };
+        let spec = spec(&producer, "p", 0);
         let mut gate = consumer.create_input_gate(vec![spec]).unwrap();
         let (first_tx, first_rx) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {

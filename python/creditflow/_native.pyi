@@ -95,6 +95,12 @@ class ResultPartition:
         """Makes partly filled buffers readable now."""
     def release(self) -> None:
         """Drops queued data, returns the memory and unregisters the partition."""
+    def wait_consumed(self, timeout: float | None = None) -> None:
+        """Blocks until every reader received everything up to end-of-partition.
+
+        The partition is then released. Raises :class:`TimeoutError` after ``timeout``
+        seconds. The GIL is released and Ctrl-C interrupts.
+        """
     def metrics(self) -> dict[str, Any]:
         """This partition's metrics, as a dict."""
 

@@ -316,6 +316,20 @@ impl ResultPartition {
         py.detach(|| self.inner.release());
     }
 
+    /// Blocks until every reader received everything up to end-of-partition (the partition
+    /// is then released). ``timeout`` in seconds; raises :class:`TimeoutError` when it runs
+    /// out. The GIL is released and Ctrl-C interrupts.
+    #[pyo3(signature = (timeout=None))]
+    fn wait_consumed(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let inner = self.inner.clone();
+        crate::blocking::run(
+            py,
+            crate::blocking::timeout(timeout)?,
+            "waiting for the consumers to read everything",
+            move |w| inner.wait_consumed(w),
+        )
+    }
+
     /// This partition's metrics, as a dict.
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         partition_metrics_dict(py, &self.inner.metrics())

@@ -470,6 +470,20 @@ impl ResultPartition {
         self.released.load(Ordering::SeqCst)
     }
 
+    /// Blocks until the partition is released: after end-of-partition (or a failure), every
+    /// subpartition's reader received everything and went away (or the partition was
+    /// released explicitly). A producer that must outlive its consumers' reads (a Spark task
+    /// whose process may be reused or stopped) waits here before it lets go of its
+    /// environment. Fails with `Timeout` when `wait` runs out.
+    pub fn wait_consumed(&self, wait: &mut Wait<'_>) -> Result<()> {
+        const POLL: std::time::Duration = std::time::Duration::from_millis(2);
+        while !self.is_released() {
+            let slice = wait.tick()?;
+            std::thread::sleep(slice.min(POLL));
+        }
+        Ok(())
+    }
+
     pub(crate) fn tick(&self) {
         self.metrics.backpressure.tick();
     }

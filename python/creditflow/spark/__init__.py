@@ -1,0 +1,25 @@
+"""creditflow for PySpark: pipelined exchanges between tasks, and streaming out of Spark.
+
+* :func:`exchange` repartitions a DataFrame by key inside one barrier stage through
+  creditflow (no shuffle files, bounded memory per task, backpressure), with the rows in the
+  same partitions as ``df.repartition(n, *keys)``.
+* :class:`Monitor` collects live per-task metrics of those jobs on the driver.
+
+Needs ``pyspark`` (4.x; ``pip install creditflow[spark]``). Importing this module starts no
+thread; a task creates its worker process's environment when it first needs one.
+"""
+
+from __future__ import annotations
+
+from creditflow.spark._process import close_environments, open_environments
+from creditflow.spark.exchange import PartitionFunction, exchange
+from creditflow.spark.monitor import Monitor, MonitorHandle
+
+__all__ = [
+    "Monitor",
+    "MonitorHandle",
+    "PartitionFunction",
+    "close_environments",
+    "exchange",
+    "open_environments",
+]

@@ -1,0 +1,124 @@
+"""Small authenticated control messages between Spark tasks and a driver or consumer process.
+
+The data goes through creditflow; this only carries who-is-where (a task's environment
+address and partition id) and live metrics. It uses :mod:`multiprocessing.connection`, whose
+listener runs an HMAC challenge-response with the shared key before it accepts a peer, and
+sends JSON documents (never pickles), at most :data:`MAX_MESSAGE` bytes each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import socket
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Client, Connection, Listener
+from typing import Any
+
+#: Largest control message accepted.
+MAX_MESSAGE = 1 << 20
+
+Message = dict[str, Any]
+#: Handles one message; returns the reply, or None when the peer expects none.
+Handler = Callable[[Message], "Message | None"]
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected an address 'host:port', got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def send(address: str, key: str, message: Message, *, reply: bool = False, timeout: float = 30.0) -> Message:
+    """Sends one message to the :class:`Inbox` at ``address``; with ``reply``, waits (at most
+    ``timeout`` seconds) for the answer and returns it."""
+    conn = Client(_split(address), authkey=key.encode())
+    try:
+        conn.send_bytes(json.dumps(message).encode())
+        if not reply:
+            return {}
+        if not conn.poll(timeout):
+            raise TimeoutError(f"no answer from {address} within {timeout} s")
+        answer: Message = json.loads(conn.recv_bytes(MAX_MESSAGE))
+        return answer
+    finally:
+        conn.close()
+
+
+class Outbox:
+    """A connection that stays open for a stream of messages (live metrics)."""
+
+    def __init__(self, address: str, key: str) -> None:
+        self._conn: Connection = Client(_split(address), authkey=key.encode())
+
+    def send(self, message: Message) -> None:
+        """Sends one message."""
+        self._conn.send_bytes(json.dumps(message).encode())
+
+    def close(self) -> None:
+        """Closes the connection."""
+        self._conn.close()
+
+
+class Inbox:
+    """Accepts authenticated peers on ``host`` (ephemeral port) and passes each message to
+    ``handler`` on a thread of its own per peer; replies when the handler returns one."""
+
+    def __init__(self, handler: Handler, *, host: str, key: str, name: str) -> None:
+        self._handler = handler
+        self._listener = Listener((host, 0), authkey=key.encode())
+        bound_host, port = self._listener.address
+        self.address = f"{bound_host}:{port}"
+        self._closed = threading.Event()
+        self._conns: set[Connection] = set()
+        self._lock = threading.Lock()
+        self._name = name
+        self._thread = threading.Thread(target=self._accept, name=f"{name}-accept", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn = self._listener.accept()
+            except (OSError, EOFError, multiprocessing.AuthenticationError):
+                # Closed, or a peer that failed the authentication: keep serving the others.
+                continue
+            with self._lock:
+                if self._closed.is_set():
+                    conn.close()
+                    return
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), name=f"{self._name}-peer", daemon=True).start()
+
+    def _serve(self, conn: Connection) -> None:
+        try:
+            while not self._closed.is_set():
+                try:
+                    data = conn.recv_bytes(MAX_MESSAGE)
+                except (EOFError, OSError):
+                    return
+                answer = self._handler(json.loads(data))
+                if answer is not None:
+                    conn.send_bytes(json.dumps(answer).encode())
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def close(self) -> None:
+        """Stops accepting and closes every connection. Idempotent."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        # close() does not wake a thread blocked in accept(); a connection does.
+        with contextlib.suppress(OSError), socket.create_connection(_split(self.address), timeout=1.0):
+            pass
+        self._thread.join(timeout=5.0)
+        self._listener.close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            conn.close()

@@ -1,0 +1,164 @@
+"""The NetworkEnvironment of a Spark Python worker process, and how its tasks reach each other.
+
+Spark starts (forks) Python worker processes and reuses them for task after task. Each
+process gets at most one environment per configuration, created on first use by a task,
+never at import, and forgotten (not closed: its threads belong to the parent) in a forked
+child. An exchange carries a fresh secret, so a later exchange in the same process gets a
+new environment; environments no task uses any more are closed when a new one is created
+and when the process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ipaddress
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import creditflow as cf
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """What a task's environment is created with (part of the closure Spark ships to tasks)."""
+
+    secret: str
+    memory: int | str = "64MiB"
+    segment_size: int | str = "32KiB"
+    buffer_timeout: float = 0.05
+    exclusive_buffers: int = 2
+    floating_buffers: int = 8
+    #: Listen address; None = the task's own host (see :func:`bind_address`), ephemeral port.
+    bind: str | None = None
+    #: Address to advertise instead of the bound one (NAT, containers).
+    advertise: str | None = None
+
+
+class _Cache:
+    """Environments of this process by settings, with how many tasks use each right now."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pid = os.getpid()
+        self.envs: dict[EnvSettings, tuple[cf.NetworkEnvironment, int]] = {}
+        #: Environments inherited across a fork: never used nor closed in the child.
+        self.orphans: list[cf.NetworkEnvironment] = []
+
+    def _forget_if_forked(self) -> None:
+        if os.getpid() != self.pid:
+            self.orphans.extend(env for env, _ in self.envs.values())
+            self.envs.clear()
+            self.pid = os.getpid()
+
+    def acquire(self, settings: EnvSettings, host: str | None) -> cf.NetworkEnvironment:
+        with self.lock:
+            self._forget_if_forked()
+            entry = self.envs.get(settings)
+            if entry is not None and not entry[0].closed:
+                self.envs[settings] = (entry[0], entry[1] + 1)
+                return entry[0]
+            # A new exchange: environments no running task uses belong to finished ones.
+            for key, (old, users) in list(self.envs.items()):
+                if users == 0:
+                    del self.envs[key]
+                    old.close()
+            env = cf.NetworkEnvironment(
+                memory=settings.memory,
+                segment_size=settings.segment_size,
+                buffer_timeout=settings.buffer_timeout,
+                exclusive_buffers=settings.exclusive_buffers,
+                floating_buffers=settings.floating_buffers,
+                bind=settings.bind or bind_address(host),
+                secret=settings.secret,
+                advertise=settings.advertise,
+            )
+            self.envs[settings] = (env, 1)
+            return env
+
+    def release(self, settings: EnvSettings) -> None:
+        with self.lock:
+            entry = self.envs.get(settings)
+            if entry is not None and os.getpid() == self.pid:
+                self.envs[settings] = (entry[0], max(0, entry[1] - 1))
+
+    def close_all(self) -> None:
+        with self.lock:
+            if os.getpid() != self.pid:
+                return
+            envs = [env for env, _ in self.envs.values()]
+            self.envs.clear()
+        for env in envs:
+            env.close()
+
+    def count(self) -> int:
+        with self.lock:
+            self._forget_if_forked()
+            return len(self.envs)
+
+
+_CACHE = _Cache()
+atexit.register(_CACHE.close_all)
+
+
+@contextlib.contextmanager
+def task_environment(settings: EnvSettings, host: str | None = None) -> Iterator[cf.NetworkEnvironment]:
+    """This process's environment for ``settings``, marked in use while the block runs.
+
+    ``host`` is the address peers reach this task's executor at (None: work it out).
+    """
+    env = _CACHE.acquire(settings, host)
+    try:
+        yield env
+    finally:
+        _CACHE.release(settings)
+
+
+def open_environments() -> int:
+    """How many environments this process holds (for tests: reused workers must not pile up)."""
+    return _CACHE.count()
+
+
+def close_environments() -> None:
+    """Closes every environment of this process (they are re-created on next use)."""
+    _CACHE.close_all()
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def bind_address(host: str | None) -> str:
+    """Where a task's environment listens: loopback when its executor's host is loopback
+    (local mode), else that host's address, on an ephemeral port."""
+    if host is None:
+        host = os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
+    if _is_loopback(host):
+        return "127.0.0.1:0"
+    try:
+        ip = socket.gethostbyname(host)
+    except OSError:
+        return "0.0.0.0:0"
+    return "127.0.0.1:0" if _is_loopback(ip) else f"{ip}:0"
+
+
+def host_towards(address: str) -> str:
+    """This machine's address on the route to ``address`` (``host:port``), without sending
+    anything: what a peer there can reach us at."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if _is_loopback(host):
+        return "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, int(port or 9)))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"

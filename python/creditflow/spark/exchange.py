@@ -1,0 +1,277 @@
+"""``exchange``: a pipelined, backpressured repartition-by-key inside one barrier stage.
+
+Every task of a barrier ``mapInArrow`` stage gets its Python worker's environment, creates
+a partition with one subpartition per task, tells the others where it is with
+``BarrierTaskContext.allGather``, and then does two things at once:
+
+* a writer thread pushes the task's input through ``RecordWriter(HashPartitioner(keys))``:
+  row r goes to task ``pmod(hash(keys), n)``, Spark's own rule, so rows land where
+  ``df.repartition(n, *keys)`` puts them;
+* the task's own thread yields what its ``InputGate`` receives from every task (itself
+  included, handed over without serialization), or what ``func`` makes of it.
+
+Writing beside reading keeps the all-to-all from deadlocking; credit-based flow control keeps
+every task's memory within its ``memory`` setting whatever the data size, and a slow task
+slows its producers instead of filling them up. When its gate has ended, a task waits until
+its own partition has been read by everyone before it lets go of it.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark import BarrierTaskContext
+from pyspark.sql import DataFrame
+from pyspark.sql.types import StructType
+
+import creditflow as cf
+from creditflow.spark._driver import check_slots, ensure_python
+from creditflow.spark._process import EnvSettings, task_environment
+from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
+
+#: What ``func`` receives and returns: the batches of one output partition.
+PartitionFunction = Callable[[Iterator[pa.RecordBatch]], Iterable[pa.RecordBatch]]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything a task needs, shipped in the closure (so the secret never sits in a conf)."""
+
+    exchange_id: str
+    keys: tuple[str, ...]
+    num_tasks: int
+    env: EnvSettings
+    timeout: float | None
+    func: PartitionFunction | None
+    monitor: MonitorHandle | None
+
+
+def exchange(
+    df: DataFrame,
+    keys: str | Sequence[str],
+    *,
+    num_partitions: int | None = None,
+    func: PartitionFunction | None = None,
+    schema: StructType | str | None = None,
+    memory: int | str = "64MiB",
+    segment_size: int | str = "32KiB",
+    buffer_timeout: float = 0.05,
+    exclusive_buffers: int = 2,
+    floating_buffers: int = 8,
+    timeout: float | None = 600.0,
+    monitor: Monitor | None = None,
+) -> DataFrame:
+    """Repartitions ``df`` by ``keys`` through creditflow, pipelined, in one barrier stage.
+
+    Returns a DataFrame with ``df``'s schema (or ``schema`` when ``func`` changes it) whose
+    partition i holds exactly the rows ``df.repartition(n, *keys)`` puts in partition i.
+    Nothing runs until an action; each action runs the exchange again.
+
+    Args:
+        df: The input. Its partitions become the exchange's tasks.
+        keys: Column name(s) to hash, as for ``df.repartition(n, *keys)``.
+        num_partitions: Number of tasks and output partitions; default ``df``'s number of
+            partitions. A different number repartitions ``df`` round-robin first (a Spark
+            shuffle), because a barrier stage cannot change its number of partitions.
+        func: Runs on each output partition's batches (an iterator of
+            ``pyarrow.RecordBatch``) and yields the batches to return, so a per-key
+            aggregation needs no second stage. Its output must match ``schema``.
+        schema: The output schema when ``func`` changes it (default: ``df.schema``).
+        memory: creditflow network memory per task (bounds what a task holds in flight).
+        segment_size, buffer_timeout, exclusive_buffers, floating_buffers: as for
+            :class:`creditflow.NetworkEnvironment`.
+        timeout: Longest a task waits without progress (for a buffer, for data, or for its
+            consumers to finish reading), in seconds; None waits without limit.
+        monitor: A :class:`creditflow.spark.Monitor` that receives live per-task metrics.
+
+    Raises:
+        ValueError: for fewer task slots than partitions (at once, naming both numbers and
+            the fix), bad keys, or a bad setting.
+    """
+    key_list = (keys,) if isinstance(keys, str) else tuple(keys)
+    if not key_list:
+        raise ValueError("exchange needs at least one key column")
+    missing = [k for k in key_list if k not in df.columns]
+    if missing:
+        raise ValueError(f"key column(s) {missing} not in the DataFrame (columns: {df.columns})")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    if func is not None and not callable(func):
+        raise TypeError(f"func must be callable, got {type(func).__name__}")
+    spark = df.sparkSession
+    sc = spark.sparkContext
+    ensure_python(sc)
+    n = df.rdd.getNumPartitions()
+    if num_partitions is not None:
+        if num_partitions < 1:
+            raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
+        if num_partitions != n:
+            df = df.repartition(num_partitions)
+            n = num_partitions
+    check_slots(sc, n)
+    settings = EnvSettings(
+        secret=secrets.token_hex(32),
+        memory=memory,
+        segment_size=segment_size,
+        buffer_timeout=buffer_timeout,
+        exclusive_buffers=exclusive_buffers,
+        floating_buffers=floating_buffers,
+    )
+    # Fail on the driver for settings the tasks would refuse (memory too small for n tasks...).
+    _check_settings(settings, n)
+    plan = _Plan(
+        exchange_id=uuid.uuid4().hex[:12],
+        keys=key_list,
+        num_tasks=n,
+        env=settings,
+        timeout=timeout,
+        func=func,
+        monitor=monitor.handle if monitor is not None else None,
+    )
+    out_schema = df.schema if schema is None else schema
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _task(plan, batches)
+
+    return df.mapInArrow(run, out_schema, barrier=True)
+
+
+def _check_settings(settings: EnvSettings, n: int) -> None:
+    """Fails on the driver, with creditflow's numbers, when a task's memory cannot hold its
+    partition (n subpartitions + 1 segments) and its gate (n - 1 remote channels' exclusive
+    buffers + at least one floating), rather than in every task."""
+    segment = cf.parse_bytes(settings.segment_size)
+    total = cf.parse_bytes(settings.memory) // max(segment, 1)
+    required = (n + 1) + (n - 1) * settings.exclusive_buffers + 1
+    if required > total:
+        raise cf.InsufficientBuffersError(
+            f"an exchange over {n} tasks needs at least {required} segments per task ({n + 1} for its "
+            f"partition, {n - 1} x exclusive_buffers={settings.exclusive_buffers} + 1 for its gate) but "
+            f"memory={settings.memory!r} holds {total} segments of {segment} bytes: raise memory= or "
+            "lower segment_size=",
+            required=required,
+            available=total,
+            total=total,
+            segment_size=segment,
+        )
+
+
+class _Writer:
+    """The task's writer thread: its input through the hash partitioner into its partition."""
+
+    def __init__(self, part: cf.ResultPartition, plan: _Plan, batches: Iterator[pa.RecordBatch]) -> None:
+        self.error: BaseException | None = None
+        self.rows = 0
+        self.bytes = 0
+        self.write_seconds = 0.0
+        self._part = part
+        self._plan = plan
+        self._batches = batches
+        self._thread = threading.Thread(target=self._run, name="creditflow-exchange-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with cf.RecordWriter(self._part, cf.HashPartitioner(list(self._plan.keys))) as w:
+                for batch in self._batches:
+                    start = time.perf_counter()
+                    w.write(batch, timeout=self._plan.timeout)
+                    self.write_seconds += time.perf_counter() - start
+                    self.rows += batch.num_rows
+                    self.bytes += batch.nbytes
+        except BaseException as exc:  # reported by the task's own thread
+            self.error = exc
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    ctx = BarrierTaskContext.get()
+    me = ctx.partitionId()
+    host = ctx.getTaskInfos()[me].address.rpartition(":")[0]
+    with task_environment(plan.env, host) as env:
+        part = env.create_partition(f"cf-exchange/{plan.exchange_id}/{ctx.taskAttemptId()}", plan.num_tasks)
+        gate: cf.InputGate | None = None
+        writer: _Writer | None = None
+        received = {"rows": 0, "bytes": 0}
+
+        def sample() -> dict[str, Any]:
+            return _sample(plan, me, part, gate, writer, received)
+
+        reporter = Reporter(plan.monitor, sample)
+        try:
+            peers = [json.loads(m) for m in ctx.allGather(json.dumps({"address": env.address, "partition": part.id}))]
+            gate = env.create_input_gate([cf.ChannelSpec(p["address"], p["partition"], me) for p in peers])
+            writer = _Writer(part, plan, batches)
+            inputs = _receive(gate, plan.timeout, received)
+            outputs = plan.func(inputs) if plan.func is not None else inputs
+            try:
+                yield from outputs
+            except Exception as exc:
+                # A failure of our own writer also reaches our gate (from our own subpartition,
+                # as ProducerFailedError): report the cause, not the echo.
+                part.release()
+                writer.join()
+                if writer.error is not None and not isinstance(writer.error, cf.ClosedError):
+                    raise writer.error from exc
+                raise
+            writer.join()
+            if writer.error is not None:
+                raise writer.error
+            # Everyone has read our partition only when it is released: until then its
+            # process (and this environment) must stay.
+            part.wait_consumed(timeout=plan.timeout)
+        finally:
+            reporter.stop()
+            # On failure: stops a writer still blocked on a buffer (it raises ClosedError).
+            part.release()
+            if writer is not None:
+                writer.join()
+            if gate is not None:
+                gate.close()
+
+
+def _receive(gate: cf.InputGate, timeout: float | None, received: dict[str, int]) -> Iterator[pa.RecordBatch]:
+    while (batch := gate.next(timeout=timeout)) is not None:
+        received["rows"] += batch.num_rows
+        received["bytes"] += batch.nbytes
+        yield batch
+
+
+def _sample(
+    plan: _Plan,
+    task: int,
+    part: cf.ResultPartition,
+    gate: cf.InputGate | None,
+    writer: _Writer | None,
+    received: dict[str, int],
+) -> dict[str, Any]:
+    pm = part.metrics()
+    sample: dict[str, Any] = {
+        "job": plan.exchange_id,
+        "kind": "exchange",
+        "task": task,
+        "rows_in": writer.rows if writer else 0,
+        "bytes_in": writer.bytes if writer else 0,
+        "write_seconds": writer.write_seconds if writer else 0.0,
+        "rows_out": received["rows"],
+        "bytes_out": received["bytes"],
+        "bytes_sent": pm["bytes_written"],
+        "out_pool_usage": pm["out_pool_usage"],
+        "backpressured_time_ms_per_second": pm["backpressured_time_ms_per_second"],
+        "backpressure_level": pm["backpressure_level"],
+    }
+    if gate is not None:
+        gm = gate.metrics()
+        sample["in_pool_usage"] = gm["in_pool_usage"]
+        sample["idle_time_ms_per_second"] = gm["idle_time_ms_per_second"]
+    return sample

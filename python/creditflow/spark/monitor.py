@@ -1,0 +1,143 @@
+"""Live per-task metrics of creditflow Spark jobs, collected on the driver.
+
+A :class:`Monitor` listens on the driver; :func:`creditflow.spark.exchange` and
+:func:`creditflow.spark.send` given ``monitor=`` make every task report a sample of its
+metrics every ``interval`` seconds while it runs (rows and bytes in and out, out-pool usage,
+time backpressured, the backpressure level, time idle) and a last one when it ends::
+
+    with cf.spark.Monitor() as mon:
+        out = cf.spark.exchange(df, "key", monitor=mon)
+        out.write.parquet(...)  # mon.tasks() shows each task live, from another thread
+        print(mon.tasks())
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from creditflow.spark._messages import Inbox, Message, Outbox
+
+Sample = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class MonitorHandle:
+    """What a task needs to report to a :class:`Monitor` (shipped in the job's closure)."""
+
+    address: str
+    key: str
+    interval: float
+
+
+class Monitor:
+    """Receives live metric samples from the tasks of creditflow Spark jobs.
+
+    ``host`` is the driver address the executors reach (default: ``SPARK_LOCAL_IP`` or
+    loopback); ``interval`` is how often each task reports, in seconds. Keeps the latest
+    sample per task and, up to ``max_samples``, every sample in arrival order.
+    """
+
+    def __init__(self, interval: float = 0.5, *, host: str | None = None, max_samples: int = 100_000) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+        key = secrets.token_hex(16)
+        self._lock = threading.Lock()
+        self._latest: dict[tuple[str, int], Sample] = {}
+        self._samples: list[Sample] = []
+        self._max_samples = max_samples
+        self._inbox = Inbox(
+            self._receive, host=host or os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1", key=key, name="creditflow-monitor"
+        )
+        self.handle = MonitorHandle(self._inbox.address, key, interval)
+
+    def _receive(self, sample: Message) -> None:
+        with self._lock:
+            self._latest[(str(sample.get("job")), int(sample.get("task", -1)))] = sample
+            if len(self._samples) < self._max_samples:
+                self._samples.append(sample)
+
+    def tasks(self, job: str | None = None) -> list[Sample]:
+        """The latest sample of every task (of one job, or of all), by job and task number."""
+        with self._lock:
+            return [s for (j, _), s in sorted(self._latest.items()) if job is None or j == job]
+
+    def samples(self) -> list[Sample]:
+        """Every sample received so far, oldest first."""
+        with self._lock:
+            return list(self._samples)
+
+    def clear(self) -> None:
+        """Forgets the samples received so far."""
+        with self._lock:
+            self._latest.clear()
+            self._samples.clear()
+
+    def close(self) -> None:
+        """Stops listening. Idempotent."""
+        self._inbox.close()
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class Reporter:
+    """Task side: sends ``sample()`` to a monitor every interval on a thread of its own, and a
+    last sample (with ``done`` set) on :meth:`stop`. Without a monitor it does nothing. A
+    monitor that went away only stops the reports, never the task."""
+
+    def __init__(self, handle: MonitorHandle | None, sample: Callable[[], Sample]) -> None:
+        self._handle = handle
+        self._sample = sample
+        self._stop = threading.Event()
+        self._outbox: Outbox | None = None
+        self._thread: threading.Thread | None = None
+        if handle is None:
+            return
+        try:
+            self._outbox = Outbox(handle.address, handle.key)
+        except OSError:
+            return
+        self._thread = threading.Thread(target=self._run, name="creditflow-reporter", daemon=True)
+        self._thread.start()
+
+    def _send(self, done: bool) -> bool:
+        if self._outbox is None:
+            return False
+        sample = self._sample()
+        sample["time"] = time.time()
+        sample["done"] = done
+        try:
+            self._outbox.send(sample)
+            return True
+        except OSError:
+            self._outbox.close()
+            self._outbox = None
+            return False
+
+    def _run(self) -> None:
+        assert self._handle is not None
+        while not self._stop.wait(self._handle.interval):
+            if not self._send(done=False):
+                return
+
+    def stop(self) -> None:
+        """Stops reporting after one last sample."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._send(done=True)
+        if self._outbox is not None:
+            self._outbox.close()
+            self._outbox = None

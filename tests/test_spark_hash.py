@@ -13,10 +13,6 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import itertools
-import os
-import shutil
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,46 +36,20 @@ REPO = Path(__file__).resolve().parent.parent
 # ---------------------------------------------------------------------------------- Spark session
 
 
-def _java_home() -> str | None:
-    script = REPO / "scripts" / "java-home.sh"
-    if script.exists():
-        out = subprocess.run([str(script)], capture_output=True, text=True, check=False).stdout.strip()
-        if out:
-            return out
-    java = shutil.which("java")
-    if java:
-        return os.path.dirname(os.path.dirname(os.path.realpath(java)))
-    return None
-
-
 @pytest.fixture(scope="module")
 def spark() -> Iterator[object]:
     """A small local[2] SparkSession bound to loopback, shared by the module."""
-    if not os.environ.get("JAVA_HOME"):
-        home = _java_home()
-        if home:
-            os.environ["JAVA_HOME"] = home
-    # Spark's Python workers must run the interpreter that has creditflow and pyarrow.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from creditflow.spark import local_session
 
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("creditflow-test-spark-hash")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "1g")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
+    session = local_session(
+        "local[2]",
+        "creditflow-test-spark-hash",
+        {
+            "spark.sql.shuffle.partitions": "4",
+            "spark.default.parallelism": "2",
+            "spark.driver.memory": "1g",
+        },
     )
-    session.sparkContext.setLogLevel("ERROR")
     try:
         yield session
     finally:

@@ -12,14 +12,19 @@ thread; a task creates its worker process's environment when it first needs one.
 from __future__ import annotations
 
 from creditflow.spark._process import close_environments, open_environments
+from creditflow.spark._session import local_session
 from creditflow.spark.exchange import PartitionFunction, exchange
 from creditflow.spark.monitor import Monitor, MonitorHandle
+from creditflow.spark.stream import Receiver, send
 
 __all__ = [
     "Monitor",
     "MonitorHandle",
     "PartitionFunction",
+    "Receiver",
     "close_environments",
     "exchange",
+    "local_session",
     "open_environments",
+    "send",
 ]

@@ -32,7 +32,7 @@ def ensure_python(sc: SparkContext) -> None:
 def concurrent_slots(sc: SparkContext) -> int:
     """How many tasks the cluster runs at once (what a barrier stage needs as many of as it has
     tasks): Spark's own count when it can be asked, else ``defaultParallelism``."""
-    jsc: Any = sc._jsc.sc()  # type: ignore[union-attr]
+    jsc: Any = sc._jsc.sc()
     try:
         profile = jsc.resourceProfileManager().defaultResourceProfile()
         return int(jsc.maxNumConcurrentTasks(profile))

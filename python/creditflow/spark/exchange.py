@@ -209,7 +209,8 @@ def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
 
         reporter = Reporter(plan.monitor, sample)
         try:
-            peers = [json.loads(m) for m in ctx.allGather(json.dumps({"address": env.address, "partition": part.id}))]
+            me_msg = json.dumps({"address": env.address, "partition": part.id})
+            peers = [json.loads(m) for m in ctx.allGather(me_msg)]
             gate = env.create_input_gate([cf.ChannelSpec(p["address"], p["partition"], me) for p in peers])
             writer = _Writer(part, plan, batches)
             inputs = _receive(gate, plan.timeout, received)

@@ -20,9 +20,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from creditflow.spark._messages import Inbox, Message, Outbox
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 Sample = dict[str, Any]
 
@@ -52,9 +55,8 @@ class Monitor:
         self._latest: dict[tuple[str, int], Sample] = {}
         self._samples: list[Sample] = []
         self._max_samples = max_samples
-        self._inbox = Inbox(
-            self._receive, host=host or os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1", key=key, name="creditflow-monitor"
-        )
+        host = host or os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
+        self._inbox = Inbox(self._receive, host=host, key=key, name="creditflow-monitor")
         self.handle = MonitorHandle(self._inbox.address, key, interval)
 
     def _receive(self, sample: Message) -> None:
@@ -83,13 +85,24 @@ class Monitor:
         """Stops listening. Idempotent."""
         self._inbox.close()
 
-    def __enter__(self) -> Monitor:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
         self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (Linux ``/proc``; elsewhere its peak)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 class Reporter:
@@ -103,6 +116,7 @@ class Reporter:
         self._stop = threading.Event()
         self._outbox: Outbox | None = None
         self._thread: threading.Thread | None = None
+        self._rss_start = rss_bytes()
         if handle is None:
             return
         try:
@@ -118,6 +132,8 @@ class Reporter:
         sample = self._sample()
         sample["time"] = time.time()
         sample["done"] = done
+        sample["rss_bytes"] = rss_bytes()
+        sample["rss_start_bytes"] = self._rss_start
         try:
             self._outbox.send(sample)
             return True

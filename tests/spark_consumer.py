@@ -1,0 +1,40 @@
+"""A consumer outside Spark (tests/test_spark_exchange.py): opens a creditflow Receiver,
+prints its address and secret as one JSON line, reads what the driver sends at a throttled
+pace, and writes a JSON report (rows, distinct ids, seconds) to --out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from creditflow.spark import Receiver
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--delay", type=float, default=0.01, help="seconds to sleep per batch (the throttle)")
+    args = ap.parse_args()
+    with Receiver(memory="8MiB", max_queued=2, timeout=120) as rx:
+        print(json.dumps({"address": rx.address, "secret": rx.secret}), flush=True)
+        start = time.monotonic()
+        ids = []
+        for batch in rx:
+            ids.append(batch.column("id").to_numpy())
+            time.sleep(args.delay)
+        all_ids = np.concatenate(ids) if ids else np.array([], dtype=np.int64)
+        report = {
+            "rows": int(len(all_ids)),
+            "unique_ids": int(len(np.unique(all_ids))),
+            "seconds": time.monotonic() - start,
+        }
+    with open(args.out, "w") as f:
+        json.dump(report, f)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

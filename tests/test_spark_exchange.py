@@ -1,0 +1,369 @@
+"""creditflow.spark: exchange() against Spark's own repartition, failures, reuse of workers,
+and streaming a DataFrame out of Spark to a consumer process (SPEC §4 Spark, issue 4).
+
+The local[2] tests share one session. Partition placement is checked row by row: every row
+carries a unique id, and the partition Spark's ``repartition(n, key)`` puts it in is joined
+with the partition exchange() put it in.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import creditflow as cf
+
+pytestmark = pytest.mark.spark
+
+pyspark = pytest.importorskip("pyspark")
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+import creditflow.spark as cfs  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = cfs.local_session(
+        "local[2]",
+        "creditflow-test-exchange",
+        {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2", "spark.driver.memory": "1g"},
+    )
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def placement(df: DataFrame) -> dict[int, int]:
+    """Row id -> partition index, as the DataFrame's partitions hold them."""
+    rows = df.select("id", F.spark_partition_id().alias("pid")).collect()
+    return {r["id"]: r["pid"] for r in rows}
+
+
+def lineitem(spark: SparkSession, rows: int, partitions: int, seed: int = 7) -> DataFrame:
+    """TPC-H lineitem rows (the spec's column types: decimals, dates, strings), generated
+    locally with numpy and a fixed seed, with a unique ``id``."""
+    rng = np.random.default_rng(seed)
+    orderkey = rng.integers(1, rows // 4 + 2, rows)
+    d = decimal.Decimal
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(rows, dtype=np.int64)),
+            "l_orderkey": pa.array(orderkey, pa.int64()),
+            "l_partkey": pa.array(rng.integers(1, 200_000, rows), pa.int64()),
+            "l_linenumber": pa.array(rng.integers(1, 8, rows), pa.int32()),
+            "l_quantity": pa.array([d(int(q)) for q in rng.integers(1, 51, rows)], pa.decimal128(12, 2)),
+            "l_extendedprice": pa.array(
+                [d(int(c)).scaleb(-2) for c in rng.integers(90_000, 10_500_000, rows)], pa.decimal128(12, 2)
+            ),
+            "l_discount": pa.array(
+                [d(int(c)).scaleb(-2) for c in rng.integers(0, 11, rows)], pa.decimal128(12, 2)
+            ),
+            "l_returnflag": pa.array(rng.choice(["A", "N", "R"], rows)),
+            "l_shipdate": pa.array(
+                [dt.date(1992, 1, 2) + dt.timedelta(days=int(x)) for x in rng.integers(0, 2526, rows)],
+                pa.date32(),
+            ),
+            "l_shipmode": pa.array(
+                rng.choice(["AIR", "MAIL", "RAIL", "SHIP", "TRUCK", "REG AIR", "FOB"], rows)
+            ),
+            "l_comment": pa.array(
+                ["".join(rng.choice(list("abcdefgh éü"), int(k))) for k in rng.integers(10, 44, rows)]
+            ),
+        }
+    )
+    return spark.createDataFrame(table).repartition(partitions)
+
+
+# -------------------------------------------------------------------------------------- exchange
+
+
+def test_exchange_puts_lineitem_rows_where_spark_repartition_does(spark: SparkSession) -> None:
+    df = lineitem(spark, 20_000, 2).cache()
+    want = placement(df.repartition(2, "l_orderkey"))
+    out = cfs.exchange(df, "l_orderkey")
+    assert out.schema == df.schema
+    got = placement(out)
+    assert len(got) == len(want) == 20_000
+    assert got == want
+    # The values themselves arrive intact (decimals, dates, strings).
+    key = ["id"]
+    assert out.sort(*key).collect() == df.sort(*key).collect()
+
+
+@pytest.mark.parametrize(
+    ("keys", "make"),
+    [
+        (["s"], lambda c: F.concat(F.lit("k"), (c % 97).cast("string"))),
+        (["d"], lambda c: (c % 13).cast("double") / 7),
+        (["k1", "k2"], None),
+    ],
+    ids=["string", "double", "two-columns"],
+)
+def test_exchange_matches_repartition_for_key_types(spark: SparkSession, keys: list[str], make: Any) -> None:
+    base = spark.range(0, 30_000, numPartitions=2)
+    if make is None:
+        df = base.select(
+            "id",
+            (F.col("id") % 7).alias("k1"),
+            F.when(F.col("id") % 5 == 0, None).otherwise(F.col("id") % 11).alias("k2"),
+        )
+    else:
+        df = base.select(
+            "id", F.when(F.col("id") % 10 == 0, None).otherwise(make(F.col("id"))).alias(keys[0])
+        )
+    assert placement(cfs.exchange(df, keys)) == placement(df.repartition(2, *keys))
+
+
+def test_func_aggregates_each_partition_without_a_second_stage(spark: SparkSession) -> None:
+    df = spark.range(0, 50_000, numPartitions=2).select(
+        (F.col("id") % 101).alias("k"), F.col("id").alias("v")
+    )
+
+    def totals(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = list(batches)
+        if not received:
+            return
+        agg = pa.Table.from_batches(received).group_by("k").aggregate([("v", "sum"), ("v", "count")])
+        yield from agg.rename_columns(["k", "total", "n"]).to_batches()
+
+    out = cfs.exchange(df, "k", func=totals, schema="k long, total long, n long")
+    got = {r["k"]: (r["total"], r["n"]) for r in out.collect()}
+    want = {
+        r["k"]: (r["total"], r["n"])
+        for r in df.groupBy("k").agg(F.sum("v").alias("total"), F.count("v").alias("n")).collect()
+    }
+    # Every key was complete in one partition: one output row per key, none split.
+    assert got == want
+    assert out.count() == 101
+
+
+def test_num_partitions_other_than_the_input_s(spark: SparkSession) -> None:
+    df = spark.range(0, 5_000, numPartitions=2).select("id", (F.col("id") % 17).alias("k"))
+    out = cfs.exchange(df, "k", num_partitions=1)
+    assert out.rdd.getNumPartitions() == 1
+    assert sorted(r["id"] for r in out.collect()) == list(range(5_000))
+
+
+def test_too_few_slots_fails_at_once_naming_both_numbers(spark: SparkSession) -> None:
+    df = spark.range(0, 10, numPartitions=3)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"needs 3 task slots .* has 2") as info:
+        cfs.exchange(df, "id").collect()
+    assert "num_partitions=2" in str(info.value)
+    assert time.monotonic() - start < 60  # not Spark's ten-minute barrier wait
+
+
+def test_bad_arguments_are_refused_on_the_driver(spark: SparkSession) -> None:
+    df = spark.range(0, 10, numPartitions=2)
+    with pytest.raises(ValueError, match="not in the DataFrame"):
+        cfs.exchange(df, "nope")
+    with pytest.raises(ValueError, match="at least one key"):
+        cfs.exchange(df, [])
+    with pytest.raises(cf.InsufficientBuffersError, match="needs at least 6 segments"):
+        cfs.exchange(df, "id", memory="128KiB")
+    with pytest.raises(ValueError, match="num_partitions"):
+        cfs.exchange(df, "id", num_partitions=0)
+
+
+def test_failed_task_fails_its_peers_and_the_retried_stage_is_clean(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    df = spark.range(0, 40_000, numPartitions=2).select("id", (F.col("id") % 1000).alias("k"))
+    marker = tmp_path / "failed-once"
+
+    def fail_once(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        for batch in batches:
+            if ctx is not None and ctx.partitionId() == 0 and not marker.exists():
+                marker.touch()
+                raise RuntimeError("injected failure in task 0")
+            yield batch
+
+    out = cfs.exchange(df, "k", func=fail_once)
+    # Spark retries a failed barrier stage when it feeds a shuffle (here the aggregation);
+    # a barrier *result* stage (collect() right after the exchange) fails the job instead.
+    total = out.agg(
+        F.count("id").alias("n"), F.sum("id").alias("s"), F.countDistinct("id").alias("d")
+    ).first()
+    assert total is not None
+    assert (total["n"], total["d"], total["s"]) == (40_000, 40_000, sum(range(40_000)))
+    assert marker.exists()  # the first attempt did fail, and the barrier retry re-ran the stage
+    _assert_workers_clean(spark)
+
+
+def test_failure_without_retry_names_the_cause(spark: SparkSession) -> None:
+    df = spark.range(0, 1_000, numPartitions=2).select("id", (F.col("id") % 10).alias("k"))
+
+    def always_fail(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for _ in batches:
+            raise RuntimeError("the user's function broke")
+        yield from ()
+
+    with pytest.raises(Exception, match="the user's function broke"):
+        cfs.exchange(df, "k", func=always_fail).collect()
+    _assert_workers_clean(spark)
+
+
+def _assert_workers_clean(spark: SparkSession) -> None:
+    """Reused Python workers hold at most the environment of the last exchange (no pile-up of
+    environments, listening ports or threads across exchanges and retries)."""
+    for _ in range(3):
+        df = spark.range(0, 2_000, numPartitions=2).select("id", (F.col("id") % 10).alias("k"))
+        assert cfs.exchange(df, "k").count() == 2_000
+
+    def report(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import psutil
+
+        import creditflow.spark as s
+
+        for _ in batches:
+            pass
+        proc = psutil.Process()
+        listening = [c for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+        yield pa.RecordBatch.from_pylist(
+            [
+                {
+                    "pid": os.getpid(),
+                    "envs": s.open_environments(),
+                    "listening": len(listening),
+                    "threads": proc.num_threads(),
+                }
+            ]
+        )
+
+    rows = (
+        spark.range(0, 8, numPartitions=8)
+        .mapInArrow(report, "pid long, envs long, listening long, threads long")
+        .collect()
+    )
+    for r in rows:
+        assert r["envs"] <= 1, rows
+        assert r["listening"] <= 1 + 1, rows  # one environment's listener (+ the worker's own, if any)
+
+
+def test_monitor_receives_live_samples_from_every_task(spark: SparkSession) -> None:
+    df = spark.range(0, 200_000, numPartitions=2).select("id", (F.col("id") % 100).alias("k"))
+    with cfs.Monitor(interval=0.05) as mon:
+        assert cfs.exchange(df, "k", monitor=mon).count() == 200_000
+        deadline = time.monotonic() + 10
+        while len([s for s in mon.tasks() if s["done"]]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        final = mon.tasks()
+    assert sorted(s["task"] for s in final) == [0, 1]
+    assert all(s["done"] for s in final)
+    assert sum(s["rows_in"] for s in final) == 200_000
+    assert sum(s["rows_out"] for s in final) == 200_000
+    assert all(s["backpressure_level"] in ("OK", "LOW", "HIGH") for s in final)
+
+
+# ----------------------------------------------------------------------------- streaming out
+
+
+def test_receiver_gets_every_row_once_from_the_executors(spark: SparkSession) -> None:
+    df = spark.range(0, 100_000, numPartitions=4).select("id", (F.col("id") * 3).alias("x"))
+    with cfs.Receiver(max_queued=2) as rx:
+        result: dict[str, Any] = {}
+        t = threading.Thread(target=lambda: result.update(stats=cfs.send(df, rx.address, rx.secret)))
+        t.start()
+        ids = pa.concat_arrays([b.column("id") for b in rx]).to_numpy()
+        t.join(60)
+    assert len(ids) == 100_000
+    assert np.array_equal(np.sort(ids), np.arange(100_000))
+    stats = result["stats"]
+    assert [s["partition"] for s in stats] == [0, 1, 2, 3]
+    assert all(s["accepted"] for s in stats)
+    assert sum(s["rows"] for s in stats) == 100_000
+
+
+def test_receiver_via_driver(spark: SparkSession) -> None:
+    df = spark.range(0, 10_000, numPartitions=3)
+    with cfs.Receiver() as rx:
+        t = threading.Thread(target=cfs.send, args=(df, rx.address, rx.secret), kwargs={"via": "driver"})
+        t.start()
+        got = pa.Table.from_batches(list(rx))
+        t.join(60)
+    assert sorted(pc.cast(got.column("id"), pa.int64()).to_pylist()) == list(range(10_000))
+
+
+def test_failed_job_makes_the_receiver_raise(spark: SparkSession) -> None:
+    df = spark.range(0, 1_000, numPartitions=2)
+
+    def broken(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for _ in batches:
+            raise RuntimeError("the source broke")
+        yield from ()
+
+    failing = df.mapInArrow(broken, df.schema)
+    with cfs.Receiver(timeout=120) as rx:
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                cfs.send(failing, rx.address, rx.secret)
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=run)
+        t.start()
+        with pytest.raises(cf.CreditflowError, match="the source broke"):
+            for _ in rx:
+                pass
+        t.join(60)
+    assert len(errors) == 1
+    assert "the source broke" in str(errors[0])
+
+
+def test_throttled_consumer_outside_spark_bounds_executor_memory(spark: SparkSession, tmp_path: Path) -> None:
+    """A consumer in another process reads slowly: every row arrives once, backpressure
+    reaches the executors, and the tasks' creditflow memory and process RSS stay bounded
+    although the DataFrame is several times larger."""
+    rows = 6_000_000  # 3 x 8 B columns: ~144 MB of Arrow data, 72 MB per task
+    out = tmp_path / "consumer.json"
+    with subprocess.Popen(
+        [sys.executable, str(HERE / "spark_consumer.py"), "--out", str(out), "--delay", "0.01"],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as consumer:
+        try:
+            assert consumer.stdout is not None
+            where = json.loads(consumer.stdout.readline())
+            df = spark.range(0, rows, numPartitions=2).select(
+                "id", (F.col("id") * 3).alias("x"), F.rand(3).alias("r")
+            )
+            with cfs.Monitor(interval=0.1) as mon:
+                stats = cfs.send(df, where["address"], where["secret"], memory="16MiB", monitor=mon)
+                samples = mon.samples()
+            assert consumer.wait(timeout=120) == 0
+        finally:
+            consumer.kill()
+    report = json.loads(out.read_text())
+    assert report["rows"] == rows
+    assert report["unique_ids"] == rows
+    assert sum(s["rows"] for s in stats) == rows
+    # Backpressure reached the tasks: they spent most of some second waiting for credit ...
+    assert max(s["backpressured_time_ms_per_second"] for s in samples) > 500
+    # ... while their out-pools never held more than the 16 MiB they were given, and no
+    # worker grew by anything near its 72 MB share of the data.
+    assert max(s["out_pool_usage"] for s in samples) <= 1.0
+    growth = max(s["rss_bytes"] - s["rss_start_bytes"] for s in samples)
+    assert growth < 48 * 1024 * 1024, growth

@@ -1,714 +1,412 @@
-"""A live demo of creditflow: a backpressured, bounded-memory exchange of Arrow batches.
+"""The creditflow demo: a PySpark pipeline that exchanges data by key through creditflow.
 
-Run it with ``python -m creditflow.demo`` (or ``make demo``). One producer thread generates
-synthetic e-commerce orders and hash-partitions them by ``customer_id`` into a partition with
-four subpartitions; four consumer threads each read one subpartition through their own input
-gate and aggregate the orders per customer. For a while consumer 0 is deliberately slow: the
-partition's buffers fill up with its backlog, the producer blocks (backpressure, HIGH), and
-once the consumer recovers everything flows at full speed again (OK). Memory stays bounded
-by the environment's pool the whole time.
+Run it with ``make demo`` (or ``python -m creditflow.demo``). On ``local[2]`` Spark generates
+TPC-H ``lineitem`` rows (decimals, dates, strings); :func:`creditflow.spark.exchange`
+repartitions them by ``l_orderkey`` between the two tasks of one barrier stage, pipelined,
+through 16 MiB of network memory per task; each task aggregates its orders (revenue,
+quantity, lines, last ship date) as the rows arrive. For part of the run task 1's consumer
+is deliberately slow: its credit runs out, both tasks' writers block on it (backpressure
+HIGH), memory stays within its bound, and when the consumer recovers everything flows at
+full speed again (OK).
 
-The live view shows the throughput, the out-pool usage, the backlog per subpartition and the
-writer's backpressure level; a chart of the run is written if matplotlib is installed. The
-demo ends by checking that every order arrived exactly once, that the hash partitioning was
-consistent and that the per-customer aggregates are right, and prints ``VERIFIED``.
+A live view shows each task's progress, throughput, out-pool usage and backpressure level.
+At the end the demo checks every order against Spark's own ``repartition(2, "l_orderkey")``
++ aggregation (same partition, same values), prints the throughput, writes a chart of
+throughput and backpressure per task over time, and prints ``VERIFIED``.
 """
 
 from __future__ import annotations
 
 import argparse
+import decimal
+import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from functools import partial
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
-import creditflow as cf
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
-
-PARTITION_ID = "demo/orders/0"
-NUM_CONSUMERS = 4
-BATCH_ROWS = 65_536
-NUM_CUSTOMERS = 50_000
-CUSTOMER_SKEW = 0.9  # Zipf exponent: a few customers place many of the orders
-CUSTOMER_ID_BASE = 1_000_000
-ORDER_ID_BASE = 10_000_000_000
-TS_BASE_US = 1_735_689_600_000_000  # 2025-01-01T00:00:00Z
-COUNTRIES = ("US", "DE", "GB", "FR", "JP", "BR", "IN", "CA", "AU", "NL", "ES", "IT")
-COUNTRY_WEIGHTS = (0.30, 0.12, 0.10, 0.08, 0.08, 0.07, 0.07, 0.05, 0.04, 0.03, 0.03, 0.03)
-MAX_CENTS = 10**12 - 1  # decimal128(12, 2)
-
-SLOW_CONSUMERS = (0,)
-SLOW_ROWS_PER_SECOND = 50_000  # what a slow consumer manages while slow
-TICK_SECONDS = 0.25  # live view and sampling period
-IO_TIMEOUT = 0.5  # every write() and next() gives up after this and is retried
-STALL_SECONDS = 60.0  # no progress for this long is an error, never a hang
-COMPACT_EVERY = 8  # partial aggregates combined every this many batches
-
+TICK_SECONDS = 0.25
 LEVEL_STYLES = {"OK": "bold green", "LOW": "bold yellow", "HIGH": "bold red"}
-
-
-# ------------------------------------------------------------------------------ configuration
+#: Lines per order on average (TPC-H has 1-7, about 4).
+LINES_PER_ORDER = 4
+SHIP_MODES = ("AIR", "FOB", "MAIL", "RAIL", "REG AIR", "SHIP", "TRUCK")
+#: What each task's aggregation yields: one row per order.
+RESULT_SCHEMA = "l_orderkey long, revenue decimal(38,4), quantity decimal(38,2), lines long, last_ship date"
 
 
 @dataclass(frozen=True)
 class Config:
-    """What to run."""
+    """The demo's settings (from the command line)."""
 
     rows: int
-    seed: int
-    slow_start: float
-    slow_seconds: float
+    slow_from: float
+    slow_until: float
+    slow_delay: float
     memory: str
     chart: Path | None
     plain: bool
+    verify: bool
 
-    @property
-    def slow_end(self) -> float:
-        """When the slow window ends, in seconds since the start."""
-        return self.slow_start + self.slow_seconds
+    def slow_rows(self) -> tuple[int, int]:
+        """The rows task 1 has received when it turns slow, and when it recovers."""
+        share = self.rows // 2
+        return int(share * self.slow_from), int(share * self.slow_until)
 
 
 def parse_args(argv: Sequence[str] | None) -> Config:
-    """Parses the command line."""
+    """The command line."""
     p = argparse.ArgumentParser(
         prog="python -m creditflow.demo",
-        description="In-process creditflow exchange with a temporarily slow consumer: live backpressure.",
+        description="A PySpark local[2] pipeline exchanging TPC-H lineitem rows by key through creditflow.",
     )
-    p.add_argument("--rows", type=int, default=None, help="orders to generate (default 30,000,000)")
-    p.add_argument("--slow-start", type=float, default=None, help="when consumer 0 turns slow, s (3)")
-    p.add_argument("--slow-seconds", type=float, default=None, help="how long it stays slow, s (10)")
-    p.add_argument("--quick", action="store_true", help="a short run (for tests): 10M rows, slow 1-3.5 s")
-    p.add_argument("--seed", type=int, default=42, help="random seed of the generated orders")
-    p.add_argument("--memory", default="16MiB", help="network memory of the environment (16MiB)")
+    p.add_argument("--rows", type=int, default=None, help="lineitem rows to generate (default 12,000,000)")
+    p.add_argument("--slow-from", type=float, default=0.2, help="task 1 turns slow at this share of its rows")
+    p.add_argument("--slow-until", type=float, default=0.4, help="... and recovers at this share")
+    p.add_argument("--slow-delay", type=float, default=0.1, help="seconds the slow task sleeps per batch")
+    p.add_argument("--quick", action="store_true", help="a short run (for tests): 2,000,000 rows")
+    p.add_argument("--memory", default="16MiB", help="creditflow network memory per task (16MiB)")
     p.add_argument("--chart", type=Path, default=Path("creditflow-demo.png"), help="PNG chart path")
     p.add_argument("--no-chart", action="store_true", help="do not write a chart")
+    p.add_argument("--no-verify", action="store_true", help="skip the check against Spark's repartition")
     p.add_argument("--plain", action="store_true", help="plain lines instead of the live view")
     a = p.parse_args(argv)
-    rows, start, seconds = (10_000_000, 1.0, 2.5) if a.quick else (30_000_000, 3.0, 10.0)
-    cfg = Config(
-        rows=a.rows if a.rows is not None else rows,
-        seed=a.seed,
-        slow_start=a.slow_start if a.slow_start is not None else start,
-        slow_seconds=a.slow_seconds if a.slow_seconds is not None else seconds,
+    rows = a.rows if a.rows is not None else (2_000_000 if a.quick else 12_000_000)
+    if rows < 1:
+        p.error("--rows must be positive")
+    if not 0 <= a.slow_from <= a.slow_until <= 1:
+        p.error("need 0 <= --slow-from <= --slow-until <= 1")
+    return Config(
+        rows=rows,
+        slow_from=a.slow_from,
+        slow_until=a.slow_until,
+        slow_delay=a.slow_delay,
         memory=a.memory,
         chart=None if a.no_chart else a.chart,
-        plain=a.plain,
+        plain=a.plain or not sys.stdout.isatty(),
+        verify=not a.no_verify,
     )
-    if cfg.rows <= 0 or cfg.slow_start < 0 or cfg.slow_seconds < 0:
-        p.error("--rows must be positive, --slow-start and --slow-seconds not negative")
-    return cfg
 
 
-@dataclass(frozen=True)
-class Clock:
-    """Seconds since the start of the run, and the slow window."""
-
-    cfg: Config
-    t0: float = field(default_factory=time.monotonic)
-
-    def elapsed(self) -> float:
-        """Seconds since the start."""
-        return time.monotonic() - self.t0
-
-    def in_slow_window(self, t: float | None = None) -> bool:
-        """Whether ``t`` (default: now) lies in the slow window."""
-        t = self.elapsed() if t is None else t
-        return self.cfg.slow_start <= t < self.cfg.slow_end
+# ------------------------------------------------------------------------------------ the job
 
 
-# ----------------------------------------------------------------------------------- workload
+def lineitem(spark: Any, rows: int) -> Any:
+    """``rows`` TPC-H-like lineitem rows generated by Spark itself (deterministic, 2 partitions)."""
+    from pyspark.sql import functions as F
+
+    orders = max(rows // LINES_PER_ORDER, 1)
+    i = F.col("id")
+    modes = F.array(*[F.lit(m) for m in SHIP_MODES])
+    return spark.range(0, rows, numPartitions=2).select(
+        ((i * 2654435761) % orders + 1).alias("l_orderkey"),
+        ((i * 7919) % 200_000 + 1).alias("l_partkey"),
+        ((i % 50) + 1).cast("decimal(12,2)").alias("l_quantity"),
+        (((i * 31) % 10_410_000 + 90_000) / 100).cast("decimal(12,2)").alias("l_extendedprice"),
+        ((i % 11) / 100).cast("decimal(12,2)").alias("l_discount"),
+        F.date_add(F.lit("1992-01-02").cast("date"), ((i * 13) % 2526).cast("int")).alias("l_shipdate"),
+        F.element_at(F.array(F.lit("A"), F.lit("N"), F.lit("R")), (i % 3 + 1).cast("int")).alias(
+            "l_returnflag"
+        ),
+        F.element_at(modes, (i % len(SHIP_MODES) + 1).cast("int")).alias("l_shipmode"),
+    )
 
 
-def decimal_from_cents(cents: npt.NDArray[np.int64], precision: int = 12) -> pa.Array:
-    """A decimal128(precision, 2) array over integer cents, built without Python objects."""
-    words = np.empty((len(cents), 2), dtype=np.int64)
-    words[:, 0] = cents
-    words[:, 1] = cents >> 63  # sign extension into the high 64 bits
-    return pa.Array.from_buffers(pa.decimal128(precision, 2), len(cents), [None, pa.py_buffer(words)])
-
-
-class OrderGenerator:
-    """Deterministic synthetic orders: batch ``i`` depends only on the seed and ``i``."""
-
-    def __init__(self, seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        weights = 1.0 / np.arange(1, NUM_CUSTOMERS + 1, dtype=np.float64) ** CUSTOMER_SKEW
-        cdf = np.cumsum(weights)
-        self._cdf = cdf / cdf[-1]
-        self._customers = rng.permutation(NUM_CUSTOMERS).astype(np.int64) + CUSTOMER_ID_BASE
-        self._countries = pa.array(COUNTRIES, pa.string())
-        self._country_p = np.array(COUNTRY_WEIGHTS) / sum(COUNTRY_WEIGHTS)
-        self._seed = seed
-
-    def batch(self, index: int, start: int, rows: int) -> pa.RecordBatch:
-        """Orders ``start .. start + rows`` (the ``index``-th batch)."""
-        rng = np.random.default_rng([self._seed, index])
-        seq = np.arange(start, start + rows, dtype=np.int64)
-        customer = self._customers[np.searchsorted(self._cdf, rng.random(rows))]
-        cents = np.clip(np.round(rng.lognormal(3.6, 0.9, rows) * 100), 1, MAX_CENTS).astype(np.int64)
-        country = rng.choice(len(COUNTRIES), size=rows, p=self._country_p).astype(np.int32)
-        ts = TS_BASE_US + seq * 1_500 + rng.integers(0, 1_000, rows)
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.array(ORDER_ID_BASE + seq),
-                pa.array(customer),
-                decimal_from_cents(cents),
-                self._countries.take(pa.array(country)),
-                pa.array(ts, pa.timestamp("us", tz="UTC")),
-            ],
-            names=["order_id", "customer_id", "amount", "country", "ts"],
-        )
-
-    def batches(self, total_rows: int) -> Iterator[pa.RecordBatch]:
-        """All batches of a run of ``total_rows`` orders."""
-        for index, start in enumerate(range(0, total_rows, BATCH_ROWS)):
-            yield self.batch(index, start, min(BATCH_ROWS, total_rows - start))
-
-
-class CustomerAggregator:
-    """Orders and amount per customer, combined incrementally so memory stays bounded."""
+class OrderTotals:
+    """Per-order aggregation of a task's rows, as they arrive (partials combined at the end)."""
 
     def __init__(self) -> None:
-        self._parts: list[pa.Table] = []
+        self._partials: list[pa.Table] = []
 
     def add(self, batch: pa.RecordBatch) -> None:
-        """Adds a batch of orders."""
-        agg = (
-            pa.Table.from_batches([batch])
-            .group_by("customer_id", use_threads=False)
-            .aggregate([("order_id", "count"), ("amount", "sum")])
+        """Aggregates one batch into a partial."""
+        one = pa.scalar(decimal.Decimal("1.00"), pa.decimal128(12, 2))
+        revenue = pc.multiply(batch.column("l_extendedprice"), pc.subtract(one, batch.column("l_discount")))
+        t = pa.table(
+            {
+                "l_orderkey": batch.column("l_orderkey"),
+                "revenue": revenue,
+                "quantity": batch.column("l_quantity"),
+                "l_shipdate": batch.column("l_shipdate"),
+            }
         )
-        self._parts.append(agg.rename_columns(["customer_id", "orders", "amount"]))
-        if len(self._parts) >= COMPACT_EVERY:
-            self._parts = [self._combined()]
-
-    def _combined(self) -> pa.Table:
-        agg = (
-            pa.concat_tables(self._parts)
-            .group_by("customer_id", use_threads=False)
-            .aggregate([("orders", "sum"), ("amount", "sum")])
+        self._partials.append(
+            t.group_by("l_orderkey").aggregate(
+                [("revenue", "sum"), ("quantity", "sum"), ("l_orderkey", "count"), ("l_shipdate", "max")]
+            )
         )
-        return agg.rename_columns(["customer_id", "orders", "amount"])
 
     def result(self) -> pa.Table:
-        """One row per customer seen, sorted by customer_id."""
-        if not self._parts:
-            schema = pa.schema(
-                [("customer_id", pa.int64()), ("orders", pa.int64()), ("amount", pa.decimal128(38, 2))]
-            )
+        """One row per order, in the schema the demo declares (:data:`RESULT_SCHEMA`)."""
+        schema = pa.schema(
+            [
+                ("l_orderkey", pa.int64()),
+                ("revenue", pa.decimal128(38, 4)),
+                ("quantity", pa.decimal128(38, 2)),
+                ("lines", pa.int64()),
+                ("last_ship", pa.date32()),
+            ]
+        )
+        if not self._partials:
             return schema.empty_table()
-        return self._combined().sort_by("customer_id")
+        t = pa.concat_tables(self._partials).group_by("l_orderkey")
+        t = t.aggregate(
+            [
+                ("revenue_sum", "sum"),
+                ("quantity_sum", "sum"),
+                ("l_orderkey_count", "sum"),
+                ("l_shipdate_max", "max"),
+            ]
+        )
+        names = (
+            "l_orderkey",
+            "revenue_sum_sum",
+            "quantity_sum_sum",
+            "l_orderkey_count_sum",
+            "l_shipdate_max_max",
+        )
+        return pa.Table.from_arrays([t.column(c) for c in names], names=schema.names).cast(schema)
 
 
-# ------------------------------------------------------------------------------------ workers
+def make_aggregator(slow_task: int, slow_from: int, slow_until: int, delay: float) -> Any:
+    """The function each task runs on the rows it receives; ``slow_task`` sleeps ``delay`` per
+    batch while it has received between ``slow_from`` and ``slow_until`` rows (the slow
+    consumer)."""
+
+    def aggregate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        me = ctx.partitionId() if ctx is not None else -1
+        totals = OrderTotals()
+        received = 0
+        for batch in batches:
+            if me == slow_task and slow_from <= received < slow_until:
+                time.sleep(delay)
+            received += batch.num_rows
+            totals.add(batch)
+        yield from totals.result().to_batches()
+
+    return aggregate
 
 
-class Worker(threading.Thread):
-    """A daemon thread that keeps the exception of its body."""
-
-    def __init__(self, name: str, body: Callable[[], None]) -> None:
-        super().__init__(name=name, daemon=True)
-        self._body = body
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        """Runs the body, keeping its exception."""
-        try:
-            self._body()
-        except BaseException as exc:  # reported by the main thread
-            self.error = exc
+# ---------------------------------------------------------------------------------- live view
 
 
 @dataclass
-class ProducerState:
-    """What the producer wrote, and the expected result computed from it."""
+class TaskRow:
+    """What the view shows of one task."""
 
-    rows: int = 0
-    expected: CustomerAggregator = field(default_factory=CustomerAggregator)
-    finished_at: float | None = None
-
-
-@dataclass
-class ConsumerState:
-    """What one consumer read."""
-
-    index: int
-    rows: int = 0
-    batches: int = 0
-    last_order_id: int = -1
-    out_of_order: int = 0
-    aggregates: CustomerAggregator = field(default_factory=CustomerAggregator)
+    task: int
+    rows_in: int = 0
+    rows_out: int = 0
+    bytes_in: int = 0
+    rate: float = 0.0  # rows/s written, over the last samples
+    out_pool: float = 0.0
+    bp_ms: float = 0.0
+    level: str = "OK"
+    idle_ms: float = 0.0
+    done: bool = False
 
 
-def write_with_retry(writer: cf.RecordWriter, batch: pa.RecordBatch, stop: threading.Event) -> bool:
-    """Writes one batch, retrying short timeouts; False if stopped. A timed out hand-off write
-    queued nothing, so retrying it is safe."""
-    deadline = time.monotonic() + STALL_SECONDS
-    while not stop.is_set():
-        try:
-            writer.write(batch, timeout=IO_TIMEOUT)
-            return True
-        except cf.TimeoutError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"producer blocked for more than {STALL_SECONDS:.0f} s") from None
-    return False
-
-
-def produce(
-    writer: cf.RecordWriter, cfg: Config, clock: Clock, state: ProducerState, stop: threading.Event
-) -> None:
-    """Generates and writes every order, computing the expected aggregates on the way."""
-    try:
-        for batch in OrderGenerator(cfg.seed).batches(cfg.rows):
-            state.expected.add(batch)
-            if not write_with_retry(writer, batch, stop):
-                writer.fail("demo interrupted")
-                return
-            state.rows += batch.num_rows
-        writer.close()
-    except BaseException as exc:
-        writer.fail(f"producer failed: {exc!r}")
-        raise
-    finally:
-        state.finished_at = clock.elapsed()
-
-
-def next_with_retry(gate: cf.InputGate, stop: threading.Event) -> pa.RecordBatch | None:
-    """The next batch, retrying short timeouts; None at the end or if stopped."""
-    deadline = time.monotonic() + STALL_SECONDS
-    while not stop.is_set():
-        try:
-            return gate.next(timeout=IO_TIMEOUT)
-        except cf.TimeoutError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"consumer got no data for {STALL_SECONDS:.0f} s") from None
-    return None
-
-
-def consume(
-    gate: cf.InputGate,
-    state: ConsumerState,
-    seen: npt.NDArray[np.bool_],
-    clock: Clock,
-    stop: threading.Event,
-) -> None:
-    """Reads one subpartition, aggregating per customer; slow in the slow window if chosen."""
-    slow = state.index in SLOW_CONSUMERS
-    try:
-        while (batch := next_with_retry(gate, stop)) is not None:
-            record_order_ids(state, batch.column("order_id").to_numpy(), seen)
-            state.aggregates.add(batch)
-            state.rows += batch.num_rows
-            state.batches += 1
-            if slow and clock.in_slow_window():
-                stop.wait(batch.num_rows / SLOW_ROWS_PER_SECOND)
-    except cf.ProducerFailedError:
-        if not stop.is_set():
-            raise
-
-
-def record_order_ids(state: ConsumerState, ids: npt.NDArray[np.int64], seen: npt.NDArray[np.bool_]) -> None:
-    """Marks the order ids as seen and checks they increase along the channel."""
-    if len(ids) == 0:
-        return
-    if ids[0] <= state.last_order_id or not bool(np.all(ids[1:] > ids[:-1])):
-        state.out_of_order += 1
-    state.last_order_id = int(ids[-1])
-    seen[ids - ORDER_ID_BASE] = True
-
-
-# ------------------------------------------------------------------------------------ metrics
-
-
-@dataclass(frozen=True)
-class Sample:
-    """The exchange's metrics at one moment."""
-
-    t: float
-    slow: bool
-    producing: bool
-    rows_written: int
-    bytes_written: int
-    rows_read: int
-    bytes_read: int
-    write_mb_s: float
-    read_mb_s: float
-    bp_ms: float
-    level: str
-    out_pool_usage: float
-    backlog: tuple[int, ...]
-    segments_available: int
-    segments_total: int
-
-
-class Monitor:
-    """Samples the environment, the writer and the gates; rates cover the last second."""
-
-    def __init__(
-        self, env: cf.NetworkEnvironment, writer: cf.RecordWriter, gates: list[cf.InputGate], clock: Clock
-    ) -> None:
-        self._env = env
-        self._writer = writer
-        # Gates are sampled through env.metrics(), by name: InputGate.metrics() would wait for the
-        # gate's lock, which a consumer blocked in next() holds (taken before any thread starts).
-        self._gate_names = [str(g.metrics()["name"]) for g in gates]
-        self._clock = clock
-        self._history: deque[tuple[float, int, int]] = deque(maxlen=64)
-        self.samples: list[Sample] = []
-
-    def sample(self, producing: bool) -> Sample:
-        """Takes and keeps one sample."""
-        t = self._clock.elapsed()
-        part: dict[str, Any] = self._writer.metrics()
-        env: dict[str, Any] = self._env.metrics()
-        gates: list[dict[str, Any]] = [env["gates"][name] for name in self._gate_names]
-        written = int(part["bytes_written"])
-        read = sum(int(g["bytes_received"]) for g in gates)
-        write_rate, read_rate = self._rates(t, written, read)
-        s = Sample(
-            t=t,
-            slow=self._clock.in_slow_window(t),
-            producing=producing,
-            rows_written=int(part["rows_written"]),
-            bytes_written=written,
-            rows_read=sum(int(g["rows_received"]) for g in gates),
-            bytes_read=read,
-            write_mb_s=write_rate,
-            read_mb_s=read_rate,
-            bp_ms=float(part["backpressured_time_ms_per_second"]),
-            level=str(part["backpressure_level"]),
-            out_pool_usage=float(part["out_pool_usage"]),
-            backlog=tuple(int(b) for b in part["backlog"]),
-            segments_available=int(env["segments_available"]),
-            segments_total=int(env["segments_total"]),
+def task_rows(samples: list[dict[str, Any]], now: float) -> list[TaskRow]:
+    """The latest state of each task, with its write rate over the last second."""
+    rows: dict[int, TaskRow] = {}
+    history: dict[int, list[dict[str, Any]]] = {}
+    for s in samples:
+        history.setdefault(s["task"], []).append(s)
+    for task, hs in sorted(history.items()):
+        last = hs[-1]
+        recent = [h for h in hs if h["time"] >= now - 1.0] or hs[-1:]
+        first = recent[0] if recent[0] is not last else (hs[-2] if len(hs) > 1 else last)
+        dt = last["time"] - first["time"]
+        rate = (last["rows_in"] - first["rows_in"]) / dt if dt > 0 else 0.0
+        rows[task] = TaskRow(
+            task=task,
+            rows_in=last["rows_in"],
+            rows_out=last["rows_out"],
+            bytes_in=last["bytes_in"],
+            rate=rate,
+            out_pool=last["out_pool_usage"],
+            bp_ms=last["backpressured_time_ms_per_second"],
+            level=last["backpressure_level"],
+            idle_ms=last.get("idle_time_ms_per_second", 0.0),
+            done=last["done"],
         )
-        self.samples.append(s)
-        return s
-
-    def _rates(self, t: float, written: int, read: int) -> tuple[float, float]:
-        """MB/s written and read since the newest sample at least a second old."""
-        self._history.append((t, written, read))
-        base = self._history[0]
-        for h in self._history:
-            if t - h[0] >= 1.0:
-                base = h
-        dt = t - base[0]
-        if dt <= 0:
-            return 0.0, 0.0
-        return (written - base[1]) / dt / 1e6, (read - base[2]) / dt / 1e6
+    return list(rows.values())
 
 
-# -------------------------------------------------------------------------------------- views
+def render(cfg: Config, rows: list[TaskRow], elapsed: float) -> Any:
+    """The rich renderable of the live view."""
+    from rich.panel import Panel
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
 
-
-class View(Protocol):
-    """Shows samples as they come."""
-
-    def update(self, s: Sample, force: bool = False) -> None:
-        """Shows a sample (``force``: even if the last one was shown just now)."""
-
-    def __enter__(self) -> Self: ...
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None: ...
-
-
-def phase(s: Sample) -> str:
-    """The phase's name."""
-    return "consumer slow" if s.slow else "normal"
-
-
-def plain_line(s: Sample) -> str:
-    """One line describing a sample."""
-    backlog = ",".join(str(b) for b in s.backlog)
-    return (
-        f"t={s.t:5.1f}s  {phase(s):13}"
-        f"  written {s.rows_written / 1e6:6.2f}M rows {s.bytes_written / 1e6:7.1f} MB"
-        f"  read {s.rows_read / 1e6:6.2f}M rows  {s.write_mb_s:6.1f} MB/s  out-pool {s.out_pool_usage:4.0%}"
-        f"  backlog [{backlog}]  level {s.level:4} ({s.bp_ms:4.0f} ms/s)"
-        f"  segments {s.segments_available}/{s.segments_total}"
-    )
-
-
-class PlainView:
-    """One plain line per second (no TTY, or no rich)."""
-
-    def __init__(self) -> None:
-        self._next = 0.0
-
-    def update(self, s: Sample, force: bool = False) -> None:
-        """Prints the sample if a second has passed since the last line."""
-        if force or s.t >= self._next:
-            print(plain_line(s), flush=True)
-            self._next = s.t + 1.0 - TICK_SECONDS / 2
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        return None
-
-
-class RichView:
-    """A rich Live panel refreshed with every sample."""
-
-    def __init__(self, cfg: Config) -> None:
-        from rich.console import Console
-        from rich.live import Live
-
-        self._cfg = cfg
-        self._live = Live(console=Console(), refresh_per_second=1 / TICK_SECONDS, transient=False)
-
-    def update(self, s: Sample, force: bool = False) -> None:
-        """Redraws the panel."""
-        self._live.update(self._render(s), refresh=force)
-
-    def _render(self, s: Sample) -> Any:
-        from rich.panel import Panel
-        from rich.progress_bar import ProgressBar
-        from rich.table import Table
-        from rich.text import Text
-
-        grid = Table.grid(padding=(0, 2))
-        grid.add_column(style="bold cyan", justify="right")
-        grid.add_column()
-        window = f"{self._cfg.slow_start:g}-{self._cfg.slow_end:g} s"
-        grid.add_row("elapsed", f"{s.t:5.1f} s")
-        grid.add_row(
-            "phase",
-            Text(phase(s), style="bold red" if s.slow else "green") + Text(f"  (slow window {window})"),
-        )
-        grid.add_row("written", f"{s.rows_written:>12,} rows  {s.bytes_written / 1e6:9.1f} MB")
-        grid.add_row("read", f"{s.rows_read:>12,} rows  {s.bytes_read / 1e6:9.1f} MB")
-        grid.add_row(
-            "throughput", f"{s.write_mb_s:7.1f} MB/s written  {s.read_mb_s:7.1f} MB/s read  (last second)"
-        )
+    lo, hi = cfg.slow_rows()
+    slow = any(r.task == 1 and lo <= r.rows_out < hi for r in rows)
+    table = Table(expand=False)
+    for col in ("task", "rows written", "rows received", "rows/s", "out-pool", "backpressure", "idle", ""):
+        table.add_column(col, justify="right" if col not in ("out-pool", "backpressure", "") else "left")
+    for r in rows:
         pool = Table.grid(padding=(0, 1))
-        pool.add_row(ProgressBar(total=1.0, completed=s.out_pool_usage, width=40), f"{s.out_pool_usage:4.0%}")
-        grid.add_row("out-pool usage", pool)
-        grid.add_row("backlog", "  ".join(f"sp{i}: {b:>3}" for i, b in enumerate(s.backlog)) + "  buffers")
-        level = Text(f"{s.level:4}", style=LEVEL_STYLES.get(s.level, "bold"))
-        grid.add_row("backpressure", level + Text(f"  {s.bp_ms:5.0f} ms/s blocked"))
-        grid.add_row("global pool", f"{s.segments_available}/{s.segments_total} segments available")
-        return Panel(grid, title="creditflow demo: orders hash-partitioned to 4 consumers", expand=False)
+        pool.add_row(ProgressBar(total=1.0, completed=min(r.out_pool, 1.0), width=16), f"{r.out_pool:4.0%}")
+        level = Text(f"{r.level:4}", style=LEVEL_STYLES.get(r.level, "bold")) + Text(f" {r.bp_ms:4.0f} ms/s")
+        note = "slow consumer" if r.task == 1 and slow else ("done" if r.done else "")
+        table.add_row(
+            str(r.task),
+            f"{r.rows_in:,}",
+            f"{r.rows_out:,}",
+            f"{r.rate:,.0f}",
+            pool,
+            level,
+            f"{r.idle_ms:4.0f} ms/s",
+            Text(note, style="bold red" if note == "slow consumer" else "green"),
+        )
+    title = (
+        f"creditflow.spark.exchange: {cfg.rows:,} lineitem rows by l_orderkey, local[2], "
+        f"{cfg.memory}/task  [{elapsed:5.1f} s; task 1 slow from {lo:,} to {hi:,} rows received]"
+    )
+    return Panel(table, title=title, expand=False)
 
-    def __enter__(self) -> Self:
-        self._live.__enter__()
-        return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._live.__exit__(exc_type, exc, tb)
-
-
-def make_view(cfg: Config) -> View:
-    """The rich live view on a terminal (if rich is installed), plain lines otherwise."""
-    if not cfg.plain and sys.stdout.isatty():
-        try:
-            return RichView(cfg)
-        except ImportError:
-            pass
-    return PlainView()
+def plain_line(rows: list[TaskRow], elapsed: float) -> str:
+    """One line per tick for logs and pipes."""
+    parts = [
+        f"task {r.task}: {r.rows_in:>11,} in {r.rows_out:>11,} out {r.rate:>10,.0f} rows/s "
+        f"pool {r.out_pool:4.0%} {r.level:4} ({r.bp_ms:3.0f} ms/s)"
+        for r in rows
+    ]
+    return f"[{elapsed:6.1f} s] " + " | ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------- run
 
 
 @dataclass
-class Run:
-    """Everything a finished (or interrupted) run leaves for the checks and the summary."""
+class Result:
+    """What a finished run leaves for the checks, the summary and the chart."""
 
-    cfg: Config
-    producer: ProducerState
-    consumers: list[ConsumerState]
-    seen: npt.NDArray[np.bool_]
-    samples: list[Sample]
-    wall: float
-    errors: list[str]
+    seconds: float
+    samples: list[dict[str, Any]]
+    start: float
+    levels: dict[int, set[str]]
 
 
-@contextmanager
-def exchange(cfg: Config) -> Iterator[tuple[cf.NetworkEnvironment, cf.RecordWriter, list[cf.InputGate]]]:
-    """The environment, a 4-way hash-partitioned partition's writer, and one gate per consumer."""
-    with cf.NetworkEnvironment(memory=cfg.memory) as env:
-        part = env.create_partition(PARTITION_ID, num_subpartitions=NUM_CONSUMERS)
-        gates = [
-            env.create_input_gate([cf.ChannelSpec(env.address, PARTITION_ID, i)])
-            for i in range(NUM_CONSUMERS)
-        ]
-        yield env, cf.RecordWriter(part, cf.HashPartitioner(["customer_id"])), gates
+def run_exchange(cfg: Config, spark: Any, out_dir: str) -> Result:
+    """Runs the exchange (writing each task's per-order totals, tagged with the partition,
+    to parquet) while the live view shows the tasks."""
+    from pyspark.sql import functions as F
 
+    import creditflow.spark as cfs
 
-def run_demo(cfg: Config, view: View) -> Run:
-    """Runs the exchange, showing it live. Ctrl-C stops the workers and re-raises."""
-    stop = threading.Event()
-    producer = ProducerState()
-    consumers = [ConsumerState(i) for i in range(NUM_CONSUMERS)]
-    seen = np.zeros(cfg.rows, dtype=np.bool_)
-    with exchange(cfg) as (env, writer, gates):
-        clock = Clock(cfg)
-        monitor = Monitor(env, writer, gates, clock)
-        prod = Worker("producer", partial(produce, writer, cfg, clock, producer, stop))
-        cons = [
-            Worker(f"consumer-{c.index}", partial(consume, g, c, seen, clock, stop))
-            for g, c in zip(gates, consumers, strict=True)
-        ]
-        workers = [prod, *cons]
+    df = lineitem(spark, cfg.rows)
+    with cfs.Monitor(interval=TICK_SECONDS / 2) as monitor:
+        start = time.time()
+        agg = make_aggregator(1, *cfg.slow_rows(), cfg.slow_delay)
+        out = cfs.exchange(
+            df, "l_orderkey", func=agg, schema=RESULT_SCHEMA, memory=cfg.memory, monitor=monitor
+        )
+        errors: list[BaseException] = []
+
+        def job() -> None:
+            try:
+                out.withColumn("pid", F.spark_partition_id()).write.mode("overwrite").parquet(out_dir)
+            except BaseException as exc:
+                errors.append(exc)
+
+        worker = threading.Thread(target=job, name="demo-job", daemon=True)
+        worker.start()
+        levels: dict[int, set[str]] = {}
+        live = None
+        if not cfg.plain:
+            from rich.live import Live
+
+            live = Live(refresh_per_second=1 / TICK_SECONDS)
+            live.__enter__()
         try:
-            for w in workers:
-                w.start()
-            watch(workers, monitor, view, stop)
+            while worker.is_alive():
+                worker.join(TICK_SECONDS)
+                now = time.time()
+                rows = task_rows(monitor.samples(), now)
+                for r in rows:
+                    levels.setdefault(r.task, set()).add(r.level)
+                if live is not None:
+                    live.update(render(cfg, rows, now - start))
+                else:
+                    print(plain_line(rows, now - start), flush=True)
         finally:
-            stop.set()
-            for w in workers:
-                w.join(timeout=IO_TIMEOUT * 4)
-        wall = clock.elapsed()
-    errors = [f"{w.name}: {w.error!r}" for w in workers if w.error is not None]
-    return Run(cfg, producer, consumers, seen, monitor.samples, wall, errors)
+            if live is not None:
+                live.__exit__(None, None, None)
+        seconds = time.time() - start
+        if errors:
+            raise errors[0]
+        return Result(seconds=seconds, samples=monitor.samples(), start=start, levels=levels)
 
 
-def watch(workers: list[Worker], monitor: Monitor, view: View, stop: threading.Event) -> None:
-    """Samples and shows the metrics until every worker is done (or one failed)."""
-    producer = workers[0]
-    next_tick = time.monotonic()
-    while any(w.is_alive() for w in workers):
-        if any(w.error is not None for w in workers):
-            stop.set()  # one failed: the others give up within IO_TIMEOUT
-        view.update(monitor.sample(producing=producer.is_alive()))
-        next_tick += TICK_SECONDS
-        time.sleep(max(0.0, next_tick - time.monotonic()))
-    view.update(monitor.sample(producing=False), force=True)
+def verify(spark: Any, cfg: Config, out_dir: str) -> tuple[bool, list[str], float]:
+    """Compares every order with Spark's own repartition + aggregation: same partition, same
+    revenue, quantity, lines and last ship date. Returns (ok, report lines, Spark's seconds)."""
+    from pyspark.sql import functions as F
 
-
-# ------------------------------------------------------------------------------------- checks
-
-
-@dataclass(frozen=True)
-class Check:
-    """One verified property of the run."""
-
-    ok: bool
-    text: str
-
-
-def check_rows(run: Run) -> Check:
-    """(1) rows read == rows written, every order_id exactly once, in order per channel."""
-    read = sum(c.rows for c in run.consumers)
-    missing = int(np.count_nonzero(~run.seen))
-    disorder = sum(c.out_of_order for c in run.consumers)
-    ok = read == run.producer.rows == run.cfg.rows and missing == 0 and disorder == 0
-    text = (
-        f"rows: {read:,} read == {run.producer.rows:,} written; every order_id exactly once"
-        f" ({missing:,} missing), in order per channel ({disorder} batches out of order)"
+    df = lineitem(spark, cfg.rows)
+    start = time.time()
+    want = (
+        df.repartition(2, "l_orderkey")
+        .withColumn("pid", F.spark_partition_id())
+        .groupBy("pid", "l_orderkey")
+        .agg(
+            F.sum(F.col("l_extendedprice") * (F.lit(1) - F.col("l_discount")))
+            .cast("decimal(38,4)")
+            .alias("revenue"),
+            F.sum("l_quantity").cast("decimal(38,2)").alias("quantity"),
+            F.count("*").alias("lines"),
+            F.max("l_shipdate").alias("last_ship"),
+        )
     )
-    return Check(ok, text)
-
-
-def check_hash_partitioning(results: list[pa.Table]) -> Check:
-    """(2) every customer_id was seen by exactly one consumer."""
-    ids = np.concatenate([r.column("customer_id").to_numpy() for r in results])
-    shared = len(ids) - len(np.unique(ids))
-    per_consumer = ", ".join(f"{r.num_rows:,}" for r in results)
-    text = (
-        f"hash partitioning: {len(ids) - shared:,} customers ({per_consumer}), {shared} seen by 2+ consumers"
-    )
-    return Check(shared == 0, text)
-
-
-def check_aggregates(results: list[pa.Table], expected: pa.Table) -> Check:
-    """(3) per-customer (orders, sum amount) equal a group_by over all generated data."""
-    actual = pa.concat_tables(results).sort_by("customer_id")
-    ok = actual.equals(expected)
-    verdict = "equal" if ok else "DIFFER from"
-    text = f"aggregates: {actual.num_rows:,} customers' (orders, sum amount) {verdict} a direct group_by"
-    return Check(ok, text + f" over the generated data ({expected.num_rows:,} customers)")
-
-
-def check_backpressure(run: Run) -> Check:
-    """(4) the level reached HIGH in the slow window and was OK again after it, while writing."""
-    start, end = run.cfg.slow_start, run.cfg.slow_end
-    high = next((s.t for s in run.samples if start <= s.t <= end and s.level == "HIGH"), None)
-    ok_after = next((s.t for s in run.samples if s.t > end and s.producing and s.level == "OK"), None)
-    if high is None:
-        return Check(False, "backpressure: never HIGH in the slow window (slower consumer or more --rows?)")
-    if ok_after is None:
-        return Check(False, "backpressure: not OK again after the slow window while writing (more --rows?)")
-    return Check(
-        True, f"backpressure: HIGH in the slow window (first at {high:.1f} s), OK again at {ok_after:.1f} s"
-    )
-
-
-def verify(run: Run) -> list[Check]:
-    """All checks of a completed run."""
-    results = [c.aggregates.result() for c in run.consumers]
-    return [
-        check_rows(run),
-        check_hash_partitioning(results),
-        check_aggregates(results, run.producer.expected.result()),
-        check_backpressure(run),
-    ]
-
-
-# ------------------------------------------------------------------------------------ summary
-
-
-def level_timeline(samples: Sequence[Sample]) -> list[tuple[float, str]]:
-    """(time, level) at every change of the level."""
-    timeline: list[tuple[float, str]] = []
-    for s in samples:
-        if not timeline or timeline[-1][1] != s.level:
-            timeline.append((s.t, s.level))
-    return timeline
-
-
-def format_timeline(samples: Sequence[Sample]) -> str:
-    """The level timeline as ``OK@0.0s -> HIGH@4.2s -> ...``."""
-    return " -> ".join(f"{level}@{t:.1f}s" for t, level in level_timeline(samples))
-
-
-def summary(run: Run, chart: Path | None) -> list[str]:
-    """The lines of the summary."""
-    gb = max((s.bytes_written for s in run.samples), default=0) / 1e9
-    peak_rate = max((s.write_mb_s for s in run.samples), default=0.0)
-    peak_pool = max((s.out_pool_usage for s in run.samples), default=0.0)
-    slow = ", ".join(str(i) for i in SLOW_CONSUMERS)
+    want.write.mode("overwrite").parquet(out_dir + "-spark")
+    spark_seconds = time.time() - start
+    got = spark.read.parquet(out_dir).alias("g")
+    exp = spark.read.parquet(out_dir + "-spark").alias("w")
+    joined = got.join(exp, "l_orderkey", "full_outer")
+    checks = {
+        "every order once": (got.count(), got.select("l_orderkey").distinct().count(), exp.count()),
+        "mismatches": joined.where(
+            "g.pid IS NULL OR w.pid IS NULL OR g.pid != w.pid OR g.revenue != w.revenue "
+            "OR g.quantity != w.quantity OR g.lines != w.lines OR g.last_ship != w.last_ship"
+        ).count(),
+        "lines": got.agg(F.sum("lines")).first()[0],
+    }
+    n_got, n_distinct, n_want = checks["every order once"]
     lines = [
-        "",
-        "creditflow demo summary",
-        f"  rows            {run.producer.rows:,} written, {sum(c.rows for c in run.consumers):,} read"
-        f" by {NUM_CONSUMERS} consumers ({', '.join(f'{c.rows:,}' for c in run.consumers)})",
-        f"  data            {gb:.2f} GB (Arrow in-memory size) through {run.cfg.memory} of network memory",
-        f"  wall time       {run.wall:.1f} s",
-        f"  throughput      {gb * 1e3 / run.wall:.1f} MB/s average, {peak_rate:.1f} MB/s peak (1 s window),"
-        f" {run.producer.rows / run.wall / 1e6:.2f} M rows/s",
-        f"  peak out-pool   {peak_pool:.0%}",
-        f"  slow window     {run.cfg.slow_start:.1f} s - {run.cfg.slow_end:.1f} s (consumer {slow})",
-        f"  level timeline  {format_timeline(run.samples)}",
+        f"[{'ok' if n_got == n_distinct == n_want else 'FAIL'}] every order exactly once: "
+        f"{n_got:,} orders ({n_want:,} from Spark's repartition)",
+        f"[{'ok' if checks['mismatches'] == 0 else 'FAIL'}] same partition and same totals as Spark's "
+        f"repartition(2, 'l_orderkey') + groupBy: {checks['mismatches']:,} mismatches",
+        f"[{'ok' if checks['lines'] == cfg.rows else 'FAIL'}] every line counted: "
+        f"{checks['lines']:,} of {cfg.rows:,}",
     ]
-    if chart is not None:
-        lines.append(f"  chart           {chart}")
-    return lines
+    ok = all(line.startswith("[ok]") for line in lines)
+    return ok, lines, spark_seconds
 
 
-def write_chart(run: Run, path: Path) -> bool:
-    """Writes throughput and backpressure over time as a PNG; False without matplotlib."""
+def slow_window(cfg: Config, result: Result) -> tuple[float, float] | None:
+    """When (seconds from the start) task 1's consumer was slow, from its samples."""
+    lo, hi = cfg.slow_rows()
+    times = [s["time"] - result.start for s in result.samples if s["task"] == 1 and lo <= s["rows_out"] < hi]
+    return (min(times), max(times)) if times else None
+
+
+def write_chart(cfg: Config, result: Result, path: Path) -> bool:
+    """Throughput, backpressure and out-pool usage per task over time, as a PNG; False without
+    matplotlib."""
     try:
         import matplotlib
 
@@ -716,75 +414,81 @@ def write_chart(run: Run, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    t = [s.t for s in run.samples]
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5), constrained_layout=True)
-    top.plot(t, [s.write_mb_s for s in run.samples], label="written MB/s", color="tab:blue")
-    top.plot(t, [s.read_mb_s for s in run.samples], label="read MB/s", color="tab:green", linestyle="--")
-    top.set_ylabel("throughput (MB/s, last 1 s)")
-    top.set_title(
-        f"creditflow demo: {run.producer.rows:,} orders, {run.cfg.memory}, 4 hash-partitioned consumers"
-    )
-    bottom.plot(t, [s.bp_ms for s in run.samples], label="backpressured ms/s", color="tab:red")
-    bottom.axhline(100, color="goldenrod", linestyle=":", linewidth=1, label="LOW threshold")
-    bottom.axhline(500, color="darkred", linestyle=":", linewidth=1, label="HIGH threshold")
-    bottom.set_ylim(0, 1050)
-    bottom.set_ylabel("writer blocked (ms/s)")
-    bottom.set_xlabel("time (s)")
-    pool = bottom.twinx()
-    pool.plot(
-        t, [100 * s.out_pool_usage for s in run.samples], color="tab:purple", alpha=0.6, label="out-pool %"
-    )
-    pool.set_ylim(0, 105)
-    pool.set_ylabel("out-pool usage (%)")
-    for ax in (top, bottom):
-        ax.axvspan(
-            run.cfg.slow_start, run.cfg.slow_end, color="tab:orange", alpha=0.15, label="consumer 0 slow"
-        )
+    by_task: dict[int, list[dict[str, Any]]] = {}
+    for s in result.samples:
+        by_task.setdefault(s["task"], []).append(s)
+    fig, (ax_rate, ax_bp, ax_pool) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+    for task, ss in sorted(by_task.items()):
+        t = [s["time"] - result.start for s in ss]
+        rates = [0.0] + [
+            (b["bytes_in"] - a["bytes_in"]) / 1e6 / max(b["time"] - a["time"], 1e-6)
+            for a, b in zip(ss, ss[1:], strict=False)
+        ]
+        ax_rate.plot(t, rates, label=f"task {task}")
+        ax_bp.plot(t, [s["backpressured_time_ms_per_second"] for s in ss], label=f"task {task}")
+        ax_pool.plot(t, [100 * s["out_pool_usage"] for s in ss], label=f"task {task}")
+    window = slow_window(cfg, result)
+    for ax in (ax_rate, ax_bp, ax_pool):
+        if window is not None:
+            ax.axvspan(*window, color="red", alpha=0.1, label="task 1 slow")
         ax.grid(alpha=0.3)
-    top.legend(loc="lower right")
-    lines, labels = bottom.get_legend_handles_labels()
-    more_lines, more_labels = pool.get_legend_handles_labels()
-    bottom.legend(lines + more_lines, labels + more_labels, loc="center right", fontsize="small")
+    ax_rate.set_ylabel("written MB/s")
+    ax_bp.set_ylabel("backpressured ms/s")
+    ax_bp.axhline(100, color="orange", ls=":", lw=1)
+    ax_bp.axhline(500, color="red", ls=":", lw=1)
+    ax_bp.text(0.005, 520, "HIGH", color="red", fontsize=8, transform=ax_bp.get_yaxis_transform())
+    ax_bp.text(0.005, 120, "LOW", color="orange", fontsize=8, transform=ax_bp.get_yaxis_transform())
+    ax_pool.set_ylabel("out-pool usage %")
+    ax_pool.set_xlabel("seconds")
+    ax_rate.legend(loc="upper right")
+    ax_rate.set_title(
+        f"creditflow.spark.exchange: {cfg.rows:,} lineitem rows by l_orderkey\n"
+        f"local[2], {cfg.memory} network memory per task; task 1's consumer slow for a while"
+    )
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
 
 
-# --------------------------------------------------------------------------------------- main
-
-
-def report(run: Run, chart: Path | None) -> int:
-    """Prints the summary and the checks; 0 when everything was verified, else 1."""
-    print("\n".join(summary(run, chart)))
-    if run.errors:
-        print("FAILED: " + "; ".join(run.errors))
-        return 1
-    checks = verify(run)
-    for c in checks:
-        print(f"  [{'ok' if c.ok else 'FAIL'}] {c.text}")
-    if all(c.ok for c in checks):
-        print("VERIFIED")
-        return 0
-    print("FAILED: " + "; ".join(c.text for c in checks if not c.ok))
-    return 1
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the demo; 0 when verified, 1 when something failed, 130 on Ctrl-C."""
+    """Runs the demo; returns the exit status (0 when everything verified)."""
     cfg = parse_args(argv)
-    print(
-        f"creditflow {cf.__version__} demo: {cfg.rows:,} orders in batches of {BATCH_ROWS:,},"
-        f" {NUM_CONSUMERS} consumers, consumer 0 slow {cfg.slow_start:g}-{cfg.slow_end:g} s",
-        flush=True,
-    )
+    from creditflow.spark import local_session
+
+    print(f"starting Spark (local[2]) and generating {cfg.rows:,} lineitem rows ...", flush=True)
+    spark = local_session("local[2]", "creditflow-demo", {"spark.sql.shuffle.partitions": "2"})
+    out_dir = tempfile.mkdtemp(prefix="creditflow-demo-")
     try:
-        with make_view(cfg) as view:
-            run = run_demo(cfg, view)
-        chart = cfg.chart if cfg.chart is not None and run.samples and write_chart(run, cfg.chart) else None
-        return report(run, chart)
+        result = run_exchange(cfg, spark, os.path.join(out_dir, "exchange"))
+        bytes_in = sum(max(s["bytes_in"] for s in result.samples if s["task"] == t) for t in result.levels)
+        print(
+            f"exchange: {cfg.rows:,} rows ({bytes_in / 1e6:,.0f} MB of Arrow data) "
+            f"in {result.seconds:.1f} s = "
+            f"{cfg.rows / result.seconds / 1e6:.2f} M rows/s, {bytes_in / result.seconds / 1e6:.0f} MB/s "
+            "(generation, exchange and aggregation, pipelined)"
+        )
+        window = slow_window(cfg, result)
+        if window is not None:
+            print(f"task 1's consumer was slow from {window[0]:.1f} s to {window[1]:.1f} s")
+        for task, seen in sorted(result.levels.items()):
+            order = [lv for lv in ("OK", "LOW", "HIGH") if lv in seen]
+            print(f"task {task}: backpressure levels seen {', '.join(order)}")
+        ok = True
+        if cfg.verify:
+            ok, lines, spark_seconds = verify(spark, cfg, os.path.join(out_dir, "exchange"))
+            print("\n".join(lines))
+            print(f"(Spark's own repartition + aggregation of the same rows took {spark_seconds:.1f} s)")
+        if cfg.chart is not None and write_chart(cfg, result, cfg.chart):
+            print(f"chart: {cfg.chart}")
+        print("VERIFIED" if ok else "FAILED")
+        return 0 if ok else 1
     except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
+        print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        spark.stop()
+        shutil.rmtree(out_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,792 @@
+"""An in-process demo of creditflow without Spark: a backpressured, bounded-memory exchange.
+
+Run it with ``python -m creditflow.local_demo`` (``make demo`` runs the PySpark demo,
+:mod:`creditflow.demo`). One producer thread generates synthetic e-commerce orders and
+hash-partitions them by ``customer_id`` into a partition with four subpartitions; four
+consumer threads each read one subpartition through their own input gate and aggregate the
+orders per customer. For a while consumer 0 is deliberately slow: the partition's buffers
+fill up with its backlog, the producer blocks (backpressure, HIGH), and once the consumer
+recovers everything flows at full speed again (OK). Memory stays bounded by the
+environment's pool the whole time.
+
+The live view shows the throughput, the out-pool usage, the backlog per subpartition and the
+writer's backpressure level; a chart of the run is written if matplotlib is installed. The
+demo ends by checking that every order arrived exactly once, that the hash partitioning was
+consistent and that the per-customer aggregates are right, and prints ``VERIFIED``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+import creditflow as cf
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+PARTITION_ID = "demo/orders/0"
+NUM_CONSUMERS = 4
+BATCH_ROWS = 65_536
+NUM_CUSTOMERS = 50_000
+CUSTOMER_SKEW = 0.9  # Zipf exponent: a few customers place many of the orders
+CUSTOMER_ID_BASE = 1_000_000
+ORDER_ID_BASE = 10_000_000_000
+TS_BASE_US = 1_735_689_600_000_000  # 2025-01-01T00:00:00Z
+COUNTRIES = ("US", "DE", "GB", "FR", "JP", "BR", "IN", "CA", "AU", "NL", "ES", "IT")
+COUNTRY_WEIGHTS = (0.30, 0.12, 0.10, 0.08, 0.08, 0.07, 0.07, 0.05, 0.04, 0.03, 0.03, 0.03)
+MAX_CENTS = 10**12 - 1  # decimal128(12, 2)
+
+SLOW_CONSUMERS = (0,)
+SLOW_ROWS_PER_SECOND = 50_000  # what a slow consumer manages while slow
+TICK_SECONDS = 0.25  # live view and sampling period
+IO_TIMEOUT = 0.5  # every write() and next() gives up after this and is retried
+STALL_SECONDS = 60.0  # no progress for this long is an error, never a hang
+COMPACT_EVERY = 8  # partial aggregates combined every this many batches
+
+LEVEL_STYLES = {"OK": "bold green", "LOW": "bold yellow", "HIGH": "bold red"}
+
+
+# ------------------------------------------------------------------------------ configuration
+
+
+@dataclass(frozen=True)
+class Config:
+    """What to run."""
+
+    rows: int
+    seed: int
+    slow_start: float
+    slow_seconds: float
+    memory: str
+    chart: Path | None
+    plain: bool
+
+    @property
+    def slow_end(self) -> float:
+        """When the slow window ends, in seconds since the start."""
+        return self.slow_start + self.slow_seconds
+
+
+def parse_args(argv: Sequence[str] | None) -> Config:
+    """Parses the command line."""
+    p = argparse.ArgumentParser(
+        prog="python -m creditflow.local_demo",
+        description="In-process creditflow exchange with a temporarily slow consumer: live backpressure.",
+    )
+    p.add_argument("--rows", type=int, default=None, help="orders to generate (default 30,000,000)")
+    p.add_argument("--slow-start", type=float, default=None, help="when consumer 0 turns slow, s (3)")
+    p.add_argument("--slow-seconds", type=float, default=None, help="how long it stays slow, s (10)")
+    p.add_argument("--quick", action="store_true", help="a short run (for tests): 10M rows, slow 1-3.5 s")
+    p.add_argument("--seed", type=int, default=42, help="random seed of the generated orders")
+    p.add_argument("--memory", default="16MiB", help="network memory of the environment (16MiB)")
+    p.add_argument("--chart", type=Path, default=Path("creditflow-local-demo.png"), help="PNG chart path")
+    p.add_argument("--no-chart", action="store_true", help="do not write a chart")
+    p.add_argument("--plain", action="store_true", help="plain lines instead of the live view")
+    a = p.parse_args(argv)
+    rows, start, seconds = (10_000_000, 1.0, 2.5) if a.quick else (30_000_000, 3.0, 10.0)
+    cfg = Config(
+        rows=a.rows if a.rows is not None else rows,
+        seed=a.seed,
+        slow_start=a.slow_start if a.slow_start is not None else start,
+        slow_seconds=a.slow_seconds if a.slow_seconds is not None else seconds,
+        memory=a.memory,
+        chart=None if a.no_chart else a.chart,
+        plain=a.plain,
+    )
+    if cfg.rows <= 0 or cfg.slow_start < 0 or cfg.slow_seconds < 0:
+        p.error("--rows must be positive, --slow-start and --slow-seconds not negative")
+    return cfg
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Seconds since the start of the run, and the slow window."""
+
+    cfg: Config
+    t0: float = field(default_factory=time.monotonic)
+
+    def elapsed(self) -> float:
+        """Seconds since the start."""
+        return time.monotonic() - self.t0
+
+    def in_slow_window(self, t: float | None = None) -> bool:
+        """Whether ``t`` (default: now) lies in the slow window."""
+        t = self.elapsed() if t is None else t
+        return self.cfg.slow_start <= t < self.cfg.slow_end
+
+
+# ----------------------------------------------------------------------------------- workload
+
+
+def decimal_from_cents(cents: npt.NDArray[np.int64], precision: int = 12) -> pa.Array:
+    """A decimal128(precision, 2) array over integer cents, built without Python objects."""
+    words = np.empty((len(cents), 2), dtype=np.int64)
+    words[:, 0] = cents
+    words[:, 1] = cents >> 63  # sign extension into the high 64 bits
+    return pa.Array.from_buffers(pa.decimal128(precision, 2), len(cents), [None, pa.py_buffer(words)])
+
+
+class OrderGenerator:
+    """Deterministic synthetic orders: batch ``i`` depends only on the seed and ``i``."""
+
+    def __init__(self, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        weights = 1.0 / np.arange(1, NUM_CUSTOMERS + 1, dtype=np.float64) ** CUSTOMER_SKEW
+        cdf = np.cumsum(weights)
+        self._cdf = cdf / cdf[-1]
+        self._customers = rng.permutation(NUM_CUSTOMERS).astype(np.int64) + CUSTOMER_ID_BASE
+        self._countries = pa.array(COUNTRIES, pa.string())
+        self._country_p = np.array(COUNTRY_WEIGHTS) / sum(COUNTRY_WEIGHTS)
+        self._seed = seed
+
+    def batch(self, index: int, start: int, rows: int) -> pa.RecordBatch:
+        """Orders ``start .. start + rows`` (the ``index``-th batch)."""
+        rng = np.random.default_rng([self._seed, index])
+        seq = np.arange(start, start + rows, dtype=np.int64)
+        customer = self._customers[np.searchsorted(self._cdf, rng.random(rows))]
+        cents = np.clip(np.round(rng.lognormal(3.6, 0.9, rows) * 100), 1, MAX_CENTS).astype(np.int64)
+        country = rng.choice(len(COUNTRIES), size=rows, p=self._country_p).astype(np.int32)
+        ts = TS_BASE_US + seq * 1_500 + rng.integers(0, 1_000, rows)
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(ORDER_ID_BASE + seq),
+                pa.array(customer),
+                decimal_from_cents(cents),
+                self._countries.take(pa.array(country)),
+                pa.array(ts, pa.timestamp("us", tz="UTC")),
+            ],
+            names=["order_id", "customer_id", "amount", "country", "ts"],
+        )
+
+    def batches(self, total_rows: int) -> Iterator[pa.RecordBatch]:
+        """All batches of a run of ``total_rows`` orders."""
+        for index, start in enumerate(range(0, total_rows, BATCH_ROWS)):
+            yield self.batch(index, start, min(BATCH_ROWS, total_rows - start))
+
+
+class CustomerAggregator:
+    """Orders and amount per customer, combined incrementally so memory stays bounded."""
+
+    def __init__(self) -> None:
+        self._parts: list[pa.Table] = []
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Adds a batch of orders."""
+        agg = (
+            pa.Table.from_batches([batch])
+            .group_by("customer_id", use_threads=False)
+            .aggregate([("order_id", "count"), ("amount", "sum")])
+        )
+        self._parts.append(agg.rename_columns(["customer_id", "orders", "amount"]))
+        if len(self._parts) >= COMPACT_EVERY:
+            self._parts = [self._combined()]
+
+    def _combined(self) -> pa.Table:
+        agg = (
+            pa.concat_tables(self._parts)
+            .group_by("customer_id", use_threads=False)
+            .aggregate([("orders", "sum"), ("amount", "sum")])
+        )
+        return agg.rename_columns(["customer_id", "orders", "amount"])
+
+    def result(self) -> pa.Table:
+        """One row per customer seen, sorted by customer_id."""
+        if not self._parts:
+            schema = pa.schema(
+                [("customer_id", pa.int64()), ("orders", pa.int64()), ("amount", pa.decimal128(38, 2))]
+            )
+            return schema.empty_table()
+        return self._combined().sort_by("customer_id")
+
+
+# ------------------------------------------------------------------------------------ workers
+
+
+class Worker(threading.Thread):
+    """A daemon thread that keeps the exception of its body."""
+
+    def __init__(self, name: str, body: Callable[[], None]) -> None:
+        super().__init__(name=name, daemon=True)
+        self._body = body
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        """Runs the body, keeping its exception."""
+        try:
+            self._body()
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+
+
+@dataclass
+class ProducerState:
+    """What the producer wrote, and the expected result computed from it."""
+
+    rows: int = 0
+    expected: CustomerAggregator = field(default_factory=CustomerAggregator)
+    finished_at: float | None = None
+
+
+@dataclass
+class ConsumerState:
+    """What one consumer read."""
+
+    index: int
+    rows: int = 0
+    batches: int = 0
+    last_order_id: int = -1
+    out_of_order: int = 0
+    aggregates: CustomerAggregator = field(default_factory=CustomerAggregator)
+
+
+def write_with_retry(writer: cf.RecordWriter, batch: pa.RecordBatch, stop: threading.Event) -> bool:
+    """Writes one batch, retrying short timeouts; False if stopped. A timed out hand-off write
+    queued nothing, so retrying it is safe."""
+    deadline = time.monotonic() + STALL_SECONDS
+    while not stop.is_set():
+        try:
+            writer.write(batch, timeout=IO_TIMEOUT)
+            return True
+        except cf.TimeoutError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"producer blocked for more than {STALL_SECONDS:.0f} s") from None
+    return False
+
+
+def produce(
+    writer: cf.RecordWriter, cfg: Config, clock: Clock, state: ProducerState, stop: threading.Event
+) -> None:
+    """Generates and writes every order, computing the expected aggregates on the way."""
+    try:
+        for batch in OrderGenerator(cfg.seed).batches(cfg.rows):
+            state.expected.add(batch)
+            if not write_with_retry(writer, batch, stop):
+                writer.fail("demo interrupted")
+                return
+            state.rows += batch.num_rows
+        writer.close()
+    except BaseException as exc:
+        writer.fail(f"producer failed: {exc!r}")
+        raise
+    finally:
+        state.finished_at = clock.elapsed()
+
+
+def next_with_retry(gate: cf.InputGate, stop: threading.Event) -> pa.RecordBatch | None:
+    """The next batch, retrying short timeouts; None at the end or if stopped."""
+    deadline = time.monotonic() + STALL_SECONDS
+    while not stop.is_set():
+        try:
+            return gate.next(timeout=IO_TIMEOUT)
+        except cf.TimeoutError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"consumer got no data for {STALL_SECONDS:.0f} s") from None
+    return None
+
+
+def consume(
+    gate: cf.InputGate,
+    state: ConsumerState,
+    seen: npt.NDArray[np.bool_],
+    clock: Clock,
+    stop: threading.Event,
+) -> None:
+    """Reads one subpartition, aggregating per customer; slow in the slow window if chosen."""
+    slow = state.index in SLOW_CONSUMERS
+    try:
+        while (batch := next_with_retry(gate, stop)) is not None:
+            record_order_ids(state, batch.column("order_id").to_numpy(), seen)
+            state.aggregates.add(batch)
+            state.rows += batch.num_rows
+            state.batches += 1
+            if slow and clock.in_slow_window():
+                stop.wait(batch.num_rows / SLOW_ROWS_PER_SECOND)
+    except cf.ProducerFailedError:
+        if not stop.is_set():
+            raise
+
+
+def record_order_ids(state: ConsumerState, ids: npt.NDArray[np.int64], seen: npt.NDArray[np.bool_]) -> None:
+    """Marks the order ids as seen and checks they increase along the channel."""
+    if len(ids) == 0:
+        return
+    if ids[0] <= state.last_order_id or not bool(np.all(ids[1:] > ids[:-1])):
+        state.out_of_order += 1
+    state.last_order_id = int(ids[-1])
+    seen[ids - ORDER_ID_BASE] = True
+
+
+# ------------------------------------------------------------------------------------ metrics
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The exchange's metrics at one moment."""
+
+    t: float
+    slow: bool
+    producing: bool
+    rows_written: int
+    bytes_written: int
+    rows_read: int
+    bytes_read: int
+    write_mb_s: float
+    read_mb_s: float
+    bp_ms: float
+    level: str
+    out_pool_usage: float
+    backlog: tuple[int, ...]
+    segments_available: int
+    segments_total: int
+
+
+class Monitor:
+    """Samples the environment, the writer and the gates; rates cover the last second."""
+
+    def __init__(
+        self, env: cf.NetworkEnvironment, writer: cf.RecordWriter, gates: list[cf.InputGate], clock: Clock
+    ) -> None:
+        self._env = env
+        self._writer = writer
+        # Gates are sampled through env.metrics(), by name: InputGate.metrics() would wait for the
+        # gate's lock, which a consumer blocked in next() holds (taken before any thread starts).
+        self._gate_names = [str(g.metrics()["name"]) for g in gates]
+        self._clock = clock
+        self._history: deque[tuple[float, int, int]] = deque(maxlen=64)
+        self.samples: list[Sample] = []
+
+    def sample(self, producing: bool) -> Sample:
+        """Takes and keeps one sample."""
+        t = self._clock.elapsed()
+        part: dict[str, Any] = self._writer.metrics()
+        env: dict[str, Any] = self._env.metrics()
+        gates: list[dict[str, Any]] = [env["gates"][name] for name in self._gate_names]
+        written = int(part["bytes_written"])
+        read = sum(int(g["bytes_received"]) for g in gates)
+        write_rate, read_rate = self._rates(t, written, read)
+        s = Sample(
+            t=t,
+            slow=self._clock.in_slow_window(t),
+            producing=producing,
+            rows_written=int(part["rows_written"]),
+            bytes_written=written,
+            rows_read=sum(int(g["rows_received"]) for g in gates),
+            bytes_read=read,
+            write_mb_s=write_rate,
+            read_mb_s=read_rate,
+            bp_ms=float(part["backpressured_time_ms_per_second"]),
+            level=str(part["backpressure_level"]),
+            out_pool_usage=float(part["out_pool_usage"]),
+            backlog=tuple(int(b) for b in part["backlog"]),
+            segments_available=int(env["segments_available"]),
+            segments_total=int(env["segments_total"]),
+        )
+        self.samples.append(s)
+        return s
+
+    def _rates(self, t: float, written: int, read: int) -> tuple[float, float]:
+        """MB/s written and read since the newest sample at least a second old."""
+        self._history.append((t, written, read))
+        base = self._history[0]
+        for h in self._history:
+            if t - h[0] >= 1.0:
+                base = h
+        dt = t - base[0]
+        if dt <= 0:
+            return 0.0, 0.0
+        return (written - base[1]) / dt / 1e6, (read - base[2]) / dt / 1e6
+
+
+# -------------------------------------------------------------------------------------- views
+
+
+class View(Protocol):
+    """Shows samples as they come."""
+
+    def update(self, s: Sample, force: bool = False) -> None:
+        """Shows a sample (``force``: even if the last one was shown just now)."""
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+def phase(s: Sample) -> str:
+    """The phase's name."""
+    return "consumer slow" if s.slow else "normal"
+
+
+def plain_line(s: Sample) -> str:
+    """One line describing a sample."""
+    backlog = ",".join(str(b) for b in s.backlog)
+    return (
+        f"t={s.t:5.1f}s  {phase(s):13}"
+        f"  written {s.rows_written / 1e6:6.2f}M rows {s.bytes_written / 1e6:7.1f} MB"
+        f"  read {s.rows_read / 1e6:6.2f}M rows  {s.write_mb_s:6.1f} MB/s  out-pool {s.out_pool_usage:4.0%}"
+        f"  backlog [{backlog}]  level {s.level:4} ({s.bp_ms:4.0f} ms/s)"
+        f"  segments {s.segments_available}/{s.segments_total}"
+    )
+
+
+class PlainView:
+    """One plain line per second (no TTY, or no rich)."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+
+    def update(self, s: Sample, force: bool = False) -> None:
+        """Prints the sample if a second has passed since the last line."""
+        if force or s.t >= self._next:
+            print(plain_line(s), flush=True)
+            self._next = s.t + 1.0 - TICK_SECONDS / 2
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+
+class RichView:
+    """A rich Live panel refreshed with every sample."""
+
+    def __init__(self, cfg: Config) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self._cfg = cfg
+        self._live = Live(console=Console(), refresh_per_second=1 / TICK_SECONDS, transient=False)
+
+    def update(self, s: Sample, force: bool = False) -> None:
+        """Redraws the panel."""
+        self._live.update(self._render(s), refresh=force)
+
+    def _render(self, s: Sample) -> Any:
+        from rich.panel import Panel
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold cyan", justify="right")
+        grid.add_column()
+        window = f"{self._cfg.slow_start:g}-{self._cfg.slow_end:g} s"
+        grid.add_row("elapsed", f"{s.t:5.1f} s")
+        grid.add_row(
+            "phase",
+            Text(phase(s), style="bold red" if s.slow else "green") + Text(f"  (slow window {window})"),
+        )
+        grid.add_row("written", f"{s.rows_written:>12,} rows  {s.bytes_written / 1e6:9.1f} MB")
+        grid.add_row("read", f"{s.rows_read:>12,} rows  {s.bytes_read / 1e6:9.1f} MB")
+        grid.add_row(
+            "throughput", f"{s.write_mb_s:7.1f} MB/s written  {s.read_mb_s:7.1f} MB/s read  (last second)"
+        )
+        pool = Table.grid(padding=(0, 1))
+        pool.add_row(ProgressBar(total=1.0, completed=s.out_pool_usage, width=40), f"{s.out_pool_usage:4.0%}")
+        grid.add_row("out-pool usage", pool)
+        grid.add_row("backlog", "  ".join(f"sp{i}: {b:>3}" for i, b in enumerate(s.backlog)) + "  buffers")
+        level = Text(f"{s.level:4}", style=LEVEL_STYLES.get(s.level, "bold"))
+        grid.add_row("backpressure", level + Text(f"  {s.bp_ms:5.0f} ms/s blocked"))
+        grid.add_row("global pool", f"{s.segments_available}/{s.segments_total} segments available")
+        return Panel(grid, title="creditflow demo: orders hash-partitioned to 4 consumers", expand=False)
+
+    def __enter__(self) -> Self:
+        self._live.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._live.__exit__(exc_type, exc, tb)
+
+
+def make_view(cfg: Config) -> View:
+    """The rich live view on a terminal (if rich is installed), plain lines otherwise."""
+    if not cfg.plain and sys.stdout.isatty():
+        try:
+            return RichView(cfg)
+        except ImportError:
+            pass
+    return PlainView()
+
+
+# ---------------------------------------------------------------------------------------- run
+
+
+@dataclass
+class Run:
+    """Everything a finished (or interrupted) run leaves for the checks and the summary."""
+
+    cfg: Config
+    producer: ProducerState
+    consumers: list[ConsumerState]
+    seen: npt.NDArray[np.bool_]
+    samples: list[Sample]
+    wall: float
+    errors: list[str]
+
+
+@contextmanager
+def exchange(cfg: Config) -> Iterator[tuple[cf.NetworkEnvironment, cf.RecordWriter, list[cf.InputGate]]]:
+    """The environment, a 4-way hash-partitioned partition's writer, and one gate per consumer."""
+    with cf.NetworkEnvironment(memory=cfg.memory) as env:
+        part = env.create_partition(PARTITION_ID, num_subpartitions=NUM_CONSUMERS)
+        gates = [
+            env.create_input_gate([cf.ChannelSpec(env.address, PARTITION_ID, i)])
+            for i in range(NUM_CONSUMERS)
+        ]
+        yield env, cf.RecordWriter(part, cf.HashPartitioner(["customer_id"])), gates
+
+
+def run_demo(cfg: Config, view: View) -> Run:
+    """Runs the exchange, showing it live. Ctrl-C stops the workers and re-raises."""
+    stop = threading.Event()
+    producer = ProducerState()
+    consumers = [ConsumerState(i) for i in range(NUM_CONSUMERS)]
+    seen = np.zeros(cfg.rows, dtype=np.bool_)
+    with exchange(cfg) as (env, writer, gates):
+        clock = Clock(cfg)
+        monitor = Monitor(env, writer, gates, clock)
+        prod = Worker("producer", partial(produce, writer, cfg, clock, producer, stop))
+        cons = [
+            Worker(f"consumer-{c.index}", partial(consume, g, c, seen, clock, stop))
+            for g, c in zip(gates, consumers, strict=True)
+        ]
+        workers = [prod, *cons]
+        try:
+            for w in workers:
+                w.start()
+            watch(workers, monitor, view, stop)
+        finally:
+            stop.set()
+            for w in workers:
+                w.join(timeout=IO_TIMEOUT * 4)
+        wall = clock.elapsed()
+    errors = [f"{w.name}: {w.error!r}" for w in workers if w.error is not None]
+    return Run(cfg, producer, consumers, seen, monitor.samples, wall, errors)
+
+
+def watch(workers: list[Worker], monitor: Monitor, view: View, stop: threading.Event) -> None:
+    """Samples and shows the metrics until every worker is done (or one failed)."""
+    producer = workers[0]
+    next_tick = time.monotonic()
+    while any(w.is_alive() for w in workers):
+        if any(w.error is not None for w in workers):
+            stop.set()  # one failed: the others give up within IO_TIMEOUT
+        view.update(monitor.sample(producing=producer.is_alive()))
+        next_tick += TICK_SECONDS
+        time.sleep(max(0.0, next_tick - time.monotonic()))
+    view.update(monitor.sample(producing=False), force=True)
+
+
+# ------------------------------------------------------------------------------------- checks
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verified property of the run."""
+
+    ok: bool
+    text: str
+
+
+def check_rows(run: Run) -> Check:
+    """(1) rows read == rows written, every order_id exactly once, in order per channel."""
+    read = sum(c.rows for c in run.consumers)
+    missing = int(np.count_nonzero(~run.seen))
+    disorder = sum(c.out_of_order for c in run.consumers)
+    ok = read == run.producer.rows == run.cfg.rows and missing == 0 and disorder == 0
+    text = (
+        f"rows: {read:,} read == {run.producer.rows:,} written; every order_id exactly once"
+        f" ({missing:,} missing), in order per channel ({disorder} batches out of order)"
+    )
+    return Check(ok, text)
+
+
+def check_hash_partitioning(results: list[pa.Table]) -> Check:
+    """(2) every customer_id was seen by exactly one consumer."""
+    ids = np.concatenate([r.column("customer_id").to_numpy() for r in results])
+    shared = len(ids) - len(np.unique(ids))
+    per_consumer = ", ".join(f"{r.num_rows:,}" for r in results)
+    text = (
+        f"hash partitioning: {len(ids) - shared:,} customers ({per_consumer}), {shared} seen by 2+ consumers"
+    )
+    return Check(shared == 0, text)
+
+
+def check_aggregates(results: list[pa.Table], expected: pa.Table) -> Check:
+    """(3) per-customer (orders, sum amount) equal a group_by over all generated data."""
+    actual = pa.concat_tables(results).sort_by("customer_id")
+    ok = actual.equals(expected)
+    verdict = "equal" if ok else "DIFFER from"
+    text = f"aggregates: {actual.num_rows:,} customers' (orders, sum amount) {verdict} a direct group_by"
+    return Check(ok, text + f" over the generated data ({expected.num_rows:,} customers)")
+
+
+def check_backpressure(run: Run) -> Check:
+    """(4) the level reached HIGH in the slow window and was OK again after it, while writing."""
+    start, end = run.cfg.slow_start, run.cfg.slow_end
+    high = next((s.t for s in run.samples if start <= s.t <= end and s.level == "HIGH"), None)
+    ok_after = next((s.t for s in run.samples if s.t > end and s.producing and s.level == "OK"), None)
+    if high is None:
+        return Check(False, "backpressure: never HIGH in the slow window (slower consumer or more --rows?)")
+    if ok_after is None:
+        return Check(False, "backpressure: not OK again after the slow window while writing (more --rows?)")
+    return Check(
+        True, f"backpressure: HIGH in the slow window (first at {high:.1f} s), OK again at {ok_after:.1f} s"
+    )
+
+
+def verify(run: Run) -> list[Check]:
+    """All checks of a completed run."""
+    results = [c.aggregates.result() for c in run.consumers]
+    return [
+        check_rows(run),
+        check_hash_partitioning(results),
+        check_aggregates(results, run.producer.expected.result()),
+        check_backpressure(run),
+    ]
+
+
+# ------------------------------------------------------------------------------------ summary
+
+
+def level_timeline(samples: Sequence[Sample]) -> list[tuple[float, str]]:
+    """(time, level) at every change of the level."""
+    timeline: list[tuple[float, str]] = []
+    for s in samples:
+        if not timeline or timeline[-1][1] != s.level:
+            timeline.append((s.t, s.level))
+    return timeline
+
+
+def format_timeline(samples: Sequence[Sample]) -> str:
+    """The level timeline as ``OK@0.0s -> HIGH@4.2s -> ...``."""
+    return " -> ".join(f"{level}@{t:.1f}s" for t, level in level_timeline(samples))
+
+
+def summary(run: Run, chart: Path | None) -> list[str]:
+    """The lines of the summary."""
+    gb = max((s.bytes_written for s in run.samples), default=0) / 1e9
+    peak_rate = max((s.write_mb_s for s in run.samples), default=0.0)
+    peak_pool = max((s.out_pool_usage for s in run.samples), default=0.0)
+    slow = ", ".join(str(i) for i in SLOW_CONSUMERS)
+    lines = [
+        "",
+        "creditflow demo summary",
+        f"  rows            {run.producer.rows:,} written, {sum(c.rows for c in run.consumers):,} read"
+        f" by {NUM_CONSUMERS} consumers ({', '.join(f'{c.rows:,}' for c in run.consumers)})",
+        f"  data            {gb:.2f} GB (Arrow in-memory size) through {run.cfg.memory} of network memory",
+        f"  wall time       {run.wall:.1f} s",
+        f"  throughput      {gb * 1e3 / run.wall:.1f} MB/s average, {peak_rate:.1f} MB/s peak (1 s window),"
+        f" {run.producer.rows / run.wall / 1e6:.2f} M rows/s",
+        f"  peak out-pool   {peak_pool:.0%}",
+        f"  slow window     {run.cfg.slow_start:.1f} s - {run.cfg.slow_end:.1f} s (consumer {slow})",
+        f"  level timeline  {format_timeline(run.samples)}",
+    ]
+    if chart is not None:
+        lines.append(f"  chart           {chart}")
+    return lines
+
+
+def write_chart(run: Run, path: Path) -> bool:
+    """Writes throughput and backpressure over time as a PNG; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    t = [s.t for s in run.samples]
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5), constrained_layout=True)
+    top.plot(t, [s.write_mb_s for s in run.samples], label="written MB/s", color="tab:blue")
+    top.plot(t, [s.read_mb_s for s in run.samples], label="read MB/s", color="tab:green", linestyle="--")
+    top.set_ylabel("throughput (MB/s, last 1 s)")
+    top.set_title(
+        f"creditflow demo: {run.producer.rows:,} orders, {run.cfg.memory}, 4 hash-partitioned consumers"
+    )
+    bottom.plot(t, [s.bp_ms for s in run.samples], label="backpressured ms/s", color="tab:red")
+    bottom.axhline(100, color="goldenrod", linestyle=":", linewidth=1, label="LOW threshold")
+    bottom.axhline(500, color="darkred", linestyle=":", linewidth=1, label="HIGH threshold")
+    bottom.set_ylim(0, 1050)
+    bottom.set_ylabel("writer blocked (ms/s)")
+    bottom.set_xlabel("time (s)")
+    pool = bottom.twinx()
+    pool.plot(
+        t, [100 * s.out_pool_usage for s in run.samples], color="tab:purple", alpha=0.6, label="out-pool %"
+    )
+    pool.set_ylim(0, 105)
+    pool.set_ylabel("out-pool usage (%)")
+    for ax in (top, bottom):
+        ax.axvspan(
+            run.cfg.slow_start, run.cfg.slow_end, color="tab:orange", alpha=0.15, label="consumer 0 slow"
+        )
+        ax.grid(alpha=0.3)
+    top.legend(loc="lower right")
+    lines, labels = bottom.get_legend_handles_labels()
+    more_lines, more_labels = pool.get_legend_handles_labels()
+    bottom.legend(lines + more_lines, labels + more_labels, loc="center right", fontsize="small")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# --------------------------------------------------------------------------------------- main
+
+
+def report(run: Run, chart: Path | None) -> int:
+    """Prints the summary and the checks; 0 when everything was verified, else 1."""
+    print("\n".join(summary(run, chart)))
+    if run.errors:
+        print("FAILED: " + "; ".join(run.errors))
+        return 1
+    checks = verify(run)
+    for c in checks:
+        print(f"  [{'ok' if c.ok else 'FAIL'}] {c.text}")
+    if all(c.ok for c in checks):
+        print("VERIFIED")
+        return 0
+    print("FAILED: " + "; ".join(c.text for c in checks if not c.ok))
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the demo; 0 when verified, 1 when something failed, 130 on Ctrl-C."""
+    cfg = parse_args(argv)
+    print(
+        f"creditflow {cf.__version__} demo: {cfg.rows:,} orders in batches of {BATCH_ROWS:,},"
+        f" {NUM_CONSUMERS} consumers, consumer 0 slow {cfg.slow_start:g}-{cfg.slow_end:g} s",
+        flush=True,
+    )
+    try:
+        with make_view(cfg) as view:
+            run = run_demo(cfg, view)
+        chart = cfg.chart if cfg.chart is not None and run.samples and write_chart(run, cfg.chart) else None
+        return report(run, chart)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

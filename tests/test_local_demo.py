@@ -1,0 +1,106 @@
+"""The in-process demo (``python -m creditflow.local_demo``, no Spark): it verifies its own
+exchange, shows the backpressure level going HIGH while a consumer is slow and OK again after,
+draws a chart, and exits cleanly on Ctrl-C."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+#: The quick run takes about 7 s on a 2-core machine; this only bounds a broken one.
+RUN_TIMEOUT = 60.0
+
+
+def _default_sigint() -> None:
+    """In the child: Ctrl-C raises KeyboardInterrupt even when the test runner ignores SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _demo(*args: str) -> list[str]:
+    return [sys.executable, "-m", "creditflow.local_demo", *args]
+
+
+def _slow_window(out: str) -> tuple[float, float]:
+    m = re.search(r"slow window\s+([\d.]+) s - ([\d.]+) s", out)
+    assert m, out
+    return float(m.group(1)), float(m.group(2))
+
+
+def _timeline(out: str) -> list[tuple[float, str]]:
+    """The ``level timeline`` line as (time, level) changes."""
+    m = re.search(r"level timeline\s+(.+)", out)
+    assert m, out
+    changes = [(float(t), level) for level, t in re.findall(r"(OK|LOW|HIGH)@([\d.]+)s", m.group(1))]
+    assert changes, m.group(0)
+    return changes
+
+
+def test_quick_demo_verifies_and_shows_backpressure(tmp_path: Path) -> None:
+    chart = tmp_path / "c.png"
+    proc = subprocess.run(
+        _demo("--quick", "--chart", str(chart)),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        cwd=tmp_path,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "VERIFIED" in proc.stdout, out
+    assert "FAIL" not in proc.stdout, out
+    assert proc.stdout.count("[ok]") == 4, out
+
+    start, end = _slow_window(out)
+    timeline = _timeline(out)
+    assert timeline[0][1] == "OK", f"the run starts unblocked: {timeline}"
+    highs = [t for t, level in timeline if level == "HIGH"]
+    assert any(start <= t <= end for t in highs), f"no HIGH in the slow window {start}-{end} s: {timeline}"
+    assert any(t > end and level == "OK" for t, level in timeline), f"not OK after {end} s: {timeline}"
+    assert "[ok] backpressure: HIGH in the slow window" in proc.stdout, out
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert chart.is_file(), out
+        data = chart.read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n")
+        assert len(data) > 10_000
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX-only")
+def test_demo_exits_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        _demo("--quick", "--no-chart"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        preexec_fn=_default_sigint,
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + RUN_TIMEOUT
+        seen: list[str] = []
+        for line in proc.stdout:  # plain progress lines, one a second
+            seen.append(line)
+            if "consumer slow" in line or time.monotonic() > deadline:
+                break
+        assert any("consumer slow" in line for line in seen), "".join(seen)
+        proc.send_signal(signal.SIGINT)  # the writer is blocked or about to be: backpressure
+        started = time.monotonic()
+        rest, _ = proc.communicate(timeout=10)
+        assert proc.returncode == 130, "".join(seen) + rest
+        assert "interrupted" in rest
+        assert "Traceback" not in rest, rest
+        assert time.monotonic() - started < 5, "Ctrl-C took too long"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

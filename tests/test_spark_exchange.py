@@ -367,3 +367,24 @@ def test_throttled_consumer_outside_spark_bounds_executor_memory(spark: SparkSes
     assert max(s["out_pool_usage"] for s in samples) <= 1.0
     growth = max(s["rss_bytes"] - s["rss_start_bytes"] for s in samples)
     assert growth < 48 * 1024 * 1024, growth
+
+
+def test_pyspark_python_is_set_when_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without PYSPARK_PYTHON, Spark's workers would run ``python3`` from PATH (usually
+    without creditflow): the driver's interpreter is filled in, a user's choice is kept."""
+    from creditflow.spark._driver import ensure_python
+
+    class FakeContext:
+        pythonExec = "python3"
+
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    sc = FakeContext()
+    ensure_python(sc)  # type: ignore[arg-type]
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
+    assert sc.pythonExec == sys.executable
+
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/my/python")
+    chosen = FakeContext()
+    ensure_python(chosen)  # type: ignore[arg-type]
+    assert os.environ["PYSPARK_PYTHON"] == "/opt/my/python"
+    assert chosen.pythonExec == "python3"

@@ -15,7 +15,11 @@ import socket
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 #: Largest control message accepted.
 MAX_MESSAGE = 1 << 20
@@ -23,6 +27,22 @@ MAX_MESSAGE = 1 << 20
 Message = dict[str, Any]
 #: Handles one message; returns the reply, or None when the peer expects none.
 Handler = Callable[[Message], "Message | None"]
+
+
+class Closeable:
+    """A context manager that calls ``close()`` on the way out."""
+
+    def close(self) -> None:
+        """Releases what the object holds. Idempotent."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        self.close()
 
 
 def _split(address: str) -> tuple[str, int]:

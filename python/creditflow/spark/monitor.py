@@ -19,13 +19,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from creditflow.spark._messages import Inbox, Message, Outbox
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
+from creditflow.spark._messages import Closeable, Inbox, Message, Outbox
 
 Sample = dict[str, Any]
 
@@ -39,7 +35,7 @@ class MonitorHandle:
     interval: float
 
 
-class Monitor:
+class Monitor(Closeable):
     """Receives live metric samples from the tasks of creditflow Spark jobs.
 
     ``host`` is the driver address the executors reach (default: ``SPARK_LOCAL_IP`` or
@@ -84,14 +80,6 @@ class Monitor:
     def close(self) -> None:
         """Stops listening. Idempotent."""
         self._inbox.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 def rss_bytes() -> int:

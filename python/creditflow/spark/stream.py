@@ -27,8 +27,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -37,11 +36,9 @@ from pyspark.sql import DataFrame
 import creditflow as cf
 from creditflow.spark import _messages
 from creditflow.spark._driver import ensure_python
+from creditflow.spark._messages import Closeable
 from creditflow.spark._process import EnvSettings, host_towards, task_environment
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 #: How long a registration waits for the receiver's answer.
 REGISTER_TIMEOUT = 30.0
@@ -59,7 +56,7 @@ class _Failed:
 _END = object()
 
 
-class Receiver:
+class Receiver(Closeable):
     """Receives DataFrames that :func:`send` streams out of Spark.
 
     Args:
@@ -222,14 +219,6 @@ class Receiver:
         for t in list(self._readers):
             t.join()
         self._env.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,8 @@ class Receiver(Closeable):
     Args:
         memory, segment_size: this process's creditflow network memory (see
             :class:`creditflow.NetworkEnvironment`).
-        bind: The address the receiver listens on, ``host`` or ``host:port``; the executors
-            (or the driver, with ``via="driver"``) must reach it.
+        bind: The host (name or IP address) the receiver listens on; the executors (or the
+            driver, with ``via="driver"``) must reach it. Its ports are ephemeral.
         secret: Shared by the receiver and the tasks (default: a fresh random one; give the
             driver :attr:`secret`).
         max_queued: Batches received but not yet taken by the consumer; beyond that, the
@@ -87,11 +87,18 @@ class Receiver(Closeable):
     ) -> None:
         if max_queued < 1:
             raise ValueError(f"max_queued must be at least 1, got {max_queued}")
-        host, _, port = bind.rpartition(":") if ":" in bind else (bind, "", "0")
+        host = bind.strip("[]")
+        if bind.count(":") == 1:  # "host:port" (an IPv6 address has more colons)
+            raise ValueError(
+                f"bind takes a host, not {bind!r}: the receiver's ports are chosen by the system"
+            )
         self.secret = secret or secrets.token_hex(32)
         self._timeout = timeout
         self._env = cf.NetworkEnvironment(
-            memory=memory, segment_size=segment_size, bind=f"{host}:0", secret=self.secret
+            memory=memory,
+            segment_size=segment_size,
+            bind=f"[{host}]:0" if ":" in host else f"{host}:0",
+            secret=self.secret,
         )
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queued)
         self._lock = threading.Lock()
@@ -105,8 +112,6 @@ class Receiver(Closeable):
         self._inbox = _messages.Inbox(
             self._on_message, host=host, key=self.secret, name="creditflow-receiver"
         )
-        if port not in ("", "0"):
-            raise ValueError("bind takes a host; the receiver's port is chosen by the system")
 
     @property
     def address(self) -> str:

@@ -34,7 +34,7 @@ def test_quick_demo_verifies_against_spark_and_shows_backpressure(tmp_path: Path
     assert any("HIGH" in seen for seen in levels.values()), out
     assert re.search(r"task 1's consumer was slow from [\d.]+ s to [\d.]+ s", proc.stdout), out
     assert re.search(r"task \d: [^|]*HIGH", proc.stdout), out
-    m = re.search(r"exchange: 2,000,000 rows \(\d[\d,]* MB of Arrow data\) in ([\d.]+) s", proc.stdout)
+    m = re.search(r"exchange: 1,000,000 rows \(\d[\d,]* MB of Arrow data\) in ([\d.]+) s", proc.stdout)
     assert m, out
     assert chart.stat().st_size > 10_000
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -67,18 +67,18 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         prog="python -m creditflow.demo",
         description="A PySpark local[2] pipeline exchanging TPC-H lineitem rows by key through creditflow.",
     )
-    p.add_argument("--rows", type=int, default=None, help="lineitem rows to generate (default 12,000,000)")
+    p.add_argument("--rows", type=int, default=None, help="lineitem rows to generate (default 4,000,000)")
     p.add_argument("--slow-from", type=float, default=0.2, help="task 1 turns slow at this share of its rows")
-    p.add_argument("--slow-until", type=float, default=0.4, help="... and recovers at this share")
+    p.add_argument("--slow-until", type=float, default=0.35, help="... and recovers at this share")
     p.add_argument("--slow-delay", type=float, default=0.1, help="seconds the slow task sleeps per batch")
-    p.add_argument("--quick", action="store_true", help="a short run (for tests): 2,000,000 rows")
+    p.add_argument("--quick", action="store_true", help="a short run (for tests): 1,000,000 rows")
     p.add_argument("--memory", default="16MiB", help="creditflow network memory per task (16MiB)")
     p.add_argument("--chart", type=Path, default=Path("creditflow-demo.png"), help="PNG chart path")
     p.add_argument("--no-chart", action="store_true", help="do not write a chart")
     p.add_argument("--no-verify", action="store_true", help="skip the check against Spark's repartition")
     p.add_argument("--plain", action="store_true", help="plain lines instead of the live view")
     a = p.parse_args(argv)
-    rows = a.rows if a.rows is not None else (2_000_000 if a.quick else 12_000_000)
+    rows = a.rows if a.rows is not None else (1_000_000 if a.quick else 4_000_000)
     if rows < 1:
         p.error("--rows must be positive")
     if not 0 <= a.slow_from <= a.slow_until <= 1:

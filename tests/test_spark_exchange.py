@@ -177,6 +177,8 @@ def test_bad_arguments_are_refused_on_the_driver(spark: SparkSession) -> None:
         cfs.exchange(df, "nope")
     with pytest.raises(ValueError, match="at least one key"):
         cfs.exchange(df, [])
+    with pytest.raises(ValueError, match="cannot exchange by .*cannot hash a key column of type List"):
+        cfs.exchange(df.select("id", F.array("id").alias("a")), "a")
     with pytest.raises(cf.InsufficientBuffersError, match="needs at least 6 segments"):
         cfs.exchange(df, "id", memory="128KiB")
     with pytest.raises(ValueError, match="num_partitions"):

@@ -106,6 +106,7 @@ def exchange(
         raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     if func is not None and not callable(func):
         raise TypeError(f"func must be callable, got {type(func).__name__}")
+    _check_key_types(df, key_list)
     spark = df.sparkSession
     sc = spark.sparkContext
     ensure_python(sc)
@@ -142,6 +143,25 @@ def exchange(
         return _task(plan, batches)
 
     return df.mapInArrow(run, out_schema, barrier=True)
+
+
+def _check_key_types(df: DataFrame, keys: tuple[str, ...]) -> None:
+    """Hashes one row of nulls of the key columns' Arrow types on the driver, so that a key
+    type Spark's hash does not take (arrays, maps...) fails here, not in every task."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType as _StructType
+
+    fields = _StructType([df.schema[k] for k in keys])
+    schema = pa.schema([f.with_nullable(True) for f in to_arrow_schema(fields)])
+    nulls = pa.RecordBatch.from_arrays(
+        [pa.nulls(1, f.type) for f in schema], schema=schema.with_metadata(None)
+    )
+    with cf.NetworkEnvironment(memory="256KiB", segment_size="4KiB") as env:
+        part = env.create_partition("key-check", 2)
+        try:
+            cf.RecordWriter(part, cf.HashPartitioner(list(keys))).write(nulls, timeout=5)
+        except cf.InvalidArgumentError as exc:
+            raise ValueError(f"cannot exchange by {list(keys)}: {exc}") from None
 
 
 def _check_settings(settings: EnvSettings, n: int) -> None:

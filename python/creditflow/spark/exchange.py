@@ -290,9 +290,11 @@ def _sample(
         "out_pool_usage": pm["out_pool_usage"],
         "backpressured_time_ms_per_second": pm["backpressured_time_ms_per_second"],
         "backpressure_level": pm["backpressure_level"],
+        "backpressured_seconds_total": pm.get("backpressured_seconds_total", 0.0),
     }
     if gate is not None:
         gm = gate.metrics()
         sample["in_pool_usage"] = gm["in_pool_usage"]
         sample["idle_time_ms_per_second"] = gm["idle_time_ms_per_second"]
+        sample["idle_seconds_total"] = gm.get("idle_seconds_total", 0.0)
     return sample

@@ -347,6 +347,7 @@ def _levels(part: cf.ResultPartition) -> dict[str, Any]:
         "out_pool_usage": m["out_pool_usage"],
         "backpressured_time_ms_per_second": m["backpressured_time_ms_per_second"],
         "backpressure_level": m["backpressure_level"],
+        "backpressured_seconds_total": m.get("backpressured_seconds_total", 0.0),
     }
 
 

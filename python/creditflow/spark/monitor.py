@@ -3,7 +3,8 @@
 A :class:`Monitor` listens on the driver; :func:`creditflow.spark.exchange` and
 :func:`creditflow.spark.send` given ``monitor=`` make every task report a sample of its
 metrics every ``interval`` seconds while it runs (rows and bytes in and out, out-pool usage,
-time backpressured, the backpressure level, time idle) and a last one when it ends::
+time backpressured per second and in total, the backpressure level, time idle, the worker's
+RSS) and a last one when it ends::
 
     with cf.spark.Monitor() as mon:
         out = cf.spark.exchange(df, "key", monitor=mon)

@@ -59,6 +59,9 @@ pub struct EnvConfig {
     /// The address to report as `address` when the bound one is not what peers reach
     /// (NAT, containers); `None`: the bound address.
     pub advertise: Option<String>,
+    /// Segments a partition may borrow beyond its share to finish a record it has started
+    /// when its pool is exhausted (Flink's overdraft buffers, default 5).
+    pub overdraft_buffers: usize,
 }
 
 impl Default for EnvConfig {
@@ -77,6 +80,7 @@ impl Default for EnvConfig {
             secret: None,
             handshake_timeout: Duration::from_secs(10),
             advertise: None,
+            overdraft_buffers: 5,
         }
     }
 }
@@ -229,6 +233,7 @@ impl NetworkEnvironment {
             usize::MAX,
             "increase `memory` or decrease `segment_size` of the NetworkEnvironment, or close unused partitions and gates",
         )?;
+        pool.set_overdraft(cfg.overdraft_buffers);
         let handoff = if cfg.local_handoff {
             Handoff::Batch
         } else {

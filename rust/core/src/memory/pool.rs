@@ -155,6 +155,7 @@ impl GlobalPool {
                 global: self.clone(),
                 share: AtomicUsize::new(min),
                 held: AtomicUsize::new(0),
+                overdraft: AtomicUsize::new(0),
                 state: Mutex::new(LocalState {
                     free: Vec::new(),
                     destroyed: false,
@@ -280,6 +281,9 @@ pub(crate) struct LocalShared {
     /// Segments taken from the global pool and not yet given back; written under `state`,
     /// read by the global pool to protect other pools' minimums.
     held: AtomicUsize,
+    /// How many segments beyond its share the pool may borrow through
+    /// [`LocalPool::try_request_overdraft`] (Flink's overdraft buffers).
+    overdraft: AtomicUsize,
     /// Free segments of this pool and whether the owner destroyed it.
     state: Mutex<LocalState>,
     /// Signalled when a segment is recycled here, the global pool frees one, or the share grows.
@@ -415,6 +419,43 @@ impl LocalPool {
         Some(Reservation {
             segs,
             pool: self.shared.clone(),
+        })
+    }
+
+    /// Lets the pool borrow up to `n` segments beyond its share through
+    /// [`LocalPool::try_request_overdraft`] (0, the default, turns overdraft off).
+    pub fn set_overdraft(&self, n: usize) {
+        self.shared.overdraft.store(n, Ordering::SeqCst);
+    }
+
+    /// One segment now, beyond the pool's share if need be: up to the overdraft limit, and
+    /// only from segments the global pool has free without touching another pool's minimum
+    /// (the global cap holds). A writer half-way through a record takes these to finish it
+    /// instead of stalling mid-record; they go back to the global pool as soon as they are
+    /// recycled (the pool holds more than its share), so usage can exceed 100% meanwhile.
+    pub fn try_request_overdraft(&self) -> Option<PooledSegment> {
+        let sh = &self.shared;
+        let mut st = sh.state.lock().unwrap();
+        if st.destroyed {
+            return None;
+        }
+        let seg = match st.free.pop() {
+            Some(seg) => seg,
+            None => {
+                let held = sh.held.load(Ordering::SeqCst);
+                let share = sh.share.load(Ordering::SeqCst).max(1);
+                if held >= share + sh.overdraft.load(Ordering::SeqCst) {
+                    return None;
+                }
+                let seg = sh.global.take(sh, 1)?.pop().expect("one segment");
+                sh.held.store(held + 1, Ordering::SeqCst);
+                seg
+            }
+        };
+        drop(st);
+        Some(PooledSegment {
+            seg: Some(seg),
+            pool: sh.clone(),
         })
     }
 
@@ -747,6 +788,7 @@ mod proptests {
         Destroy(usize),
         Request { pool: usize, n: usize },
         Recycle { pool: usize, n: usize },
+        Overdraft { pool: usize },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -758,6 +800,7 @@ mod proptests {
             (0usize..8).prop_map(Op::Destroy),
             (0usize..8, 1usize..8).prop_map(|(pool, n)| Op::Request { pool, n }),
             (0usize..8, 1usize..8).prop_map(|(pool, n)| Op::Recycle { pool, n }),
+            (0usize..8).prop_map(|pool| Op::Overdraft { pool }),
         ]
     }
 
@@ -782,6 +825,33 @@ mod proptests {
                     Op::Request { pool, n } if pool < pools.len() => {
                         if let Some(segs) = pools[pool].0.try_request_many(n) {
                             pools[pool].1.extend(segs);
+                        }
+                    }
+                    Op::Overdraft { pool } if pool < pools.len() => {
+                        pools[pool].0.set_overdraft(3);
+                        let before = pools[pool].0.stats();
+                        match pools[pool].0.try_request_overdraft() {
+                            Some(seg) => {
+                                prop_assert!(before.in_use < before.share.max(1) + 3);
+                                pools[pool].1.push(seg);
+                            }
+                            // Refused only at the limit, or when the global pool has nothing
+                            // to lend beyond other pools' unmet minimums.
+                            None => {
+                                let unmet_others: usize = pools
+                                    .iter()
+                                    .enumerate()
+                                    .filter(|(i, _)| *i != pool)
+                                    .map(|(_, (p, _))| p.stats().min.saturating_sub(p.stats().held))
+                                    .sum();
+                                prop_assert!(
+                                    before.held >= before.share.max(1) + 3
+                                        || g.available_segments() <= unmet_others,
+                                    "refused below the limit with {} free and {} unmet",
+                                    g.available_segments(),
+                                    unmet_others
+                                );
+                            }
                         }
                     }
                     Op::Recycle { pool, n } if pool < pools.len() => {

@@ -318,7 +318,7 @@ impl ResultPartition {
             };
             let start = state.stream_bytes;
             for chunk in record.chunks() {
-                if let Err(e) = self.append(sub, state, &mut reserved, chunk, wait) {
+                if let Err(e) = self.append(sub, state, &mut reserved, chunk, start, wait) {
                     if state.stream_bytes != start {
                         // Half a record is in the stream: the reader cannot continue.
                         let msg = format!("write to partition {:?} failed mid-batch: {e}", self.id);
@@ -335,13 +335,16 @@ impl ResultPartition {
         Ok(())
     }
 
-    /// Appends bytes to a subpartition's stream, starting buffers as needed.
+    /// Appends bytes to a subpartition's stream, starting buffers as needed. Once the record
+    /// that began at stream offset `record_start` is partly written, an exhausted pool lends
+    /// overdraft segments to finish it before the writer blocks.
     fn append(
         &self,
         sub: &Subpartition,
         state: &mut SerialState,
         reserved: &mut Vec<PooledSegment>,
         mut data: &[u8],
+        record_start: u64,
         wait: &mut Wait<'_>,
     ) -> Result<()> {
         let builder = &mut state.builder;
@@ -349,7 +352,12 @@ impl ResultPartition {
             let b = match builder {
                 Some(b) => b,
                 None => {
-                    let seg = match reserved.pop().or_else(|| self.pool.try_request()) {
+                    let mid_record = state.stream_bytes != record_start;
+                    let seg = match reserved
+                        .pop()
+                        .or_else(|| self.pool.try_request())
+                        .or_else(|| mid_record.then(|| self.pool.try_request_overdraft()).flatten())
+                    {
                         Some(s) => s,
                         None => {
                             let _blocked = self.metrics.backpressure.start();

@@ -91,7 +91,7 @@ mod net;
 mod server;
 
 #[cfg(not(loom))]
-pub use client::RemoteStats;
+pub use client::{RemoteChannelStats, RemoteStats};
 #[cfg(not(loom))]
 pub(crate) use client::{recycle_all, Inbound, RemoteChannel, RemoteGate};
 #[cfg(not(loom))]

@@ -30,8 +30,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import creditflow as cf  # noqa: E402
-from remote_worker import Worker  # noqa: E402
+import creditflow as cf
+from remote_worker import Worker
 
 
 class PipelineWorker(Worker):

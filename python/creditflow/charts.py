@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 from creditflow.snapshot import Snapshot, View, from_env, scrape, summarize
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from creditflow._native import NetworkEnvironment
 
 __all__ = ["Recorder"]
@@ -85,7 +87,7 @@ class Recorder:
         while not self._stop.wait(self.interval):
             self.sample()
 
-    def start(self) -> Recorder:
+    def start(self) -> Self:
         """Starts sampling every ``interval`` seconds in a daemon thread."""
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError("the recorder is already running")
@@ -104,7 +106,7 @@ class Recorder:
         self._thread = None
         self.sample()
 
-    def __enter__(self) -> Recorder:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *_args: object) -> None:

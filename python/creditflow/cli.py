@@ -139,7 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Scrapes /metrics endpoints (env.serve_metrics) and shows throughput, pool usage "
         "and backpressure per task, partition and gate, marking the bottleneck.",
     )
-    p_top.add_argument("urls", nargs="+", metavar="URL", help="e.g. http://127.0.0.1:9100/metrics or host:port")
+    p_top.add_argument(
+        "urls", nargs="+", metavar="URL", help="e.g. http://127.0.0.1:9100/metrics or host:port"
+    )
     p_top.add_argument("--interval", type=_positive, default=1.0, help="seconds between scrapes (default 1)")
     p_top.add_argument("--iterations", type=int, default=None, help="stop after this many refreshes")
     args = parser.parse_args(argv)

@@ -24,6 +24,8 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     ) from e
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from creditflow._native import NetworkEnvironment
 
 __all__ = ["FAMILIES", "LEVELS", "CreditflowCollector", "MetricsServer", "register", "serve"]
@@ -189,7 +191,11 @@ FAMILIES: tuple[Family, ...] = (
         _get("in_pool_usage"),
     ),
     Family(
-        "creditflow_gate_in_pool_in_use_segments", "gauge", "Input pool segments in use", GATE, _pool("in_use")
+        "creditflow_gate_in_pool_in_use_segments",
+        "gauge",
+        "Input pool segments in use",
+        GATE,
+        _pool("in_use"),
     ),
     Family(
         "creditflow_gate_exclusive_buffers",
@@ -221,7 +227,11 @@ FAMILIES: tuple[Family, ...] = (
         _get("credit_outstanding"),
     ),
     Family(
-        "creditflow_gate_queued_buffers", "gauge", "Received buffers not yet read", GATE, _get("queued_buffers")
+        "creditflow_gate_queued_buffers",
+        "gauge",
+        "Received buffers not yet read",
+        GATE,
+        _get("queued_buffers"),
     ),
     Family(
         "creditflow_gate_queued_batches",
@@ -230,15 +240,9 @@ FAMILIES: tuple[Family, ...] = (
         GATE,
         _get("queued_batches"),
     ),
-    Family(
-        "creditflow_gate_received_batches", "counter", "Batches received", GATE, _get("batches_received")
-    ),
-    Family(
-        "creditflow_gate_received_buffers", "counter", "Buffers received", GATE, _get("buffers_received")
-    ),
-    Family(
-        "creditflow_gate_received_bytes", "counter", "Arrow bytes received", GATE, _get("bytes_received")
-    ),
+    Family("creditflow_gate_received_batches", "counter", "Batches received", GATE, _get("batches_received")),
+    Family("creditflow_gate_received_buffers", "counter", "Buffers received", GATE, _get("buffers_received")),
+    Family("creditflow_gate_received_bytes", "counter", "Arrow bytes received", GATE, _get("bytes_received")),
     Family("creditflow_gate_received_rows", "counter", "Rows received", GATE, _get("rows_received")),
     Family(
         "creditflow_gate_idle_ratio",
@@ -248,7 +252,11 @@ FAMILIES: tuple[Family, ...] = (
         _ms("idle_time_ms_per_second"),
     ),
     Family(
-        "creditflow_gate_idle_seconds", "counter", "Time the reader waited for data", GATE, _get("idle_seconds_total")
+        "creditflow_gate_idle_seconds",
+        "counter",
+        "Time the reader waited for data",
+        GATE,
+        _get("idle_seconds_total"),
     ),
     Family(
         "creditflow_gate_busy_ratio",
@@ -406,7 +414,7 @@ class MetricsServer:
         self._server.server_close()
         self._thread.join()
 
-    def __enter__(self) -> MetricsServer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_args: object) -> None:

@@ -162,7 +162,7 @@ def scrape(url: str, timeout: float = 2.0) -> Snapshot:
         url = "http://" + url
     if url.count("/") == 2:
         url += "/metrics"
-    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - user-given URL
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
         text = resp.read().decode("utf-8")
     return from_text(text)
 

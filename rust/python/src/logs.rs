@@ -67,7 +67,10 @@ impl log::Log for QueueLogger {
             return;
         }
         let msg = record.args().to_string();
-        let msg = msg.strip_prefix("creditflow: ").map(str::to_string).unwrap_or(msg);
+        let msg = msg
+            .strip_prefix("creditflow: ")
+            .map(str::to_string)
+            .unwrap_or(msg);
         let entry = (python_level(record.level()), logger_name(record.target()), msg);
         let Ok(mut q) = QUEUE.records.lock() else { return };
         if q.len() >= CAPACITY {
@@ -135,7 +138,10 @@ mod tests {
 
     #[test]
     fn names_loggers_under_creditflow() {
-        assert_eq!(logger_name("creditflow_core::transport::server"), "creditflow.transport.server");
+        assert_eq!(
+            logger_name("creditflow_core::transport::server"),
+            "creditflow.transport.server"
+        );
         assert_eq!(logger_name("creditflow_core"), "creditflow");
     }
 }

@@ -28,7 +28,8 @@ use tokio::sync::Notify;
 use super::codec::{self, ErrorKind, EventKind, Message, Payload, ReceiverId};
 use super::io::{self, FrameReader, InFrame};
 use crate::credit::{
-    BufferLease, ChannelCreditStats, ChannelId, Credit, Delivery, GateCredit, GateCreditConfig, ReceiverAction,
+    BufferLease, ChannelCreditStats, ChannelId, Credit, Delivery, GateCredit, GateCreditConfig,
+    ReceiverAction,
 };
 use crate::env::FlowControl;
 use crate::error::{Error, Result};

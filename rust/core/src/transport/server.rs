@@ -310,7 +310,8 @@ impl ServerConn {
                     }
                 });
                 if sub.attach_reader(listener) {
-                    sub.set_remote_reader(&self.peer).set_credit(u64::from(initial_credit.get()));
+                    sub.set_remote_reader(&self.peer)
+                        .set_credit(u64::from(initial_credit.get()));
                     Ok(sub)
                 } else {
                     Err(Error::AlreadyConsumed {

@@ -273,7 +273,9 @@ def test_a_throttled_sink_backpressures_source_and_map_and_levels_recover(pipeli
     assert v.bottlenecks == []
 
 
-def _pty_run(argv: list[str], until: Callable[[str], bool], deadline: float = DEADLINE) -> str:
+def _pty_run(
+    argv: list[str], until: Callable[[str], bool], deadline: float = DEADLINE, context: str = ""
+) -> str:
     """Runs ``argv`` in a pseudo-terminal of 200 columns; returns its output (ANSI codes
     removed) once ``until(output)`` holds, or fails at the deadline."""
     leader, follower = pty.openpty()
@@ -300,9 +302,8 @@ def _pty_run(argv: list[str], until: Callable[[str], bool], deadline: float = DE
                     return text
             elif proc.poll() is not None:
                 break
-        pytest.fail(
-            f"{argv}: condition not met; output:\n{_strip_ansi(raw.decode('utf-8', 'replace'))[-4000:]}"
-        )
+        shown = _strip_ansi(raw.decode("utf-8", "replace"))[-4000:]
+        pytest.fail(f"{argv}: condition not met ({context}); output:\n{shown}")
     finally:
         proc.kill()
         proc.wait()
@@ -313,35 +314,44 @@ def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
 
 
-def _frames(text: str) -> list[str]:
-    return text.split("tasks (one per environment)")[1:]
+def _task_tables(text: str) -> list[list[str]]:
+    """The rows of every complete tasks table drawn (the table whose header has "busy")."""
+    tables: list[list[str]] = []
+    rows: list[str] | None = None
+    for line in text.splitlines():
+        if "busy" in line and "┃" in line:
+            rows = []
+        elif rows is not None and line.lstrip().startswith("└"):
+            tables.append(rows)
+            rows = None
+        elif rows is not None and "│" in line:
+            rows.append(line)
+    return tables
 
 
 @pytest.mark.slow
 def test_top_in_a_terminal_marks_the_throttled_sink_as_the_bottleneck(pipeline: dict[str, Any]) -> None:
     addr = pipeline["address"]
 
-    def task_line(frame: str, role: str) -> str:
-        # The tasks table comes first in a frame: a task's first line is its row there.
-        return next((line for line in frame.splitlines() if addr[role] in line), "")
+    def row(table: list[str], role: str) -> str:
+        # By the first cell: other rows name the task too, as their upstream.
+        return next((line for line in table if line.split("│")[1].strip() == addr[role]), "")
 
-    def wanted(frame: str) -> bool:
+    def wanted(table: list[str]) -> bool:
         """Source and map HIGH, and only the sink marked as the bottleneck."""
-        marked = [line for line in frame.splitlines() if MARK in line]
+        marked = [line for line in table if MARK in line]
         return (
             len(marked) == 1
             and addr["sink"] in marked[0]
-            and "HIGH" in task_line(frame, "source")
-            and "HIGH" in task_line(frame, "map")
+            and "HIGH" in row(table, "source")
+            and "HIGH" in row(table, "map")
         )
 
-    def seen(text: str) -> bool:
-        return any(wanted(f) for f in _frames(text)[:-1])  # the last frame may be partial
-
     argv = [sys.executable, "-m", "creditflow", "top", *pipeline["urls"], "--interval", "0.5"]
-    text = _pty_run(argv, seen)
-    frame = next(f for f in _frames(text)[:-1] if wanted(f))
-    assert MARK not in task_line(frame, "source") + task_line(frame, "map")
+    text = _pty_run(argv, lambda text: any(wanted(t) for t in _task_tables(text)), context=f"tasks {addr}")
+    table = next(t for t in _task_tables(text) if wanted(t))
+    assert len(table) == 3
+    assert MARK not in row(table, "source") + row(table, "map")
 
 
 def test_top_rejects_bad_arguments() -> None:

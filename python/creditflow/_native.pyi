@@ -18,6 +18,9 @@ def _drain_logs(timeout: float = 0.0) -> tuple[list[tuple[int, str, str]], int]:
     """Takes the queued Rust log records as ``(level, logger name, message)``, waiting up to
     ``timeout`` seconds (GIL released) for the first one, and how many were dropped."""
 
+def _wake_logs() -> None:
+    """Makes a waiting ``_drain_logs`` return now (to stop the forwarding thread)."""
+
 def _set_log_level(level: int) -> None:
     """Makes Rust produce records at Python ``logging`` level ``level`` and above."""
 

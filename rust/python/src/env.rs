@@ -73,15 +73,33 @@ pub struct NetworkEnvironment {
     /// `/metrics` servers started by `serve_metrics` (`creditflow.prometheus.MetricsServer`),
     /// closed with the environment.
     metrics_servers: std::sync::Mutex<Vec<Py<PyAny>>>,
+    /// This environment keeps the log-forwarding thread running (`creditflow.logs`).
+    forwarding_logs: std::sync::atomic::AtomicBool,
+}
+
+impl NetworkEnvironment {
+    /// Stops the `/metrics` servers and lets go of the log-forwarding thread (stopped when
+    /// the last environment of the process lets go). Idempotent.
+    fn stop_python_side(&self, py: Python<'_>) {
+        let servers = std::mem::take(&mut *self.metrics_servers.lock().unwrap_or_else(|e| e.into_inner()));
+        stop_servers(py, servers);
+        // Not in a forked child: the thread and its count belong to the parent.
+        if std::process::id() == self.pid && self.forwarding_logs.swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            let released = py
+                .import("creditflow.logs")
+                .and_then(|m| m.call_method0("_release"));
+            if let Err(e) = released {
+                e.write_unraisable(py, None);
+            }
+        }
+    }
 }
 
 impl Drop for NetworkEnvironment {
     fn drop(&mut self) {
-        let servers = std::mem::take(&mut *self.metrics_servers.lock().unwrap_or_else(|e| e.into_inner()));
-        if !servers.is_empty() {
-            // Dropped by Python's GC, so attached; at shutdown nothing is left to stop.
-            let _ = Python::try_attach(|py| stop_servers(py, servers));
-        }
+        // Dropped by Python's GC, so attached; at interpreter shutdown nothing is left to do.
+        let _ = Python::try_attach(|py| self.stop_python_side(py));
     }
 }
 
@@ -185,14 +203,16 @@ impl NetworkEnvironment {
         config.advertise = advertise;
         let inner = Python::attach(|py| -> PyResult<_> {
             let inner = creditflow_core::NetworkEnvironment::new(config).py_err(py)?;
-            // Rust log records reach `logging` from here on (a daemon thread, started once).
-            py.import("creditflow.logs")?.call_method0("_ensure_forwarding")?;
+            // Rust log records reach `logging` from here on (a daemon thread while any
+            // environment of the process is open).
+            py.import("creditflow.logs")?.call_method0("_acquire")?;
             Ok(inner)
         })?;
         Ok(NetworkEnvironment {
             inner,
             pid: std::process::id(),
             metrics_servers: Default::default(),
+            forwarding_logs: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -284,9 +304,8 @@ impl NetworkEnvironment {
     /// Closes connections and the listener, releases every partition, stops background
     /// threads and `/metrics` servers. Idempotent.
     fn close(&self, py: Python<'_>) {
-        let servers = std::mem::take(&mut *self.metrics_servers.lock().unwrap());
-        stop_servers(py, servers);
         py.detach(|| self.inner.close());
+        self.stop_python_side(py);
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {

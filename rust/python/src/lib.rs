@@ -32,6 +32,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(env::parse_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(logs::_drain_logs, m)?)?;
     m.add_function(wrap_pyfunction!(logs::_set_log_level, m)?)?;
+    m.add_function(wrap_pyfunction!(logs::_wake_logs, m)?)?;
     logs::install();
     Ok(())
 }

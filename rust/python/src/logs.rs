@@ -9,7 +9,7 @@
 //! Loggers are named after the Rust module under `creditflow.` (`creditflow.transport.server`).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -22,12 +22,15 @@ struct Queue {
     records: Mutex<VecDeque<(u8, String, String)>>,
     cv: Condvar,
     dropped: AtomicU64,
+    /// Set by [`_wake_logs`]: a waiting [`_drain_logs`] returns at once.
+    wake: AtomicBool,
 }
 
 static QUEUE: Queue = Queue {
     records: Mutex::new(VecDeque::new()),
     cv: Condvar::new(),
     dropped: AtomicU64::new(0),
+    wake: AtomicBool::new(false),
 };
 
 struct QueueLogger;
@@ -108,14 +111,25 @@ pub(crate) fn _drain_logs(py: Python<'_>, timeout: f64) -> (Vec<(u8, String, Str
             return Vec::new();
         };
         if q.is_empty() && !wait.is_zero() {
-            q = match QUEUE.cv.wait_timeout_while(q, wait, |q| q.is_empty()) {
+            q = match QUEUE.cv.wait_timeout_while(q, wait, |q| {
+                q.is_empty() && !QUEUE.wake.load(Ordering::SeqCst)
+            }) {
                 Ok((q, _)) => q,
                 Err(_) => return Vec::new(),
             };
         }
+        QUEUE.wake.store(false, Ordering::SeqCst);
         q.drain(..).collect()
     });
     (records, QUEUE.dropped.swap(0, Ordering::Relaxed))
+}
+
+/// Makes a waiting [`_drain_logs`] return now (to stop the forwarding thread).
+#[pyfunction]
+pub(crate) fn _wake_logs() {
+    let _q = QUEUE.records.lock();
+    QUEUE.wake.store(true, Ordering::SeqCst);
+    QUEUE.cv.notify_all();
 }
 
 /// Makes Rust produce records at Python `level` and above (a `logging` level number).

@@ -84,7 +84,10 @@ impl NetworkEnvironment {
         let servers = std::mem::take(&mut *self.metrics_servers.lock().unwrap_or_else(|e| e.into_inner()));
         stop_servers(py, servers);
         // Not in a forked child: the thread and its count belong to the parent.
-        if std::process::id() == self.pid && self.forwarding_logs.swap(false, std::sync::atomic::Ordering::SeqCst)
+        if std::process::id() == self.pid
+            && self
+                .forwarding_logs
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
         {
             let released = py
                 .import("creditflow.logs")

@@ -111,9 +111,10 @@ pub(crate) fn _drain_logs(py: Python<'_>, timeout: f64) -> (Vec<(u8, String, Str
             return Vec::new();
         };
         if q.is_empty() && !wait.is_zero() {
-            q = match QUEUE.cv.wait_timeout_while(q, wait, |q| {
-                q.is_empty() && !QUEUE.wake.load(Ordering::SeqCst)
-            }) {
+            q = match QUEUE
+                .cv
+                .wait_timeout_while(q, wait, |q| q.is_empty() && !QUEUE.wake.load(Ordering::SeqCst))
+            {
                 Ok((q, _)) => q,
                 Err(_) => return Vec::new(),
             };

@@ -355,11 +355,14 @@ class WorkerError(RuntimeError):
 class Worker(contextlib.AbstractContextManager["Worker"]):
     """A worker process: :meth:`wait_for` one of its messages, :meth:`send` it a command."""
 
+    #: The script run as ``python SCRIPT ROLE CONFIG_JSON`` (subclasses run their own).
+    script = Path(__file__).resolve()
+
     def __init__(self, role: str, **cfg: Any) -> None:
         self.role = role
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by kill())
         self._proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), role, json.dumps(cfg)],
+            [sys.executable, str(self.script), role, json.dumps(cfg)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

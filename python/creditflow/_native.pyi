@@ -7,10 +7,22 @@ from typing import Any, TypeAlias, final
 import pyarrow as pa
 from typing_extensions import Self
 
+from creditflow.prometheus import MetricsServer
+
 __version__: str
 
 def parse_bytes(value: int | str) -> int:
     """Parses a byte size such as ``"64MiB"``, ``"32 KiB"`` or ``65536`` into bytes."""
+
+def _drain_logs(timeout: float = 0.0) -> tuple[list[tuple[int, str, str]], int]:
+    """Takes the queued Rust log records as ``(level, logger name, message)``, waiting up to
+    ``timeout`` seconds (GIL released) for the first one, and how many were dropped."""
+
+def _wake_logs() -> None:
+    """Makes a waiting ``_drain_logs`` return now (to stop the forwarding thread)."""
+
+def _set_log_level(level: int) -> None:
+    """Makes Rust produce records at Python ``logging`` level ``level`` and above."""
 
 @final
 class NetworkEnvironment:
@@ -66,9 +78,12 @@ class NetworkEnvironment:
         """Creates an input gate reading the given channels."""
     def metrics(self) -> dict[str, Any]:
         """Metrics of the environment, its partitions and gates, as a dict."""
+    def serve_metrics(self, port: int = 0, addr: str = "127.0.0.1") -> MetricsServer:
+        """Serves this environment's metrics in the Prometheus text format at
+        ``http://addr:port/metrics`` (``port=0``: any free port) until the environment closes."""
     def close(self) -> None:
         """Closes connections and the listener, releases every partition, stops background
-        threads. Idempotent."""
+        threads and `/metrics` servers. Idempotent."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
 

@@ -20,7 +20,9 @@ use crate::metrics::{Counter, TimeMeter};
 use crate::partition::subpartition::{Event, Polled, Subpartition, Token};
 use crate::partition::{Registry, ResultPartition};
 use crate::serde::RecordDeserializer;
-use crate::transport::{recycle_all, Inbound, RemoteChannel, RemoteGate, RemoteStats, Transport};
+use crate::transport::{
+    recycle_all, Inbound, RemoteChannel, RemoteChannelStats, RemoteGate, RemoteStats, Transport,
+};
 use crate::wait::Wait;
 
 /// Which subpartition of which partition, where.
@@ -115,6 +117,80 @@ pub(crate) struct GateCounters {
     pub(crate) idle: TimeMeter,
 }
 
+/// How a channel reads, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ChannelKind {
+    /// Waiting for its (local) partition to be registered.
+    Pending,
+    /// Reading a subpartition of this environment.
+    Local,
+    /// Reading a subpartition of another environment over TCP.
+    Remote,
+    /// Reached its end (or the gate was closed).
+    Ended,
+}
+
+impl ChannelKind {
+    /// "pending", "local", "remote" or "ended".
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ChannelKind::Pending => "pending",
+            ChannelKind::Local => "local",
+            ChannelKind::Remote => "remote",
+            ChannelKind::Ended => "ended",
+        }
+    }
+
+    fn from_u8(v: u8) -> ChannelKind {
+        match v {
+            1 => ChannelKind::Local,
+            2 => ChannelKind::Remote,
+            3 => ChannelKind::Ended,
+            _ => ChannelKind::Pending,
+        }
+    }
+}
+
+/// Counters of one channel, shared with the environment for metrics.
+struct ChannelCounters {
+    spec: ChannelSpec,
+    kind: std::sync::atomic::AtomicU8,
+    batches: Counter,
+    buffers: Counter,
+    bytes: Counter,
+    rows: Counter,
+}
+
+impl ChannelCounters {
+    fn count_batch(&self, bytes: usize, rows: usize) {
+        self.batches.add(1);
+        self.bytes.add(bytes as u64);
+        self.rows.add(rows as u64);
+    }
+}
+
+/// A snapshot of one channel's metrics.
+#[derive(Debug, Clone)]
+pub struct ChannelMetrics {
+    /// Index in the gate.
+    pub index: usize,
+    /// Which subpartition it reads, and where.
+    pub spec: ChannelSpec,
+    /// How it reads now.
+    pub kind: ChannelKind,
+    /// Batches received.
+    pub batches_received: u64,
+    /// Buffers received.
+    pub buffers_received: u64,
+    /// Arrow bytes received.
+    pub bytes_received: u64,
+    /// Rows received.
+    pub rows_received: u64,
+    /// Buffers and credit, for a remote channel.
+    pub remote: Option<RemoteChannelStats>,
+}
+
 /// A snapshot of a gate's metrics.
 #[derive(Debug, Clone)]
 pub struct GateMetrics {
@@ -138,8 +214,19 @@ pub struct GateMetrics {
     pub rows_received: u64,
     /// Time the reader waited for data, over the last second.
     pub idle_ms_per_second: f64,
+    /// Time the reader waited for data since the gate was created.
+    pub idle_total: Duration,
     /// Buffers and credit of the remote channels (`None`: no remote channel).
     pub remote: Option<RemoteStats>,
+    /// Per-channel detail, by index.
+    pub channels: Vec<ChannelMetrics>,
+}
+
+impl GateMetrics {
+    /// The reader's time not spent waiting for data, over the last second.
+    pub fn busy_ms_per_second(&self) -> f64 {
+        (1000.0 - self.idle_ms_per_second).max(0.0)
+    }
 }
 
 /// Reads a gate's metrics from any thread (see [`InputGate::metrics_reader`]).
@@ -162,6 +249,7 @@ pub(crate) struct GateHandle {
     ended: std::sync::atomic::AtomicUsize,
     queued: std::sync::atomic::AtomicUsize,
     remote: std::sync::OnceLock<Arc<RemoteGate>>,
+    channels: Vec<ChannelCounters>,
 }
 
 impl GateHandle {
@@ -169,8 +257,28 @@ impl GateHandle {
         self.counters.idle.tick();
     }
 
+    fn mark(&self, idx: usize, kind: ChannelKind) {
+        self.channels[idx].kind.store(kind as u8, Ordering::Relaxed);
+    }
+
     pub(crate) fn metrics(&self) -> GateMetrics {
         let c = &self.counters;
+        let mut per_remote = self.remote.get().map(|r| r.channel_stats()).unwrap_or_default();
+        let channels = self
+            .channels
+            .iter()
+            .enumerate()
+            .map(|(index, ch)| ChannelMetrics {
+                index,
+                spec: ch.spec.clone(),
+                kind: ChannelKind::from_u8(ch.kind.load(Ordering::Relaxed)),
+                batches_received: ch.batches.get(),
+                buffers_received: ch.buffers.get(),
+                bytes_received: ch.bytes.get(),
+                rows_received: ch.rows.get(),
+                remote: per_remote.remove(&ch.spec),
+            })
+            .collect();
         GateMetrics {
             name: self.name.clone(),
             num_channels: self.num_channels,
@@ -182,7 +290,9 @@ impl GateHandle {
             bytes_received: c.bytes.get(),
             rows_received: c.rows.get(),
             idle_ms_per_second: c.idle.ms_per_second(),
+            idle_total: c.idle.total(),
             remote: self.remote.get().map(|r| r.stats()),
+            channels,
         }
     }
 }
@@ -300,9 +410,24 @@ impl InputGate {
             };
             channels.push(Channel { spec, state });
         }
+        let channel_counters = channels
+            .iter()
+            .map(|c| ChannelCounters {
+                spec: c.spec.clone(),
+                kind: std::sync::atomic::AtomicU8::new(match c.state {
+                    ChannelState::Remote { .. } => ChannelKind::Remote as u8,
+                    _ => ChannelKind::Pending as u8,
+                }),
+                batches: Counter::default(),
+                buffers: Counter::default(),
+                bytes: Counter::default(),
+                rows: Counter::default(),
+            })
+            .collect();
         let handle = Arc::new(GateHandle {
             name,
             counters: GateCounters::default(),
+            channels: channel_counters,
             pool,
             num_channels: channels.len(),
             ended: Default::default(),
@@ -380,6 +505,7 @@ impl InputGate {
                         });
                     }
                     self.unresolved -= 1;
+                    self.handle.mark(idx, ChannelKind::Local);
                     self.channels[idx].state = ChannelState::Local {
                         partition: p,
                         sub,
@@ -496,23 +622,29 @@ impl InputGate {
         };
         let Some(polled) = sub.poll() else { return Ok(()) };
         let counters = &self.handle.counters;
+        let per = &self.handle.channels[idx];
         match polled {
             Polled::Batch(lb) => {
                 counters.buffers.add(1);
                 counters.batches.add(1);
                 counters.bytes.add(lb.bytes as u64);
                 counters.rows.add(lb.batch.num_rows() as u64);
+                per.buffers.add(1);
+                per.count_batch(lb.bytes, lb.batch.num_rows());
                 self.pending.push_back((idx, lb.batch, lb.token));
                 // lb.segments are recycled here: the batch left the partition's budget.
             }
             Polled::Data(slice) => {
                 counters.buffers.add(1);
+                per.buffers.add(1);
                 let mut out = VecDeque::new();
                 de.push(slice.as_slice(), &mut out)?;
                 for b in out {
+                    let bytes = b.get_array_memory_size();
                     counters.batches.add(1);
-                    counters.bytes.add(b.get_array_memory_size() as u64);
+                    counters.bytes.add(bytes as u64);
                     counters.rows.add(b.num_rows() as u64);
+                    per.count_batch(bytes, b.num_rows());
                     self.pending.push_back((idx, b, None));
                 }
             }
@@ -524,6 +656,7 @@ impl InputGate {
                     )));
                 }
                 partition.subpartition_done();
+                self.handle.mark(idx, ChannelKind::Ended);
                 self.channels[idx].state = ChannelState::Ended;
                 self.ended += 1;
                 self.handle.ended.store(self.ended, Ordering::Relaxed);
@@ -531,6 +664,7 @@ impl InputGate {
             }
             Polled::Event(Event::ProducerFailed(msg)) => {
                 partition.subpartition_done();
+                self.handle.mark(idx, ChannelKind::Ended);
                 self.channels[idx].state = ChannelState::Ended;
                 self.ended += 1;
                 self.handle.ended.store(self.ended, Ordering::Relaxed);
@@ -552,6 +686,7 @@ impl InputGate {
             return Ok(());
         };
         let counters = &self.handle.counters;
+        let per = &self.handle.channels[idx];
         let mut end = None;
         let mut out = VecDeque::new();
         let items = ch.take_all();
@@ -560,6 +695,7 @@ impl InputGate {
             match item {
                 Inbound::Data(received) => {
                     counters.buffers.add(1);
+                    per.buffers.add(1);
                     de.push(received.bytes(), &mut out)?;
                     done.push(received);
                 }
@@ -578,14 +714,17 @@ impl InputGate {
         // The segments go back together: new credit for the sender in one AddCredit.
         recycle_all(done);
         for b in out {
+            let bytes = b.get_array_memory_size();
             counters.batches.add(1);
-            counters.bytes.add(b.get_array_memory_size() as u64);
+            counters.bytes.add(bytes as u64);
             counters.rows.add(b.num_rows() as u64);
+            per.count_batch(bytes, b.num_rows());
             self.pending.push_back((idx, b, None));
         }
         self.handle.queued.store(self.pending.len(), Ordering::Relaxed);
         if let Some(result) = end {
             ch.close();
+            self.handle.mark(idx, ChannelKind::Ended);
             self.channels[idx].state = ChannelState::Ended;
             self.ended += 1;
             self.handle.ended.store(self.ended, Ordering::Relaxed);
@@ -606,7 +745,8 @@ impl InputGate {
             return;
         }
         self.closed = true;
-        for ch in &mut self.channels {
+        for (idx, ch) in self.channels.iter_mut().enumerate() {
+            self.handle.mark(idx, ChannelKind::Ended);
             match &ch.state {
                 ChannelState::Local { partition, sub, .. } => {
                     sub.release();

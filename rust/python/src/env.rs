@@ -66,10 +66,52 @@ pub(crate) fn check_pid(pid: u32, what: &str) -> PyResult<()> {
 }
 
 /// One per process: the buffer pool, partitions, gates, the listener and connections.
-#[pyclass(module = "creditflow._native", frozen)]
+#[pyclass(module = "creditflow._native", frozen, weakref)]
 pub struct NetworkEnvironment {
     inner: creditflow_core::NetworkEnvironment,
     pid: u32,
+    /// `/metrics` servers started by `serve_metrics` (`creditflow.prometheus.MetricsServer`),
+    /// closed with the environment.
+    metrics_servers: std::sync::Mutex<Vec<Py<PyAny>>>,
+    /// This environment keeps the log-forwarding thread running (`creditflow.logs`).
+    forwarding_logs: std::sync::atomic::AtomicBool,
+}
+
+impl NetworkEnvironment {
+    /// Stops the `/metrics` servers and lets go of the log-forwarding thread (stopped when
+    /// the last environment of the process lets go). Idempotent.
+    fn stop_python_side(&self, py: Python<'_>) {
+        let servers = std::mem::take(&mut *self.metrics_servers.lock().unwrap_or_else(|e| e.into_inner()));
+        stop_servers(py, servers);
+        // Not in a forked child: the thread and its count belong to the parent.
+        if std::process::id() == self.pid
+            && self
+                .forwarding_logs
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            let released = py
+                .import("creditflow.logs")
+                .and_then(|m| m.call_method0("_release"));
+            if let Err(e) = released {
+                e.write_unraisable(py, None);
+            }
+        }
+    }
+}
+
+impl Drop for NetworkEnvironment {
+    fn drop(&mut self) {
+        // Dropped by Python's GC, so attached; at interpreter shutdown nothing is left to do.
+        let _ = Python::try_attach(|py| self.stop_python_side(py));
+    }
+}
+
+fn stop_servers(py: Python<'_>, servers: Vec<Py<PyAny>>) {
+    for s in servers {
+        if let Err(e) = s.call_method0(py, "close") {
+            e.write_unraisable(py, Some(s.bind(py)));
+        }
+    }
 }
 
 #[pymethods]
@@ -162,10 +204,18 @@ impl NetworkEnvironment {
         }
         config.secret = secret;
         config.advertise = advertise;
-        let inner = Python::attach(|py| creditflow_core::NetworkEnvironment::new(config).py_err(py))?;
+        let inner = Python::attach(|py| -> PyResult<_> {
+            let inner = creditflow_core::NetworkEnvironment::new(config).py_err(py)?;
+            // Rust log records reach `logging` from here on (a daemon thread while any
+            // environment of the process is open).
+            py.import("creditflow.logs")?.call_method0("_acquire")?;
+            Ok(inner)
+        })?;
         Ok(NetworkEnvironment {
             inner,
             pid: std::process::id(),
+            metrics_servers: Default::default(),
+            forwarding_logs: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -233,10 +283,32 @@ impl NetworkEnvironment {
         env_metrics_dict(py, &self.inner.metrics())
     }
 
+    /// Serves this environment's metrics in the Prometheus text format at
+    /// ``http://addr:port/metrics`` (``port=0``: any free port) until the environment closes.
+    #[pyo3(signature = (port = 0, addr = "127.0.0.1"))]
+    fn serve_metrics(slf: &Bound<'_, Self>, port: i64, addr: &str) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let this = slf.get();
+        check_pid(this.pid, "NetworkEnvironment")?;
+        if this.inner.is_closed() {
+            return Err(crate::error::to_py(
+                py,
+                creditflow_core::Error::Closed("the environment is closed"),
+            ));
+        }
+        let server = py
+            .import("creditflow.prometheus")?
+            .call_method1("serve", (slf, port, addr))?
+            .unbind();
+        this.metrics_servers.lock().unwrap().push(server.clone_ref(py));
+        Ok(server)
+    }
+
     /// Closes connections and the listener, releases every partition, stops background
-    /// threads. Idempotent.
+    /// threads and `/metrics` servers. Idempotent.
     fn close(&self, py: Python<'_>) {
         py.detach(|| self.inner.close());
+        self.stop_python_side(py);
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
@@ -370,7 +442,31 @@ pub(crate) fn partition_metrics_dict<'py>(
     d.set_item("rows_written", m.rows_written)?;
     d.set_item("backpressured_time_ms_per_second", m.backpressured_ms_per_second)?;
     d.set_item("backpressure_level", m.level().as_str())?;
+    d.set_item("busy_time_ms_per_second", m.busy_ms_per_second())?;
+    d.set_item("backpressured_seconds_total", m.backpressured_total.as_secs_f64())?;
     d.set_item("finished", m.finished)?;
+    let subs = PyList::empty(py);
+    for sm in &m.subpartitions {
+        let sd = PyDict::new(py);
+        sd.set_item("index", sm.index)?;
+        sd.set_item("backlog", sm.backlog)?;
+        sd.set_item("consumed", sm.consumed)?;
+        sd.set_item("buffers_out", sm.buffers_out)?;
+        sd.set_item("bytes_out", sm.bytes_out)?;
+        match &sm.remote {
+            Some(r) => {
+                sd.set_item("peer", &r.peer)?;
+                sd.set_item("credit", r.credit)?;
+                sd.set_item("buffers_sent", r.buffers_sent)?;
+                sd.set_item("bytes_sent", r.bytes_sent)?;
+            }
+            None => {
+                sd.set_item("peer", py.None())?;
+            }
+        }
+        subs.append(sd)?;
+    }
+    d.set_item("subpartitions", subs)?;
     Ok(d)
 }
 
@@ -397,6 +493,31 @@ pub(crate) fn gate_metrics_dict<'py>(py: Python<'py>, m: &GateMetrics) -> PyResu
         d.set_item("credit_unannounced", r.credit_unannounced)?;
         d.set_item("queued_buffers", r.queued_buffers)?;
     }
+    d.set_item("busy_time_ms_per_second", m.busy_ms_per_second())?;
+    d.set_item("idle_seconds_total", m.idle_total.as_secs_f64())?;
+    let chans = PyList::empty(py);
+    for c in &m.channels {
+        let cd = PyDict::new(py);
+        cd.set_item("index", c.index)?;
+        cd.set_item("address", &c.spec.address)?;
+        cd.set_item("partition_id", &c.spec.partition_id)?;
+        cd.set_item("subpartition", c.spec.subpartition)?;
+        cd.set_item("kind", c.kind.as_str())?;
+        cd.set_item("batches_received", c.batches_received)?;
+        cd.set_item("buffers_received", c.buffers_received)?;
+        cd.set_item("bytes_received", c.bytes_received)?;
+        cd.set_item("rows_received", c.rows_received)?;
+        if let Some(r) = &c.remote {
+            cd.set_item("exclusive_in_use", r.exclusive_in_use)?;
+            cd.set_item("floating_in_use", r.floating_in_use)?;
+            cd.set_item("credit_outstanding", r.credit_announced)?;
+            cd.set_item("credit_unannounced", r.credit_unannounced)?;
+            cd.set_item("buffers_required", r.required)?;
+            cd.set_item("queued_buffers", r.queued_buffers)?;
+        }
+        chans.append(cd)?;
+    }
+    d.set_item("channels", chans)?;
     Ok(d)
 }
 

@@ -5,12 +5,14 @@
 //! | `error.rs` | core errors → `creditflow.errors` exceptions |
 //! | `blocking.rs` | GIL release, Ctrl-C, timeouts for blocking calls |
 //! | `env.rs` | `NetworkEnvironment`, `ResultPartition`, metrics → dicts |
+//! | `logs.rs` | Rust `log` records → a queue → Python `logging` (`creditflow.logs`) |
 //! | `io.rs` | `RecordWriter`, `InputGate`, `ChannelSpec`, partitioners, Arrow in/out |
 
 mod blocking;
 mod env;
 mod error;
 mod io;
+mod logs;
 
 use pyo3::prelude::*;
 
@@ -28,5 +30,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<io::BroadcastPartitioner>()?;
     m.add_class::<io::ForwardPartitioner>()?;
     m.add_function(wrap_pyfunction!(env::parse_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(logs::_drain_logs, m)?)?;
+    m.add_function(wrap_pyfunction!(logs::_set_log_level, m)?)?;
+    m.add_function(wrap_pyfunction!(logs::_wake_logs, m)?)?;
+    logs::install();
     Ok(())
 }

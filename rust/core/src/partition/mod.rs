@@ -104,8 +104,42 @@ pub struct PartitionMetrics {
     pub rows_written: u64,
     /// Time writers spent blocked on a buffer, over the last second.
     pub backpressured_ms_per_second: f64,
+    /// Time writers spent blocked on a buffer since the partition was created.
+    pub backpressured_total: std::time::Duration,
     /// Whether end-of-partition was sent.
     pub finished: bool,
+    /// Per-subpartition detail, by index.
+    pub subpartitions: Vec<SubpartitionMetrics>,
+}
+
+/// A snapshot of one subpartition's metrics.
+#[derive(Debug, Clone)]
+pub struct SubpartitionMetrics {
+    /// Index in the partition.
+    pub index: usize,
+    /// Finished buffers/batches waiting for the reader.
+    pub backlog: usize,
+    /// Whether a reader attached.
+    pub consumed: bool,
+    /// Buffers the reader took.
+    pub buffers_out: u64,
+    /// Bytes the reader took (serialized bytes or Arrow bytes of handed-off batches).
+    pub bytes_out: u64,
+    /// The remote reader's view, when the reader is on another environment.
+    pub remote: Option<RemoteReaderMetrics>,
+}
+
+/// What the sender side did for a remote reader of a subpartition.
+#[derive(Debug, Clone)]
+pub struct RemoteReaderMetrics {
+    /// The consumer's connection address.
+    pub peer: String,
+    /// Buffers the sender may still send (the receiver's credit).
+    pub credit: u64,
+    /// Data buffers written to the connection.
+    pub buffers_sent: u64,
+    /// Payload bytes written to the connection.
+    pub bytes_sent: u64,
 }
 
 impl PartitionMetrics {
@@ -117,6 +151,12 @@ impl PartitionMetrics {
     /// OK / LOW / HIGH.
     pub fn level(&self) -> BackpressureLevel {
         BackpressureLevel::from_ms_per_second(self.backpressured_ms_per_second)
+    }
+
+    /// The writer's time not blocked on a buffer, over the last second (Flink's
+    /// `busyTimeMsPerSecond` as seen from the output side).
+    pub fn busy_ms_per_second(&self) -> f64 {
+        (1000.0 - self.backpressured_ms_per_second).max(0.0)
     }
 }
 
@@ -508,7 +548,25 @@ impl ResultPartition {
             bytes_written: self.metrics.bytes.get(),
             rows_written: self.metrics.rows.get(),
             backpressured_ms_per_second: self.metrics.backpressure.ms_per_second(),
+            backpressured_total: self.metrics.backpressure.total(),
             finished: self.is_finished(),
+            subpartitions: self
+                .subpartitions
+                .iter()
+                .map(|s| SubpartitionMetrics {
+                    index: s.index(),
+                    backlog: s.backlog(),
+                    consumed: s.is_consumed(),
+                    buffers_out: s.buffers_out(),
+                    bytes_out: s.bytes_out(),
+                    remote: s.remote_reader().map(|r| RemoteReaderMetrics {
+                        peer: r.peer.clone(),
+                        credit: r.credit(),
+                        buffers_sent: r.buffers_sent(),
+                        bytes_sent: r.bytes_sent(),
+                    }),
+                })
+                .collect(),
         }
     }
 

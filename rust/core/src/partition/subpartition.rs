@@ -17,12 +17,15 @@
 //! and then polls again. All decisions are RMWs on one location, so no store/load reordering
 //! can lose a wake-up; the loom models at the bottom of this file check it.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Mutex as StdMutex;
+use std::sync::OnceLock;
 
 use arrow_array::RecordBatch;
 
 use super::buffer::{BufferConsumer, BufferSlice};
 use crate::memory::Reservation;
+use crate::metrics::Counter;
 use crate::sync::{AtomicBool, AtomicUsize, Ordering, Queue};
 
 /// Called by the writer side when a waiting reader has something new to read.
@@ -93,6 +96,51 @@ pub struct Subpartition {
     listener: StdMutex<Option<Listener>>,
     /// The reader's half-read buffer; touched only by the one reader (the lock is uncontended).
     current: StdMutex<Option<BufferConsumer>>,
+    /// Buffers (serialized slices or handed-off batches) the reader took.
+    buffers_out: Counter,
+    /// Bytes the reader took (serialized bytes, or Arrow bytes of handed-off batches).
+    bytes_out: Counter,
+    /// Set when a remote consumer (a TCP connection) attached: its address and what the
+    /// sender side sent it.
+    remote: OnceLock<RemoteReaderStats>,
+}
+
+/// What the sender side of a connection did for a subpartition's remote reader (metrics).
+#[derive(Debug)]
+pub struct RemoteReaderStats {
+    /// Address of the connection's peer (`host:port`).
+    pub peer: String,
+    credit: AtomicU64,
+    buffers_sent: Counter,
+    bytes_sent: Counter,
+}
+
+impl RemoteReaderStats {
+    /// Records the sender's credit for this reader (buffers it may still send).
+    pub fn set_credit(&self, credit: u64) {
+        self.credit.store(credit, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Counts one data buffer of `bytes` payload bytes written to the connection.
+    pub fn count_sent(&self, bytes: usize) {
+        self.buffers_sent.add(1);
+        self.bytes_sent.add(bytes as u64);
+    }
+
+    /// The sender's credit for this reader.
+    pub fn credit(&self) -> u64 {
+        self.credit.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Data buffers sent.
+    pub fn buffers_sent(&self) -> u64 {
+        self.buffers_sent.get()
+    }
+
+    /// Payload bytes sent.
+    pub fn bytes_sent(&self) -> u64 {
+        self.bytes_sent.get()
+    }
 }
 
 impl Subpartition {
@@ -108,7 +156,41 @@ impl Subpartition {
             released: AtomicBool::new(false),
             listener: StdMutex::new(None),
             current: StdMutex::new(None),
+            buffers_out: Counter::default(),
+            bytes_out: Counter::default(),
+            remote: OnceLock::new(),
         }
+    }
+
+    /// Buffers the reader took.
+    pub fn buffers_out(&self) -> u64 {
+        self.buffers_out.get()
+    }
+
+    /// Bytes the reader took.
+    pub fn bytes_out(&self) -> u64 {
+        self.bytes_out.get()
+    }
+
+    /// Marks the reader as remote, at `peer`; returns its stats (set once: the first peer
+    /// stays, as a subpartition is read once).
+    pub fn set_remote_reader(&self, peer: &str) -> &RemoteReaderStats {
+        self.remote.get_or_init(|| RemoteReaderStats {
+            peer: peer.to_string(),
+            credit: AtomicU64::new(0),
+            buffers_sent: Counter::default(),
+            bytes_sent: Counter::default(),
+        })
+    }
+
+    /// The remote reader's stats, if the reader is remote.
+    pub fn remote_reader(&self) -> Option<&RemoteReaderStats> {
+        self.remote.get()
+    }
+
+    /// Whether a reader attached.
+    pub fn is_consumed(&self) -> bool {
+        self.consumed.load(Ordering::SeqCst)
     }
 
     /// Its index in the partition.
@@ -190,6 +272,17 @@ impl Subpartition {
         loop {
             let snapshot = self.signal.load(Ordering::Acquire);
             if let Some(item) = self.poll_once() {
+                match &item {
+                    Polled::Data(slice) => {
+                        self.buffers_out.add(1);
+                        self.bytes_out.add(slice.len() as u64);
+                    }
+                    Polled::Batch(b) => {
+                        self.buffers_out.add(1);
+                        self.bytes_out.add(b.bytes as u64);
+                    }
+                    Polled::Event(_) => {}
+                }
                 return Some(item);
             }
             // Sleep only if nothing was published since the snapshot; otherwise look again.

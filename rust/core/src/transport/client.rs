@@ -27,7 +27,10 @@ use tokio::sync::Notify;
 
 use super::codec::{self, ErrorKind, EventKind, Message, Payload, ReceiverId};
 use super::io::{self, FrameReader, InFrame};
-use crate::credit::{BufferLease, ChannelId, Credit, Delivery, GateCredit, GateCreditConfig, ReceiverAction};
+use crate::credit::{
+    BufferLease, ChannelCreditStats, ChannelId, Credit, Delivery, GateCredit, GateCreditConfig,
+    ReceiverAction,
+};
 use crate::env::FlowControl;
 use crate::error::{Error, Result};
 use crate::gate::{Backoff, ChannelSpec};
@@ -52,6 +55,23 @@ pub struct RemoteStats {
     pub credit_announced: usize,
     /// Empty buffers not yet announced.
     pub credit_unannounced: usize,
+    /// Received buffers waiting to be read.
+    pub queued_buffers: usize,
+}
+
+/// Buffers and credit of one remote channel, for metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RemoteChannelStats {
+    /// Exclusive buffers holding received data not yet read.
+    pub exclusive_in_use: usize,
+    /// Floating buffers assigned to the channel (holding data or promised to the sender).
+    pub floating_in_use: usize,
+    /// Empty buffers announced to the sender (its credit, in flight included).
+    pub credit_announced: usize,
+    /// Empty buffers not yet announced.
+    pub credit_unannounced: usize,
+    /// The sender's last announced backlog plus the exclusive buffers (buffers wanted).
+    pub required: usize,
     /// Received buffers waiting to be read.
     pub queued_buffers: usize,
 }
@@ -172,6 +192,35 @@ impl RemoteGate {
         drop(b);
         s.queued_buffers = channels.iter().map(|c| c.queued()).sum();
         s
+    }
+
+    /// Buffers and credit per remote channel, by the channel's spec, for metrics.
+    pub(crate) fn channel_stats(&self) -> HashMap<ChannelSpec, RemoteChannelStats> {
+        let b = self.bufs.lock().unwrap();
+        let channels: Vec<(Arc<RemoteChannel>, ChannelCreditStats)> = b
+            .channels
+            .iter()
+            .filter_map(|w| {
+                let ch = w.upgrade()?;
+                let stats = b.credit.channel_stats(ch.cid)?;
+                Some((ch, stats))
+            })
+            .collect();
+        drop(b);
+        channels
+            .into_iter()
+            .map(|(ch, c)| {
+                let stats = RemoteChannelStats {
+                    exclusive_in_use: c.exclusive_in_use as usize,
+                    floating_in_use: (c.floating_in_use + c.floating_available) as usize,
+                    credit_announced: c.announced.get() as usize,
+                    credit_unannounced: c.unannounced.get() as usize,
+                    required: c.required as usize,
+                    queued_buffers: ch.queued(),
+                };
+                (ch.spec.clone(), stats)
+            })
+            .collect()
     }
 
     fn recycle(&self, buffers: impl Iterator<Item = (PooledSegment, Option<BufferLease>)>) {
@@ -569,6 +618,7 @@ impl ClientConn {
             {
                 Ok(Ok(stream)) => {
                     let _ = stream.set_nodelay(true);
+                    log::debug!("connected to {addr}");
                     run(&c, stream, &ctx).await
                 }
                 Ok(Err(e)) => Err(Error::ConnectionLost(format!("cannot connect: {e}"))),
@@ -623,6 +673,12 @@ impl ClientConn {
             ch.fail(Error::ConnectionLost(format!("connection to {} lost", self.addr)));
             return ch;
         }
+        log::debug!(
+            "{}: requesting {:?}[{}] as {rid}",
+            self.addr,
+            ch.spec.partition_id,
+            ch.spec.subpartition
+        );
         self.channels.lock().unwrap().insert(rid, ch.clone());
         self.send(ch.request());
         ch

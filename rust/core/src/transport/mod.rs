@@ -91,9 +91,9 @@ mod net;
 mod server;
 
 #[cfg(not(loom))]
-pub use client::RemoteStats;
-#[cfg(not(loom))]
 pub(crate) use client::{recycle_all, Inbound, RemoteChannel, RemoteGate};
+#[cfg(not(loom))]
+pub use client::{RemoteChannelStats, RemoteStats};
 #[cfg(not(loom))]
 pub(crate) use net::{Transport, TransportConfig};
 

@@ -201,6 +201,13 @@ impl SubReader {
         }
     }
 
+    /// Shows the sender's credit in the subpartition's metrics.
+    fn publish_credit(&self) {
+        if let Some(stats) = self.sub.remote_reader() {
+            stats.set_credit(u64::from(self.credit.credit().get()));
+        }
+    }
+
     fn backlog(&self) -> u32 {
         (self.chunks + self.sub.backlog()).min(u32::MAX as usize) as u32
     }
@@ -303,6 +310,8 @@ impl ServerConn {
                     }
                 });
                 if sub.attach_reader(listener) {
+                    sub.set_remote_reader(&self.peer)
+                        .set_credit(u64::from(initial_credit.get()));
                     Ok(sub)
                 } else {
                     Err(Error::AlreadyConsumed {
@@ -349,6 +358,7 @@ impl ServerConn {
         };
         let was_available = r.credit.can_send_data();
         r.credit.on_add_credit(credit)?;
+        r.publish_credit();
         if !was_available {
             self.refresh(&mut st, receiver)?;
             self.wake.notify_one();
@@ -423,6 +433,10 @@ impl ServerConn {
                     }
                     r.chunks -= 1;
                     let header = r.credit.on_buffer_sent(DataType::Data, r.backlog())?;
+                    if let Some(stats) = r.sub.remote_reader() {
+                        stats.count_sent(len);
+                        stats.set_credit(u64::from(r.credit.credit().get()));
+                    }
                     let head = codec::encode_buffer_response_header(rid, header, len)?;
                     OutFrame {
                         head: head.to_vec(),

@@ -1,0 +1,406 @@
+"""Observability (issue 5): detailed metrics, Prometheus export, Rust logs in Python
+``logging``, ``creditflow top`` and the chart recorder.
+
+The pipeline tests run source → map → sink in three worker processes
+(``tests/pipeline_worker.py``) and look at them only through their ``/metrics`` endpoints.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import pty
+import re
+import select
+import socket
+import struct
+import subprocess
+import sys
+import termios
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import creditflow as cf
+import creditflow.logs
+from creditflow.cli import MARK
+from creditflow.prometheus import FAMILIES, register
+from creditflow.snapshot import View, scrape, summarize
+from helpers import read_all
+from pipeline_worker import PipelineWorker
+
+DEADLINE = 60.0
+
+
+def poll(what: str, check: Callable[[], Any], deadline: float = DEADLINE, every: float = 0.2) -> Any:
+    """Calls ``check`` until it returns something truthy; fails after ``deadline`` seconds
+    with ``what`` and the last value."""
+    end = time.monotonic() + deadline
+    last: Any = None
+    while time.monotonic() < end:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    pytest.fail(f"{what}: not seen within {deadline} s (last: {last!r})")
+
+
+def batch(i: int, rows: int = 100) -> pa.RecordBatch:
+    return pa.record_batch({"i": pa.array(range(i * rows, (i + 1) * rows), pa.int64())})
+
+
+# ------------------------------------------------------------------------------ metric dicts
+
+
+def test_partition_and_gate_metrics_have_subpartition_and_channel_detail() -> None:
+    with cf.NetworkEnvironment(memory="4MiB") as env:
+        part = env.create_partition("p", 2)
+        gate = env.create_input_gate([cf.ChannelSpec(env.address, "p", i) for i in range(2)])
+        w = cf.RecordWriter(part, cf.RoundRobinPartitioner())
+        for i in range(6):
+            w.write(batch(i))
+        w.flush()
+        got = [gate.next(timeout=5) for _ in range(3)]
+        m = env.metrics()
+        p = m["partitions"]["p"]
+        subs = p["subpartitions"]
+        assert [s["index"] for s in subs] == [0, 1]
+        assert sum(s["backlog"] for s in subs) == sum(p["backlog"])
+        assert sum(s["buffers_out"] for s in subs) == 3
+        assert all(s["consumed"] and s["peer"] is None for s in subs)
+        assert p["busy_time_ms_per_second"] == pytest.approx(1000.0 - p["backpressured_time_ms_per_second"])
+        assert p["backpressured_seconds_total"] >= 0.0
+        g = m["gates"][gate.metrics()["name"]]
+        chans = g["channels"]
+        assert [(c["partition_id"], c["subpartition"], c["kind"]) for c in chans] == [
+            ("p", 0, "local"),
+            ("p", 1, "local"),
+        ]
+        assert sum(c["rows_received"] for c in chans) == g["rows_received"] == sum(b.num_rows for b in got)
+        assert sum(c["bytes_received"] for c in chans) == g["bytes_received"]
+        assert g["busy_time_ms_per_second"] == pytest.approx(1000.0 - g["idle_time_ms_per_second"])
+        w.close()
+        read_all(gate)
+
+
+def test_remote_readers_report_peer_credit_and_bytes_sent() -> None:
+    with cf.NetworkEnvironment(memory="8MiB") as prod, cf.NetworkEnvironment(memory="8MiB") as cons:
+        part = prod.create_partition("r", 1)
+        gate = cons.create_input_gate([cf.ChannelSpec(prod.address, "r", 0)])
+        w = cf.RecordWriter(part)
+        for i in range(20):
+            w.write(batch(i, 2000))
+        w.flush()
+        for _ in range(5):
+            gate.next(timeout=10)
+
+        def sender_side() -> dict[str, Any] | None:
+            sub = prod.metrics()["partitions"]["r"]["subpartitions"][0]
+            return sub if sub.get("bytes_sent", 0) > 0 else None
+
+        sub = poll("bytes sent to the remote reader", sender_side)
+        assert sub["peer"]
+        assert sub["peer"] != prod.address
+        assert sub["buffers_sent"] > 0
+        assert sub["credit"] >= 0
+        chan = cons.metrics()["gates"][gate.metrics()["name"]]["channels"][0]
+        assert chan["kind"] == "remote"
+        assert chan["address"] == prod.address
+        for key in ("credit_outstanding", "queued_buffers", "exclusive_in_use", "floating_in_use"):
+            assert chan[key] >= 0, key
+        assert chan["bytes_received"] > 0
+        w.close()
+        read_all(gate)
+
+
+# ------------------------------------------------------------------------------- prometheus
+
+
+def test_metrics_endpoint_parses_and_has_every_documented_family() -> None:
+    with cf.NetworkEnvironment(memory="8MiB") as prod, cf.NetworkEnvironment(memory="8MiB") as cons:
+        server = prod.serve_metrics()
+        cons_server = cons.serve_metrics(port=0, addr="127.0.0.1")
+        part = prod.create_partition("p", 1)
+        gate = cons.create_input_gate([cf.ChannelSpec(prod.address, "p", 0)])
+        w = cf.RecordWriter(part)
+        w.write(batch(0))
+        w.flush()
+        gate.next(timeout=10)
+        names: set[str] = set()
+        for url in (server.url, cons_server.url):
+            text = urllib.request.urlopen(url, timeout=5).read().decode()
+            names |= {f.name for f in text_string_to_metric_families(text)}
+        readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+        for f in FAMILIES:
+            assert f.name in names, f.name
+            shown = f.name + ("_total" if f.kind == "counter" else "")
+            assert f"`{shown}`" in readme, f"{shown} is not documented in README.md"
+        text = urllib.request.urlopen(cons_server.url, timeout=5).read().decode()
+        assert f'peer="{prod.address}"' in text
+        assert 'partition="p"' in text
+        w.close()
+        read_all(gate)
+    # Closing the environment stopped its servers.
+    assert server.closed
+    assert cons_server.closed
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(server.url, timeout=2)
+
+
+def test_register_adds_a_collector_to_a_registry() -> None:
+    registry = CollectorRegistry()
+    with cf.NetworkEnvironment(memory="4MiB") as env:
+        env.create_partition("x", 3)
+        collector = register(env, registry)
+        text = generate_latest(registry).decode()
+        assert text.count("creditflow_subpartition_backlog_buffers{") == 3
+        registry.unregister(collector)
+        assert "creditflow_" not in generate_latest(registry).decode()
+
+
+def test_serve_metrics_checks_its_arguments() -> None:
+    env = cf.NetworkEnvironment(memory="4MiB")
+    with pytest.raises(ValueError, match="port"):
+        env.serve_metrics(port=70000)
+    env.close()
+    with pytest.raises(cf.ClosedError):
+        env.serve_metrics()
+
+
+# ---------------------------------------------------------------------------------- logging
+
+
+def test_a_peer_sending_garbage_is_logged_under_creditflow(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="creditflow")
+    with cf.NetworkEnvironment(memory="4MiB") as env:
+        host, port = env.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(b"\x00\x01garbage, not a frame" * 4)
+            s.settimeout(5)
+            try:
+                while s.recv(4096):
+                    pass
+            except ConnectionResetError:
+                pass
+
+        def record() -> logging.LogRecord | None:
+            creditflow.logs.flush()
+            return next((r for r in caplog.records if r.name.startswith("creditflow.transport")), None)
+
+        rec = poll("a log record of the refused connection", record)
+        assert rec.levelno == logging.WARNING
+        assert rec.name == "creditflow.transport.server"
+        assert "refused connection from 127.0.0.1:" in rec.getMessage()
+
+
+# ------------------------------------------------------------------ three-process pipeline
+
+SOURCE_RATE = 100  # batches of 64 KiB per second: far below what map and sink can take
+THROTTLE = 0.05  # seconds the throttled sink sleeps per batch: 20 batches per second
+
+
+@pytest.fixture
+def pipeline(workers: list[Any]) -> Iterator[dict[str, Any]]:
+    """source → map → sink, the sink throttled; yields the workers and their metrics URLs."""
+    source = PipelineWorker("source", rate=SOURCE_RATE)
+    workers.append(source)
+    src = source.wait_for("address")
+    mapper = PipelineWorker("map", upstream=[src["address"], "src"])
+    workers.append(mapper)
+    mid = mapper.wait_for("address")
+    sink = PipelineWorker("sink", upstream=[mid["address"], "mapped"], throttle=THROTTLE)
+    workers.append(sink)
+    snk = sink.wait_for("address")
+    yield {
+        "workers": {"source": source, "map": mapper, "sink": sink},
+        "address": {"source": src["address"], "map": mid["address"], "sink": snk["address"]},
+        "urls": [src["metrics_url"], mid["metrics_url"], snk["metrics_url"]],
+    }
+    for w in (source, mapper, sink):
+        w.send(cmd="exit")
+    for w in (source, mapper, sink):
+        w.wait()
+
+
+def _view(urls: list[str], prev: list[Any]) -> View:
+    snap = scrape(urls[0])
+    for u in urls[1:]:
+        snap = snap.merge(scrape(u))
+    view = summarize(prev[0], snap)
+    prev[0] = snap
+    return view
+
+
+@pytest.mark.slow
+def test_a_throttled_sink_backpressures_source_and_map_and_levels_recover(pipeline: dict[str, Any]) -> None:
+    urls, addr = pipeline["urls"], pipeline["address"]
+    prev: list[Any] = [None]
+
+    def throttled() -> View | None:
+        v = _view(urls, prev)
+        levels = {t.env: t for t in v.tasks}
+        if len(levels) < 3:
+            return None
+        ok = (
+            levels[addr["source"]].level == "HIGH"
+            and levels[addr["map"]].level == "HIGH"
+            and levels[addr["sink"]].level == "OK"
+            and levels[addr["sink"]].busy > 0.5
+        )
+        return v if ok else None
+
+    v = poll("source and map HIGH, the sink busy", throttled)
+    assert v.bottlenecks == [addr["sink"]]
+
+    pipeline["workers"]["sink"].send(cmd="throttle", seconds=0)
+    pipeline["workers"]["sink"].wait_for("throttled")
+
+    def recovered() -> View | None:
+        v = _view(urls, prev)
+        levels = [p.level for p in v.partitions]
+        return v if len(levels) == 2 and set(levels) == {"OK"} else None
+
+    v = poll("every level back to OK", recovered)
+    assert v.bottlenecks == []
+
+
+def _pty_run(
+    argv: list[str], until: Callable[[str], bool], deadline: float = DEADLINE, context: str = ""
+) -> str:
+    """Runs ``argv`` in a pseudo-terminal of 200 columns; returns its output (ANSI codes
+    removed) once ``until(output)`` holds, or fails at the deadline."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 200, 0, 0))
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "200", "LINES": "60"}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, env=env, close_fds=True)
+    os.close(follower)
+    raw = b""
+    end = time.monotonic() + deadline
+    try:
+        while time.monotonic() < end:
+            ready, _, _ = select.select([leader], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                raw += chunk
+                text = _strip_ansi(raw.decode("utf-8", "replace"))
+                if until(text):
+                    return text
+            elif proc.poll() is not None:
+                break
+        shown = _strip_ansi(raw.decode("utf-8", "replace"))[-4000:]
+        pytest.fail(f"{argv}: condition not met ({context}); output:\n{shown}")
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(leader)
+
+
+def _strip_ansi(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+
+
+def _task_tables(text: str) -> list[list[str]]:
+    """The rows of every complete tasks table drawn (the table whose header has "busy")."""
+    tables: list[list[str]] = []
+    rows: list[str] | None = None
+    for line in text.splitlines():
+        if "busy" in line and "┃" in line:
+            rows = []
+        elif rows is not None and line.lstrip().startswith("└"):
+            tables.append(rows)
+            rows = None
+        elif rows is not None and "│" in line:
+            rows.append(line)
+    return tables
+
+
+@pytest.mark.slow
+def test_top_in_a_terminal_marks_the_throttled_sink_as_the_bottleneck(pipeline: dict[str, Any]) -> None:
+    addr = pipeline["address"]
+
+    def row(table: list[str], role: str) -> str:
+        # By the first cell: other rows name the task too, as their upstream.
+        return next((line for line in table if line.split("│")[1].strip() == addr[role]), "")
+
+    def wanted(table: list[str]) -> bool:
+        """Source and map HIGH, and only the sink marked as the bottleneck."""
+        marked = [line for line in table if MARK in line]
+        return (
+            len(marked) == 1
+            and addr["sink"] in marked[0]
+            and "HIGH" in row(table, "source")
+            and "HIGH" in row(table, "map")
+        )
+
+    argv = [sys.executable, "-m", "creditflow", "top", *pipeline["urls"], "--interval", "0.5"]
+    text = _pty_run(argv, lambda text: any(wanted(t) for t in _task_tables(text)), context=f"tasks {addr}")
+    table = next(t for t in _task_tables(text) if wanted(t))
+    assert len(table) == 3
+    assert MARK not in row(table, "source") + row(table, "map")
+
+
+def test_top_rejects_bad_arguments() -> None:
+    with pytest.raises(SystemExit):
+        cf_main(["top"])
+    with pytest.raises(SystemExit):
+        cf_main(["top", "x", "--interval", "0"])
+
+
+def cf_main(argv: list[str]) -> int:
+    from creditflow.cli import main
+
+    return main(argv)
+
+
+# ------------------------------------------------------------------------------------ charts
+
+
+def test_recorder_writes_a_png_of_an_exchange(tmp_path: Path) -> None:
+    from creditflow.charts import Recorder
+
+    with cf.NetworkEnvironment(memory="4MiB") as env:
+        part = env.create_partition("c", 1)
+        gate = env.create_input_gate([cf.ChannelSpec(env.address, "c", 0)])
+        rec = Recorder([env], interval=0.05, names={env.address: "task"})
+        with pytest.raises(ValueError, match="nothing recorded"):
+            rec.write_png(tmp_path / "empty.png")
+        rec.sample()
+        w = cf.RecordWriter(part)
+        for i in range(50):
+            w.write(batch(i))
+            if i % 10 == 9:
+                w.flush()
+                rec.sample()
+        w.close()
+        read_all(gate)
+        rec.sample()
+    assert len(rec.views) == 6
+    assert sum(p.rows_per_second for v in rec.views for p in v.partitions) > 0
+    out = rec.write_png(tmp_path / "chart.png", title="test")
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 10_000
+
+
+def test_recorder_checks_its_arguments() -> None:
+    from creditflow.charts import Recorder
+
+    with pytest.raises(ValueError, match="at least one"):
+        Recorder([])
+    with pytest.raises(ValueError, match="interval"):
+        Recorder(["http://127.0.0.1:1/metrics"], interval=0)

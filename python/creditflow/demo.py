@@ -69,10 +69,16 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     )
     p.add_argument("--rows", type=int, default=None, help="lineitem rows to generate (default 4,000,000)")
     p.add_argument("--slow-from", type=float, default=0.2, help="task 1 turns slow at this share of its rows")
-    p.add_argument("--slow-until", type=float, default=0.35, help="... and recovers at this share")
-    p.add_argument("--slow-delay", type=float, default=0.1, help="seconds the slow task sleeps per batch")
-    p.add_argument("--quick", action="store_true", help="a short run (for tests): 1,000,000 rows")
-    p.add_argument("--memory", default="16MiB", help="creditflow network memory per task (16MiB)")
+    p.add_argument("--slow-until", type=float, default=None, help="... and recovers at this share (0.35)")
+    p.add_argument(
+        "--slow-delay", type=float, default=None, help="seconds the slow task sleeps per batch (0.1)"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short run (for tests): 1,000,000 rows, 4MiB, slow 0.2-0.5 at 0.3 s",
+    )
+    p.add_argument("--memory", default=None, help="creditflow network memory per task (16MiB)")
     p.add_argument("--chart", type=Path, default=Path("creditflow-demo.png"), help="PNG chart path")
     p.add_argument("--no-chart", action="store_true", help="do not write a chart")
     p.add_argument("--no-verify", action="store_true", help="skip the check against Spark's repartition")
@@ -81,18 +87,19 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     rows = a.rows if a.rows is not None else (1_000_000 if a.quick else 4_000_000)
     if rows < 1:
         p.error("--rows must be positive")
-    if not 0 <= a.slow_from <= a.slow_until <= 1:
-        p.error("need 0 <= --slow-from <= --slow-until <= 1")
-    return Config(
+    cfg = Config(
         rows=rows,
         slow_from=a.slow_from,
-        slow_until=a.slow_until,
-        slow_delay=a.slow_delay,
-        memory=a.memory,
+        slow_until=a.slow_until if a.slow_until is not None else (0.5 if a.quick else 0.35),
+        slow_delay=a.slow_delay if a.slow_delay is not None else (0.3 if a.quick else 0.1),
+        memory=a.memory or ("4MiB" if a.quick else "16MiB"),
         chart=None if a.no_chart else a.chart,
         plain=a.plain or not sys.stdout.isatty(),
         verify=not a.no_verify,
     )
+    if not 0 <= cfg.slow_from <= cfg.slow_until <= 1:
+        p.error("need 0 <= --slow-from <= --slow-until <= 1")
+    return cfg
 
 
 # ------------------------------------------------------------------------------------ the job

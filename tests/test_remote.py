@@ -58,21 +58,28 @@ def split_by_channel(
 
 
 @pytest.mark.parametrize(
-    "producer_env",
-    [{}, {"local_handoff": False}, {"flow_control": "tcp"}],
-    ids=["credit-handoff", "credit-serialized", "tcp"],
+    ("producer_env", "consumer_env"),
+    [
+        ({}, {}),
+        ({"local_handoff": False}, {}),
+        ({"flow_control": "tcp"}, {"flow_control": "tcp"}),
+        # No exclusive buffers: every buffer is a floating one, assigned from the backlog the
+        # producer announces (Flink's exclusive=0 mode).
+        ({}, {"exclusive_buffers": 0, "floating_buffers": 4}),
+    ],
+    ids=["credit-handoff", "credit-serialized", "tcp", "credit-exclusive-0"],
 )
 def test_hash_exchange_exactly_once_in_order_and_memory_returns(
-    workers: list[Worker], producer_env: Config
+    workers: list[Worker], producer_env: Config, consumer_env: Config
 ) -> None:
     want = expected_per_channel()
     workers.append(p := start_producer(producer_env))
     addr = p.wait_for("address")["address"]
-    consumer_env = {"flow_control": producer_env["flow_control"]} if "flow_control" in producer_env else {}
     with cf.NetworkEnvironment(memory="16MiB", **consumer_env) as env:
         gate = env.create_input_gate([cf.ChannelSpec(addr, "p", i) for i in range(4)])
         m = env.metrics()["gates"]
         assert m[next(iter(m))]["remote_channels"] == 4
+        assert m[next(iter(m))]["exclusive_buffers"] == 4 * consumer_env.get("exclusive_buffers", 2)
         got = read_all(gate)
         for c, (g, w) in enumerate(zip(split_by_channel(got, want), want, strict=True)):
             assert len(g) == COUNT, f"channel {c}"

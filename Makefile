@@ -66,7 +66,7 @@ develop: venv ## Faster edit loop: maturin develop --release into .venv (skips t
 	$(BIN)/maturin develop --release
 
 .PHONY: demo
-demo: build ## Build, then run the demo (python -m creditflow.demo)
+demo: build ## Build, then run the PySpark demo (python -m creditflow.demo; needs Java 17)
 	$(PY) -m creditflow.demo
 
 # -------------------------------------------------------------------------------------- testing

@@ -1,11 +1,12 @@
 """Cost of metrics collection: the same local exchange with and without a Prometheus scraper
 reading ``/metrics`` (``env.serve_metrics()``) every 100 ms, interleaved.
 
-Each round runs the exchange twice, once with the scraper and once without, alternating
-which goes first; the figure is the ratio of the median throughputs (with / without), to be
-within 2 % of 1. The scraper and the HTTP server run in the benchmark's own process, as they
-would in a task that serves its metrics, so rendering the page competes with the exchange
-for the GIL and the cores. See benches/README.md.
+Each run takes one to a few seconds (ten or more scrapes). Each round runs the exchange
+twice, once with the scraper and once without, alternating which goes first; the figure is
+the ratio of the median throughputs (with / without), to be within 2 % of 1. The scraper
+and the HTTP server run in the benchmark's own process, as they would in a task that
+serves its metrics, so rendering the page competes with the exchange for the GIL and the
+cores. See benches/README.md.
 """
 
 from __future__ import annotations
@@ -30,23 +31,27 @@ SCRAPE_EVERY = 0.1  # seconds
 class Scraper:
     """Reads ``url`` every SCRAPE_EVERY seconds in a thread until stopped."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, *urls: str) -> None:
+        self.urls = urls
         self.scrapes = 0
+        #: Seconds per scrape (request + rendering + parsing nothing: the page is only read).
+        self.durations: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(SCRAPE_EVERY):
-            with urllib.request.urlopen(self.url, timeout=10) as resp:
-                assert b"creditflow_partition_written_bytes_total" in resp.read()
+            for url in self.urls:
+                t0 = time.perf_counter()
+                with urllib.request.urlopen(url, timeout=10) as resp:
+                    assert b"creditflow_segments" in resp.read()
+                self.durations.append(time.perf_counter() - t0)
             self.scrapes += 1
 
-    def stop(self) -> int:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-        return self.scrapes
 
 
 def _count(seen: list[int], b: pa.RecordBatch) -> None:
@@ -68,26 +73,34 @@ def _with_and_without(
     count: int,
     rounds: int,
     name: str,
+    remote: bool = False,
 ) -> None:
     payload = sum(batches[i % len(batches)].nbytes for i in range(count))
     times: dict[bool, list[float]] = {False: [], True: []}
-    scrapes = 0
-    with cf.NetworkEnvironment(memory="128MiB", local_handoff=local_handoff) as env:
-        server = env.serve_metrics()
+    scrapers: list[Scraper] = []
+    settings: dict[str, object] = {"memory": "128MiB", "local_handoff": local_handoff}
+    with cf.NetworkEnvironment(**settings) as env, cf.NetworkEnvironment(**settings) as reader_env:  # type: ignore[arg-type]
+        urls = [env.serve_metrics().url] + ([reader_env.serve_metrics().url] if remote else [])
         order = [False, True]
 
         def pair() -> None:
-            nonlocal scrapes
             for scraped in order:
-                scraper = Scraper(server.url) if scraped else None
+                scraper = Scraper(*urls) if scraped else None
                 seen = [0]
                 t0 = time.perf_counter()
                 exchange(
-                    env, cf.ForwardPartitioner(), 1, batches, count, lambda b, seen=seen: _count(seen, b)
+                    env,
+                    cf.ForwardPartitioner(),
+                    1,
+                    batches,
+                    count,
+                    lambda b, seen=seen: _count(seen, b),
+                    reader_env=reader_env if remote else None,
                 )
                 times[scraped].append(time.perf_counter() - t0)
                 if scraper is not None:
-                    scrapes += scraper.stop()
+                    scraper.stop()
+                    scrapers.append(scraper)
                 assert seen[0] == payload
             order.reverse()
 
@@ -95,9 +108,12 @@ def _with_and_without(
     # The first pair is the warm-up round.
     off = statistics.median(times[False][1:])
     on = statistics.median(times[True][1:])
-    assert scrapes >= rounds, "the scraper ran"
+    scrapes = sum(s.scrapes for s in scrapers)
+    assert scrapes >= 5 * rounds, f"the scraper ran {scrapes} times"
+    page = statistics.median(d for s in scrapers for d in s.durations)
     report(f"{name} without scraper", payload / off / 1e9, "GB/s")  # type: ignore[operator]
     report(f"{name} scraped every 100 ms", payload / on / 1e9, "GB/s")  # type: ignore[operator]
+    report(f"{name}: one /metrics request", page * 1e3, "ms")  # type: ignore[operator]
     report(f"{name}: scraped / not scraped", off / on, "x", 0.98)  # type: ignore[operator]
 
 
@@ -105,7 +121,23 @@ def _with_and_without(
 def test_metrics_cost_serialized(benchmark: object, report: object, batches: list[pa.RecordBatch]) -> None:
     """Serialized forward exchange (every byte through segments and counters)."""
     _with_and_without(
-        benchmark, report, batches, local_handoff=False, count=96, rounds=12, name="metrics cost, serialized"
+        benchmark, report, batches, local_handoff=False, count=800, rounds=8, name="metrics cost, serialized"
+    )
+
+
+@pytest.mark.benchmark(group="metrics-cost")
+def test_metrics_cost_remote(benchmark: object, report: object, batches: list[pa.RecordBatch]) -> None:
+    """Writer and reader in two environments of this process, over TCP on 127.0.0.1 (credit
+    flow control, per-reader sender counters); both environments are scraped."""
+    _with_and_without(
+        benchmark,
+        report,
+        batches,
+        local_handoff=True,
+        count=400,
+        rounds=8,
+        name="metrics cost, remote",
+        remote=True,
     )
 
 
@@ -113,5 +145,5 @@ def test_metrics_cost_serialized(benchmark: object, report: object, batches: lis
 def test_metrics_cost_handoff(benchmark: object, report: object, batches: list[pa.RecordBatch]) -> None:
     """Zero-copy hand-off (per-batch costs dominate: the counters' share is largest here)."""
     _with_and_without(
-        benchmark, report, batches, local_handoff=True, count=768, rounds=12, name="metrics cost, hand-off"
+        benchmark, report, batches, local_handoff=True, count=12_000, rounds=8, name="metrics cost, hand-off"
     )

@@ -69,12 +69,16 @@ def exchange(
     batches: Sequence[pa.RecordBatch],
     count: int,
     consume: Callable[[pa.RecordBatch], None],
+    reader_env: cf.NetworkEnvironment | None = None,
 ) -> None:
     """Writes ``count`` batches (cycling ``batches``) from a thread into a fresh partition,
-    reads every subpartition through one gate in this thread, and waits for the writer."""
+    reads every subpartition through one gate in this thread, and waits for the writer.
+    With ``reader_env``, the gate is there (a remote exchange over TCP)."""
     pid = f"bench/{next(_ids)}"
     part = env.create_partition(pid, num_subpartitions)
-    gate = env.create_input_gate([cf.ChannelSpec(env.address, pid, i) for i in range(num_subpartitions)])
+    gate = (reader_env or env).create_input_gate(
+        [cf.ChannelSpec(env.address, pid, i) for i in range(num_subpartitions)]
+    )
     errors: list[BaseException] = []
 
     def write() -> None:

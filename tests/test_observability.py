@@ -156,6 +156,27 @@ def test_metrics_endpoint_parses_and_has_every_documented_family() -> None:
         urllib.request.urlopen(server.url, timeout=2)
 
 
+def test_a_dropped_environment_stops_its_server_and_an_open_one_does_not_hang_exit() -> None:
+    code = """
+import gc, sys, threading
+import creditflow as cf
+env = cf.NetworkEnvironment(memory="4MiB")
+server = env.serve_metrics()
+del env
+gc.collect()
+assert server.closed, "dropping the environment closes its server"
+assert threading.active_count() == 1, threading.enumerate()
+# Left open until interpreter shutdown: the process must still exit, quietly.
+env = cf.NetworkEnvironment(memory="4MiB")
+env.serve_metrics()
+print("done")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "done\n"
+    assert proc.stderr == ""
+
+
 def test_register_adds_a_collector_to_a_registry() -> None:
     registry = CollectorRegistry()
     with cf.NetworkEnvironment(memory="4MiB") as env:

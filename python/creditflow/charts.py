@@ -140,7 +140,11 @@ class Recorder:
                 inp = [g for g in v.gates if g.env == env]
                 # A task's throughput: what it writes, or for a sink what it reads.
                 rate = sum(p.bytes_per_second for p in out) if out else sum(g.bytes_per_second for g in inp)
-                usage = max([p.out_pool_usage for p in out] + [g.in_pool_usage for g in inp], default=0.0)
+                # Output pools fill when the task is backpressured; a gate with remote
+                # channels holds its exclusive and floating buffers from the start, so its
+                # in-pool usage shows only for a task without output.
+                pools = [p.out_pool_usage for p in out] or [g.in_pool_usage for g in inp]
+                usage = max(pools, default=0.0)
                 xs.append(v.time - t0)
                 tp.append(rate / 1e6)
                 pool.append(100 * usage)

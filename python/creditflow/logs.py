@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 
 from creditflow import _native
@@ -74,6 +75,8 @@ def _release() -> None:
         thread, _thread = _thread, None
         _stop.set()
         _native._wake_logs()
+    if sys.is_finalizing():
+        return  # an environment dropped at interpreter shutdown: the thread may be frozen
     thread.join()
     flush()
 

@@ -8,6 +8,7 @@ in :data:`FAMILIES` and in the README ("Metrics reference").
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -410,6 +411,10 @@ class MetricsServer:
             if self._closed:
                 return
             self._closed = True
+        if sys.is_finalizing():
+            # An environment left open until interpreter shutdown: the serving thread may
+            # already be frozen, so waiting for it would hang; the socket dies with the process.
+            return
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()

@@ -19,8 +19,12 @@ import time
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from creditflow.prometheus import LEVELS, families
+
+if TYPE_CHECKING:
+    from creditflow._native import NetworkEnvironment
 
 __all__ = [
     "BUSY_THRESHOLD",
@@ -102,37 +106,38 @@ class Snapshot:
 Sample = tuple[str, dict[str, str], float]
 
 
+#: Sample name → attribute of :class:`Partition` / :class:`Gate` it sets.
+_PARTITION_ATTRS = {
+    "creditflow_partition_written_bytes_total": "bytes_written",
+    "creditflow_partition_written_rows_total": "rows_written",
+    "creditflow_partition_out_pool_usage_ratio": "out_pool_usage",
+    "creditflow_partition_backpressured_ratio": "backpressured",
+}
+_GATE_ATTRS = {
+    "creditflow_gate_received_bytes_total": "bytes_received",
+    "creditflow_gate_received_rows_total": "rows_received",
+    "creditflow_gate_in_pool_usage_ratio": "in_pool_usage",
+    "creditflow_gate_idle_ratio": "idle",
+}
+
+
 def _from_samples(samples: Iterable[Sample], at: float) -> Snapshot:
     snap = Snapshot(at)
     for name, labels, value in samples:
-        if name.startswith("creditflow_partition_"):
+        if name in _PARTITION_ATTRS or name == "creditflow_partition_backpressure_level":
             key = (labels["env"], labels["partition"])
             p = snap.partitions.setdefault(key, Partition(*key))
-            attr = {
-                "creditflow_partition_written_bytes_total": "bytes_written",
-                "creditflow_partition_written_rows_total": "rows_written",
-                "creditflow_partition_out_pool_usage_ratio": "out_pool_usage",
-                "creditflow_partition_backpressured_ratio": "backpressured",
-            }.get(name)
-            if attr is not None:
-                setattr(p, attr, value)
-            elif name == "creditflow_partition_backpressure_level":
+            if name in _PARTITION_ATTRS:
+                setattr(p, _PARTITION_ATTRS[name], value)
+            else:
                 p.level = _NAMES.get(int(value), "OK")
-        elif name.startswith("creditflow_gate_"):
+        elif name in _GATE_ATTRS or name == "creditflow_channel_received_bytes_total":
             key = (labels["env"], labels["gate"])
             g = snap.gates.setdefault(key, Gate(*key))
-            attr = {
-                "creditflow_gate_received_bytes_total": "bytes_received",
-                "creditflow_gate_received_rows_total": "rows_received",
-                "creditflow_gate_in_pool_usage_ratio": "in_pool_usage",
-                "creditflow_gate_idle_ratio": "idle",
-            }.get(name)
-            if attr is not None:
-                setattr(g, attr, value)
-        elif name == "creditflow_channel_received_bytes_total":
-            key = (labels["env"], labels["gate"])
-            g = snap.gates.setdefault(key, Gate(*key))
-            g.upstream.add((labels["peer"], labels["partition"]))
+            if name in _GATE_ATTRS:
+                setattr(g, _GATE_ATTRS[name], value)
+            else:  # a channel: the gate reads `partition` of the environment at `peer`
+                g.upstream.add((labels["peer"], labels["partition"]))
     return snap
 
 
@@ -148,9 +153,9 @@ def from_text(text: str, at: float | None = None) -> Snapshot:
     return _from_samples(samples, time.monotonic() if at is None else at)
 
 
-def from_env(env: object, at: float | None = None) -> Snapshot:
+def from_env(env: NetworkEnvironment, at: float | None = None) -> Snapshot:
     """A snapshot of an environment in this process (``env.metrics()``)."""
-    metrics = env.metrics()  # type: ignore[attr-defined]
+    metrics = env.metrics()
     samples = ((s.name, dict(s.labels), float(s.value)) for fam in families(metrics) for s in fam.samples)
     return _from_samples(samples, time.monotonic() if at is None else at)
 

@@ -73,44 +73,38 @@ pub struct NetworkEnvironment {
     /// `/metrics` servers started by `serve_metrics` (`creditflow.prometheus.MetricsServer`),
     /// closed with the environment.
     metrics_servers: std::sync::Mutex<Vec<Py<PyAny>>>,
-    /// This environment keeps the log-forwarding thread running (`creditflow.logs`).
-    forwarding_logs: std::sync::atomic::AtomicBool,
+    /// `creditflow.logs._release`, called once when this environment closes (taken at
+    /// creation: importing at interpreter shutdown fails). `None`: already called.
+    release_logs: std::sync::Mutex<Option<Py<PyAny>>>,
 }
 
 impl NetworkEnvironment {
     /// Stops the `/metrics` servers and lets go of the log-forwarding thread (stopped when
-    /// the last environment of the process lets go). Idempotent.
-    fn stop_python_side(&self, py: Python<'_>) {
+    /// the last environment of the process lets go). Idempotent. Errors are reported as
+    /// unraisable when `report` (not when dropped, possibly at interpreter shutdown).
+    fn stop_python_side(&self, py: Python<'_>, report: bool) {
         let servers = std::mem::take(&mut *self.metrics_servers.lock().unwrap_or_else(|e| e.into_inner()));
-        stop_servers(py, servers);
+        let release = self.release_logs.lock().unwrap_or_else(|e| e.into_inner()).take();
         // Not in a forked child: the thread and its count belong to the parent.
-        if std::process::id() == self.pid
-            && self
-                .forwarding_logs
-                .swap(false, std::sync::atomic::Ordering::SeqCst)
-        {
-            let released = py
-                .import("creditflow.logs")
-                .and_then(|m| m.call_method0("_release"));
-            if let Err(e) = released {
-                e.write_unraisable(py, None);
+        let release = release.filter(|_| std::process::id() == self.pid);
+        let check = |obj: &Py<PyAny>, result: PyResult<Py<PyAny>>| {
+            if let (Err(e), true) = (result, report) {
+                e.write_unraisable(py, Some(obj.bind(py)));
             }
+        };
+        for server in &servers {
+            check(server, server.call_method0(py, "close"));
+        }
+        if let Some(release) = &release {
+            check(release, release.call0(py));
         }
     }
 }
 
 impl Drop for NetworkEnvironment {
     fn drop(&mut self) {
-        // Dropped by Python's GC, so attached; at interpreter shutdown nothing is left to do.
-        let _ = Python::try_attach(|py| self.stop_python_side(py));
-    }
-}
-
-fn stop_servers(py: Python<'_>, servers: Vec<Py<PyAny>>) {
-    for s in servers {
-        if let Err(e) = s.call_method0(py, "close") {
-            e.write_unraisable(py, Some(s.bind(py)));
-        }
+        // Dropped by Python's GC, so attached (`try_attach` only guards the unexpected).
+        let _ = Python::try_attach(|py| self.stop_python_side(py, false));
     }
 }
 
@@ -204,18 +198,19 @@ impl NetworkEnvironment {
         }
         config.secret = secret;
         config.advertise = advertise;
-        let inner = Python::attach(|py| -> PyResult<_> {
+        let (inner, release_logs) = Python::attach(|py| -> PyResult<_> {
             let inner = creditflow_core::NetworkEnvironment::new(config).py_err(py)?;
             // Rust log records reach `logging` from here on (a daemon thread while any
             // environment of the process is open).
-            py.import("creditflow.logs")?.call_method0("_acquire")?;
-            Ok(inner)
+            let logs = py.import("creditflow.logs")?;
+            logs.call_method0("_acquire")?;
+            Ok((inner, logs.getattr("_release")?.unbind()))
         })?;
         Ok(NetworkEnvironment {
             inner,
             pid: std::process::id(),
             metrics_servers: Default::default(),
-            forwarding_logs: std::sync::atomic::AtomicBool::new(true),
+            release_logs: std::sync::Mutex::new(Some(release_logs)),
         })
     }
 
@@ -308,7 +303,7 @@ impl NetworkEnvironment {
     /// threads and `/metrics` servers. Idempotent.
     fn close(&self, py: Python<'_>) {
         py.detach(|| self.inner.close());
-        self.stop_python_side(py);
+        self.stop_python_side(py, true);
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {

@@ -629,11 +629,16 @@ impl ClientConn {
             };
             let error = match result {
                 Ok(()) => Error::ConnectionLost("closed".into()),
-                Err(e) => {
-                    log::warn!("creditflow: connection to {addr}: {e}");
-                    e
-                }
+                Err(e) => e,
             };
+            // Worth a warning only when it cuts channels off; after the last channel ended,
+            // the producer closing its side is the normal end.
+            let open = c.channels.lock().unwrap().len();
+            if open > 0 {
+                log::warn!("connection to {addr} failed with {open} channel(s) open: {error}");
+            } else {
+                log::debug!("connection to {addr} ended: {error}");
+            }
             c.fail(&error);
         });
         conn

@@ -926,3 +926,30 @@ def test_objects_used_after_fork_raise_runtime_error() -> None:
         "next": "True",
         "flush": "True",
     }
+
+
+@pytest.mark.parametrize("overdraft", [5, 0])
+def test_overdraft_buffers_finish_a_record_the_pool_cannot_hold(overdraft: int) -> None:
+    """A serialized record larger than the partition's share (12 of 20 segments: the local
+    gate's pool keeps 8) finishes on overdraft segments while nobody reads, with out-pool
+    usage above 100%; without overdraft the writer stalls mid-record instead."""
+    seg = 4096
+    with cf.NetworkEnvironment(
+        memory=20 * seg, segment_size=seg, local_handoff=False, overdraft_buffers=overdraft
+    ) as env:
+        part = env.create_partition("p")
+        gate = env.create_input_gate([cf.ChannelSpec(env.address, "p", 0)])
+        assert part.metrics()["out_pool"]["share"] == 12
+        batch = pa.record_batch({"k": np.arange(14 * seg // 8 - 64, dtype=np.int64)})
+        w = cf.RecordWriter(part)
+        if overdraft:
+            w.write(batch, timeout=1.0)
+            assert part.metrics()["out_pool_usage"] > 1.0
+            w.close()
+            assert gate.next(timeout=5.0) == batch
+            assert gate.next(timeout=5.0) is None
+            assert part.metrics()["out_pool_usage"] <= 1.0
+        else:
+            with pytest.raises(cf.TimeoutError):
+                w.write(batch, timeout=0.5)
+        gate.close()

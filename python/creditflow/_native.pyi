@@ -39,7 +39,9 @@ class NetworkEnvironment:
     ``request_backoff_initial`` / ``request_backoff_max``: retry delays of a request for a
     partition the producer has not registered yet, then ``PartitionNotFoundError``.
     ``handshake_timeout``: seconds a peer may take to connect and prove itself; a peer that
-    connects and stays silent is dropped after it.
+    connects and stays silent is dropped after it. ``overdraft_buffers``: segments a
+    partition may borrow beyond its share to finish a record it has started writing when its
+    pool is exhausted (Flink's overdraft buffers; 0 turns them off).
     """
 
     def __new__(
@@ -59,6 +61,7 @@ class NetworkEnvironment:
         request_backoff_max: float = 10.0,
         advertise: str | None = None,
         handshake_timeout: float = 10.0,
+        overdraft_buffers: int = 5,
     ) -> NetworkEnvironment: ...
     @property
     def address(self) -> str:

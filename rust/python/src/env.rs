@@ -115,7 +115,7 @@ impl NetworkEnvironment {
         memory = None, segment_size = None, bind = "127.0.0.1:0", secret = None, flow_control = "credit",
         buffer_timeout = 0.1, exclusive_buffers = 2, floating_buffers = 8, *, insecure = false,
         local_handoff = true, request_backoff_initial = 0.1, request_backoff_max = 10.0, advertise = None,
-        handshake_timeout = 10.0
+        handshake_timeout = 10.0, overdraft_buffers = 5
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -133,6 +133,7 @@ impl NetworkEnvironment {
         request_backoff_max: f64,
         advertise: Option<String>,
         handshake_timeout: f64,
+        overdraft_buffers: i64,
     ) -> PyResult<Self> {
         let mut config = EnvConfig::default();
         if let Some(m) = memory {
@@ -193,6 +194,7 @@ impl NetworkEnvironment {
             return Err(PyValueError::new_err("request_backoff_initial must be positive"));
         }
         config.handshake_timeout = secs(handshake_timeout, "handshake_timeout")?;
+        config.overdraft_buffers = count_arg(overdraft_buffers, "overdraft_buffers")?;
         if config.handshake_timeout.is_zero() {
             return Err(PyValueError::new_err("handshake_timeout must be positive"));
         }

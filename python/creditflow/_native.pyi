@@ -27,7 +27,11 @@ class NetworkEnvironment:
     ``request_backoff_initial`` / ``request_backoff_max``: retry delays of a request for a
     partition the producer has not registered yet, then ``PartitionNotFoundError``.
     ``handshake_timeout``: seconds a peer may take to connect and prove itself; a peer that
-    connects and stays silent is dropped after it.
+    connects and stays silent is dropped after it. Limits against abusive peers (each hit
+    refuses only that peer, with ``LimitExceededError`` naming the setting):
+    ``max_connections`` served at once, ``max_channels_per_connection`` (partition requests
+    served per connection), ``max_outstanding_requests`` (answers queued for a peer that
+    does not read them).
     """
 
     def __new__(
@@ -47,6 +51,9 @@ class NetworkEnvironment:
         request_backoff_max: float = 10.0,
         advertise: str | None = None,
         handshake_timeout: float = 10.0,
+        max_connections: int = 512,
+        max_channels_per_connection: int = 16384,
+        max_outstanding_requests: int = 4096,
     ) -> NetworkEnvironment: ...
     @property
     def address(self) -> str:

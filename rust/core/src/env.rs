@@ -17,7 +17,7 @@ use crate::gate::{Backoff, ChannelSpec, GateHandle, GateMetrics, InputGate, Remo
 use crate::memory::GlobalPool;
 use crate::partition::{Handoff, PartitionMetrics, Registry, ResultPartition};
 use crate::serde::RECORD_HEADER_LEN;
-use crate::transport::{Transport, TransportConfig};
+use crate::transport::{Limits, Transport, TransportConfig};
 
 /// Flow control between environments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +59,8 @@ pub struct EnvConfig {
     /// The address to report as `address` when the bound one is not what peers reach
     /// (NAT, containers); `None`: the bound address.
     pub advertise: Option<String>,
+    /// Caps on connections, channels per connection and unread answers per connection.
+    pub limits: Limits,
 }
 
 impl Default for EnvConfig {
@@ -77,6 +79,7 @@ impl Default for EnvConfig {
             secret: None,
             handshake_timeout: Duration::from_secs(10),
             advertise: None,
+            limits: Limits::default(),
         }
     }
 }
@@ -136,6 +139,7 @@ impl NetworkEnvironment {
                 "floating_buffers must be at least 1".into(),
             ));
         }
+        config.limits.validate()?;
         let pool = GlobalPool::new(config.memory, config.segment_size)?;
         let listener = TcpListener::bind(&config.bind)
             .map_err(|e| Error::InvalidArgument(format!("cannot bind {:?}: {e}", config.bind)))?;
@@ -158,6 +162,7 @@ impl NetworkEnvironment {
                 flow_control: config.flow_control,
                 backoff: config.request_backoff,
                 handshake_timeout: config.handshake_timeout,
+                limits: config.limits,
             },
             Arc::downgrade(&registry),
         )?);

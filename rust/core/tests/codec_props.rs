@@ -90,6 +90,7 @@ mod transport {
             Just(ErrorKind::ProducerFailed),
             Just(ErrorKind::SubpartitionOutOfRange),
             Just(ErrorKind::AlreadyConsumed),
+            Just(ErrorKind::LimitExceeded),
         ]
     }
 

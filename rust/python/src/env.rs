@@ -8,6 +8,7 @@ use creditflow_core::env::EnvMetrics;
 use creditflow_core::gate::{Backoff, GateMetrics};
 use creditflow_core::memory::PoolStats;
 use creditflow_core::partition::PartitionMetrics;
+use creditflow_core::transport::Limits;
 use creditflow_core::{units, EnvConfig, FlowControl};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -79,7 +80,8 @@ impl NetworkEnvironment {
         memory = None, segment_size = None, bind = "127.0.0.1:0", secret = None, flow_control = "credit",
         buffer_timeout = 0.1, exclusive_buffers = 2, floating_buffers = 8, *, insecure = false,
         local_handoff = true, request_backoff_initial = 0.1, request_backoff_max = 10.0, advertise = None,
-        handshake_timeout = 10.0
+        handshake_timeout = 10.0, max_connections = 512, max_channels_per_connection = 16384,
+        max_outstanding_requests = 4096
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -97,6 +99,9 @@ impl NetworkEnvironment {
         request_backoff_max: f64,
         advertise: Option<String>,
         handshake_timeout: f64,
+        max_connections: i64,
+        max_channels_per_connection: i64,
+        max_outstanding_requests: i64,
     ) -> PyResult<Self> {
         let mut config = EnvConfig::default();
         if let Some(m) = memory {
@@ -160,6 +165,14 @@ impl NetworkEnvironment {
         if config.handshake_timeout.is_zero() {
             return Err(PyValueError::new_err("handshake_timeout must be positive"));
         }
+        config.limits = Limits {
+            max_connections: count_arg(max_connections, "max_connections")?,
+            max_channels_per_connection: count_arg(
+                max_channels_per_connection,
+                "max_channels_per_connection",
+            )?,
+            max_outstanding_requests: count_arg(max_outstanding_requests, "max_outstanding_requests")?,
+        };
         config.secret = secret;
         config.advertise = advertise;
         let inner = Python::attach(|py| creditflow_core::NetworkEnvironment::new(config).py_err(py))?;

@@ -524,6 +524,7 @@ fn duplicate(error: &Error, addr: &str) -> Error {
         Error::Authentication(m) => Error::Authentication(m.clone()),
         Error::Protocol(m) => Error::Protocol(format!("connection to {addr}: {m}")),
         Error::ConnectionLost(m) => Error::ConnectionLost(format!("connection to {addr}: {m}")),
+        Error::LimitExceeded(m) => Error::LimitExceeded(format!("connection to {addr}: {m}")),
         other => Error::ConnectionLost(format!("connection to {addr}: {other}")),
     }
 }
@@ -534,6 +535,7 @@ fn channel_error(spec: &ChannelSpec, kind: ErrorKind, message: String) -> Error 
         ErrorKind::ProducerFailed => Error::ProducerFailed(message),
         ErrorKind::Authentication => Error::Authentication(message),
         ErrorKind::Protocol => Error::Protocol(message),
+        ErrorKind::LimitExceeded => Error::LimitExceeded(format!("{spec:?}: {message}")),
         ErrorKind::SubpartitionOutOfRange | ErrorKind::AlreadyConsumed => {
             Error::InvalidArgument(format!("{spec:?}: {message}"))
         }

@@ -9,6 +9,7 @@ use tokio::sync::watch;
 
 use super::client::{ClientConn, ClientContext, RemoteChannel, RemoteGate};
 use super::codec;
+use super::limits::{self, Limits, Slots};
 use super::server::{self, ServerConn};
 use crate::env::FlowControl;
 use crate::error::{Error, Result};
@@ -25,6 +26,8 @@ pub(crate) struct TransportConfig {
     pub(crate) backoff: Backoff,
     /// How long a peer may take to connect and complete the handshake.
     pub(crate) handshake_timeout: Duration,
+    /// Limits on what peers may ask of this environment.
+    pub(crate) limits: Limits,
 }
 
 /// The TCP side of one environment: a tokio runtime (created with the environment, never at
@@ -72,6 +75,7 @@ impl Transport {
             segment_size: config.segment_size,
             secret: config.secret.clone(),
             handshake_timeout: config.handshake_timeout,
+            limits: config.limits,
             registry,
             shutdown: shutdown_rx,
             served: served.clone(),
@@ -182,6 +186,7 @@ struct AcceptContext {
     segment_size: usize,
     secret: Option<Vec<u8>>,
     handshake_timeout: Duration,
+    limits: Limits,
     registry: Weak<Registry>,
     shutdown: watch::Receiver<bool>,
     served: Arc<Mutex<Vec<Weak<ServerConn>>>>,
@@ -192,11 +197,14 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
         segment_size,
         secret,
         handshake_timeout,
+        limits,
         registry,
         mut shutdown,
         served,
     } = ctx;
     let mut connections = tokio::task::JoinSet::new();
+    let slots = Slots::default();
+    let refusals = Slots::default();
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -206,10 +214,26 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
+                let Some(slot) = slots.try_take(limits.max_connections) else {
+                    log::warn!(
+                        "creditflow: refused connection from {peer}: {} connections served (max_connections)",
+                        limits.max_connections
+                    );
+                    if let Some(refusal) = refusals.try_take(limits::MAX_REFUSALS) {
+                        let error = limits.connections_error();
+                        connections.spawn(async move {
+                            limits::refuse(stream, &error).await;
+                            drop(refusal);
+                        });
+                    }
+                    continue;
+                };
                 let sctx = server::ServeContext {
                     segment_size,
                     secret: secret.clone(),
                     handshake_timeout,
+                    limits,
+                    slot,
                     registry: registry.clone(),
                     shutdown: shutdown.clone(),
                     served: served.clone(),

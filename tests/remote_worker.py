@@ -194,6 +194,14 @@ def partitioner(name: str) -> cf.ForwardPartitioner | cf.RoundRobinPartitioner |
     raise ValueError(f"unknown partitioner {name!r}")
 
 
+def environment(settings: Config) -> cf.NetworkEnvironment:
+    """A NetworkEnvironment from JSON settings; ``tls`` holds :class:`cf.TLSConfig` arguments."""
+    kwargs = dict(settings)
+    if "tls" in kwargs:
+        kwargs["tls"] = cf.TLSConfig(**kwargs["tls"])
+    return cf.NetworkEnvironment(**kwargs)
+
+
 def vm_rss_kib(pid: int | str = "self") -> int:
     """Resident set size of a process, in KiB (0 once it is gone)."""
     try:
@@ -238,7 +246,7 @@ def guarded(where: str, fn: Callable[[], None]) -> Callable[[], None]:
 
 def producer(cfg: Config) -> None:
     stop = threading.Event()
-    with cf.NetworkEnvironment(**cfg["env"]) as env:
+    with environment(cfg["env"]) as env:
         emit(address=env.address, pid=os.getpid())
 
         def writer(spec: Config) -> Callable[[], None]:
@@ -277,7 +285,7 @@ def producer(cfg: Config) -> None:
 
 
 def consumer(cfg: Config) -> None:
-    with cf.NetworkEnvironment(**cfg["env"]) as env:
+    with environment(cfg["env"]) as env:
         gates = [
             env.create_input_gate([cf.ChannelSpec(a, p, s) for a, p, s in chans]) for chans in cfg["gates"]
         ]

@@ -29,6 +29,7 @@ from creditflow._native import (
     RecordWriter,
     ResultPartition,
     RoundRobinPartitioner,
+    TLSConfig,
     __version__,
     parse_bytes,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "ResultPartition",
     "RoundRobinPartitioner",
     "SchemaMismatchError",
+    "TLSConfig",
     "TimeoutError",
     "__version__",
     "parse_bytes",

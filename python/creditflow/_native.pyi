@@ -1,6 +1,8 @@
 """Type stubs of the compiled core (``creditflow._native``); checked by ``mypy.stubtest``."""
 
+import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeAlias, final
 
@@ -31,7 +33,8 @@ class NetworkEnvironment:
     refuses only that peer, with ``LimitExceededError`` naming the setting):
     ``max_connections`` served at once, ``max_channels_per_connection`` (partition requests
     served per connection), ``max_outstanding_requests`` (answers queued for a peer that
-    does not read them).
+    does not read them). ``tls``: a :class:`TLSConfig` for every connection (plaintext and TLS
+    peers refuse each other); with mutual TLS a non-loopback bind needs no ``secret``.
     """
 
     def __new__(
@@ -54,6 +57,7 @@ class NetworkEnvironment:
         max_connections: int = 512,
         max_channels_per_connection: int = 16384,
         max_outstanding_requests: int = 4096,
+        tls: TLSConfig | None = None,
     ) -> NetworkEnvironment: ...
     @property
     def address(self) -> str:
@@ -133,6 +137,36 @@ class ForwardPartitioner:
     def __new__(cls) -> ForwardPartitioner: ...
 
 Partitioner: TypeAlias = HashPartitioner | RoundRobinPartitioner | BroadcastPartitioner | ForwardPartitioner
+
+@final
+class TLSConfig:
+    """TLS for every connection of a ``NetworkEnvironment`` (rustls): ``cert`` and ``key`` are
+    the PEM files of the certificate chain this environment presents and its private key;
+    ``ca`` the PEM file of the CA certificates peers' certificates must chain to. With
+    ``client_auth=True`` (default) TLS is mutual: servers also require a client certificate
+    signed by ``ca``. Certificates must be valid for the host part of the addresses peers use.
+    """
+
+    def __new__(
+        cls,
+        cert: str | os.PathLike[str],
+        key: str | os.PathLike[str],
+        ca: str | os.PathLike[str],
+        *,
+        client_auth: bool = True,
+    ) -> TLSConfig: ...
+    @property
+    def cert(self) -> Path:
+        """The certificate chain file."""
+    @property
+    def key(self) -> Path:
+        """The private key file."""
+    @property
+    def ca(self) -> Path:
+        """The CA certificates file."""
+    @property
+    def client_auth(self) -> bool:
+        """Whether TLS is mutual."""
 
 @final
 class ChannelSpec:

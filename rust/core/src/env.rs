@@ -17,7 +17,7 @@ use crate::gate::{Backoff, ChannelSpec, GateHandle, GateMetrics, InputGate, Remo
 use crate::memory::GlobalPool;
 use crate::partition::{Handoff, PartitionMetrics, Registry, ResultPartition};
 use crate::serde::RECORD_HEADER_LEN;
-use crate::transport::{Limits, Transport, TransportConfig};
+use crate::transport::{Limits, Tls, TlsSettings, Transport, TransportConfig};
 
 /// Flow control between environments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +61,8 @@ pub struct EnvConfig {
     pub advertise: Option<String>,
     /// Caps on connections, channels per connection and unread answers per connection.
     pub limits: Limits,
+    /// TLS on every connection (mutual unless `client_auth` is off); `None`: plaintext.
+    pub tls: Option<TlsSettings>,
 }
 
 impl Default for EnvConfig {
@@ -80,6 +82,7 @@ impl Default for EnvConfig {
             handshake_timeout: Duration::from_secs(10),
             advertise: None,
             limits: Limits::default(),
+            tls: None,
         }
     }
 }
@@ -140,6 +143,7 @@ impl NetworkEnvironment {
             ));
         }
         config.limits.validate()?;
+        let tls = config.tls.as_ref().map(Tls::new).transpose()?.map(Arc::new);
         let pool = GlobalPool::new(config.memory, config.segment_size)?;
         let listener = TcpListener::bind(&config.bind)
             .map_err(|e| Error::InvalidArgument(format!("cannot bind {:?}: {e}", config.bind)))?;
@@ -163,6 +167,7 @@ impl NetworkEnvironment {
                 backoff: config.request_backoff,
                 handshake_timeout: config.handshake_timeout,
                 limits: config.limits,
+                tls,
             },
             Arc::downgrade(&registry),
         )?);

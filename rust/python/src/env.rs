@@ -16,6 +16,7 @@ use pyo3::types::{PyDict, PyInt, PyList, PyString};
 
 use crate::error::IntoPyResult;
 use crate::io::{ChannelSpec, InputGate};
+use crate::tls::TlsConfig;
 
 /// Reads a byte size given as an int or a string with a unit.
 fn bytes_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
@@ -81,7 +82,7 @@ impl NetworkEnvironment {
         buffer_timeout = 0.1, exclusive_buffers = 2, floating_buffers = 8, *, insecure = false,
         local_handoff = true, request_backoff_initial = 0.1, request_backoff_max = 10.0, advertise = None,
         handshake_timeout = 10.0, max_connections = 512, max_channels_per_connection = 16384,
-        max_outstanding_requests = 4096
+        max_outstanding_requests = 4096, tls = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -102,6 +103,7 @@ impl NetworkEnvironment {
         max_connections: i64,
         max_channels_per_connection: i64,
         max_outstanding_requests: i64,
+        tls: Option<Bound<'_, TlsConfig>>,
     ) -> PyResult<Self> {
         let mut config = EnvConfig::default();
         if let Some(m) = memory {
@@ -126,10 +128,13 @@ impl NetworkEnvironment {
         if matches!(&secret, Some(s) if s.is_empty()) {
             return Err(PyValueError::new_err("secret must not be empty"));
         }
-        if secret.is_none() && !insecure && !is_loopback(bind) {
+        let tls = tls.map(|t| t.get().settings.clone());
+        let mutual_tls = tls.as_ref().is_some_and(|t| t.client_auth);
+        if secret.is_none() && !mutual_tls && !insecure && !is_loopback(bind) {
             return Err(PyValueError::new_err(format!(
-                "refusing to bind {bind:?} without a secret: anyone who can reach it could read your data. \
-                 Pass secret=... (shared by all peers), bind a loopback address, or pass insecure=True"
+                "refusing to bind {bind:?} without a secret or mutual TLS: anyone who can reach it could read \
+                 your data. Pass secret=... (shared by all peers) or tls=TLSConfig(...), bind a loopback \
+                 address, or pass insecure=True"
             )));
         }
         config.flow_control = match flow_control {
@@ -174,6 +179,7 @@ impl NetworkEnvironment {
             max_outstanding_requests: count_arg(max_outstanding_requests, "max_outstanding_requests")?,
         };
         config.secret = secret;
+        config.tls = tls;
         config.advertise = advertise;
         let inner = Python::attach(|py| creditflow_core::NetworkEnvironment::new(config).py_err(py))?;
         Ok(NetworkEnvironment {

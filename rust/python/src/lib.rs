@@ -6,11 +6,13 @@
 //! | `blocking.rs` | GIL release, Ctrl-C, timeouts for blocking calls |
 //! | `env.rs` | `NetworkEnvironment`, `ResultPartition`, metrics → dicts |
 //! | `io.rs` | `RecordWriter`, `InputGate`, `ChannelSpec`, partitioners, Arrow in/out |
+//! | `tls.rs` | `TLSConfig` |
 
 mod blocking;
 mod env;
 mod error;
 mod io;
+mod tls;
 
 use pyo3::prelude::*;
 
@@ -23,6 +25,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<io::RecordWriter>()?;
     m.add_class::<io::InputGate>()?;
     m.add_class::<io::ChannelSpec>()?;
+    m.add_class::<tls::TlsConfig>()?;
     m.add_class::<io::HashPartitioner>()?;
     m.add_class::<io::RoundRobinPartitioner>()?;
     m.add_class::<io::BroadcastPartitioner>()?;

@@ -549,6 +549,8 @@ pub(crate) struct ClientContext {
     pub(crate) segment_size: usize,
     pub(crate) secret: Option<Vec<u8>>,
     pub(crate) handshake_timeout: Duration,
+    /// TLS under the creditflow handshake; `None`: plaintext.
+    pub(crate) tls: Option<Arc<super::tls::Tls>>,
 }
 
 impl ClientConn {
@@ -571,7 +573,21 @@ impl ClientConn {
             {
                 Ok(Ok(stream)) => {
                     let _ = stream.set_nodelay(true);
-                    run(&c, stream, &ctx).await
+                    match &ctx.tls {
+                        None => run(&c, stream, &ctx).await,
+                        Some(tls) => {
+                            match tokio::time::timeout(ctx.handshake_timeout, tls.connect(&addr, stream))
+                                .await
+                            {
+                                Ok(Ok(stream)) => run(&c, stream, &ctx).await,
+                                Ok(Err(e)) => Err(e),
+                                Err(_) => Err(Error::ConnectionLost(format!(
+                                    "no TLS handshake within {:?}",
+                                    ctx.handshake_timeout
+                                ))),
+                            }
+                        }
+                    }
                 }
                 Ok(Err(e)) => Err(Error::ConnectionLost(format!("cannot connect: {e}"))),
                 Err(_) => Err(Error::ConnectionLost(format!(

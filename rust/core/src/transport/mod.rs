@@ -91,6 +91,8 @@ mod limits;
 mod net;
 #[cfg(not(loom))]
 mod server;
+#[cfg(not(loom))]
+mod tls;
 
 #[cfg(not(loom))]
 pub use client::RemoteStats;
@@ -100,6 +102,10 @@ pub(crate) use client::{recycle_all, Inbound, RemoteChannel, RemoteGate};
 pub use limits::Limits;
 #[cfg(not(loom))]
 pub(crate) use net::{Transport, TransportConfig};
+#[cfg(not(loom))]
+pub(crate) use tls::Tls;
+#[cfg(not(loom))]
+pub use tls::TlsSettings;
 
 pub use codec::{
     check, decode, decode_buffer_response_header, encode, encode_buffer_response_header, max_frame_size,

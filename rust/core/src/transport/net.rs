@@ -11,6 +11,7 @@ use super::client::{ClientConn, ClientContext, RemoteChannel, RemoteGate};
 use super::codec;
 use super::limits::{self, Limits, Slots};
 use super::server::{self, ServerConn};
+use super::tls::{self, Tls, TLS_HANDSHAKE_RECORD};
 use crate::env::FlowControl;
 use crate::error::{Error, Result};
 use crate::gate::{Backoff, ChannelSpec};
@@ -28,6 +29,8 @@ pub(crate) struct TransportConfig {
     pub(crate) handshake_timeout: Duration,
     /// Limits on what peers may ask of this environment.
     pub(crate) limits: Limits,
+    /// TLS on every connection, both ways; `None`: plaintext.
+    pub(crate) tls: Option<Arc<Tls>>,
 }
 
 /// The TCP side of one environment: a tokio runtime (created with the environment, never at
@@ -76,6 +79,7 @@ impl Transport {
             secret: config.secret.clone(),
             handshake_timeout: config.handshake_timeout,
             limits: config.limits,
+            tls: config.tls.clone(),
             registry,
             shutdown: shutdown_rx,
             served: served.clone(),
@@ -110,6 +114,7 @@ impl Transport {
                         segment_size: self.config.segment_size,
                         secret: self.config.secret.clone(),
                         handshake_timeout: self.config.handshake_timeout,
+                        tls: self.config.tls.clone(),
                     };
                     let c = ClientConn::open(spec.address.clone(), ctx, &self.handle);
                     clients.insert(spec.address.clone(), c.clone());
@@ -187,6 +192,7 @@ struct AcceptContext {
     secret: Option<Vec<u8>>,
     handshake_timeout: Duration,
     limits: Limits,
+    tls: Option<Arc<Tls>>,
     registry: Weak<Registry>,
     shutdown: watch::Receiver<bool>,
     served: Arc<Mutex<Vec<Weak<ServerConn>>>>,
@@ -198,6 +204,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
         secret,
         handshake_timeout,
         limits,
+        tls,
         registry,
         mut shutdown,
         served,
@@ -238,7 +245,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
                     shutdown: shutdown.clone(),
                     served: served.clone(),
                 };
-                connections.spawn(server::serve(stream, peer.to_string(), sctx));
+                connections.spawn(connection(stream, peer.to_string(), tls.clone(), sctx));
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -249,4 +256,58 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
     }
     drop(listener);
     while connections.join_next().await.is_some() {}
+}
+
+/// A new connection: TLS or plaintext as this environment is configured, refusing a peer
+/// that speaks the other (see [`super::tls`]); then served. The handshake timeout covers the
+/// first byte, the TLS handshake and the creditflow handshake together.
+async fn connection(
+    stream: tokio::net::TcpStream,
+    peer: String,
+    tls: Option<Arc<Tls>>,
+    mut ctx: server::ServeContext,
+) {
+    let deadline = tokio::time::Instant::now() + ctx.handshake_timeout;
+    let silent = || {
+        log::warn!(
+            "creditflow: dropped connection from {peer}: no handshake within {:?}",
+            ctx.handshake_timeout
+        )
+    };
+    let first = match tokio::time::timeout_at(deadline, tls::first_byte(&stream)).await {
+        Ok(Some(b)) => b,
+        Ok(None) => return,
+        Err(_) => return silent(),
+    };
+    match (tls, first == TLS_HANDSHAKE_RECORD) {
+        (None, false) => server::serve(stream, peer, ctx).await,
+        (Some(tls), true) => match tokio::time::timeout_at(deadline, tls.accept(stream)).await {
+            Ok(Ok(stream)) => {
+                ctx.handshake_timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+                server::serve(stream, peer, ctx).await
+            }
+            Ok(Err(e)) => log::warn!("creditflow: refused connection from {peer}: {e}"),
+            Err(_) => silent(),
+        },
+        (Some(_), false) => {
+            let e = Error::Authentication(
+                "this environment requires TLS and the peer connected without it; \
+                 give every environment tls=TLSConfig(...)"
+                    .into(),
+            );
+            log::warn!("creditflow: refused connection from {peer}: {e}");
+            limits::refuse(stream, &e).await;
+        }
+        (None, true) => {
+            // The answer is not TLS, which the peer's TLS client reports; it is here so the
+            // peer reads it instead of a reset.
+            let e = Error::Authentication(
+                "the peer speaks TLS but this environment has no tls configured; \
+                 give every environment tls=TLSConfig(...)"
+                    .into(),
+            );
+            log::warn!("creditflow: refused connection from {peer}: {e}");
+            limits::refuse(stream, &e).await;
+        }
+    }
 }

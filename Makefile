@@ -101,8 +101,16 @@ test-loom: ## Loom model checks of the lock-free core (own target dir: --cfg loo
 	fi
 
 # pytest exits 5 when it collects no test; that fails the target like any other non-zero exit.
+# tests/test_netns.py needs iproute2 (ip, tc); as root, install it when missing (CI starts from
+# a fresh image). Without root the netns tests skip themselves.
+.PHONY: netns-deps
+netns-deps:
+	@if [ "$$(id -u)" = 0 ] && ! command -v tc >/dev/null; then \
+		apt-get install -y iproute2 || { apt-get update && apt-get install -y iproute2; }; \
+	fi
+
 .PHONY: test-python
-test-python: build ## Python tests (incl. Spark) against the installed wheel
+test-python: build netns-deps ## Python tests (incl. Spark) against the installed wheel
 	$(PY) -m pytest --benchmark-disable --durations=10 $(PYTEST_ARGS)
 
 .PHONY: bench

@@ -194,6 +194,19 @@ def partitioner(name: str) -> cf.ForwardPartitioner | cf.RoundRobinPartitioner |
     raise ValueError(f"unknown partitioner {name!r}")
 
 
+def seq_partition(count: int | None, rows: int, partition_id: str = "p") -> Config:
+    """A producer's partition spec: one subpartition of ``seq`` data, ``count`` batches
+    (``None``: until "stop") of about ``rows`` rows."""
+    return {
+        "id": partition_id,
+        "subpartitions": 1,
+        "partitioner": "forward",
+        "data": "seq",
+        "count": count,
+        "rows": rows,
+    }
+
+
 def environment(settings: Config) -> cf.NetworkEnvironment:
     """A NetworkEnvironment from JSON settings; ``tls`` holds :class:`cf.TLSConfig` arguments."""
     kwargs = dict(settings)
@@ -363,11 +376,13 @@ class WorkerError(RuntimeError):
 class Worker(contextlib.AbstractContextManager["Worker"]):
     """A worker process: :meth:`wait_for` one of its messages, :meth:`send` it a command."""
 
-    def __init__(self, role: str, **cfg: Any) -> None:
+    def __init__(self, role: str, *, netns: str | None = None, **cfg: Any) -> None:
+        """Starts ``role`` with ``cfg``; in network namespace ``netns`` if given (``ip netns exec``)."""
         self.role = role
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by kill())
+        prefix = ["ip", "netns", "exec", netns] if netns else []
         self._proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), role, json.dumps(cfg)],
+            [*prefix, sys.executable, str(Path(__file__).resolve()), role, json.dumps(cfg)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

@@ -13,22 +13,11 @@ from pathlib import Path
 import pytest
 
 import creditflow as cf
-from remote_worker import Tracker, Worker
+from remote_worker import Tracker, Worker, seq_partition
 from test_faults import read_to_close
 from tls_certs import make_tls, tls_kwargs
 
 COUNT = 200
-
-
-def seq_partition(count: int | None) -> dict[str, object]:
-    return {
-        "id": "p",
-        "subpartitions": 1,
-        "partitioner": "forward",
-        "data": "seq",
-        "count": count,
-        "rows": 1024,
-    }
 
 
 def read_until_error(gate: cf.InputGate) -> None:
@@ -74,7 +63,7 @@ def test_tls_listener_refuses_strangers_while_a_tls_exchange_completes(
 ) -> None:
     tls = make_tls(tmp_path)
     env = {"memory": "1MiB", "tls": tls_kwargs(tls), "handshake_timeout": 2.0}
-    workers.append(p := Worker("producer", env=env, partitions=[seq_partition(COUNT)]))
+    workers.append(p := Worker("producer", env=env, partitions=[seq_partition(COUNT, 1024)]))
     addr = p.wait_for("address")["address"]
     tracker = Tracker()
     with cf.NetworkEnvironment(memory="1MiB", tls=tls) as consumer:

@@ -35,6 +35,8 @@ class NetworkEnvironment:
     served per connection), ``max_outstanding_requests`` (answers queued for a peer that
     does not read them). ``tls``: a :class:`TLSConfig` for every connection (plaintext and TLS
     peers refuse each other); with mutual TLS a non-loopback bind needs no ``secret``.
+    ``peer_timeout``: seconds after which a connection whose peer acknowledges nothing (a cut
+    link, a vanished host) fails with ``ConnectionLostError``; ``0`` leaves the OS defaults.
     """
 
     def __new__(
@@ -58,6 +60,7 @@ class NetworkEnvironment:
         max_channels_per_connection: int = 16384,
         max_outstanding_requests: int = 4096,
         tls: TLSConfig | None = None,
+        peer_timeout: float = 30.0,
     ) -> NetworkEnvironment: ...
     @property
     def address(self) -> str:

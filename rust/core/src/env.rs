@@ -63,6 +63,10 @@ pub struct EnvConfig {
     pub limits: Limits,
     /// TLS on every connection (mutual unless `client_auth` is off); `None`: plaintext.
     pub tls: Option<TlsSettings>,
+    /// A connection whose peer acknowledges nothing (data or keepalive probes) for this long
+    /// fails with `ConnectionLost` (TCP_USER_TIMEOUT + keepalive); zero: the OS defaults
+    /// (minutes).
+    pub peer_timeout: Duration,
 }
 
 impl Default for EnvConfig {
@@ -83,6 +87,7 @@ impl Default for EnvConfig {
             advertise: None,
             limits: Limits::default(),
             tls: None,
+            peer_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -168,6 +173,7 @@ impl NetworkEnvironment {
                 handshake_timeout: config.handshake_timeout,
                 limits: config.limits,
                 tls,
+                peer_timeout: config.peer_timeout,
             },
             Arc::downgrade(&registry),
         )?);

@@ -82,7 +82,7 @@ impl NetworkEnvironment {
         buffer_timeout = 0.1, exclusive_buffers = 2, floating_buffers = 8, *, insecure = false,
         local_handoff = true, request_backoff_initial = 0.1, request_backoff_max = 10.0, advertise = None,
         handshake_timeout = 10.0, max_connections = 512, max_channels_per_connection = 16384,
-        max_outstanding_requests = 4096, tls = None
+        max_outstanding_requests = 4096, tls = None, peer_timeout = 30.0
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -104,6 +104,7 @@ impl NetworkEnvironment {
         max_channels_per_connection: i64,
         max_outstanding_requests: i64,
         tls: Option<Bound<'_, TlsConfig>>,
+        peer_timeout: f64,
     ) -> PyResult<Self> {
         let mut config = EnvConfig::default();
         if let Some(m) = memory {
@@ -180,6 +181,7 @@ impl NetworkEnvironment {
         };
         config.secret = secret;
         config.tls = tls;
+        config.peer_timeout = secs(peer_timeout, "peer_timeout")?;
         config.advertise = advertise;
         let inner = Python::attach(|py| creditflow_core::NetworkEnvironment::new(config).py_err(py))?;
         Ok(NetworkEnvironment {

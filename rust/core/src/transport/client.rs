@@ -551,6 +551,8 @@ pub(crate) struct ClientContext {
     pub(crate) handshake_timeout: Duration,
     /// TLS under the creditflow handshake; `None`: plaintext.
     pub(crate) tls: Option<Arc<super::tls::Tls>>,
+    /// See `liveness`; zero: OS defaults.
+    pub(crate) peer_timeout: Duration,
 }
 
 impl ClientConn {
@@ -573,6 +575,7 @@ impl ClientConn {
             {
                 Ok(Ok(stream)) => {
                     let _ = stream.set_nodelay(true);
+                    super::liveness::set_peer_timeout(&stream, ctx.peer_timeout);
                     match &ctx.tls {
                         None => run(&c, stream, &ctx).await,
                         Some(tls) => {

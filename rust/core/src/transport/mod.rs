@@ -88,6 +88,8 @@ mod io;
 #[cfg(not(loom))]
 mod limits;
 #[cfg(not(loom))]
+mod liveness;
+#[cfg(not(loom))]
 mod net;
 #[cfg(not(loom))]
 mod server;

@@ -31,6 +31,8 @@ pub(crate) struct TransportConfig {
     pub(crate) limits: Limits,
     /// TLS on every connection, both ways; `None`: plaintext.
     pub(crate) tls: Option<Arc<Tls>>,
+    /// A connection whose peer acknowledges nothing for this long fails (zero: OS defaults).
+    pub(crate) peer_timeout: Duration,
 }
 
 /// The TCP side of one environment: a tokio runtime (created with the environment, never at
@@ -80,6 +82,7 @@ impl Transport {
             handshake_timeout: config.handshake_timeout,
             limits: config.limits,
             tls: config.tls.clone(),
+            peer_timeout: config.peer_timeout,
             registry,
             shutdown: shutdown_rx,
             served: served.clone(),
@@ -115,6 +118,7 @@ impl Transport {
                         secret: self.config.secret.clone(),
                         handshake_timeout: self.config.handshake_timeout,
                         tls: self.config.tls.clone(),
+                        peer_timeout: self.config.peer_timeout,
                     };
                     let c = ClientConn::open(spec.address.clone(), ctx, &self.handle);
                     clients.insert(spec.address.clone(), c.clone());
@@ -193,6 +197,7 @@ struct AcceptContext {
     handshake_timeout: Duration,
     limits: Limits,
     tls: Option<Arc<Tls>>,
+    peer_timeout: Duration,
     registry: Weak<Registry>,
     shutdown: watch::Receiver<bool>,
     served: Arc<Mutex<Vec<Weak<ServerConn>>>>,
@@ -205,6 +210,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
         handshake_timeout,
         limits,
         tls,
+        peer_timeout,
         registry,
         mut shutdown,
         served,
@@ -221,6 +227,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
+                super::liveness::set_peer_timeout(&stream, peer_timeout);
                 let Some(slot) = slots.try_take(limits.max_connections) else {
                     log::warn!(
                         "creditflow: refused connection from {peer}: {} connections served (max_connections)",

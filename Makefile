@@ -155,6 +155,15 @@ sanitize: ## Core tests under AddressSanitizer/LeakSanitizer (RUSTC_BOOTSTRAP=1 
 fuzz-cmin: ## Minimize the fuzz corpus (keeps the inputs that add coverage)
 	cd fuzz && for t in $(FUZZ_TARGETS); do $(FUZZ) cmin -O $$t corpus/$$t; done
 
+# Not part of `test` (root): 4x4 channels between two network namespaces, random stalls, a
+# link cut every --cut-every seconds and a fresh exchange after each; SOAK_NETNS_MINUTES (30).
+SOAK_NETNS_MINUTES ?= 30
+SOAK_NETNS_ARGS ?=
+
+.PHONY: soak-netns
+soak-netns: build netns-deps ## Soak across two network namespaces with link cuts, SOAK_NETNS_MINUTES (30)
+	$(PY) scripts/soak_netns.py --minutes $(SOAK_NETNS_MINUTES) $(SOAK_NETNS_ARGS)
+
 # -------------------------------------------------------------------------------------- linting
 
 .PHONY: lint

@@ -13,14 +13,12 @@ Namespaces are removed in the fixture's teardown, whatever happened.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
+from netns import Hosts, Unavailable, namespaces
 from remote_worker import Worker, seq_batch, seq_partition
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -31,56 +29,13 @@ PEER_TIMEOUT = 2.0
 CUT = 5.0  # seconds the link is down: longer than PEER_TIMEOUT
 
 
-@dataclass
-class Hosts:
-    """Two namespaces ``a`` and ``b`` joined by veth ``dev_a`` (in a) / ``dev_b`` (in b)."""
-
-    a: str
-    b: str
-    addr_a: str
-    addr_b: str
-    dev_a: str
-    dev_b: str
-
-    def tc(self, ns: str, dev: str, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", *args],
-            capture_output=True,
-            text=True,
-        )
-
-    def link(self, up: bool) -> None:
-        ip("-n", self.a, "link", "set", self.dev_a, "up" if up else "down")
-
-
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
 @pytest.fixture
 def hosts() -> Iterator[Hosts]:
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        pytest.skip("iproute2 (ip, tc) is not installed")
-    tag = f"cf{os.getpid() % 100000}"
-    subnet = f"10.213.{os.getpid() % 250}"
-    h = Hosts(f"{tag}a", f"{tag}b", f"{subnet}.1", f"{subnet}.2", f"{tag}va", f"{tag}vb")
     try:
-        ip("netns", "add", h.a)
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"the kernel refuses network namespaces: {exc.stderr.strip()}")
-    try:
-        ip("netns", "add", h.b)
-        ip("link", "add", h.dev_a, "netns", h.a, "type", "veth", "peer", "name", h.dev_b, "netns", h.b)
-        for ns, dev, addr in ((h.a, h.dev_a, h.addr_a), (h.b, h.dev_b, h.addr_b)):
-            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            ip("-n", ns, "link", "set", dev, "up")
-            ip("-n", ns, "link", "set", "lo", "up")
-        yield h
-    finally:
-        for ns in (h.a, h.b):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        with namespaces(f"cf{os.getpid() % 100000}") as h:
+            yield h
+    except Unavailable as exc:
+        pytest.skip(str(exc))
 
 
 def env(bind: str = "127.0.0.1:0") -> dict[str, object]:

@@ -101,8 +101,16 @@ test-loom: ## Loom model checks of the lock-free core (own target dir: --cfg loo
 	fi
 
 # pytest exits 5 when it collects no test; that fails the target like any other non-zero exit.
+# tests/test_netns.py needs iproute2 (ip, tc); as root, install it when missing (CI starts from
+# a fresh image). Without root the netns tests skip themselves.
+.PHONY: netns-deps
+netns-deps:
+	@if [ "$$(id -u)" = 0 ] && ! command -v tc >/dev/null; then \
+		apt-get install -y iproute2 || { apt-get update && apt-get install -y iproute2; }; \
+	fi
+
 .PHONY: test-python
-test-python: build ## Python tests (incl. Spark) against the installed wheel
+test-python: build netns-deps ## Python tests (incl. Spark) against the installed wheel
 	$(PY) -m pytest --benchmark-disable --durations=10 $(PYTEST_ARGS)
 
 .PHONY: bench
@@ -117,6 +125,44 @@ bench: build ## Benchmarks: pytest-benchmark (benches/) and criterion (cargo ben
 .PHONY: soak
 soak: build ## Soak the transport: 4x4 channels, two processes, random stalls, SOAK_MINUTES (10)
 	$(PY) scripts/soak.py --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
+
+# Not part of `test`. cargo-fuzz needs nightly flags (-Zsanitizer, -Cpasses); on the stable
+# toolchain RUSTC_BOOTSTRAP=1 unlocks them. Each target runs FUZZ_SECONDS in turn (they
+# compete for the cores), growing fuzz/corpus/<target>/; `make fuzz-cmin` minimizes it before
+# a commit. `cargo test` replays the committed corpus (rust/core/tests/fuzz_corpus.rs).
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS := frame_decoder credit ready_queue
+FUZZ := RUSTC_BOOTSTRAP=1 cargo fuzz
+
+.PHONY: fuzz
+fuzz: ## Fuzz each target FUZZ_SECONDS (600) in turn (cargo-fuzz, installed if missing)
+	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+		$(FUZZ) run -O $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1; \
+	done
+
+# Not part of `test`: the core's unit, property and integration tests under AddressSanitizer,
+# whose LeakSanitizer reports memory still allocated at exit. --target keeps the sanitizer
+# out of build scripts and proc macros; its own target dir, as every crate is rebuilt.
+HOST_TRIPLE = $(shell rustc -vV | sed -n 's/^host: //p')
+
+.PHONY: sanitize
+sanitize: ## Core tests under AddressSanitizer/LeakSanitizer (RUSTC_BOOTSTRAP=1 on stable)
+	RUSTC_BOOTSTRAP=1 RUSTFLAGS="-Zsanitizer=address" ASAN_OPTIONS="detect_leaks=1" \
+		cargo test -p creditflow-core --target $(HOST_TRIPLE) --target-dir target/asan --lib --tests
+
+.PHONY: fuzz-cmin
+fuzz-cmin: ## Minimize the fuzz corpus (keeps the inputs that add coverage)
+	cd fuzz && for t in $(FUZZ_TARGETS); do $(FUZZ) cmin -O $$t corpus/$$t; done
+
+# Not part of `test` (root): 4x4 channels between two network namespaces, random stalls, a
+# link cut every --cut-every seconds and a fresh exchange after each; SOAK_NETNS_MINUTES (30).
+SOAK_NETNS_MINUTES ?= 30
+SOAK_NETNS_ARGS ?=
+
+.PHONY: soak-netns
+soak-netns: build netns-deps ## Soak across two network namespaces with link cuts, SOAK_NETNS_MINUTES (30)
+	$(PY) scripts/soak_netns.py --minutes $(SOAK_NETNS_MINUTES) $(SOAK_NETNS_ARGS)
 
 # -------------------------------------------------------------------------------------- linting
 

@@ -139,6 +139,14 @@ def _partitioner(name: str) -> cf.ForwardPartitioner | cf.RoundRobinPartitioner 
     raise ValueError(f"unknown partitioner {name!r}")
 
 
+def environment(settings: Config) -> cf.NetworkEnvironment:
+    """A NetworkEnvironment from JSON settings; ``tls`` holds :class:`cf.TLSConfig` arguments."""
+    kwargs = dict(settings)
+    if "tls" in kwargs:
+        kwargs["tls"] = cf.TLSConfig(**kwargs["tls"])
+    return cf.NetworkEnvironment(**kwargs)
+
+
 def _gates(env: cf.NetworkEnvironment, specs: list[list[list[Any]]]) -> list[cf.InputGate]:
     """One gate per entry of ``specs``; an entry lists channels as [address, partition, sub]."""
     return [env.create_input_gate([cf.ChannelSpec(a, p, s) for a, p, s in chans]) for chans in specs]
@@ -147,7 +155,7 @@ def _gates(env: cf.NetworkEnvironment, specs: list[list[list[Any]]]) -> list[cf.
 def cf_producer(cfg: Config) -> None:
     """cfg: env, partitions, subpartitions, partitioner, count, warmup, rows."""
     batches = make_batches(cfg.get("rows", ROWS))
-    with cf.NetworkEnvironment(**cfg["env"]) as env:
+    with environment(cfg["env"]) as env:
         parts = [env.create_partition(pid, cfg["subpartitions"]) for pid in cfg["partitions"]]
         emit(address=env.address)
         go = threading.Event()
@@ -188,7 +196,7 @@ def cf_consumer(cfg: Config) -> None:
     """cfg: env, gates, warmup (batches per gate before "warm"), verify, rows."""
     pool = make_batches(cfg.get("rows", ROWS))
     by_first_key = {b.column("k")[0].as_py(): i for i, b in enumerate(pool)}
-    with cf.NetworkEnvironment(**cfg["env"]) as env:
+    with environment(cfg["env"]) as env:
         gates = _gates(env, cfg["gates"])
         warm = threading.Barrier(len(gates) + 1)
         results: list[tuple[int, int, float]] = []
@@ -245,7 +253,7 @@ def _small_batches(rows: int, count: int) -> list[pa.RecordBatch]:
 def lat_producer(cfg: Config) -> None:
     """cfg: env, rows, count, interval."""
     batches = _small_batches(cfg["rows"], cfg["count"])
-    with cf.NetworkEnvironment(**cfg["env"]) as env:
+    with environment(cfg["env"]) as env:
         part = env.create_partition("latency", 1)
         emit(address=env.address)
         sent: list[float] = []
@@ -262,7 +270,7 @@ def lat_producer(cfg: Config) -> None:
 
 def lat_consumer(cfg: Config) -> None:
     """cfg: env, producer (address), count."""
-    with cf.NetworkEnvironment(**cfg["env"]) as env:
+    with environment(cfg["env"]) as env:
         (gate,) = _gates(env, [[[cfg["producer"], "latency", 0]]])
         first = gate.next(timeout=TIMEOUT)
         assert first is not None
@@ -280,7 +288,7 @@ def hol_producer(cfg: Config) -> None:
     """cfg: env. Then receives {"start": {"a": t, "b": t}, "end": {"a": t, "b": t}}: each
     writer writes batches back to back from its start time until its end time, then closes."""
     batches = make_batches()
-    with cf.NetworkEnvironment(**cfg["env"]) as env:
+    with environment(cfg["env"]) as env:
         parts = {name: env.create_partition(f"hol/{name}", 1) for name in ("a", "b")}
         emit(address=env.address)
         schedule: Config = {}
@@ -315,7 +323,7 @@ def hol_consumer(cfg: Config) -> None:
     """cfg: env, producer (address), stall (seconds). After "warm" it receives {"stall_at": t}:
     reader "a" stops calling ``next`` at its first batch after ``stall_at``, for ``stall``
     seconds; both readers record when each batch came."""
-    with cf.NetworkEnvironment(**cfg["env"]) as env:
+    with environment(cfg["env"]) as env:
         names = ("a", "b")
         specs = [[[cfg["producer"], f"hol/{n}", 0]] for n in names]
         gates = dict(zip(names, _gates(env, specs), strict=True))

@@ -21,6 +21,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -31,6 +32,10 @@ import pytest
 
 import creditflow as cf
 from remote import ROWS, TIMEOUT, Config, Worker, make_batches, payload_bytes
+
+# Test certificates come from the tests' helper (one copy of the PKI code).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from tls_certs import make_tls, tls_kwargs
 
 pytestmark = pytest.mark.benchmark
 
@@ -126,9 +131,9 @@ def exchange(producers: list[Config], consumers_for: Callable[[list[str]], list[
     return {"seconds": seconds, "bytes": payload, "gbps": payload / seconds / 1e9}
 
 
-def one_to_one(count: int, verify: str | bool = False) -> dict[str, float]:
+def one_to_one(count: int, verify: str | bool = False, env: Config = ENV) -> dict[str, float]:
     producer = {
-        "env": ENV,
+        "env": env,
         "partitions": ["fwd"],
         "subpartitions": 1,
         "partitioner": "forward",
@@ -137,7 +142,7 @@ def one_to_one(count: int, verify: str | bool = False) -> dict[str, float]:
     }
 
     def consumers(addresses: list[str]) -> list[Config]:
-        return [{"env": ENV, "gates": [[[addresses[0], "fwd", 0]]], "warmup": 1, "verify": verify}]
+        return [{"env": env, "gates": [[[addresses[0], "fwd", 0]]], "warmup": 1, "verify": verify}]
 
     return exchange([producer], consumers)
 
@@ -296,6 +301,19 @@ def test_remote_forward_1to1(benchmark: object, report: Any, rawtcp: Path, batch
         raw_gbps = _median([raw_tcp(rawtcp, COUNT * batch_bytes) for _ in range(3)])
     report("creditflow/flight", gbps / fl_gbps, "x", 1.25)
     report("creditflow/raw tcp", gbps / raw_gbps, "x", 0.60)
+
+
+@pytest.mark.benchmark(group="remote-1to1-65536-rows")
+@pytest.mark.usefixtures("transport")
+def test_remote_forward_1to1_tls(benchmark: object, report: Any, tmp_path: Path) -> None:
+    """The 1→1 transfer over mutual TLS (rustls, TLS 1.3, AES-GCM); its ratio to the plaintext
+    1→1 of the same session (measured here if that benchmark did not run)."""
+    env = {**ENV, "tls": tls_kwargs(make_tls(tmp_path))}
+    one_to_one(16, verify="ordered", env=env)
+    gbps = _gbps(benchmark, report, "remote 1→1 tls", lambda: one_to_one(COUNT, env=env)["gbps"])
+    plain = report.get("remote 1→1")
+    plain_gbps = plain.value if plain is not None else _median([one_to_one(COUNT)["gbps"] for _ in range(3)])
+    report("plaintext/tls", plain_gbps / gbps, "x", 1.5, higher_is_better=False)
 
 
 # ----------------------------------------------------------------------------- 4x4 all-to-all

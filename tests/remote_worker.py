@@ -194,6 +194,27 @@ def partitioner(name: str) -> cf.ForwardPartitioner | cf.RoundRobinPartitioner |
     raise ValueError(f"unknown partitioner {name!r}")
 
 
+def seq_partition(count: int | None, rows: int, partition_id: str = "p") -> Config:
+    """A producer's partition spec: one subpartition of ``seq`` data, ``count`` batches
+    (``None``: until "stop") of about ``rows`` rows."""
+    return {
+        "id": partition_id,
+        "subpartitions": 1,
+        "partitioner": "forward",
+        "data": "seq",
+        "count": count,
+        "rows": rows,
+    }
+
+
+def environment(settings: Config) -> cf.NetworkEnvironment:
+    """A NetworkEnvironment from JSON settings; ``tls`` holds :class:`cf.TLSConfig` arguments."""
+    kwargs = dict(settings)
+    if "tls" in kwargs:
+        kwargs["tls"] = cf.TLSConfig(**kwargs["tls"])
+    return cf.NetworkEnvironment(**kwargs)
+
+
 def vm_rss_kib(pid: int | str = "self") -> int:
     """Resident set size of a process, in KiB (0 once it is gone)."""
     try:
@@ -238,7 +259,7 @@ def guarded(where: str, fn: Callable[[], None]) -> Callable[[], None]:
 
 def producer(cfg: Config) -> None:
     stop = threading.Event()
-    with cf.NetworkEnvironment(**cfg["env"]) as env:
+    with environment(cfg["env"]) as env:
         emit(address=env.address, pid=os.getpid())
 
         def writer(spec: Config) -> Callable[[], None]:
@@ -277,7 +298,7 @@ def producer(cfg: Config) -> None:
 
 
 def consumer(cfg: Config) -> None:
-    with cf.NetworkEnvironment(**cfg["env"]) as env:
+    with environment(cfg["env"]) as env:
         gates = [
             env.create_input_gate([cf.ChannelSpec(a, p, s) for a, p, s in chans]) for chans in cfg["gates"]
         ]
@@ -358,11 +379,13 @@ class Worker(contextlib.AbstractContextManager["Worker"]):
     #: The script run as ``python SCRIPT ROLE CONFIG_JSON`` (subclasses run their own).
     script = Path(__file__).resolve()
 
-    def __init__(self, role: str, **cfg: Any) -> None:
+    def __init__(self, role: str, *, netns: str | None = None, **cfg: Any) -> None:
+        """Starts ``role`` with ``cfg``; in network namespace ``netns`` if given (``ip netns exec``)."""
         self.role = role
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by kill())
+        prefix = ["ip", "netns", "exec", netns] if netns else []
         self._proc = subprocess.Popen(
-            [sys.executable, str(self.script), role, json.dumps(cfg)],
+            [*prefix, sys.executable, str(self.script), role, json.dumps(cfg)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

@@ -1,6 +1,8 @@
 """Type stubs of the compiled core (``creditflow._native``); checked by ``mypy.stubtest``."""
 
+import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeAlias, final
 
@@ -39,7 +41,14 @@ class NetworkEnvironment:
     ``request_backoff_initial`` / ``request_backoff_max``: retry delays of a request for a
     partition the producer has not registered yet, then ``PartitionNotFoundError``.
     ``handshake_timeout``: seconds a peer may take to connect and prove itself; a peer that
-    connects and stays silent is dropped after it. ``overdraft_buffers``: segments a
+    connects and stays silent is dropped after it. Limits against abusive peers (each hit
+    refuses only that peer, with ``LimitExceededError`` naming the setting):
+    ``max_connections`` served at once, ``max_channels_per_connection`` (partition requests
+    served per connection), ``max_outstanding_requests`` (answers queued for a peer that
+    does not read them). ``tls``: a :class:`TLSConfig` for every connection (plaintext and TLS
+    peers refuse each other); with mutual TLS a non-loopback bind needs no ``secret``.
+    ``peer_timeout``: seconds after which a connection whose peer acknowledges nothing (a cut
+    link, a vanished host) fails with ``ConnectionLostError``; ``0`` leaves the OS defaults. ``overdraft_buffers``: segments a
     partition may borrow beyond its share to finish a record it has started writing when its
     pool is exhausted (Flink's overdraft buffers; 0 turns them off).
     """
@@ -61,6 +70,11 @@ class NetworkEnvironment:
         request_backoff_max: float = 10.0,
         advertise: str | None = None,
         handshake_timeout: float = 10.0,
+        max_connections: int = 512,
+        max_channels_per_connection: int = 16384,
+        max_outstanding_requests: int = 4096,
+        tls: TLSConfig | None = None,
+        peer_timeout: float = 30.0,
         overdraft_buffers: int = 5,
     ) -> NetworkEnvironment: ...
     @property
@@ -150,6 +164,36 @@ class ForwardPartitioner:
     def __new__(cls) -> ForwardPartitioner: ...
 
 Partitioner: TypeAlias = HashPartitioner | RoundRobinPartitioner | BroadcastPartitioner | ForwardPartitioner
+
+@final
+class TLSConfig:
+    """TLS for every connection of a ``NetworkEnvironment`` (rustls): ``cert`` and ``key`` are
+    the PEM files of the certificate chain this environment presents and its private key;
+    ``ca`` the PEM file of the CA certificates peers' certificates must chain to. With
+    ``client_auth=True`` (default) TLS is mutual: servers also require a client certificate
+    signed by ``ca``. Certificates must be valid for the host part of the addresses peers use.
+    """
+
+    def __new__(
+        cls,
+        cert: str | os.PathLike[str],
+        key: str | os.PathLike[str],
+        ca: str | os.PathLike[str],
+        *,
+        client_auth: bool = True,
+    ) -> TLSConfig: ...
+    @property
+    def cert(self) -> Path:
+        """The certificate chain file."""
+    @property
+    def key(self) -> Path:
+        """The private key file."""
+    @property
+    def ca(self) -> Path:
+        """The CA certificates file."""
+    @property
+    def client_auth(self) -> bool:
+        """Whether TLS is mutual."""
 
 @final
 class ChannelSpec:

@@ -16,6 +16,7 @@ __all__ = [
     "CreditflowError",
     "InsufficientBuffersError",
     "InvalidArgumentError",
+    "LimitExceededError",
     "PartitionNotFoundError",
     "ProducerFailedError",
     "ProtocolError",
@@ -61,6 +62,12 @@ class ConnectionLostError(CreditflowError, ConnectionError):
 
 class AuthenticationError(CreditflowError, PermissionError):
     """A peer failed the shared-secret handshake."""
+
+
+class LimitExceededError(CreditflowError, ConnectionError):
+    """A peer refused this environment because one of its limits was reached:
+    ``max_connections``, ``max_channels_per_connection`` or ``max_outstanding_requests``.
+    The message names the limit and the setting that raises it on the serving side."""
 
 
 class ProtocolError(CreditflowError):

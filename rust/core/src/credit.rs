@@ -303,6 +303,13 @@ pub struct ChannelCreditStats {
     pub expected_sequence_number: u64,
 }
 
+impl ChannelCreditStats {
+    /// Empty buffers the channel holds: exclusive and floating.
+    pub fn available(&self) -> u32 {
+        self.exclusive_available + self.floating_available
+    }
+}
+
 /// One channel's share of the gate, all counts in buffers.
 ///
 /// Invariant: `unannounced <= exclusive_available + floating_available`; the difference is
@@ -808,6 +815,7 @@ impl<K: Copy + Eq + Hash> ReadyQueue<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fuzz::credit::{self as model, Op, Pair};
     use proptest::prelude::*;
 
     fn gate(exclusive: u32, floating: u32) -> GateCredit {
@@ -1197,362 +1205,6 @@ mod tests {
         assert_eq!((q.dequeue(), q.dequeue(), q.is_empty()), (Some('b'), None, true));
     }
 
-    impl ChannelCreditStats {
-        fn available(&self) -> u32 {
-            self.exclusive_available + self.floating_available
-        }
-    }
-
-    // -----------------------------------------------------------------------------------------
-    // A sender and a receiver connected in memory, driven by random operations.
-    // -----------------------------------------------------------------------------------------
-
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    enum Item {
-        Data(u64),
-        Event,
-    }
-
-    enum ToReceiver {
-        Buffer {
-            channel: usize,
-            header: BufferHeader,
-            item: Item,
-        },
-        Backlog {
-            channel: usize,
-            backlog: u32,
-        },
-    }
-
-    struct Reader {
-        credit: SenderCredit,
-        queue: VecDeque<Item>,
-        cancelled: bool,
-    }
-
-    impl Reader {
-        fn head(&self) -> QueueHead {
-            match self.queue.front() {
-                None => QueueHead::Empty,
-                Some(Item::Data(_)) => QueueHead::Data,
-                Some(Item::Event) => QueueHead::Event,
-            }
-        }
-
-        fn backlog(&self) -> u32 {
-            self.queue.iter().filter(|i| matches!(i, Item::Data(_))).count() as u32
-        }
-    }
-
-    /// One connection: the sender loop (readers + ready queue), two wires, the receiver
-    /// (gate + the transport's AddCredit queue) and a consumer holding received buffers.
-    struct Pair {
-        gate: GateCredit,
-        readers: Vec<Reader>,
-        ready: ReadyQueue<usize>,
-        to_receiver: VecDeque<ToReceiver>,
-        to_sender: VecDeque<(usize, Credit)>,
-        add_credit_queue: VecDeque<ChannelId>,
-        held: Vec<BufferLease>,
-        produced: Vec<Vec<Item>>,
-        delivered: Vec<Vec<Item>>,
-        credit_announced: Vec<u64>,
-        credit_received: Vec<u64>,
-        next_id: u64,
-    }
-
-    #[derive(Clone, Debug)]
-    enum Op {
-        Produce(usize),
-        ProduceEvent(usize),
-        SenderWrite,
-        DeliverToReceiver,
-        ReceiverWriteAddCredit,
-        DeliverToSender,
-        Recycle(usize),
-        Release(usize),
-    }
-
-    impl Pair {
-        fn new(channels: usize, config: GateCreditConfig) -> Self {
-            let mut gate = GateCredit::new(config).unwrap();
-            let readers = (0..channels)
-                .map(|i| {
-                    assert_eq!(gate.add_channel(), ChannelId(i));
-                    Reader {
-                        credit: SenderCredit::new(gate.initial_credit()),
-                        queue: VecDeque::new(),
-                        cancelled: false,
-                    }
-                })
-                .collect();
-            Pair {
-                gate,
-                readers,
-                ready: ReadyQueue::new(),
-                to_receiver: VecDeque::new(),
-                to_sender: VecDeque::new(),
-                add_credit_queue: VecDeque::new(),
-                held: Vec::new(),
-                produced: vec![Vec::new(); channels],
-                delivered: vec![Vec::new(); channels],
-                credit_announced: vec![0; channels],
-                credit_received: vec![0; channels],
-                next_id: 0,
-            }
-        }
-
-        /// The sender loop looks at a reader whose state may have changed.
-        fn schedule(&mut self, channel: usize) {
-            let reader = &mut self.readers[channel];
-            if reader.cancelled {
-                return;
-            }
-            let backlog = reader.backlog();
-            if reader.credit.is_available(reader.head()) {
-                self.ready.enqueue(channel);
-            } else if reader.credit.needs_backlog_announcement(backlog) {
-                reader.credit.on_backlog_announced(backlog);
-                self.to_receiver
-                    .push_back(ToReceiver::Backlog { channel, backlog });
-            }
-        }
-
-        fn drain_receiver_actions(&mut self) {
-            while let Some(ReceiverAction::SendAddCredit { channel }) = self.gate.poll_action() {
-                self.add_credit_queue.push_back(channel);
-            }
-        }
-
-        /// Applies one operation; returns whether anything happened.
-        fn apply(&mut self, op: &Op) -> bool {
-            match *op {
-                Op::Produce(ch) | Op::ProduceEvent(ch) => {
-                    let ch = ch % self.readers.len();
-                    if self.readers[ch].cancelled {
-                        return false;
-                    }
-                    let item = if matches!(op, Op::Produce(_)) {
-                        self.next_id += 1;
-                        Item::Data(self.next_id)
-                    } else {
-                        Item::Event
-                    };
-                    self.readers[ch].queue.push_back(item);
-                    self.produced[ch].push(item);
-                    self.schedule(ch);
-                }
-                Op::SenderWrite => {
-                    let Some(ch) = self.ready.dequeue() else {
-                        return false;
-                    };
-                    let reader = &mut self.readers[ch];
-                    if reader.cancelled || !reader.credit.is_available(reader.head()) {
-                        return true;
-                    }
-                    let item = reader.queue.pop_front().unwrap();
-                    let data_type = match item {
-                        Item::Data(_) => DataType::Data,
-                        Item::Event => DataType::Event,
-                    };
-                    let header = reader.credit.on_buffer_sent(data_type, reader.backlog()).unwrap();
-                    self.to_receiver.push_back(ToReceiver::Buffer {
-                        channel: ch,
-                        header,
-                        item,
-                    });
-                    self.schedule(ch);
-                }
-                Op::DeliverToReceiver => match self.to_receiver.pop_front() {
-                    None => return false,
-                    Some(ToReceiver::Buffer {
-                        channel,
-                        header,
-                        item,
-                    }) => {
-                        let delivery = self.gate.on_buffer_response(ChannelId(channel), header).unwrap();
-                        match delivery {
-                            Delivery::Data(lease) => {
-                                assert_eq!(lease.channel(), ChannelId(channel));
-                                assert!(matches!(item, Item::Data(_)));
-                                self.held.push(lease);
-                                self.delivered[channel].push(item);
-                            }
-                            Delivery::Event => {
-                                assert_eq!(item, Item::Event);
-                                self.delivered[channel].push(item);
-                            }
-                            Delivery::Discarded => assert!(stats(&self.gate, ChannelId(channel)).released),
-                        }
-                        self.drain_receiver_actions();
-                    }
-                    Some(ToReceiver::Backlog { channel, backlog }) => {
-                        self.gate
-                            .on_backlog_announcement(ChannelId(channel), backlog)
-                            .unwrap();
-                        self.drain_receiver_actions();
-                    }
-                },
-                Op::ReceiverWriteAddCredit => {
-                    let Some(channel) = self.add_credit_queue.pop_front() else {
-                        return false;
-                    };
-                    if let Some(credit) = self.gate.take_unannounced_credit(channel) {
-                        self.credit_announced[channel.0] += u64::from(credit.get());
-                        self.to_sender.push_back((channel.0, credit));
-                    }
-                }
-                Op::DeliverToSender => {
-                    let Some((ch, credit)) = self.to_sender.pop_front() else {
-                        return false;
-                    };
-                    self.credit_received[ch] += u64::from(credit.get());
-                    if !self.readers[ch].cancelled {
-                        self.readers[ch].credit.on_add_credit(credit).unwrap();
-                        self.schedule(ch);
-                    }
-                }
-                Op::Recycle(i) => {
-                    if self.held.is_empty() {
-                        return false;
-                    }
-                    let lease = self.held.swap_remove(i % self.held.len());
-                    self.gate.on_buffer_recycled(lease).unwrap();
-                    self.drain_receiver_actions();
-                }
-                Op::Release(ch) => {
-                    let ch = ch % self.readers.len();
-                    if self.readers[ch].cancelled {
-                        return false;
-                    }
-                    self.gate.release_channel(ChannelId(ch)).unwrap();
-                    // The CancelPartitionRequest is modelled as arriving at once.
-                    self.readers[ch].cancelled = true;
-                    self.ready.remove(ch);
-                    self.drain_receiver_actions();
-                }
-            }
-            true
-        }
-
-        fn check_invariants(&self) {
-            let config = self.gate.config();
-            let mut floating_held = 0;
-            for (ch, reader) in self.readers.iter().enumerate() {
-                let id = ChannelId(ch);
-                let s = stats(&self.gate, id);
-                floating_held += s.floating_available + s.floating_in_use;
-                if s.released {
-                    assert_eq!((s.available(), s.unannounced), (0, Credit::ZERO));
-                    continue;
-                }
-                assert_eq!(
-                    s.exclusive_available + s.exclusive_in_use,
-                    config.exclusive_buffers_per_channel
-                );
-                // Every announced credit is the sender's, in flight to it, or taken by data in
-                // flight: so every data buffer in flight has a free buffer waiting.
-                let credit_in_flight: u32 = self
-                    .to_sender
-                    .iter()
-                    .filter(|(c, _)| *c == ch)
-                    .map(|(_, credit)| credit.get())
-                    .sum();
-                let data_in_flight = self
-                    .to_receiver
-                    .iter()
-                    .filter(|m| {
-                        matches!(m, ToReceiver::Buffer { channel, header, .. }
-                            if *channel == ch && header.data_type == DataType::Data)
-                    })
-                    .count() as u32;
-                assert_eq!(
-                    s.announced.get(),
-                    reader.credit.credit().get() + credit_in_flight + data_in_flight,
-                    "{id}: announced credit must equal sender credit + AddCredit in flight + data in flight"
-                );
-                // Unannounced credit is never forgotten: the channel is queued for an AddCredit.
-                let queued = self.add_credit_queue.iter().filter(|c| **c == id).count();
-                assert_eq!(
-                    queued,
-                    usize::from(!s.unannounced.is_zero()),
-                    "{id}: AddCredit queue entries"
-                );
-                // A channel short of buffers waits, and then the gate has none to give.
-                if s.required > s.available() {
-                    assert!(s.waiting_for_floating, "{id} is short of buffers but not waiting");
-                    assert_eq!(
-                        self.gate.available_floating(),
-                        0,
-                        "{id} is short while the gate has buffers"
-                    );
-                }
-                // Sequence numbers are contiguous: the receiver expects what the sender numbers next
-                // minus what is still on the wire.
-                let responses_in_flight = self
-                    .to_receiver
-                    .iter()
-                    .filter(|m| matches!(m, ToReceiver::Buffer { channel, .. } if *channel == ch))
-                    .count() as u64;
-                assert_eq!(
-                    s.expected_sequence_number + responses_in_flight,
-                    reader.credit.next_sequence_number()
-                );
-                // What arrived is a prefix of what was produced, in order.
-                assert_eq!(
-                    self.delivered[ch][..],
-                    self.produced[ch][..self.delivered[ch].len()]
-                );
-            }
-            assert_eq!(
-                floating_held + self.gate.available_floating(),
-                config.floating_buffers,
-                "floating buffers must be conserved"
-            );
-        }
-
-        /// A consumer that recycles everything, and a transport that does every pending step,
-        /// until nothing moves. Then everything produced must have been delivered.
-        fn drain(&mut self) {
-            for _ in 0..100_000 {
-                let ops = [
-                    Op::DeliverToReceiver,
-                    Op::ReceiverWriteAddCredit,
-                    Op::DeliverToSender,
-                    Op::SenderWrite,
-                    Op::Recycle(0),
-                ];
-                let mut moved = false;
-                for op in &ops {
-                    moved |= self.apply(op);
-                    self.check_invariants();
-                }
-                if !moved {
-                    break;
-                }
-            }
-            assert!(
-                self.to_receiver.is_empty() && self.to_sender.is_empty() && self.add_credit_queue.is_empty()
-            );
-            assert!(self.held.is_empty());
-            for (ch, reader) in self.readers.iter().enumerate() {
-                if reader.cancelled {
-                    continue;
-                }
-                // Liveness: with everything recycled, a sender with backlog has credit.
-                assert!(
-                    reader.backlog() == 0 || reader.credit.can_send_data(),
-                    "channel {ch} stuck: backlog {} without credit",
-                    reader.backlog()
-                );
-                assert!(reader.queue.is_empty(), "channel {ch} has undelivered items");
-                assert_eq!(self.delivered[ch], self.produced[ch], "channel {ch}");
-                assert_eq!(self.credit_announced[ch], self.credit_received[ch]);
-            }
-        }
-    }
-
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             4 => (0..4usize).prop_map(Op::Produce),
@@ -1567,10 +1219,7 @@ mod tests {
     }
 
     fn config() -> impl Strategy<Value = GateCreditConfig> {
-        (0..4u32, 0..7u32).prop_map(|(exclusive, floating)| GateCreditConfig {
-            exclusive_buffers_per_channel: exclusive,
-            floating_buffers: if exclusive == 0 { floating.max(1) } else { floating },
-        })
+        (0..4u32, 0..7u32).prop_map(|(exclusive, floating)| model::config(exclusive, floating))
     }
 
     proptest! {
@@ -1589,6 +1238,11 @@ mod tests {
                 pair.check_invariants();
             }
             pair.drain();
+        }
+
+        #[test]
+        fn ready_queue_answers_as_a_reference_model(ops in prop::collection::vec(any::<u8>(), 0..400)) {
+            crate::fuzz::ready_queue::run(&ops);
         }
 
         #[test]

@@ -17,7 +17,7 @@ use crate::gate::{Backoff, ChannelSpec, GateHandle, GateMetrics, InputGate, Remo
 use crate::memory::GlobalPool;
 use crate::partition::{Handoff, PartitionMetrics, Registry, ResultPartition};
 use crate::serde::RECORD_HEADER_LEN;
-use crate::transport::{Transport, TransportConfig};
+use crate::transport::{Limits, Tls, TlsSettings, Transport, TransportConfig};
 
 /// Flow control between environments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +62,14 @@ pub struct EnvConfig {
     /// Segments a partition may borrow beyond its share to finish a record it has started
     /// when its pool is exhausted (Flink's overdraft buffers, default 5).
     pub overdraft_buffers: usize,
+    /// Caps on connections, channels per connection and unread answers per connection.
+    pub limits: Limits,
+    /// TLS on every connection (mutual unless `client_auth` is off); `None`: plaintext.
+    pub tls: Option<TlsSettings>,
+    /// A connection whose peer acknowledges nothing (data or keepalive probes) for this long
+    /// fails with `ConnectionLost` (TCP_USER_TIMEOUT + keepalive); zero: the OS defaults
+    /// (minutes).
+    pub peer_timeout: Duration,
 }
 
 impl Default for EnvConfig {
@@ -81,6 +89,9 @@ impl Default for EnvConfig {
             handshake_timeout: Duration::from_secs(10),
             advertise: None,
             overdraft_buffers: 5,
+            limits: Limits::default(),
+            tls: None,
+            peer_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -140,6 +151,8 @@ impl NetworkEnvironment {
                 "floating_buffers must be at least 1".into(),
             ));
         }
+        config.limits.validate()?;
+        let tls = config.tls.as_ref().map(Tls::new).transpose()?.map(Arc::new);
         let pool = GlobalPool::new(config.memory, config.segment_size)?;
         let listener = TcpListener::bind(&config.bind)
             .map_err(|e| Error::InvalidArgument(format!("cannot bind {:?}: {e}", config.bind)))?;
@@ -162,6 +175,9 @@ impl NetworkEnvironment {
                 flow_control: config.flow_control,
                 backoff: config.request_backoff,
                 handshake_timeout: config.handshake_timeout,
+                limits: config.limits,
+                tls,
+                peer_timeout: config.peer_timeout,
             },
             Arc::downgrade(&registry),
         )?);

@@ -63,6 +63,10 @@ pub enum Error {
     /// The connection to a peer was lost.
     #[error("connection lost: {0}")]
     ConnectionLost(String),
+    /// A peer exceeded a limit of an environment (`max_connections`,
+    /// `max_channels_per_connection`, `max_outstanding_requests`); the message names it.
+    #[error("limit exceeded: {0}")]
+    LimitExceeded(String),
     /// The peer failed authentication.
     #[error("authentication failed: {0}")]
     Authentication(String),

@@ -29,6 +29,8 @@ pub mod credit;
 #[cfg(not(loom))]
 pub mod env;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzz;
 #[cfg(not(loom))]
 pub mod gate;
 pub mod hash;

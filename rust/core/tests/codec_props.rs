@@ -90,6 +90,7 @@ mod transport {
             Just(ErrorKind::ProducerFailed),
             Just(ErrorKind::SubpartitionOutOfRange),
             Just(ErrorKind::AlreadyConsumed),
+            Just(ErrorKind::LimitExceeded),
         ]
     }
 
@@ -393,6 +394,25 @@ mod transport {
         ) {
             let stream = encode_all(&msgs);
             prop_assert_eq!(decode_chunked(&stream, &chunks, split, usize::MAX).unwrap(), msgs);
+        }
+
+        /// The fuzz target's harness (transport-style reads: `read_buf`/`commit`, payloads
+        /// read into a segment or skipped with `payload_read_elsewhere`) on valid streams
+        /// with a garbage tail: same messages as a one-shot decode, canonical re-encoding.
+        #[test]
+        fn transport_style_reads_of_valid_streams_match_one_shot_decoding(
+            mode in 0u8..8,
+            sizes in prop::collection::vec(1u16..5000, 1..8),
+            msgs in prop::collection::vec(message(), 0..12),
+            tail in prop::collection::vec(any::<u8>(), 0..48),
+        ) {
+            let mut data = vec![mode, (sizes.len() - 1) as u8];
+            for s in &sizes {
+                data.extend_from_slice(&s.to_le_bytes());
+            }
+            data.extend(encode_all(&msgs));
+            data.extend(tail);
+            creditflow_core::fuzz::frames::run(&data);
         }
 
         #[test]

@@ -739,6 +739,163 @@ fn a_silent_client_is_dropped_after_the_handshake_timeout() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Direction A: limits against abusive clients
+// ---------------------------------------------------------------------------------------------
+
+/// The message of a fatal LimitExceeded ErrorResponse, or a panic.
+fn limit_refusal(msg: &Message<'_>) -> String {
+    match msg {
+        Message::ErrorResponse {
+            receiver: None,
+            kind: ErrorKind::LimitExceeded,
+            message,
+        } => message.clone(),
+        other => panic!("expected a fatal LimitExceeded ErrorResponse, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_slowloris_client_sending_one_byte_at_a_time_is_dropped() {
+    let env = env_with(true, |c| c.handshake_timeout = Duration::from_millis(500));
+    let mut hello_bytes = Vec::new();
+    encode(&Message::Hello(hello(SEG)), &mut hello_bytes).unwrap();
+    let mut p = Peer::new(TcpStream::connect(env.address()).unwrap());
+    let mut sent = 0;
+    let closed = loop {
+        if sent == hello_bytes.len() {
+            break false;
+        }
+        if p.stream.write_all(&hello_bytes[sent..sent + 1]).is_err() {
+            break true;
+        }
+        sent += 1;
+        match p.next_within(Duration::from_millis(100)) {
+            Got::Quiet => {}
+            Got::Closed => break true,
+            Got::Msg(m) => panic!("a slowloris client got {m:?}"),
+        }
+    };
+    assert!(
+        closed,
+        "the whole Hello went out one byte per 100 ms ({} bytes) without being dropped",
+        hello_bytes.len()
+    );
+    assert!(sent < hello_bytes.len(), "dropped only after {sent} bytes");
+    assert_serves(&env);
+}
+
+#[test]
+fn a_connection_over_max_connections_is_refused_and_the_others_are_served() {
+    let env = env_with(true, |c| c.limits.max_connections = 2);
+    let mut first = connect(&env);
+    let mut second = connect(&env);
+    // The third gets a refusal naming the limit in answer to its Hello, then the end.
+    let mut third = Peer::new(TcpStream::connect(env.address()).unwrap());
+    third.send(&[Message::Hello(hello(SEG))]);
+    let got = third.recv_until_closed(IO_TIMEOUT);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let message = limit_refusal(&got[0]);
+    assert!(message.contains("max_connections=2"), "{message}");
+    // The two connections in use are still served.
+    for (p, rid) in [(&mut first, 1), (&mut second, 2)] {
+        p.send(&[request("nope", 0, rid, 1)]);
+        assert!(matches!(p.recv(), Message::PartitionNotFound { receiver } if receiver == ReceiverId(rid)));
+    }
+    // Once one of them closes, its slot is free again (released when the server sees the end).
+    drop(first);
+    let deadline = Instant::now() + IO_TIMEOUT;
+    loop {
+        let mut p = Peer::new(TcpStream::connect(env.address()).unwrap());
+        p.send(&[Message::Hello(hello(SEG))]);
+        match p.recv() {
+            Message::HelloAck { .. } => break,
+            other => {
+                limit_refusal(&other);
+                assert!(
+                    Instant::now() < deadline,
+                    "the closed connection's slot never came back"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_channel_over_max_channels_per_connection_is_refused_and_the_others_are_served() {
+    let env = env_with(true, |c| c.limits.max_channels_per_connection = 2);
+    let (mut w, _) = write(&env, "p", 3, Partitioner::Broadcast, 1, 10);
+    w.close().unwrap();
+    let mut p = connect(&env);
+    p.send(&[
+        request("p", 0, 1, 8),
+        request("p", 1, 2, 8),
+        request("p", 2, 3, 8),
+    ]);
+    let mut ended = Vec::new();
+    let mut refused = None;
+    while ended.len() < 2 || refused.is_none() {
+        match p.recv() {
+            Message::ErrorResponse {
+                receiver: Some(ReceiverId(3)),
+                kind: ErrorKind::LimitExceeded,
+                message,
+            } => refused = Some(message),
+            Message::BufferResponse(b) if matches!(b.payload, Payload::Event(EventKind::EndOfPartition)) => {
+                ended.push(b.receiver.0)
+            }
+            Message::BufferResponse(b) => assert!([1, 2].contains(&b.receiver.0), "{b:?}"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    ended.sort();
+    assert_eq!(ended, [1, 2]);
+    assert!(refused.unwrap().contains("max_channels_per_connection=2"));
+    // Ended channels no longer count: the third subpartition can be read now.
+    p.send(&[request("p", 2, 4, 8)]);
+    assert_eq!(recv_to_end(&mut p, 4, 0).len(), 1);
+}
+
+#[test]
+fn a_client_that_never_reads_its_answers_is_closed_at_max_outstanding_requests() {
+    let env = env_with(true, |c| c.limits.max_outstanding_requests = 4);
+    let p = connect(&env);
+    // Requests for a partition that does not exist, each answered PartitionNotFound, sent
+    // without reading until the environment closes the connection (the answers fill both
+    // socket buffers first, then the environment's queue).
+    let mut stream = p.stream.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let mut chunk = Vec::new();
+        for rid in 0..1000u64 {
+            encode(&request("nope", 0, rid, 1), &mut chunk).unwrap();
+        }
+        let mut sent = 0usize;
+        while sent < 1 << 30 {
+            if stream.write_all(&chunk).is_err() {
+                return sent;
+            }
+            sent += chunk.len();
+        }
+        panic!("the environment read 1 GiB of requests without closing the connection");
+    });
+    let sent = writer.join().unwrap();
+    assert!(sent > 0);
+    // What did arrive is answers, and at most the refusal at the end.
+    let mut p = p;
+    let got = p.recv_until_closed(Duration::from_secs(60));
+    for (i, m) in got.iter().enumerate() {
+        match m {
+            Message::PartitionNotFound { .. } => {}
+            m if i + 1 == got.len() => {
+                assert!(limit_refusal(m).contains("max_outstanding_requests=4"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_serves(&env);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Direction B: scripted server against a gate
 // ---------------------------------------------------------------------------------------------
 

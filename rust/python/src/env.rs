@@ -8,6 +8,7 @@ use creditflow_core::env::EnvMetrics;
 use creditflow_core::gate::{Backoff, GateMetrics};
 use creditflow_core::memory::PoolStats;
 use creditflow_core::partition::PartitionMetrics;
+use creditflow_core::transport::Limits;
 use creditflow_core::{units, EnvConfig, FlowControl};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -15,6 +16,7 @@ use pyo3::types::{PyDict, PyInt, PyList, PyString};
 
 use crate::error::IntoPyResult;
 use crate::io::{ChannelSpec, InputGate};
+use crate::tls::TlsConfig;
 
 /// Reads a byte size given as an int or a string with a unit.
 fn bytes_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
@@ -115,7 +117,8 @@ impl NetworkEnvironment {
         memory = None, segment_size = None, bind = "127.0.0.1:0", secret = None, flow_control = "credit",
         buffer_timeout = 0.1, exclusive_buffers = 2, floating_buffers = 8, *, insecure = false,
         local_handoff = true, request_backoff_initial = 0.1, request_backoff_max = 10.0, advertise = None,
-        handshake_timeout = 10.0, overdraft_buffers = 5
+        handshake_timeout = 10.0, max_connections = 512, max_channels_per_connection = 16384,
+        max_outstanding_requests = 4096, tls = None, peer_timeout = 30.0, overdraft_buffers = 5
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -133,6 +136,11 @@ impl NetworkEnvironment {
         request_backoff_max: f64,
         advertise: Option<String>,
         handshake_timeout: f64,
+        max_connections: i64,
+        max_channels_per_connection: i64,
+        max_outstanding_requests: i64,
+        tls: Option<Bound<'_, TlsConfig>>,
+        peer_timeout: f64,
         overdraft_buffers: i64,
     ) -> PyResult<Self> {
         let mut config = EnvConfig::default();
@@ -158,10 +166,13 @@ impl NetworkEnvironment {
         if matches!(&secret, Some(s) if s.is_empty()) {
             return Err(PyValueError::new_err("secret must not be empty"));
         }
-        if secret.is_none() && !insecure && !is_loopback(bind) {
+        let tls = tls.map(|t| t.get().settings.clone());
+        let mutual_tls = tls.as_ref().is_some_and(|t| t.client_auth);
+        if secret.is_none() && !mutual_tls && !insecure && !is_loopback(bind) {
             return Err(PyValueError::new_err(format!(
-                "refusing to bind {bind:?} without a secret: anyone who can reach it could read your data. \
-                 Pass secret=... (shared by all peers), bind a loopback address, or pass insecure=True"
+                "refusing to bind {bind:?} without a secret or mutual TLS: anyone who can reach it could read \
+                 your data. Pass secret=... (shared by all peers) or tls=TLSConfig(...), bind a loopback \
+                 address, or pass insecure=True"
             )));
         }
         config.flow_control = match flow_control {
@@ -198,7 +209,17 @@ impl NetworkEnvironment {
         if config.handshake_timeout.is_zero() {
             return Err(PyValueError::new_err("handshake_timeout must be positive"));
         }
+        config.limits = Limits {
+            max_connections: count_arg(max_connections, "max_connections")?,
+            max_channels_per_connection: count_arg(
+                max_channels_per_connection,
+                "max_channels_per_connection",
+            )?,
+            max_outstanding_requests: count_arg(max_outstanding_requests, "max_outstanding_requests")?,
+        };
         config.secret = secret;
+        config.tls = tls;
+        config.peer_timeout = secs(peer_timeout, "peer_timeout")?;
         config.advertise = advertise;
         let (inner, release_logs) = Python::attach(|py| -> PyResult<_> {
             let inner = creditflow_core::NetworkEnvironment::new(config).py_err(py)?;

@@ -46,6 +46,7 @@ pub fn to_py(py: Python<'_>, err: Error) -> PyErr {
         Error::Protocol(_) => make(py, "ProtocolError", message, None),
         Error::ConnectionLost(_) => make(py, "ConnectionLostError", message, None),
         Error::Authentication(_) => make(py, "AuthenticationError", message, None),
+        Error::LimitExceeded(_) => make(py, "LimitExceededError", message, None),
         Error::ProducerFailed(_) => make(py, "ProducerFailedError", message, None),
         Error::Arrow(e) => {
             // Arrow rejects what IPC cannot carry, or a batch it cannot slice/take.

@@ -7,12 +7,14 @@
 //! | `env.rs` | `NetworkEnvironment`, `ResultPartition`, metrics → dicts |
 //! | `logs.rs` | Rust `log` records → a queue → Python `logging` (`creditflow.logs`) |
 //! | `io.rs` | `RecordWriter`, `InputGate`, `ChannelSpec`, partitioners, Arrow in/out |
+//! | `tls.rs` | `TLSConfig` |
 
 mod blocking;
 mod env;
 mod error;
 mod io;
 mod logs;
+mod tls;
 
 use pyo3::prelude::*;
 
@@ -25,6 +27,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<io::RecordWriter>()?;
     m.add_class::<io::InputGate>()?;
     m.add_class::<io::ChannelSpec>()?;
+    m.add_class::<tls::TlsConfig>()?;
     m.add_class::<io::HashPartitioner>()?;
     m.add_class::<io::RoundRobinPartitioner>()?;
     m.add_class::<io::BroadcastPartitioner>()?;

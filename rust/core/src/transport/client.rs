@@ -573,6 +573,7 @@ fn duplicate(error: &Error, addr: &str) -> Error {
         Error::Authentication(m) => Error::Authentication(m.clone()),
         Error::Protocol(m) => Error::Protocol(format!("connection to {addr}: {m}")),
         Error::ConnectionLost(m) => Error::ConnectionLost(format!("connection to {addr}: {m}")),
+        Error::LimitExceeded(m) => Error::LimitExceeded(format!("connection to {addr}: {m}")),
         other => Error::ConnectionLost(format!("connection to {addr}: {other}")),
     }
 }
@@ -583,6 +584,7 @@ fn channel_error(spec: &ChannelSpec, kind: ErrorKind, message: String) -> Error 
         ErrorKind::ProducerFailed => Error::ProducerFailed(message),
         ErrorKind::Authentication => Error::Authentication(message),
         ErrorKind::Protocol => Error::Protocol(message),
+        ErrorKind::LimitExceeded => Error::LimitExceeded(format!("{spec:?}: {message}")),
         ErrorKind::SubpartitionOutOfRange | ErrorKind::AlreadyConsumed => {
             Error::InvalidArgument(format!("{spec:?}: {message}"))
         }
@@ -596,6 +598,10 @@ pub(crate) struct ClientContext {
     pub(crate) segment_size: usize,
     pub(crate) secret: Option<Vec<u8>>,
     pub(crate) handshake_timeout: Duration,
+    /// TLS under the creditflow handshake; `None`: plaintext.
+    pub(crate) tls: Option<Arc<super::tls::Tls>>,
+    /// See `liveness`; zero: OS defaults.
+    pub(crate) peer_timeout: Duration,
 }
 
 impl ClientConn {
@@ -619,7 +625,22 @@ impl ClientConn {
                 Ok(Ok(stream)) => {
                     let _ = stream.set_nodelay(true);
                     log::debug!("connected to {addr}");
-                    run(&c, stream, &ctx).await
+                    super::liveness::set_peer_timeout(&stream, ctx.peer_timeout);
+                    match &ctx.tls {
+                        None => run(&c, stream, &ctx).await,
+                        Some(tls) => {
+                            match tokio::time::timeout(ctx.handshake_timeout, tls.connect(&addr, stream))
+                                .await
+                            {
+                                Ok(Ok(stream)) => run(&c, stream, &ctx).await,
+                                Ok(Err(e)) => Err(e),
+                                Err(_) => Err(Error::ConnectionLost(format!(
+                                    "no TLS handshake within {:?}",
+                                    ctx.handshake_timeout
+                                ))),
+                            }
+                        }
+                    }
                 }
                 Ok(Err(e)) => Err(Error::ConnectionLost(format!("cannot connect: {e}"))),
                 Err(_) => Err(Error::ConnectionLost(format!(

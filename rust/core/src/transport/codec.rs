@@ -233,6 +233,9 @@ pub enum ErrorKind {
     SubpartitionOutOfRange = 5,
     /// The requested subpartition already has a reader.
     AlreadyConsumed = 6,
+    /// The peer exceeded one of this side's limits (connections, channels, outstanding
+    /// requests); the message names the limit and its setting.
+    LimitExceeded = 7,
 }
 
 impl ErrorKind {
@@ -245,6 +248,7 @@ impl ErrorKind {
             4 => ProducerFailed,
             5 => SubpartitionOutOfRange,
             6 => AlreadyConsumed,
+            7 => LimitExceeded,
             _ => return Err(protocol(format!("unknown error kind {code}"))),
         })
     }
@@ -257,6 +261,7 @@ impl ErrorKind {
             Error::ProducerFailed(_) => ErrorKind::ProducerFailed,
             Error::SubpartitionOutOfRange { .. } => ErrorKind::SubpartitionOutOfRange,
             Error::AlreadyConsumed { .. } => ErrorKind::AlreadyConsumed,
+            Error::LimitExceeded(_) => ErrorKind::LimitExceeded,
             _ => ErrorKind::Internal,
         }
     }

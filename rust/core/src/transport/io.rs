@@ -177,6 +177,7 @@ pub(crate) fn remote_error(kind: ErrorKind, message: &str) -> Error {
         ErrorKind::Authentication => Error::Authentication(format!("the peer refused us: {message}")),
         ErrorKind::Protocol => Error::Protocol(format!("the peer reports: {message}")),
         ErrorKind::ProducerFailed => Error::ProducerFailed(message.to_string()),
+        ErrorKind::LimitExceeded => Error::LimitExceeded(format!("the peer refused us: {message}")),
         _ => Error::ConnectionLost(format!("the peer reports: {message}")),
     }
 }

@@ -31,7 +31,7 @@
 //! An event payload (data type 1) is a tag u8: 0 EndOfPartition (nothing follows),
 //! 1 ProducerFailed (message `str`, ≤ 2048 bytes). Error kinds are [`codec::ErrorKind`]: 1
 //! internal, 2 protocol, 3 authentication, 4 producer failed, 5 subpartition out of range,
-//! 6 already consumed. The fixed part of a BufferResponse is
+//! 6 already consumed, 7 limit exceeded. The fixed part of a BufferResponse is
 //! [`codec::BUFFER_RESPONSE_HEADER_LEN`] = 35 bytes, header included.
 //!
 //! Every encoding is canonical: a decoder accepts exactly what the encoder produces, so the
@@ -86,16 +86,27 @@ pub mod codec;
 #[cfg(not(loom))]
 mod io;
 #[cfg(not(loom))]
+mod limits;
+#[cfg(not(loom))]
+mod liveness;
+#[cfg(not(loom))]
 mod net;
 #[cfg(not(loom))]
 mod server;
+#[cfg(not(loom))]
+mod tls;
 
 #[cfg(not(loom))]
 pub(crate) use client::{recycle_all, Inbound, RemoteChannel, RemoteGate};
 #[cfg(not(loom))]
 pub use client::{RemoteChannelStats, RemoteStats};
+pub use limits::Limits;
 #[cfg(not(loom))]
 pub(crate) use net::{Transport, TransportConfig};
+#[cfg(not(loom))]
+pub(crate) use tls::Tls;
+#[cfg(not(loom))]
+pub use tls::TlsSettings;
 
 pub use codec::{
     check, decode, decode_buffer_response_header, encode, encode_buffer_response_header, max_frame_size,

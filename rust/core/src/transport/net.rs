@@ -9,7 +9,9 @@ use tokio::sync::watch;
 
 use super::client::{ClientConn, ClientContext, RemoteChannel, RemoteGate};
 use super::codec;
+use super::limits::{self, Limits, Slots};
 use super::server::{self, ServerConn};
+use super::tls::{self, Tls, TLS_HANDSHAKE_RECORD};
 use crate::env::FlowControl;
 use crate::error::{Error, Result};
 use crate::gate::{Backoff, ChannelSpec};
@@ -25,6 +27,12 @@ pub(crate) struct TransportConfig {
     pub(crate) backoff: Backoff,
     /// How long a peer may take to connect and complete the handshake.
     pub(crate) handshake_timeout: Duration,
+    /// Limits on what peers may ask of this environment.
+    pub(crate) limits: Limits,
+    /// TLS on every connection, both ways; `None`: plaintext.
+    pub(crate) tls: Option<Arc<Tls>>,
+    /// A connection whose peer acknowledges nothing for this long fails (zero: OS defaults).
+    pub(crate) peer_timeout: Duration,
 }
 
 /// The TCP side of one environment: a tokio runtime (created with the environment, never at
@@ -72,6 +80,9 @@ impl Transport {
             segment_size: config.segment_size,
             secret: config.secret.clone(),
             handshake_timeout: config.handshake_timeout,
+            limits: config.limits,
+            tls: config.tls.clone(),
+            peer_timeout: config.peer_timeout,
             registry,
             shutdown: shutdown_rx,
             served: served.clone(),
@@ -106,6 +117,8 @@ impl Transport {
                         segment_size: self.config.segment_size,
                         secret: self.config.secret.clone(),
                         handshake_timeout: self.config.handshake_timeout,
+                        tls: self.config.tls.clone(),
+                        peer_timeout: self.config.peer_timeout,
                     };
                     let c = ClientConn::open(spec.address.clone(), ctx, &self.handle);
                     clients.insert(spec.address.clone(), c.clone());
@@ -182,6 +195,9 @@ struct AcceptContext {
     segment_size: usize,
     secret: Option<Vec<u8>>,
     handshake_timeout: Duration,
+    limits: Limits,
+    tls: Option<Arc<Tls>>,
+    peer_timeout: Duration,
     registry: Weak<Registry>,
     shutdown: watch::Receiver<bool>,
     served: Arc<Mutex<Vec<Weak<ServerConn>>>>,
@@ -192,11 +208,16 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
         segment_size,
         secret,
         handshake_timeout,
+        limits,
+        tls,
+        peer_timeout,
         registry,
         mut shutdown,
         served,
     } = ctx;
     let mut connections = tokio::task::JoinSet::new();
+    let slots = Slots::default();
+    let refusals = Slots::default();
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -206,15 +227,32 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
+                super::liveness::set_peer_timeout(&stream, peer_timeout);
+                let Some(slot) = slots.try_take(limits.max_connections) else {
+                    log::warn!(
+                        "creditflow: refused connection from {peer}: {} connections served (max_connections)",
+                        limits.max_connections
+                    );
+                    if let Some(refusal) = refusals.try_take(limits::MAX_REFUSALS) {
+                        let error = limits.connections_error();
+                        connections.spawn(async move {
+                            limits::refuse(stream, &error).await;
+                            drop(refusal);
+                        });
+                    }
+                    continue;
+                };
                 let sctx = server::ServeContext {
                     segment_size,
                     secret: secret.clone(),
                     handshake_timeout,
+                    limits,
+                    slot,
                     registry: registry.clone(),
                     shutdown: shutdown.clone(),
                     served: served.clone(),
                 };
-                connections.spawn(server::serve(stream, peer.to_string(), sctx));
+                connections.spawn(connection(stream, peer.to_string(), tls.clone(), sctx));
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -225,4 +263,58 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
     }
     drop(listener);
     while connections.join_next().await.is_some() {}
+}
+
+/// A new connection: TLS or plaintext as this environment is configured, refusing a peer
+/// that speaks the other (see [`super::tls`]); then served. The handshake timeout covers the
+/// first byte, the TLS handshake and the creditflow handshake together.
+async fn connection(
+    stream: tokio::net::TcpStream,
+    peer: String,
+    tls: Option<Arc<Tls>>,
+    mut ctx: server::ServeContext,
+) {
+    let deadline = tokio::time::Instant::now() + ctx.handshake_timeout;
+    let silent = || {
+        log::warn!(
+            "creditflow: dropped connection from {peer}: no handshake within {:?}",
+            ctx.handshake_timeout
+        )
+    };
+    let first = match tokio::time::timeout_at(deadline, tls::first_byte(&stream)).await {
+        Ok(Some(b)) => b,
+        Ok(None) => return,
+        Err(_) => return silent(),
+    };
+    match (tls, first == TLS_HANDSHAKE_RECORD) {
+        (None, false) => server::serve(stream, peer, ctx).await,
+        (Some(tls), true) => match tokio::time::timeout_at(deadline, tls.accept(stream)).await {
+            Ok(Ok(stream)) => {
+                ctx.handshake_timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+                server::serve(stream, peer, ctx).await
+            }
+            Ok(Err(e)) => log::warn!("creditflow: refused connection from {peer}: {e}"),
+            Err(_) => silent(),
+        },
+        (Some(_), false) => {
+            let e = Error::Authentication(
+                "this environment requires TLS and the peer connected without it; \
+                 give every environment tls=TLSConfig(...)"
+                    .into(),
+            );
+            log::warn!("creditflow: refused connection from {peer}: {e}");
+            limits::refuse(stream, &e).await;
+        }
+        (None, true) => {
+            // The answer is not TLS, which the peer's TLS client reports; it is here so the
+            // peer reads it instead of a reset.
+            let e = Error::Authentication(
+                "the peer speaks TLS but this environment has no tls configured; \
+                 give every environment tls=TLSConfig(...)"
+                    .into(),
+            );
+            log::warn!("creditflow: refused connection from {peer}: {e}");
+            limits::refuse(stream, &e).await;
+        }
+    }
 }

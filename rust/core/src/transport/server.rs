@@ -24,6 +24,7 @@ use tokio::sync::Notify;
 
 use super::codec::{self, ErrorKind, EventKind, Message, ReceiverId, BUFFER_RESPONSE_HEADER_LEN};
 use super::io::{self, FrameReader, InFrame};
+use super::limits::{self, Limits, Slot};
 use crate::credit::{Credit, DataType, QueueHead, ReadyQueue, SenderCredit};
 use crate::error::{Error, Result};
 use crate::partition::buffer::BufferSlice;
@@ -224,6 +225,7 @@ struct ServerState {
 pub(crate) struct ServerConn {
     peer: String,
     payload_limit: usize,
+    limits: Limits,
     registry: Weak<Registry>,
     state: Mutex<ServerState>,
     /// Readers whose subpartition has new data (pushed by the producers' listeners).
@@ -243,6 +245,11 @@ impl ServerConn {
             .readers
             .values()
             .any(|r| r.partition.is_finished())
+    }
+
+    /// Answers queued for the peer and not yet collected by the writer.
+    fn outstanding(&self) -> usize {
+        self.state.lock().unwrap().control.len()
     }
 
     fn signal(&self, rid: ReceiverId) {
@@ -289,6 +296,20 @@ impl ServerConn {
         let mut st = self.state.lock().unwrap();
         if st.readers.contains_key(&receiver) {
             return Err(Error::Protocol(format!("{receiver} requested twice")));
+        }
+        if st.control.len() >= self.limits.max_outstanding_requests {
+            return Err(self.limits.outstanding_error());
+        }
+        if st.readers.len() >= self.limits.max_channels_per_connection {
+            let e = self.limits.channels_error();
+            log::warn!("creditflow: {}: refused {receiver}: {e}", self.peer);
+            st.control.push_back(Message::error_response(
+                Some(receiver),
+                ErrorKind::of(&e),
+                &e.to_string(),
+            ));
+            self.wake.notify_one();
+            return Ok(());
         }
         let partition = self
             .registry
@@ -500,6 +521,7 @@ where
     let conn = Arc::new(ServerConn {
         peer: peer.clone(),
         payload_limit: negotiated.payload_limit,
+        limits: ctx.limits,
         registry: ctx.registry,
         state: Mutex::new(ServerState::default()),
         signalled: Mutex::new(Vec::new()),
@@ -550,16 +572,16 @@ where
             conn.shutdown(None);
         }
         Err(e) => {
-            if matches!(e, Error::Protocol(_)) {
+            if matches!(e, Error::Protocol(_) | Error::LimitExceeded(_)) {
                 log::warn!("creditflow: closing connection from {peer}: {e}");
-                let msg = Message::error_response(None, ErrorKind::Protocol, &e.to_string());
-                let _ = io::write_message(&mut wr, &msg).await;
+                limits::send_fatal(&mut wr, e).await;
             } else {
                 log::info!("creditflow: connection from {peer} ended: {e}");
             }
             conn.shutdown(Some(e));
         }
     }
+    drop(ctx.slot);
 }
 
 /// What a served connection needs from its environment.
@@ -567,6 +589,9 @@ pub(crate) struct ServeContext {
     pub(crate) segment_size: usize,
     pub(crate) secret: Option<Vec<u8>>,
     pub(crate) handshake_timeout: std::time::Duration,
+    pub(crate) limits: Limits,
+    /// This connection's place under `max_connections`, held until it ends.
+    pub(crate) slot: Slot,
     pub(crate) registry: Weak<Registry>,
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
     pub(crate) served: Arc<Mutex<Vec<Weak<ServerConn>>>>,
@@ -590,7 +615,13 @@ async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ServerConn>, reader: &mut Fr
                 subpartition,
                 receiver,
                 initial_credit,
-            } => conn.on_partition_request(partition_id, subpartition, receiver, initial_credit)?,
+            } => {
+                conn.on_partition_request(partition_id, subpartition, receiver, initial_credit)?;
+                // Answers pile up: let the writer (polled with this loop) send them first.
+                if conn.outstanding() > conn.limits.max_outstanding_requests / 2 {
+                    tokio::task::yield_now().await;
+                }
+            }
             Message::AddCredit { receiver, credit } => conn.on_add_credit(receiver, credit)?,
             Message::CancelPartitionRequest { receiver } => conn.cancel(receiver),
             Message::CloseRequest => return Ok(()),

@@ -1,0 +1,258 @@
+//! The frame decoder over arbitrary bytes in arbitrary chunks.
+//!
+//! Input: a mode byte (bit 0: split data frames as the transport does, header first and the
+//! payload read into a "segment" or skipped; bit 1: after the handshake, frames up to a
+//! 4 KiB segment, else only control frames; bit 2: skip data payloads instead of reading
+//! them), a count byte and that many chunk sizes (u16, cycled; 0 means 1), then the stream.
+//!
+//! Checked: the chunked decode gives exactly the messages of a one-shot decode of the whole
+//! stream, in order, and fails where it fails; every error is [`Error::Protocol`]; the
+//! messages re-encode to exactly the bytes they came from (the encoding is canonical); no
+//! frame over the limit is accepted.
+
+use std::borrow::Cow;
+
+use super::Bytes;
+use crate::error::Error;
+use crate::transport::codec::{
+    encode, max_frame_size, BufferResponse, Decoder, Frame, Message, Payload, MAX_CONTROL_FRAME_LEN,
+};
+
+/// Segment size after the "handshake".
+const SEGMENT: usize = 4096;
+/// What the transport asks `read_buf` for.
+const READ_CHUNK: usize = 4096;
+
+/// What one decode produced: the messages, and whether it stopped at a protocol error.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    messages: Vec<Message<'static>>,
+    failed: bool,
+}
+
+/// The one-shot decode, and whether it ended inside a frame (waiting for more bytes).
+struct Reference {
+    outcome: Outcome,
+    incomplete: bool,
+}
+
+fn protocol_only(e: Error) -> bool {
+    assert!(
+        matches!(e, Error::Protocol(_)),
+        "a decoder error that is not a protocol error: {e:?}"
+    );
+    true
+}
+
+/// The whole stream fed at once, whole messages only.
+fn one_shot(stream: &[u8], limit: usize) -> Reference {
+    let mut dec = Decoder::new(limit);
+    dec.feed(stream);
+    let mut messages = Vec::new();
+    loop {
+        match dec.next_message() {
+            Ok(Some(m)) => messages.push(m.into_owned()),
+            Ok(None) => {
+                return Reference {
+                    outcome: Outcome {
+                        messages,
+                        failed: false,
+                    },
+                    incomplete: dec.buffered() > 0,
+                }
+            }
+            Err(e) => {
+                return Reference {
+                    outcome: Outcome {
+                        messages,
+                        failed: protocol_only(e),
+                    },
+                    incomplete: false,
+                }
+            }
+        }
+    }
+}
+
+/// A socket that returns the stream in the given chunk sizes.
+struct Socket<'a> {
+    rest: &'a [u8],
+    sizes: Vec<usize>,
+    next: usize,
+}
+
+impl Socket<'_> {
+    /// Reads at most one chunk into `dst`; 0 at the end.
+    fn read(&mut self, dst: &mut [u8]) -> usize {
+        let size = self.sizes[self.next % self.sizes.len()];
+        self.next += 1;
+        let n = size.min(dst.len()).min(self.rest.len());
+        dst[..n].copy_from_slice(&self.rest[..n]);
+        self.rest = &self.rest[n..];
+        n
+    }
+}
+
+/// The stream read the way `FrameReader` reads a socket: into the decoder's buffer, and in
+/// split mode data payloads partly from the buffer, the rest straight from the socket.
+fn chunked(sock: &mut Socket<'_>, limit: usize, split: bool, skip: bool) -> Outcome {
+    let mut dec = Decoder::new(limit);
+    let mut messages = Vec::new();
+    loop {
+        let next = if split {
+            dec.next_frame().map(|f| {
+                f.map(|f| match f {
+                    Frame::Message(m) => Ok(m.into_owned()),
+                    Frame::DataHeader(h) => Err(h),
+                })
+            })
+        } else {
+            dec.next_message().map(|m| m.map(|m| Ok(m.into_owned())))
+        };
+        match next {
+            Err(e) => {
+                return Outcome {
+                    messages,
+                    failed: protocol_only(e),
+                }
+            }
+            Ok(Some(Ok(m))) => {
+                assert!(
+                    !matches!(&m, Message::BufferResponse(b) if matches!(b.payload, Payload::Data(_)) && split)
+                );
+                messages.push(m);
+            }
+            Ok(Some(Err(header))) => {
+                assert!(
+                    header.payload_len <= SEGMENT,
+                    "a payload over the segment size was accepted"
+                );
+                let mut segment = vec![0u8; header.payload_len];
+                let mut done = if skip { 0 } else { dec.read_payload(&mut segment) };
+                if skip {
+                    dec.discard_payload();
+                }
+                while dec.payload_remaining() > 0 {
+                    let want = dec.payload_remaining();
+                    let mut scratch = vec![0u8; want];
+                    let n = sock.read(&mut scratch);
+                    if n == 0 {
+                        // The stream ends inside the payload: the one-shot decode never
+                        // completes this frame either.
+                        return Outcome {
+                            messages,
+                            failed: false,
+                        };
+                    }
+                    dec.payload_read_elsewhere(n)
+                        .expect("within the payload, nothing buffered");
+                    if !skip {
+                        segment[done..done + n].copy_from_slice(&scratch[..n]);
+                        done += n;
+                    }
+                }
+                let payload = if skip {
+                    // Skipped bytes are not known here; compare the header only (below).
+                    Cow::Owned(Vec::new())
+                } else {
+                    Cow::Owned(segment)
+                };
+                messages.push(Message::BufferResponse(BufferResponse {
+                    receiver: header.receiver,
+                    sequence_number: header.sequence_number,
+                    backlog: header.backlog,
+                    payload: Payload::Data(payload),
+                }));
+            }
+            Ok(None) => {
+                let buf = dec.read_buf(READ_CHUNK);
+                let n = sock.read(buf);
+                if n == 0 {
+                    return Outcome {
+                        messages,
+                        failed: false,
+                    };
+                }
+                dec.commit(n);
+            }
+        }
+    }
+}
+
+/// Blanks data payloads (for comparison with a run that skipped them).
+fn without_payloads(messages: &[Message<'static>]) -> Vec<Message<'static>> {
+    messages
+        .iter()
+        .map(|m| match m {
+            Message::BufferResponse(b) if matches!(b.payload, Payload::Data(_)) => {
+                Message::BufferResponse(BufferResponse {
+                    payload: Payload::Data(Cow::Owned(Vec::new())),
+                    ..b.clone()
+                })
+            }
+            other => other.clone(),
+        })
+        .collect()
+}
+
+/// Runs one scenario (see the module docs); panics on a broken invariant.
+pub fn run(data: &[u8]) {
+    let mut input = Bytes::new(data);
+    let mode = input.u8().unwrap_or(0);
+    let (split, handshaken, skip) = (mode & 1 != 0, mode & 2 != 0, mode & 4 != 0);
+    let count = input.u8().unwrap_or(0) % 8 + 1;
+    let sizes: Vec<usize> = (0..count)
+        .map(|_| usize::from(input.u16().unwrap_or(1)).max(1))
+        .collect();
+    let stream = input.rest();
+    let limit = if handshaken {
+        max_frame_size(SEGMENT)
+    } else {
+        MAX_CONTROL_FRAME_LEN
+    };
+
+    let Reference {
+        outcome: reference,
+        incomplete,
+    } = one_shot(stream, limit);
+    // Canonical: the messages are exactly the bytes they were decoded from.
+    let mut reencoded = Vec::new();
+    for m in &reference.messages {
+        let before = reencoded.len();
+        encode(m, &mut reencoded).expect("a decoded message encodes");
+        assert!(
+            reencoded.len() - before <= limit,
+            "a frame over the limit was accepted"
+        );
+    }
+    assert!(
+        stream.starts_with(&reencoded),
+        "re-encoding the decoded messages does not give back the stream"
+    );
+
+    let mut sock = Socket {
+        rest: stream,
+        sizes,
+        next: 0,
+    };
+    let got = chunked(&mut sock, limit, split, split && skip);
+    if split && skip {
+        assert_eq!(
+            without_payloads(&got.messages),
+            without_payloads(&reference.messages)
+        );
+    } else {
+        assert_eq!(got.messages, reference.messages);
+    }
+    if got.failed != reference.failed {
+        // Split mode checks a data frame's declared length against its header as soon as
+        // the header is in; a one-shot decode of a stream that ends inside that frame is
+        // still waiting for the rest. No other difference is allowed.
+        assert!(
+            split && got.failed && incomplete,
+            "chunked failed: {}, one-shot failed: {}",
+            got.failed,
+            reference.failed
+        );
+    }
+}

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Soak across two network namespaces with link cuts (``make soak-netns``; root; not part of
+``make test``).
+
+A producer process in namespace a writes 4 partitions of 4 subpartitions (round robin, one
+writer thread each); a consumer process in namespace b reads them through 4 gates (4x4
+channels over the veth), each reader stalling at random. The run is a sequence of exchanges
+of ``--round-seconds``: an exchange that is not cut ends cleanly (the producer stops, the
+consumer reads to the end) and must have lost, duplicated, reordered and corrupted nothing.
+Every ``--cut-every`` seconds the link goes down for ``--cut-seconds`` (longer than
+``peer_timeout``) in the middle of an exchange: its gates must fail with
+``ConnectionLostError`` (no hang), and the soak starts a fresh exchange. Every 5 s it samples
+both processes' RSS. The report gives exchanges completed and cut, batches
+sent/received/lost over completed exchanges, RSS over time and every error seen; exit code 1
+on any loss in a completed exchange, a cut that did not fail the gates, or an unexpected error.
+
+    python scripts/soak_netns.py --minutes 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from netns import Hosts, Unavailable, namespaces
+from remote_worker import Worker, WorkerError, vm_rss_kib
+
+PARTITIONS = 4
+CHANNELS = 4
+SAMPLE_EVERY = 5.0
+SECRET = "soak-netns"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--minutes", type=float, default=30.0, help="length of the soak (default 30)")
+    p.add_argument("--round-seconds", type=float, default=60.0, help="length of one exchange (default 60)")
+    p.add_argument("--cut-every", type=float, default=150.0, help="seconds between link cuts (default 150)")
+    p.add_argument("--cut-seconds", type=float, default=5.0, help="length of a cut (default 5)")
+    p.add_argument("--peer-timeout", type=float, default=2.0, help="peer_timeout of both sides (default 2)")
+    p.add_argument("--rows", type=int, default=4096, help="rows of the largest batch (default 4096)")
+    p.add_argument("--memory", default="16MiB", help="network memory of each process (default 16MiB)")
+    p.add_argument("--seed", type=int, default=1)
+    return p.parse_args(argv)
+
+
+def exchange(h: Hosts, args: argparse.Namespace, n: int, cut_at: float | None, log: dict[str, Any]) -> None:
+    """One exchange; cut in the middle if ``cut_at`` (a monotonic time) falls inside it."""
+    env = {"memory": args.memory, "secret": SECRET, "peer_timeout": args.peer_timeout}
+    partitions = [
+        {
+            "id": f"soak/{p}",
+            "producer": p,
+            "subpartitions": CHANNELS,
+            "partitioner": "round_robin",
+            "data": "seq",
+            "count": None,
+            "rows": args.rows,
+        }
+        for p in range(PARTITIONS)
+    ]
+    started = time.monotonic()
+    end = started + args.round_seconds
+    with Worker("producer", netns=h.a, env={**env, "bind": f"{h.addr_a}:0"}, partitions=partitions) as a:
+        address = a.wait_for("address")["address"]
+        gates = [[[address, f"soak/{p}", c] for p in range(PARTITIONS)] for c in range(CHANNELS)]
+        stalls = {"seed": args.seed + n, "every": 5.0, "longest": 1.0}
+        with Worker("consumer", netns=h.b, env=env, gates=gates, data="seq", random_stalls=stalls) as b:
+            b.wait_for("address")
+            while (now := time.monotonic()) < end:
+                if cut_at is not None and now >= cut_at:
+                    cut(h, args, b, log)
+                    return
+                time.sleep(min(SAMPLE_EVERY, end - now, max(0.0, (cut_at or end) - now)))
+                log["rss"].append(
+                    [round(now - log["t0"], 1), vm_rss_kib(a.pid) // 1024, vm_rss_kib(b.pid) // 1024]
+                )
+            a.send(cmd="stop")
+            sent: dict[str, int] = {}
+            for _ in partitions:
+                for key, k in a.wait_for("finished")["sent"].items():
+                    sent[key] = sent.get(key, 0) + k
+            done = b.wait_for("done", timeout=120)["done"]
+            a.send(cmd="exit")
+    unique: dict[str, int] = {}
+    for g in done:
+        unique.update(g["unique"])
+    lost = sum(max(0, k - unique.get(key, 0)) for key, k in sent.items())
+    bad = {k: sum(g[k] for g in done) for k in ("duplicated", "out_of_order", "corrupted")}
+    log["completed"] += 1
+    log["sent"] += sum(sent.values())
+    log["received"] += sum(g["batches"] for g in done)
+    log["lost"] += lost
+    for k, v in bad.items():
+        log[k] += v
+    at = time.monotonic() - log["t0"]
+    print(f"[{at:7.1f} s] exchange {n} completed: sent {sum(sent.values()):,}, lost {lost}")
+
+
+def cut(h: Hosts, args: argparse.Namespace, consumer: Worker, log: dict[str, Any]) -> None:
+    """Cuts the link for ``--cut-seconds``; the consumer's gates must fail with ConnectionLostError."""
+    h.link(up=False)
+    t = time.monotonic()
+    try:
+        failure = consumer.wait_for("error", timeout=args.cut_seconds + 30)
+        noticed = time.monotonic() - t
+    finally:
+        time.sleep(max(0.0, t + args.cut_seconds - time.monotonic()))
+        h.link(up=True)
+    log["cut"] += 1
+    log["cut_noticed_s"].append(round(noticed, 2))
+    if failure.get("type") != "ConnectionLostError":
+        log["errors"].append(f"a cut failed a gate with {failure}")
+    print(f"[{time.monotonic() - log['t0']:7.1f} s] cut: {failure['where']} failed after {noticed:.1f} s")
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    log: dict[str, Any] = {
+        "t0": time.monotonic(),
+        "completed": 0,
+        "cut": 0,
+        "sent": 0,
+        "received": 0,
+        "lost": 0,
+        "duplicated": 0,
+        "out_of_order": 0,
+        "corrupted": 0,
+        "cut_noticed_s": [],
+        "rss": [],
+        "errors": [],
+    }
+    deadline = log["t0"] + args.minutes * 60
+    next_cut = log["t0"] + args.cut_every
+    try:
+        with namespaces(f"cs{os.getpid() % 100000}") as h:
+            n = 0
+            while time.monotonic() < deadline:
+                start = time.monotonic()
+                cut_at = next_cut if next_cut < start + args.round_seconds else None
+                try:
+                    exchange(h, args, n, cut_at, log)
+                except WorkerError as exc:
+                    log["errors"].append(str(exc)[:2000])
+                if cut_at is not None:
+                    next_cut += args.cut_every
+                n += 1
+    except Unavailable as exc:
+        print(f"soak-netns: skipped: {exc}")
+        return 0
+    seconds = round(time.monotonic() - log["t0"], 1)
+    report = {k: v for k, v in log.items() if k != "t0"}
+    print(f"soak-netns: {seconds} s, {log['completed']} exchanges completed, {log['cut']} cut")
+    for key in ("sent", "received", "lost", "duplicated", "out_of_order", "corrupted"):
+        print(f"  batches {key:<13} {log[key]:>12,}  (completed exchanges)")
+    if log["rss"]:
+        prod, cons = [r[1] for r in log["rss"]], [r[2] for r in log["rss"]]
+        print(
+            f"  RSS producer first/last/max {prod[0]}/{prod[-1]}/{max(prod)} MiB (one process per exchange)"
+        )
+        print(f"  RSS consumer first/last/max {cons[0]}/{cons[-1]}/{max(cons)} MiB")
+    print(f"  cuts noticed after (s): {log['cut_noticed_s']}")
+    for e in log["errors"]:
+        print(f"  error: {e}")
+    print(json.dumps({"seconds": seconds, **report}))
+    bad = log["lost"] + log["duplicated"] + log["out_of_order"] + log["corrupted"]
+    ok = not (bad or log["errors"]) and log["completed"] > 0
+    print("soak-netns: OK" if ok else "soak-netns: FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,85 @@
+"""Leak checks (issue 6): opening and closing 1,000 environments, each with a partition, a
+writer and a gate (every tenth with a second environment reading over TCP), leaves the
+process as it found it: flat RSS, no extra threads (Python's or the OS's), no sockets or file
+descriptors left open.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import psutil
+import pyarrow as pa
+
+import creditflow as cf
+
+CYCLES = 1000
+#: Cycles before the first measurement (allocator arenas, pyarrow and import caches warm up).
+WARMUP = 100
+REMOTE_EVERY = 10
+#: Growth of RSS allowed between cycle WARMUP and the end. A leak of one segment (32 KiB)
+#: per environment alone would be ~29 MiB.
+RSS_SLACK = 8 << 20
+
+BATCH = pa.record_batch(
+    {"k": pa.array(range(1000), pa.int64()), "s": pa.array([str(i) for i in range(1000)])}
+)
+
+
+def cycle(i: int) -> None:
+    """One environment, a partition of two subpartitions, a writer and a gate reading both;
+    every ``REMOTE_EVERY``-th cycle the gate is in a second environment, over TCP."""
+    with cf.NetworkEnvironment(memory="1MiB") as env:
+        part = env.create_partition(f"p{i}", 2)
+        with cf.RecordWriter(part, cf.RoundRobinPartitioner(), timeout=10) as w:
+            w.write(BATCH)
+            w.write(BATCH)
+        specs = [cf.ChannelSpec(env.address, f"p{i}", s) for s in range(2)]
+        if i % REMOTE_EVERY == 0:
+            with cf.NetworkEnvironment(memory="1MiB") as peer:
+                gate = peer.create_input_gate(specs)
+                got = list(gate)
+                gate.close()
+        else:
+            gate = env.create_input_gate(specs)
+            got = list(gate)
+            gate.close()
+        assert sum(b.num_rows for b in got) == 2 * BATCH.num_rows
+
+
+def snapshot(proc: psutil.Process) -> dict[str, int]:
+    return {
+        "python threads": threading.active_count(),
+        "os threads": proc.num_threads(),
+        "sockets": len(proc.net_connections(kind="all")),
+        "fds": proc.num_fds(),
+    }
+
+
+def eventually(probe: Callable[[], dict[str, int]], want: dict[str, int]) -> dict[str, int]:
+    """``probe()`` once it equals ``want``, or its last value after 10 s (threads of a closed
+    runtime may take a moment to exit after close returns)."""
+    deadline = time.monotonic() + 10
+    while (got := probe()) != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
+def test_a_thousand_environments_leave_no_threads_sockets_or_memory_behind() -> None:
+    proc = psutil.Process()
+    for i in range(WARMUP):
+        cycle(i)
+    before = snapshot(proc)
+    rss_before = proc.memory_info().rss
+    rss = []
+    for i in range(WARMUP, CYCLES):
+        cycle(i)
+        if i % 100 == 0:
+            rss.append(proc.memory_info().rss)
+    after = eventually(lambda: snapshot(proc), before)
+    assert after == before
+    growth = proc.memory_info().rss - rss_before
+    mib = [round(r / 2**20, 1) for r in rss]
+    assert growth < RSS_SLACK, f"RSS grew {growth / 2**20:.1f} MiB over {CYCLES - WARMUP} cycles: {mib} MiB"

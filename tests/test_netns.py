@@ -1,0 +1,146 @@
+"""Impaired networks (issue 6): producer and consumer run as separate hosts, in two network
+namespaces joined by a veth pair, each with its own address (worker processes started with
+``ip netns exec``). Checked: every batch arrives exactly once and in order unimpaired, under a
+bandwidth cap (tc tbf) and under 20 ms delay with 1% loss (tc netem, where the kernel has
+it); and a link cut longer than ``peer_timeout`` fails the affected gate with
+``ConnectionLostError`` (no hang, no silent loss) while a connection not over that link keeps
+flowing. Each exchange prints its throughput (``-s`` shows it).
+
+Needs root and a kernel that allows network namespaces; otherwise skipped with the reason.
+Namespaces are removed in the fixture's teardown, whatever happened.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from netns import Hosts, Unavailable, namespaces
+from remote_worker import Worker, seq_batch, seq_partition
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+
+SECRET = "netns-secret"
+ROWS = 4096
+PEER_TIMEOUT = 2.0
+CUT = 5.0  # seconds the link is down: longer than PEER_TIMEOUT
+
+
+@pytest.fixture
+def hosts() -> Iterator[Hosts]:
+    try:
+        with namespaces(f"cf{os.getpid() % 100000}") as h:
+            yield h
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+
+
+def env(bind: str = "127.0.0.1:0") -> dict[str, object]:
+    return {"memory": "4MiB", "bind": bind, "secret": SECRET, "peer_timeout": PEER_TIMEOUT}
+
+
+def payload_mb(count: int) -> float:
+    return sum(seq_batch(0, i, 1, ROWS).nbytes for i in range(count)) / 1e6
+
+
+def exchange(h: Hosts, workers: list[Worker], count: int, name: str) -> None:
+    """``count`` batches from a producer in namespace a to a consumer in namespace b: every
+    batch exactly once and in order; prints the throughput."""
+    workers.append(
+        p := Worker("producer", netns=h.a, env=env(f"{h.addr_a}:0"), partitions=[seq_partition(count, ROWS)])
+    )
+    addr = p.wait_for("address")["address"]
+    assert addr.startswith(h.addr_a)
+    workers.append(
+        c := Worker("consumer", netns=h.b, env=env(), gates=[[[addr, "p", 0]]], data="seq", times=True)
+    )
+    done = c.wait_for("done", timeout=300)["done"][0]
+    assert (done["unique"], done["duplicated"], done["out_of_order"], done["corrupted"]) == (
+        {"0/0": count},
+        0,
+        0,
+        0,
+    )
+    assert p.wait_for("finished")["batches"] == count
+    seconds = done["times"][-1] - done["times"][0]
+    rate = payload_mb(count) / seconds
+    print(f"\nnetns throughput, {name}: {rate:.1f} MB/s ({count} batches, {seconds:.2f} s)")
+
+
+def test_unimpaired_link_delivers_everything_in_order(hosts: Hosts, workers: list[Worker]) -> None:
+    exchange(hosts, workers, 300, "unimpaired veth")
+
+
+def test_bandwidth_cap_delivers_everything_in_order(hosts: Hosts, workers: list[Worker]) -> None:
+    for ns, dev in ((hosts.a, hosts.dev_a), (hosts.b, hosts.dev_b)):
+        r = hosts.tc(ns, dev, "tbf", "rate", "100mbit", "burst", "64kb", "latency", "50ms")
+        assert r.returncode == 0, r.stderr
+    exchange(hosts, workers, 100, "100 Mbit/s tbf cap")
+
+
+def test_delay_and_loss_deliver_everything_in_order(hosts: Hosts, workers: list[Worker]) -> None:
+    for ns, dev in ((hosts.a, hosts.dev_a), (hosts.b, hosts.dev_b)):
+        r = hosts.tc(ns, dev, "netem", "delay", "20ms", "loss", "1%")
+        if r.returncode != 0:
+            pytest.skip(f"tc netem is not available in this kernel (sch_netem): {r.stderr.strip()}")
+    exchange(hosts, workers, 100, "20 ms delay, 1% loss")
+
+
+def test_a_cut_longer_than_peer_timeout_fails_that_gate_while_another_connection_flows(
+    hosts: Hosts, workers: list[Worker]
+) -> None:
+    h = hosts
+    # Producer "far" in a (over the veth), producer "near" in b (over b's loopback), one
+    # consumer in b reading both, each in its own gate, continuously (both write until told).
+    workers.append(
+        far := Worker("producer", netns=h.a, env=env(f"{h.addr_a}:0"), partitions=[seq_partition(None, ROWS)])
+    )
+    workers.append(near := Worker("producer", netns=h.b, env=env(), partitions=[seq_partition(None, ROWS)]))
+    far_addr, near_addr = far.wait_for("address")["address"], near.wait_for("address")["address"]
+    workers.append(
+        c := Worker(
+            "consumer",
+            netns=h.b,
+            env=env(),
+            gates=[[[far_addr, "p", 0]], [[near_addr, "p", 0]]],
+            data="seq",
+            times=True,
+        )
+    )
+    c.send(cmd="report")
+    while min(c.wait_for("report")["report"]) < 20:  # both gates are flowing
+        time.sleep(0.1)
+        c.send(cmd="report")
+    h.link(up=False)
+    cut_at = time.monotonic()
+    try:
+        failure = c.wait_for("error", timeout=30)
+        noticed = time.monotonic() - cut_at
+    finally:
+        time.sleep(max(0.0, cut_at + CUT - time.monotonic()))
+        h.link(up=True)
+    assert failure["where"] == "gate 0", failure
+    assert failure["type"] == "ConnectionLostError", failure
+    print(f"\nnetns cut of {CUT:.0f} s, peer_timeout {PEER_TIMEOUT:.0f} s: gate failed after {noticed:.1f} s")
+    # The other connection kept flowing through the cut: stop its producer, read its end.
+    near.send(cmd="stop")
+    done = c.wait_for("done", timeout=60)["done"]
+    sent = near.wait_for("finished")["batches"]
+    far_gate, near_gate = done
+    assert (
+        near_gate["unique"],
+        near_gate["duplicated"],
+        near_gate["out_of_order"],
+        near_gate["corrupted"],
+    ) == (
+        {"0/0": sent},
+        0,
+        0,
+        0,
+    )
+    assert sum(1 for t in near_gate["times"] if t > cut_at + noticed) > 0, "the other gate stopped at the cut"
+    # What the failed gate got before failing is a clean prefix: nothing twice, nothing reordered.
+    assert (far_gate["duplicated"], far_gate["out_of_order"], far_gate["corrupted"]) == (0, 0, 0)

@@ -48,9 +48,10 @@ class NetworkEnvironment:
     does not read them). ``tls``: a :class:`TLSConfig` for every connection (plaintext and TLS
     peers refuse each other); with mutual TLS a non-loopback bind needs no ``secret``.
     ``peer_timeout``: seconds after which a connection whose peer acknowledges nothing (a cut
-    link, a vanished host) fails with ``ConnectionLostError``; ``0`` leaves the OS defaults. ``overdraft_buffers``: segments a
-    partition may borrow beyond its share to finish a record it has started writing when its
-    pool is exhausted (Flink's overdraft buffers; 0 turns them off).
+    link, a vanished host) fails with ``ConnectionLostError``; ``0`` leaves the OS defaults.
+    ``overdraft_buffers``: segments a partition may borrow beyond its share to finish a record
+    it has started writing when its pool is exhausted (Flink's overdraft buffers; 0 turns
+    them off).
     """
 
     def __new__(

@@ -100,6 +100,7 @@ mod tls;
 pub(crate) use client::{recycle_all, Inbound, RemoteChannel, RemoteGate};
 #[cfg(not(loom))]
 pub use client::{RemoteChannelStats, RemoteStats};
+#[cfg(not(loom))]
 pub use limits::Limits;
 #[cfg(not(loom))]
 pub(crate) use net::{Transport, TransportConfig};

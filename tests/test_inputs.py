@@ -208,3 +208,14 @@ def test_hash_partitioner_with_unknown_key_column_is_a_value_error() -> None:
             w.write(sample(), timeout=1)
         assert isinstance(info.value, cf.InvalidArgumentError)
         assert "name" in str(info.value)  # lists the columns there are
+
+
+def test_hash_partitioner_check_schema_names_the_bad_key_before_any_write() -> None:
+    schema = pa.schema([("id", pa.int64()), ("tags", pa.list_(pa.string())), ("u", pa.uint8())])
+    cf.HashPartitioner(["id"]).check_schema(schema)
+    with pytest.raises(cf.InvalidArgumentError, match='key column "tags": cannot hash .*List'):
+        cf.HashPartitioner(["id", "tags"]).check_schema(schema)
+    with pytest.raises(cf.InvalidArgumentError, match="unsigned"):
+        cf.HashPartitioner("u").check_schema(schema)
+    with pytest.raises(cf.InvalidArgumentError, match="not in the batch schema"):
+        cf.HashPartitioner("nope").check_schema(schema)

@@ -145,6 +145,9 @@ class HashPartitioner:
     @property
     def keys(self) -> list[str]:
         """The key columns."""
+    def check_schema(self, schema: pa.Schema) -> None:
+        """Checks that batches of ``schema`` can be hashed by these keys (each key column exists
+        and has a type Spark's ``hash`` takes); raises ``InvalidArgumentError`` otherwise."""
 
 @final
 class RoundRobinPartitioner:

@@ -146,22 +146,16 @@ def exchange(
 
 
 def _check_key_types(df: DataFrame, keys: tuple[str, ...]) -> None:
-    """Hashes one row of nulls of the key columns' Arrow types on the driver, so that a key
-    type Spark's hash does not take (arrays, maps...) fails here, not in every task."""
+    """Checks the key columns' Arrow types against the hash partitioner on the driver, so that
+    a key type Spark's hash does not take (arrays, maps...) fails here, not in every task."""
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType as _StructType
 
-    fields = _StructType([df.schema[k] for k in keys])
-    schema = pa.schema([f.with_nullable(True) for f in to_arrow_schema(fields)])
-    nulls = pa.RecordBatch.from_arrays(
-        [pa.nulls(1, f.type) for f in schema], schema=schema.with_metadata(None)
-    )
-    with cf.NetworkEnvironment(memory="256KiB", segment_size="4KiB") as env:
-        part = env.create_partition("key-check", 2)
-        try:
-            cf.RecordWriter(part, cf.HashPartitioner(list(keys))).write(nulls, timeout=5)
-        except cf.InvalidArgumentError as exc:
-            raise ValueError(f"cannot exchange by {list(keys)}: {exc}") from None
+    schema = to_arrow_schema(_StructType([df.schema[k] for k in keys]))
+    try:
+        cf.HashPartitioner(list(keys)).check_schema(schema)
+    except cf.InvalidArgumentError as exc:
+        raise ValueError(f"cannot exchange by {list(keys)}: {exc}") from None
 
 
 def _check_settings(settings: EnvSettings, n: int) -> None:

@@ -577,10 +577,11 @@ fn dispatch<V: Visit>(array: &dyn Array, v: V) -> Result<(), Error> {
     Ok(())
 }
 
-/// Checks, before anything is hashed, that a column of type `dt` can be hashed.
-fn check_type(dt: &DataType) -> Result<(), Error> {
+/// Checks, before anything is hashed, that a key column of type `dt` can be hashed the way
+/// Spark hashes it; the error names the type and lists the supported ones.
+pub fn check_key_type(dt: &DataType) -> Result<(), Error> {
     match dt {
-        DataType::Struct(fields) => fields.iter().try_for_each(|f| check_type(f.data_type())),
+        DataType::Struct(fields) => fields.iter().try_for_each(|f| check_key_type(f.data_type())),
         DataType::Dictionary(_, values) => match values.as_ref() {
             DataType::Struct(_) | DataType::Dictionary(..) => {
                 Err(unsupported(dt, " (dictionary values must be a flat type)"))
@@ -678,7 +679,7 @@ impl SparkHasher {
                     c.len()
                 )));
             }
-            check_type(c.data_type())?;
+            check_key_type(c.data_type())?;
         }
         out.clear();
         out.resize(num_rows, SPARK_HASH_SEED);

@@ -10,7 +10,7 @@ use arrow_schema::{DataType, Schema};
 use arrow_select::take::take;
 
 use crate::error::{Error, Result};
-use crate::hash::spark_partition_ids;
+use crate::hash::{check_key_type, spark_partition_ids};
 
 /// How a [`crate::RecordWriter`] distributes batches over subpartitions.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +24,41 @@ pub enum Partitioner {
     Broadcast,
     /// Every batch goes to subpartition 0 (one-to-one forward; use one subpartition).
     Forward,
+}
+
+impl Partitioner {
+    /// Checks that this partitioner can distribute batches of `schema`: for a hash
+    /// partitioner, that every key column exists at the top level and has a type Spark's hash
+    /// takes. The same check runs when a writer sees its first batch; calling it earlier
+    /// (e.g. on a Spark driver) fails before any data moves.
+    pub fn check_schema(&self, schema: &Schema) -> Result<()> {
+        match self {
+            Partitioner::Hash(keys) => hash_key_indices(keys, schema).map(drop),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The indices of `keys` in `schema`, after checking that each exists and can be hashed.
+fn hash_key_indices(keys: &[String], schema: &Schema) -> Result<Vec<usize>> {
+    if keys.is_empty() {
+        return Err(Error::InvalidArgument(
+            "HashPartitioner needs at least one key column".into(),
+        ));
+    }
+    keys.iter()
+        .map(|k| {
+            let idx = schema.index_of(k).map_err(|_| {
+                let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                Error::InvalidArgument(format!(
+                    "key column {k:?} not in the batch schema; columns are {names:?}"
+                ))
+            })?;
+            check_key_type(schema.field(idx).data_type())
+                .map_err(|e| Error::InvalidArgument(format!("key column {k:?}: {e}")))?;
+            Ok(idx)
+        })
+        .collect()
 }
 
 /// One piece of a split batch.
@@ -61,24 +96,7 @@ impl Splitter {
     /// Binds `kind` to `schema` (key columns must exist at the top level).
     pub fn new(kind: Partitioner, schema: &Schema) -> Result<Splitter> {
         let key_indices = match &kind {
-            Partitioner::Hash(keys) => {
-                if keys.is_empty() {
-                    return Err(Error::InvalidArgument(
-                        "HashPartitioner needs at least one key column".into(),
-                    ));
-                }
-                keys.iter()
-                    .map(|k| {
-                        schema.index_of(k).map_err(|_| {
-                            let names: Vec<&str> =
-                                schema.fields().iter().map(|f| f.name().as_str()).collect();
-                            Error::InvalidArgument(format!(
-                                "key column {k:?} not in the batch schema; columns are {names:?}"
-                            ))
-                        })
-                    })
-                    .collect::<Result<Vec<_>>>()?
-            }
+            Partitioner::Hash(keys) => hash_key_indices(keys, schema)?,
             _ => Vec::new(),
         };
         Ok(Splitter {
@@ -376,5 +394,31 @@ mod tests {
         assert_eq!(targets, vec![0, 1, 2, 0, 1]);
         let mut bc = Splitter::new(Partitioner::Broadcast, &b.schema()).unwrap();
         assert_eq!(bc.split(&b, 3).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn check_schema_rejects_unhashable_key_types_before_any_batch() {
+        use arrow_schema::{Field, Fields};
+        let list = DataType::List(Arc::new(Field::new("item", DataType::Int64, true)));
+        let schema = Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("l", list, true),
+            Field::new("u", DataType::UInt32, true),
+            Field::new(
+                "s",
+                DataType::Struct(Fields::from(vec![Field::new("a", DataType::Utf8, true)])),
+                true,
+            ),
+        ]);
+        let hash = |keys: &[&str]| Partitioner::Hash(keys.iter().map(|k| k.to_string()).collect());
+        hash(&["k", "s"]).check_schema(&schema).unwrap();
+        let err = hash(&["k", "l"]).check_schema(&schema).unwrap_err().to_string();
+        assert!(err.contains("key column \"l\"") && err.contains("List"), "{err}");
+        let err = hash(&["u"]).check_schema(&schema).unwrap_err().to_string();
+        assert!(err.contains("unsigned"), "{err}");
+        assert!(hash(&[]).check_schema(&schema).is_err());
+        // The writer's splitter runs the same check when it binds to the first batch.
+        assert!(Splitter::new(hash(&["l"]), &schema).is_err());
+        Partitioner::RoundRobin.check_schema(&schema).unwrap();
     }
 }

@@ -49,6 +49,16 @@ impl HashPartitioner {
         self.keys.clone()
     }
 
+    /// Checks that batches of ``schema`` can be hashed by these keys: every key column
+    /// exists at the top level and has a type Spark's ``hash`` takes. Raises
+    /// ``InvalidArgumentError`` naming the column and the supported types otherwise. A
+    /// writer runs the same check on its first batch; this runs it before any data moves.
+    fn check_schema(&self, py: Python<'_>, schema: pyo3_arrow::PySchema) -> PyResult<()> {
+        Partitioner::Hash(self.keys.clone())
+            .check_schema(schema.as_ref())
+            .map_err(|e| to_py(py, e))
+    }
+
     fn __repr__(&self) -> String {
         format!("HashPartitioner({:?})", self.keys)
     }

@@ -26,7 +26,7 @@ use crate::metrics::{BackpressureLevel, Counter, TimeMeter};
 use crate::partitioner::Piece;
 use crate::serde::BatchEncoder;
 use crate::wait::Wait;
-use buffer::{new_buffer, BufferBuilder};
+use buffer::{new_buffer_limited, BufferBuilder};
 use subpartition::{Entry, Event, LocalBatch, Subpartition, Token};
 
 /// Where partitions are registered, so that they can unregister when done.
@@ -279,7 +279,17 @@ impl ResultPartition {
     fn write_handoff(&self, pieces: Vec<Piece>, token: Option<Token>, wait: &mut Wait<'_>) -> Result<()> {
         let seg = self.pool.segment_size();
         let sizes: Vec<usize> = pieces.iter().map(|p| p.batch.get_array_memory_size()).collect();
-        let needs: Vec<usize> = sizes.iter().map(|s| s.div_ceil(seg).max(1)).collect();
+        // A queued batch counts as the buffers it would fill: segments, or fewer bytes each
+        // when the reader's gate announced a smaller buffer size (debloating), so that the
+        // bytes a subpartition queues shrink with the buffer size as in Flink.
+        let needs: Vec<usize> = pieces
+            .iter()
+            .zip(&sizes)
+            .map(|(p, s)| {
+                s.div_ceil(self.subpartitions[p.subpartition].buffer_size(seg))
+                    .max(1)
+            })
+            .collect();
         let total: usize = needs.iter().sum();
         let mut segments = match self.pool.try_reserve(total) {
             Some(s) => s,
@@ -344,7 +354,7 @@ impl ResultPartition {
             let needed = record
                 .len()
                 .saturating_sub(free_in_builder)
-                .div_ceil(self.pool.segment_size());
+                .div_ceil(sub.buffer_size(self.pool.segment_size()));
             let mut reserved = if needed == 0 || needed * 2 > self.pool.stats().share {
                 Vec::new()
             } else {
@@ -404,7 +414,8 @@ impl ResultPartition {
                             self.pool.request(wait)?
                         }
                     };
-                    let (b, c) = new_buffer(seg);
+                    let limit = sub.buffer_size(usize::MAX);
+                    let (b, c) = new_buffer_limited(seg, limit);
                     sub.add_unfinished_buffer(c);
                     builder.insert(b)
                 }

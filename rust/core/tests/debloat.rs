@@ -114,10 +114,10 @@ fn slow_consumer(remote: bool, debloat: bool) -> Outcome {
     let mut due = start;
     let mut first = None;
     let outcome = loop {
-        let b = gate
-            .next(&mut wait())
-            .unwrap()
-            .expect("the producer ends only after the window");
+        let b = match gate.next(&mut wait()) {
+            Ok(b) => b.expect("the producer ends only after the window"),
+            Err(e) => panic!("{e}: {:#?}\n{:#?}", part.metrics(), gate.metrics()),
+        };
         assert_eq!(b.num_rows(), ROWS);
         let now = start.elapsed();
         if first.is_none() && now >= WINDOW.0 {
@@ -229,4 +229,65 @@ fn invalid_debloat_settings_are_refused_with_the_setting_named() {
             Ok(_) => panic!("accepted an invalid {needle}"),
         }
     }
+}
+
+/// Regression: with every subpartition holding a half-filled buffer, a record needing a few
+/// small (debloated) buffers must not wait for more segments than can ever be free. The
+/// writer used to reserve `needed <= share / 2` segments at once, but the other
+/// subpartitions' open buffers hold theirs until more is written there: a pool of 6 with 4
+/// open buffers has at most 2 free, so a record needing 3 waited forever.
+#[test]
+fn a_record_of_a_few_small_buffers_does_not_wait_for_segments_held_by_open_buffers() {
+    use creditflow_core::serde::BatchEncoder;
+    const SMALL_SEG: usize = 4096;
+    let env = NetworkEnvironment::new(EnvConfig {
+        memory: 8 * SMALL_SEG,
+        segment_size: SMALL_SEG,
+        local_handoff: false,
+        buffer_timeout: Duration::from_secs(3600),
+        ..EnvConfig::default()
+    })
+    .unwrap();
+    let part = env.create_partition("p", CHANNELS).unwrap();
+    let specs = (0..CHANNELS)
+        .map(|i| ChannelSpec {
+            address: env.address().into(),
+            partition_id: "p".into(),
+            subpartition: i,
+        })
+        .collect();
+    let mut gate = env.create_input_gate(specs).unwrap();
+    assert_eq!(part.pool().stats().share, 6, "the scenario needs a share of 6");
+    // Subpartition 0's stream: a tiny first record (with the schema), then the big one.
+    let tiny = |i: i64| {
+        let b = batch(i * ROWS as i64);
+        b.slice(0, 4)
+    };
+    let big = batch(1_000_000).slice(0, 150);
+    let mut enc = BatchEncoder::new(&tiny(0).schema()).unwrap();
+    let first = enc.encode(&tiny(0)).unwrap().len();
+    let second = enc.encode(&big).unwrap().len();
+    let beyond = second - (SMALL_SEG - first); // bytes past the open buffer
+    let size = beyond.div_ceil(3); // so that exactly 3 more buffers are needed
+    assert_eq!(beyond.div_ceil(size), 3);
+    let writer = {
+        let part = part.clone();
+        std::thread::spawn(move || -> creditflow_core::Result<()> {
+            let mut w = RecordWriter::new(part.clone(), Partitioner::RoundRobin);
+            let mut wait = Wait::timeout(Some(Duration::from_secs(10)), "writer");
+            for i in 0..CHANNELS as i64 {
+                w.write(&tiny(i), &mut wait)?; // one open buffer per subpartition
+            }
+            part.subpartition(0)?.set_buffer_size(size);
+            w.write(&big, &mut wait)?; // round robin: subpartition 0 again
+            w.close()
+        })
+    };
+    let mut rows = 0;
+    let mut read = Wait::timeout(Some(Duration::from_secs(20)), "reader");
+    while let Some(b) = gate.next(&mut read).unwrap() {
+        rows += b.num_rows();
+    }
+    writer.join().unwrap().unwrap();
+    assert_eq!(rows, CHANNELS * 4 + 150);
 }

@@ -23,9 +23,10 @@ over every marker of every round, and the ratio is of those medians, from one ru
 
 Settings (environment variables):
 
-``CREDITFLOW_BENCH_BARRIER_TARGET``  ``debloat_target`` in seconds (default 0.2; Flink's
-                                     default is 1.0, which needs a consumer under
-                                     ~170 KB/s here for debloating to matter)
+``CREDITFLOW_BENCH_BARRIER_TARGET``  ``debloat_target`` in seconds (default 0.1; Flink's
+                                     default is 1.0, for which the consumer would have to
+                                     be ten times slower, and every run ten times longer,
+                                     for the same buffer sizes)
 ``CREDITFLOW_BENCH_BARRIER_RATE``    consumer rate in bytes/s over all channels (512 KiB/s)
 ``CREDITFLOW_BENCH_BARRIER_ROUNDS``  rounds (default 2), each with both settings
 ``CREDITFLOW_BENCH_BARRIER_MARKERS`` markers per run (default 5)
@@ -55,14 +56,14 @@ pytestmark = pytest.mark.benchmark
 
 CHANNELS = 4
 SEGMENT = 32 << 10
-PRODUCER_MEMORY = 1 << 20  # 32 segments: the producer's queue
+PRODUCER_MEMORY = 2 << 20  # 64 segments: the producer's queue
 CONSUMER_MEMORY = 8 << 20
-BATCH_BYTES = 64 << 10  # payload of one data batch (spans two segments)
+BATCH_BYTES = 24 << 10  # payload of one data batch (under a segment: one buffer without debloating)
 SPEEDUP = 10.0  # producer rate / consumer rate
-WARMUP = 4.0  # seconds of backpressure before the first marker (old full-size data drains)
+WARMUP = 5.0  # seconds of backpressure before the first marker (old full-size data drains)
 MARKER_INTERVAL = 1.0
 
-TARGET = float(os.environ.get("CREDITFLOW_BENCH_BARRIER_TARGET", "0.2"))
+TARGET = float(os.environ.get("CREDITFLOW_BENCH_BARRIER_TARGET", "0.1"))
 RATE = float(os.environ.get("CREDITFLOW_BENCH_BARRIER_RATE", str(512 << 10)))
 ROUNDS = int(os.environ.get("CREDITFLOW_BENCH_BARRIER_ROUNDS", "2"))
 MARKERS = int(os.environ.get("CREDITFLOW_BENCH_BARRIER_MARKERS", "5"))
@@ -92,8 +93,8 @@ def marker_time(item: pa.RecordBatch) -> float:
 
 
 def data_batch(seed: int) -> pa.RecordBatch:
-    """A data batch of ``BATCH_BYTES`` of payload in 64 rows."""
-    rows = 64
+    """A data batch of ``BATCH_BYTES`` of payload in 32 rows."""
+    rows = 32
     rng = np.random.default_rng(seed)
     payload = [rng.bytes(BATCH_BYTES // rows) for _ in range(rows)]
     return pa.record_batch(

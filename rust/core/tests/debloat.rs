@@ -86,14 +86,7 @@ fn slow_consumer(remote: bool, debloat: bool) -> Outcome {
     let consumer = remote.then(|| NetworkEnvironment::new(config(debloat, true, 4 << 20)).unwrap());
     let gate_env = consumer.as_ref().unwrap_or(&producer);
     let part = producer.create_partition("p", CHANNELS).unwrap();
-    let specs = (0..CHANNELS)
-        .map(|i| ChannelSpec {
-            address: producer.address().into(),
-            partition_id: "p".into(),
-            subpartition: i,
-        })
-        .collect();
-    let mut gate = gate_env.create_input_gate(specs).unwrap();
+    let mut gate = gate_env.create_input_gate(every_channel(&producer)).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let part = part.clone();
@@ -139,6 +132,17 @@ fn slow_consumer(remote: bool, debloat: bool) -> Outcome {
     while gate.next(&mut wait()).unwrap().is_some() {}
     writer.join().unwrap();
     outcome
+}
+
+/// One channel per subpartition of partition "p" of `producer`.
+fn every_channel(producer: &NetworkEnvironment) -> Vec<ChannelSpec> {
+    (0..CHANNELS)
+        .map(|i| ChannelSpec {
+            address: producer.address().into(),
+            partition_id: "p".into(),
+            subpartition: i,
+        })
+        .collect()
 }
 
 /// Sleeps so that calls come at most `rate` times a second. A caller that fell behind (a
@@ -249,14 +253,7 @@ fn a_record_of_a_few_small_buffers_does_not_wait_for_segments_held_by_open_buffe
     })
     .unwrap();
     let part = env.create_partition("p", CHANNELS).unwrap();
-    let specs = (0..CHANNELS)
-        .map(|i| ChannelSpec {
-            address: env.address().into(),
-            partition_id: "p".into(),
-            subpartition: i,
-        })
-        .collect();
-    let mut gate = env.create_input_gate(specs).unwrap();
+    let mut gate = env.create_input_gate(every_channel(&env)).unwrap();
     assert_eq!(part.pool().stats().share, 6, "the scenario needs a share of 6");
     // Subpartition 0's stream: a tiny first record (with the schema), then the big one.
     let tiny = |i: i64| {

@@ -185,7 +185,9 @@ def drain_latencies(debloat: bool) -> Config:
         "barrier-producer", env=prod_env, rate=SPEEDUP * RATE / CHANNELS, markers=MARKERS
     ) as prod:
         address = prod.read()["address"]
-        with BarrierWorker("barrier-consumer", env=cons_env, producer=address, rate=RATE, markers=MARKERS) as cons:
+        with BarrierWorker(
+            "barrier-consumer", env=cons_env, producer=address, rate=RATE, markers=MARKERS
+        ) as cons:
             result = cons.read(timeout=TIMEOUT * 4)
             prod.send(cmd="stop")
             assert prod.read(timeout=TIMEOUT) == {"done": True}

@@ -12,7 +12,6 @@ import pyarrow as pa
 import pytest
 
 import creditflow as cf
-
 from helpers import read_all
 
 
@@ -41,7 +40,9 @@ def test_a_debloating_gate_reports_its_buffer_size_and_throughput() -> None:
     batch = pa.record_batch({"x": pa.array(range(10_000))})
     with (
         cf.NetworkEnvironment(memory="4MiB") as prod,
-        cf.NetworkEnvironment(memory="4MiB", debloat=True, debloat_target=0.5, debloat_min_buffer=1024) as cons,
+        cf.NetworkEnvironment(
+            memory="4MiB", debloat=True, debloat_target=0.5, debloat_min_buffer=1024
+        ) as cons,
     ):
         part = prod.create_partition("p", 1)
         gate = cons.create_input_gate([cf.ChannelSpec(prod.address, "p", 0)])

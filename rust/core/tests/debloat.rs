@@ -1,6 +1,8 @@
 //! Buffer debloating end to end: a consumer at a tenth of its producer's rate makes its gate
 //! announce a smaller buffer size, and the producer's buffers shrink to it, over TCP and
 //! between a partition and a gate of one environment; with debloating off nothing changes.
+//! Also: how a handed-off batch is counted at a debloated size, bad settings, and a writer
+//! deadlock that small buffers exposed.
 //!
 //! Rates are paced by the test (sleeps between batches), so the consumer is the bottleneck
 //! whatever the machine's load; the assertions compare sizes with wide margins (a factor of
@@ -287,4 +289,22 @@ fn a_record_of_a_few_small_buffers_does_not_wait_for_segments_held_by_open_buffe
     }
     writer.join().unwrap().unwrap();
     assert_eq!(rows, CHANNELS * 4 + 150);
+}
+
+/// A batch handed off to a local reader counts against the partition's pool as the buffers
+/// it would fill at the announced size, not at whole segments: the bytes a debloated
+/// subpartition queues shrink with the buffer size.
+#[test]
+fn a_handed_off_batch_counts_as_buffers_of_the_announced_size() {
+    let env = NetworkEnvironment::new(config(false, true, 16 << 20)).unwrap();
+    let part = env.create_partition("p", 2).unwrap();
+    let b = batch(0);
+    let bytes = b.get_array_memory_size();
+    assert!(bytes < SEG, "the batch fits one segment ({bytes} bytes)");
+    part.subpartition(1).unwrap().set_buffer_size(1024);
+    let mut w = RecordWriter::new(part.clone(), Partitioner::RoundRobin);
+    w.write(&b, &mut wait()).unwrap(); // subpartition 0: whole segments
+    assert_eq!(part.metrics().pool.in_use, 1);
+    w.write(&b, &mut wait()).unwrap(); // subpartition 1: 1 KiB buffers
+    assert_eq!(part.metrics().pool.in_use, 1 + bytes.div_ceil(1024));
 }

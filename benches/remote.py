@@ -425,13 +425,18 @@ class WorkerError(RuntimeError):
 
 
 class Worker(contextlib.AbstractContextManager["Worker"]):
-    """A worker process: ``read()`` its next JSON line, ``send(**fields)`` one to it."""
+    """A worker process: ``read()`` its next JSON line, ``send(**fields)`` one to it.
+
+    It runs ``script`` (this file; a subclass may point at another script that dispatches
+    roles the same way, e.g. ``benches/test_bench_barrier.py``)."""
+
+    script: Path = Path(__file__).resolve()
 
     def __init__(self, role: str, **cfg: Any) -> None:
         self.role = role
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by kill())
         self._proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), role, json.dumps(cfg)],
+            [sys.executable, str(self.script), role, json.dumps(cfg)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

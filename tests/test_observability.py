@@ -126,7 +126,11 @@ def test_remote_readers_report_peer_credit_and_bytes_sent() -> None:
 
 
 def test_metrics_endpoint_parses_and_has_every_documented_family() -> None:
-    with cf.NetworkEnvironment(memory="8MiB") as prod, cf.NetworkEnvironment(memory="8MiB") as cons:
+    # The consumer debloats, so its gate has the debloating families too.
+    with (
+        cf.NetworkEnvironment(memory="8MiB") as prod,
+        cf.NetworkEnvironment(memory="8MiB", debloat=True) as cons,
+    ):
         server = prod.serve_metrics()
         cons_server = cons.serve_metrics(port=0, addr="127.0.0.1")
         part = prod.create_partition("p", 1)

@@ -51,7 +51,13 @@ class NetworkEnvironment:
     link, a vanished host) fails with ``ConnectionLostError``; ``0`` leaves the OS defaults.
     ``overdraft_buffers``: segments a partition may borrow beyond its share to finish a record
     it has started writing when its pool is exhausted (Flink's overdraft buffers; 0 turns
-    them off).
+    them off). ``debloat``: buffer debloating (Flink's FLIP-183, off by default): every gate
+    measures the bytes it consumes per second and has its producers cut buffers at
+    ``throughput × debloat_target / buffers`` bytes (``buffers``: exclusive buffers of every
+    channel plus the floating ones), at least ``debloat_min_buffer`` bytes and at most a
+    segment, announced when it changes by 25% or more; segments stay whole, only the fill
+    point moves, so the data in flight to a slow consumer (and a marker queued behind it)
+    drains in about ``debloat_target`` seconds per gate's worth of buffers.
     """
 
     def __new__(
@@ -77,6 +83,9 @@ class NetworkEnvironment:
         tls: TLSConfig | None = None,
         peer_timeout: float = 30.0,
         overdraft_buffers: int = 5,
+        debloat: bool = False,
+        debloat_target: float = 1.0,
+        debloat_min_buffer: int = 256,
     ) -> NetworkEnvironment: ...
     @property
     def address(self) -> str:

@@ -266,6 +266,20 @@ FAMILIES: tuple[Family, ...] = (
         GATE,
         _ms("busy_time_ms_per_second"),
     ),
+    Family(
+        "creditflow_gate_debloat_buffer_size_bytes",
+        "gauge",
+        "Buffer debloating: the buffer size last announced to the producers",
+        GATE,
+        _get("debloat_buffer_size"),
+    ),
+    Family(
+        "creditflow_gate_debloat_throughput_bytes_per_second",
+        "gauge",
+        "Buffer debloating: smoothed bytes consumed per second not spent waiting for data",
+        GATE,
+        _get("debloat_throughput_bytes_per_second"),
+    ),
     # channels
     Family(
         "creditflow_channel_received_batches", "counter", "Batches received", CHAN, _get("batches_received")

@@ -12,8 +12,9 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::debloat::DebloatConfig;
 use crate::error::{Error, Result};
-use crate::gate::{Backoff, ChannelSpec, GateHandle, GateMetrics, InputGate, RemoteSetup};
+use crate::gate::{Backoff, ChannelSpec, DebloatSetup, GateHandle, GateMetrics, InputGate, RemoteSetup};
 use crate::memory::GlobalPool;
 use crate::partition::{Handoff, PartitionMetrics, Registry, ResultPartition};
 use crate::serde::RECORD_HEADER_LEN;
@@ -70,6 +71,24 @@ pub struct EnvConfig {
     /// fails with `ConnectionLost` (TCP_USER_TIMEOUT + keepalive); zero: the OS defaults
     /// (minutes).
     pub peer_timeout: Duration,
+    /// Buffer debloating (Flink's `buffer-debloat.enabled`, off by default): every gate sizes
+    /// its producers' buffers so the data in flight to it drains in about `debloat_target`.
+    pub debloat: bool,
+    /// How long the data in flight to a gate should take to drain (default 1 s).
+    pub debloat_target: Duration,
+    /// Smallest buffer size debloating announces, in bytes (default 256).
+    pub debloat_min_buffer: usize,
+}
+
+impl EnvConfig {
+    /// The buffer debloating calculator's settings (Flink's period, samples and threshold).
+    pub fn debloat_config(&self) -> DebloatConfig {
+        DebloatConfig {
+            target: self.debloat_target,
+            min_buffer: self.debloat_min_buffer,
+            ..DebloatConfig::new(self.segment_size)
+        }
+    }
 }
 
 impl Default for EnvConfig {
@@ -92,6 +111,9 @@ impl Default for EnvConfig {
             limits: Limits::default(),
             tls: None,
             peer_timeout: Duration::from_secs(30),
+            debloat: false,
+            debloat_target: Duration::from_secs(1),
+            debloat_min_buffer: crate::debloat::DEFAULT_MIN_BUFFER,
         }
     }
 }
@@ -154,6 +176,7 @@ impl NetworkEnvironment {
         config.limits.validate()?;
         let tls = config.tls.as_ref().map(Tls::new).transpose()?.map(Arc::new);
         let pool = GlobalPool::new(config.memory, config.segment_size)?;
+        config.debloat_config().validate()?;
         let listener = TcpListener::bind(&config.bind)
             .map_err(|e| Error::InvalidArgument(format!("cannot bind {:?}: {e}", config.bind)))?;
         let bound = listener
@@ -298,6 +321,11 @@ impl NetworkEnvironment {
             max_record,
             Some(RemoteSetup {
                 transport: self.inner.transport.clone(),
+                exclusive_buffers: cfg.exclusive_buffers,
+                floating_buffers: cfg.floating_buffers,
+            }),
+            cfg.debloat.then(|| DebloatSetup {
+                config: cfg.debloat_config(),
                 exclusive_buffers: cfg.exclusive_buffers,
                 floating_buffers: cfg.floating_buffers,
             }),

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 
+use crate::debloat::{DebloatConfig, Debloater};
 use crate::error::{Error, Result};
 use crate::memory::{LocalPool, PoolStats};
 use crate::metrics::{Counter, TimeMeter};
@@ -115,6 +116,9 @@ pub(crate) struct GateCounters {
     pub(crate) bytes: Counter,
     pub(crate) rows: Counter,
     pub(crate) idle: TimeMeter,
+    /// Bytes of buffers taken (serialized bytes, or Arrow bytes of handed-off batches): what
+    /// the debloating throughput is measured on.
+    pub(crate) buffer_bytes: Counter,
 }
 
 /// How a channel reads, for metrics.
@@ -218,8 +222,52 @@ pub struct GateMetrics {
     pub idle_total: Duration,
     /// Buffers and credit of the remote channels (`None`: no remote channel).
     pub remote: Option<RemoteStats>,
+    /// Buffer debloating (`None`: off).
+    pub debloat: Option<DebloatMetrics>,
     /// Per-channel detail, by index.
     pub channels: Vec<ChannelMetrics>,
+}
+
+/// What a gate's buffer debloating measured and announced.
+#[derive(Debug, Clone, Copy)]
+pub struct DebloatMetrics {
+    /// The buffer size last announced to the producers (the segment size before any).
+    pub buffer_size: usize,
+    /// The buffer size the last sample computed, announced or not (damping).
+    pub desired_buffer_size: usize,
+    /// Smoothed bytes consumed per second of time not spent waiting for data.
+    pub throughput: f64,
+    /// Buffers that can be in flight to the gate (the divisor of the size).
+    pub buffers: usize,
+}
+
+/// A gate's buffer debloating: the calculator and where to announce its sizes.
+struct GateDebloat {
+    debloater: Debloater,
+    /// Buffers that can be in flight to the gate: exclusive buffers of every channel (local
+    /// channels count as if remote) plus the floating ones.
+    buffers: usize,
+    remote: Vec<Arc<RemoteChannel>>,
+    /// Subpartitions of the local channels attached so far.
+    local: Vec<Arc<Subpartition>>,
+}
+
+impl GateDebloat {
+    fn announce(&self, size: usize) {
+        for ch in &self.remote {
+            ch.announce_buffer_size(size);
+        }
+        for sub in &self.local {
+            sub.set_buffer_size(size);
+        }
+    }
+}
+
+/// Buffer debloating settings of a gate: the calculator's and the buffer count.
+pub(crate) struct DebloatSetup {
+    pub(crate) config: DebloatConfig,
+    pub(crate) exclusive_buffers: usize,
+    pub(crate) floating_buffers: usize,
 }
 
 impl GateMetrics {
@@ -250,11 +298,45 @@ pub(crate) struct GateHandle {
     queued: std::sync::atomic::AtomicUsize,
     remote: std::sync::OnceLock<Arc<RemoteGate>>,
     channels: Vec<ChannelCounters>,
+    /// Buffer debloating, when on. Locked by the environment's flusher each tick and by the
+    /// reader when a local channel attaches.
+    debloat: Option<Mutex<GateDebloat>>,
 }
 
 impl GateHandle {
     pub(crate) fn tick(&self) {
         self.counters.idle.tick();
+        self.debloat_tick(Instant::now());
+    }
+
+    /// Feeds the debloater the gate's totals; announces a new buffer size to every channel's
+    /// producer when it changed enough.
+    fn debloat_tick(&self, now: Instant) {
+        let Some(d) = &self.debloat else { return };
+        let mut d = d.lock().unwrap();
+        let c = &self.counters;
+        let buffers = d.buffers;
+        if let Some(size) = d
+            .debloater
+            .update(now, c.buffer_bytes.get(), c.idle.total(), buffers)
+        {
+            log::debug!(
+                "creditflow: {}: buffer size {size} bytes ({:.0} bytes/s over {buffers} buffers)",
+                self.name,
+                d.debloater.throughput()
+            );
+            d.announce(size);
+        }
+    }
+
+    /// A local channel attached: it gets the size announced so far, and later ones.
+    fn debloat_attach(&self, sub: &Arc<Subpartition>) {
+        let Some(d) = &self.debloat else { return };
+        let mut d = d.lock().unwrap();
+        if d.debloater.announced() < d.debloater.config().max_buffer {
+            sub.set_buffer_size(d.debloater.announced());
+        }
+        d.local.push(sub.clone());
     }
 
     fn mark(&self, idx: usize, kind: ChannelKind) {
@@ -292,6 +374,15 @@ impl GateHandle {
             idle_ms_per_second: c.idle.ms_per_second(),
             idle_total: c.idle.total(),
             remote: self.remote.get().map(|r| r.stats()),
+            debloat: self.debloat.as_ref().map(|d| {
+                let d = d.lock().unwrap();
+                DebloatMetrics {
+                    buffer_size: d.debloater.announced(),
+                    desired_buffer_size: d.debloater.desired(),
+                    throughput: d.debloater.throughput(),
+                    buffers: d.buffers,
+                }
+            }),
             channels,
         }
     }
@@ -337,6 +428,7 @@ impl InputGate {
         backoff: Backoff,
         max_record: usize,
         remote: Option<RemoteSetup>,
+        debloat: Option<DebloatSetup>,
     ) -> Result<(InputGate, Arc<GateHandle>)> {
         if specs.is_empty() {
             return Err(Error::InvalidArgument(
@@ -424,7 +516,24 @@ impl InputGate {
                 rows: Counter::default(),
             })
             .collect();
+        let debloat = debloat.map(|setup| {
+            let buffers = (channels.len() * setup.exclusive_buffers + setup.floating_buffers).max(1);
+            let remote = channels
+                .iter()
+                .filter_map(|c| match &c.state {
+                    ChannelState::Remote { ch, .. } => Some(ch.clone()),
+                    _ => None,
+                })
+                .collect();
+            Mutex::new(GateDebloat {
+                debloater: Debloater::new(setup.config, Instant::now()),
+                buffers,
+                remote,
+                local: Vec::new(),
+            })
+        });
         let handle = Arc::new(GateHandle {
+            debloat,
             name,
             counters: GateCounters::default(),
             channels: channel_counters,
@@ -505,6 +614,7 @@ impl InputGate {
                         });
                     }
                     self.unresolved -= 1;
+                    self.handle.debloat_attach(&sub);
                     self.handle.mark(idx, ChannelKind::Local);
                     self.channels[idx].state = ChannelState::Local {
                         partition: p,
@@ -625,6 +735,7 @@ impl InputGate {
         let per = &self.handle.channels[idx];
         match polled {
             Polled::Batch(lb) => {
+                counters.buffer_bytes.add(lb.bytes as u64);
                 counters.buffers.add(1);
                 counters.batches.add(1);
                 counters.bytes.add(lb.bytes as u64);
@@ -635,6 +746,7 @@ impl InputGate {
                 // lb.segments are recycled here: the batch left the partition's budget.
             }
             Polled::Data(slice) => {
+                counters.buffer_bytes.add(slice.len() as u64);
                 counters.buffers.add(1);
                 per.buffers.add(1);
                 let mut out = VecDeque::new();
@@ -694,6 +806,7 @@ impl InputGate {
         for item in items {
             match item {
                 Inbound::Data(received) => {
+                    counters.buffer_bytes.add(received.bytes().len() as u64);
                     counters.buffers.add(1);
                     per.buffers.add(1);
                     de.push(received.bytes(), &mut out)?;

@@ -17,6 +17,7 @@
 //! | row → subpartition | [`partitioner`] | `ChannelSelector` |
 //! | batch → partition | [`writer`] | `RecordWriter` |
 //! | channels → batches | [`gate`] | `SingleInputGate`, `LocalInputChannel` |
+//! | buffer size from the gate's throughput (no I/O) | [`debloat`] | `BufferDebloater`, `ThroughputCalculator` |
 //! | credit, backlog, sequence numbers (no I/O) | [`credit`] | `CreditBasedPartitionRequestClientHandler` state |
 //! | wire protocol: frames ⇄ messages (no I/O) | [`transport`] | `NettyMessage`, `NettyMessageClientDecoderDelegate` |
 //! | counters, meters, OK/LOW/HIGH | [`metrics`] | `BackPressureStatsTracker`, `TimerGauge` |
@@ -26,6 +27,7 @@
 //! the Python layer uses for Ctrl-C, so no call can block forever without a way out.
 
 pub mod credit;
+pub mod debloat;
 #[cfg(not(loom))]
 pub mod env;
 pub mod error;

@@ -139,6 +139,7 @@ mod transport {
             receiver().prop_map(|receiver| Message::CancelPartitionRequest { receiver }),
             Just(Message::CloseRequest),
             receiver().prop_map(|receiver| Message::PartitionNotFound { receiver }),
+            (receiver(), 1..=u32::MAX).prop_map(|(receiver, size)| Message::NewBufferSize { receiver, size }),
         ]
     }
 

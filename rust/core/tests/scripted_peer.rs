@@ -1264,3 +1264,105 @@ fn b_client_only_message_from_the_server_is_a_protocol_error() {
     s.expect_fatal_protocol_error();
     s.assert_gate_fails(|e| matches!(e, Error::Protocol(_)));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Buffer debloating: NewBufferSize (receiver → sender)
+// ---------------------------------------------------------------------------------------------
+
+/// A client announces a buffer size for its channel before anything is written: the sender
+/// cuts every later buffer at that size, and the records still decode whole.
+fn new_buffer_size_cuts_later_buffers(handoff: bool) {
+    const SIZE: usize = 1000;
+    let env = env_with(handoff, |_| {});
+    let part = env.create_partition("p", 1).unwrap();
+    let mut p = connect(&env);
+    p.send(&[
+        request("p", 0, 1, 1000),
+        Message::NewBufferSize {
+            receiver: ReceiverId(1),
+            size: SIZE as u32,
+        },
+    ]);
+    let sub = part.subpartition(0).unwrap().clone();
+    let deadline = Instant::now() + IO_TIMEOUT;
+    while sub.buffer_size(SEG) != SIZE {
+        assert!(
+            Instant::now() < deadline,
+            "the size never reached the subpartition"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut w = RecordWriter::new(part, Partitioner::Forward);
+    let written: Vec<RecordBatch> = (0..3).map(|i| batch(i * 700, 700)).collect();
+    for b in &written {
+        w.write(b, &mut wait()).unwrap();
+    }
+    w.close().unwrap();
+    let got = recv_to_end(&mut p, 1, 0);
+    assert!(got.len() > 3 * 4, "{} buffers", got.len());
+    assert!(
+        got.iter().all(|d| d.payload.len() <= SIZE),
+        "a buffer over {SIZE} bytes"
+    );
+    let full = got.iter().filter(|d| d.payload.len() == SIZE).count();
+    // Serialized: every buffer but the last is full. Handed off: every frame but the last of
+    // each record.
+    assert!(
+        full >= got.len() - written.len(),
+        "{full} of {} buffers full",
+        got.len()
+    );
+    assert_eq!(decode_records(got.iter().map(|d| d.payload.as_slice())), written);
+}
+
+#[test]
+fn a_new_buffer_size_cuts_later_buffers_handoff() {
+    new_buffer_size_cuts_later_buffers(true);
+}
+
+#[test]
+fn a_new_buffer_size_cuts_later_buffers_serialized() {
+    new_buffer_size_cuts_later_buffers(false);
+}
+
+#[test]
+fn a_new_buffer_size_for_an_unknown_receiver_is_ignored() {
+    let env = env_with(true, |_| {});
+    let mut p = connect(&env);
+    p.send(&[Message::NewBufferSize {
+        receiver: ReceiverId(42),
+        size: 512,
+    }]);
+    p.assert_quiet();
+    assert_serves(&env);
+}
+
+#[test]
+fn a_zero_new_buffer_size_closes_the_connection() {
+    let mut bytes = Vec::new();
+    encode(
+        &Message::NewBufferSize {
+            receiver: ReceiverId(1),
+            size: 1,
+        },
+        &mut bytes,
+    )
+    .unwrap();
+    let n = bytes.len();
+    bytes[n - 4..].copy_from_slice(&0u32.to_le_bytes());
+    bad_bytes_close_the_connection(&bytes, true);
+}
+
+#[test]
+fn a_new_buffer_size_over_the_segment_size_closes_the_connection() {
+    let mut bytes = Vec::new();
+    encode(
+        &Message::NewBufferSize {
+            receiver: ReceiverId(1),
+            size: SEG as u32 + 1,
+        },
+        &mut bytes,
+    )
+    .unwrap();
+    bad_bytes_close_the_connection(&bytes, true);
+}

@@ -118,7 +118,8 @@ impl NetworkEnvironment {
         buffer_timeout = 0.1, exclusive_buffers = 2, floating_buffers = 8, *, insecure = false,
         local_handoff = true, request_backoff_initial = 0.1, request_backoff_max = 10.0, advertise = None,
         handshake_timeout = 10.0, max_connections = 512, max_channels_per_connection = 16384,
-        max_outstanding_requests = 4096, tls = None, peer_timeout = 30.0, overdraft_buffers = 5
+        max_outstanding_requests = 4096, tls = None, peer_timeout = 30.0, overdraft_buffers = 5,
+        debloat = false, debloat_target = 1.0, debloat_min_buffer = 256
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -142,6 +143,9 @@ impl NetworkEnvironment {
         tls: Option<Bound<'_, TlsConfig>>,
         peer_timeout: f64,
         overdraft_buffers: i64,
+        debloat: bool,
+        debloat_target: f64,
+        debloat_min_buffer: i64,
     ) -> PyResult<Self> {
         let mut config = EnvConfig::default();
         if let Some(m) = memory {
@@ -206,6 +210,12 @@ impl NetworkEnvironment {
         }
         config.handshake_timeout = secs(handshake_timeout, "handshake_timeout")?;
         config.overdraft_buffers = count_arg(overdraft_buffers, "overdraft_buffers")?;
+        config.debloat = debloat;
+        config.debloat_target = secs(debloat_target, "debloat_target")?;
+        if config.debloat_target.is_zero() {
+            return Err(PyValueError::new_err("debloat_target must be positive"));
+        }
+        config.debloat_min_buffer = count_arg(debloat_min_buffer, "debloat_min_buffer")?;
         if config.handshake_timeout.is_zero() {
             return Err(PyValueError::new_err("handshake_timeout must be positive"));
         }
@@ -510,6 +520,12 @@ pub(crate) fn gate_metrics_dict<'py>(py: Python<'py>, m: &GateMetrics) -> PyResu
         d.set_item("credit_outstanding", r.credit_announced)?;
         d.set_item("credit_unannounced", r.credit_unannounced)?;
         d.set_item("queued_buffers", r.queued_buffers)?;
+    }
+    if let Some(db) = &m.debloat {
+        d.set_item("debloat_buffer_size", db.buffer_size)?;
+        d.set_item("debloat_desired_buffer_size", db.desired_buffer_size)?;
+        d.set_item("debloat_throughput_bytes_per_second", db.throughput)?;
+        d.set_item("debloat_buffers", db.buffers)?;
     }
     d.set_item("busy_time_ms_per_second", m.busy_ms_per_second())?;
     d.set_item("idle_seconds_total", m.idle_total.as_secs_f64())?;

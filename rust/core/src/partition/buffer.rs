@@ -43,7 +43,14 @@ pub struct BufferSlice {
 
 /// Creates the two halves over a pooled segment.
 pub fn new_buffer(segment: PooledSegment) -> (BufferBuilder, BufferConsumer) {
-    let capacity = segment.segment().len();
+    new_buffer_limited(segment, usize::MAX)
+}
+
+/// Like [`new_buffer`], but the builder takes at most `limit` bytes (clamped to the segment
+/// size): the buffer is full, and so finished by its writer, at that size. Buffer debloating
+/// cuts buffers this way; the segment itself stays whole.
+pub fn new_buffer_limited(segment: PooledSegment, limit: usize) -> (BufferBuilder, BufferConsumer) {
+    let capacity = segment.segment().len().min(limit.max(1));
     let shared = Arc::new(Shared {
         segment,
         position: AtomicUsize::new(0),
@@ -224,6 +231,24 @@ mod tests {
             pool.stats().in_use,
             0,
             "segment recycled when both halves are gone"
+        );
+    }
+
+    #[test]
+    fn a_limited_buffer_is_full_at_its_limit() {
+        let g = GlobalPool::new(4096, 4096).unwrap();
+        let pool = g.create_local_pool("p", 1, 1, "").unwrap();
+        let (mut b, c) = new_buffer_limited(pool.request(&mut Wait::forever()).unwrap(), 1000);
+        assert_eq!(b.append(&[1u8; 5000]), 1000);
+        assert_eq!(b.remaining(), 0);
+        assert!(pool.try_request().is_none(), "the one segment is still held");
+        drop(b);
+        drop(c);
+        let (b, _c) = new_buffer_limited(pool.request(&mut Wait::forever()).unwrap(), 1 << 20);
+        assert_eq!(
+            b.remaining(),
+            4096,
+            "a limit above the segment size is the segment size"
         );
     }
 

@@ -26,7 +26,7 @@ use crate::metrics::{BackpressureLevel, Counter, TimeMeter};
 use crate::partitioner::Piece;
 use crate::serde::BatchEncoder;
 use crate::wait::Wait;
-use buffer::{new_buffer, BufferBuilder};
+use buffer::{new_buffer_limited, BufferBuilder};
 use subpartition::{Entry, Event, LocalBatch, Subpartition, Token};
 
 /// Where partitions are registered, so that they can unregister when done.
@@ -61,6 +61,9 @@ pub struct ResultPartition {
     schema: OnceLock<SchemaRef>,
     /// Builders and encoders of the serialized path; also serializes concurrent writers.
     serial: Mutex<Vec<SerialState>>,
+    /// Subpartitions whose `SerialState::builder` is open (each holds a segment until more
+    /// is written to it). Changed only with `serial` locked.
+    open_builders: AtomicUsize,
     /// End-of-partition was sent: no more writes.
     finished: AtomicBool,
     /// Set when a write failed half-way; later writes fail with it.
@@ -179,6 +182,7 @@ impl ResultPartition {
             flush_every_write,
             schema: OnceLock::new(),
             serial: Mutex::new((0..num_subpartitions).map(|_| SerialState::default()).collect()),
+            open_builders: AtomicUsize::new(0),
             finished: AtomicBool::new(false),
             failed: Mutex::new(None),
             lost: Mutex::new(None),
@@ -279,7 +283,17 @@ impl ResultPartition {
     fn write_handoff(&self, pieces: Vec<Piece>, token: Option<Token>, wait: &mut Wait<'_>) -> Result<()> {
         let seg = self.pool.segment_size();
         let sizes: Vec<usize> = pieces.iter().map(|p| p.batch.get_array_memory_size()).collect();
-        let needs: Vec<usize> = sizes.iter().map(|s| s.div_ceil(seg).max(1)).collect();
+        // A queued batch counts as the buffers it would fill: segments, or fewer bytes each
+        // when the reader's gate announced a smaller buffer size (debloating), so that the
+        // bytes a subpartition queues shrink with the buffer size as in Flink.
+        let needs: Vec<usize> = pieces
+            .iter()
+            .zip(&sizes)
+            .map(|(p, s)| {
+                s.div_ceil(self.subpartitions[p.subpartition].buffer_size(seg))
+                    .max(1)
+            })
+            .collect();
         let total: usize = needs.iter().sum();
         let mut segments = match self.pool.try_reserve(total) {
             Some(s) => s,
@@ -344,8 +358,14 @@ impl ResultPartition {
             let needed = record
                 .len()
                 .saturating_sub(free_in_builder)
-                .div_ceil(self.pool.segment_size());
-            let mut reserved = if needed == 0 || needed * 2 > self.pool.stats().share {
+                .div_ceil(sub.buffer_size(self.pool.segment_size()));
+            // Segments held by the other subpartitions' open builders cannot be waited for:
+            // they free up only when this writer writes there (smaller, debloated buffers
+            // make `needed` large enough for that to matter).
+            let open_elsewhere =
+                self.open_builders.load(Ordering::Relaxed) - usize::from(state.builder.is_some());
+            let room = self.pool.stats().share.saturating_sub(open_elsewhere);
+            let mut reserved = if needed == 0 || needed * 2 > room {
                 Vec::new()
             } else {
                 match self.pool.try_request_many(needed) {
@@ -404,8 +424,10 @@ impl ResultPartition {
                             self.pool.request(wait)?
                         }
                     };
-                    let (b, c) = new_buffer(seg);
+                    let limit = sub.buffer_size(usize::MAX);
+                    let (b, c) = new_buffer_limited(seg, limit);
                     sub.add_unfinished_buffer(c);
+                    self.open_builders.fetch_add(1, Ordering::Relaxed);
                     builder.insert(b)
                 }
             };
@@ -414,6 +436,7 @@ impl ResultPartition {
             data = &data[n..];
             if b.remaining() == 0 {
                 builder.take().expect("builder").finish();
+                self.open_builders.fetch_sub(1, Ordering::Relaxed);
                 self.metrics.buffers.add(1);
                 sub.buffer_finished();
             }
@@ -465,6 +488,7 @@ impl ResultPartition {
     fn end_stream(&self, sub: &Subpartition, state: &mut SerialState, event: Event) {
         if let Some(b) = state.builder.take() {
             b.finish();
+            self.open_builders.fetch_sub(1, Ordering::Relaxed);
             self.metrics.buffers.add(1);
             sub.buffer_finished();
         }
@@ -503,7 +527,9 @@ impl ResultPartition {
         for state in self.serial.lock().unwrap().iter_mut() {
             // The consumers went with the queues; dropping the builders recycles their
             // half-filled segments now rather than when the writer goes away.
-            state.builder = None;
+            if state.builder.take().is_some() {
+                self.open_builders.fetch_sub(1, Ordering::Relaxed);
+            }
         }
         if let Some(reg) = self.registry.upgrade() {
             let mut reg = reg.lock().unwrap();

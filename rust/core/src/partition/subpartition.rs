@@ -103,6 +103,11 @@ pub struct Subpartition {
     /// Set when a remote consumer (a TCP connection) attached: its address and what the
     /// sender side sent it.
     remote: OnceLock<RemoteReaderStats>,
+    /// Buffer debloating: the size at which the writer finishes this subpartition's buffers
+    /// (and the sender cuts its frames), as announced by the reader's gate; 0 until one
+    /// announced a size (whole segments). Written by the reader side, read by the writer
+    /// once per new buffer (relaxed: a late size only means one more buffer of the old size).
+    buffer_size: AtomicUsize,
 }
 
 /// What the sender side of a connection did for a subpartition's remote reader (metrics).
@@ -159,6 +164,23 @@ impl Subpartition {
             buffers_out: Counter::default(),
             bytes_out: Counter::default(),
             remote: OnceLock::new(),
+            buffer_size: AtomicUsize::new(0),
+        }
+    }
+
+    /// Buffer debloating: from now on, buffers of this subpartition are finished once they
+    /// hold `size` bytes (at most a segment; 0 restores whole segments).
+    pub fn set_buffer_size(&self, size: usize) {
+        self.buffer_size.store(size, Ordering::Relaxed);
+    }
+
+    /// Bytes a buffer of this subpartition holds: the announced size, or `full` (the segment
+    /// size) when none was announced or it is larger.
+    #[inline]
+    pub fn buffer_size(&self, full: usize) -> usize {
+        match self.buffer_size.load(Ordering::Relaxed) {
+            0 => full,
+            n => n.min(full),
         }
     }
 

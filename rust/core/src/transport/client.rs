@@ -389,9 +389,25 @@ pub(crate) struct RemoteChannel {
     retry: Mutex<Option<Duration>>,
     backoff: Backoff,
     released: AtomicBool,
+    /// Buffer debloating: the size last announced to the sender (0: none), sent again with
+    /// a retried partition request.
+    buffer_size: std::sync::atomic::AtomicUsize,
 }
 
 impl RemoteChannel {
+    /// Buffer debloating: asks the sender to cut this channel's buffers at `size` bytes
+    /// (NewBufferSize; clamped to the connection's payload limit when it is written).
+    pub(crate) fn announce_buffer_size(&self, size: usize) {
+        let size = size.clamp(1, u32::MAX as usize);
+        self.buffer_size.store(size, Ordering::Relaxed);
+        if !self.released.load(Ordering::SeqCst) {
+            self.conn.send(Message::NewBufferSize {
+                receiver: self.rid,
+                size: size as u32,
+            });
+        }
+    }
+
     /// Everything received so far, in order (the channel notifies again on the next item).
     pub(crate) fn take_all(&self) -> VecDeque<Inbound> {
         std::mem::take(&mut self.inbox.lock().unwrap().items)
@@ -483,6 +499,9 @@ pub(crate) struct ClientConn {
     channels: Mutex<HashMap<ReceiverId, Arc<RemoteChannel>>>,
     /// Set once the connection failed; new channels need a new connection.
     dead: AtomicBool,
+    /// The payload limit the handshake settled (0 before it): announced buffer sizes are
+    /// clamped to it, as the sender refuses larger ones.
+    payload_limit: std::sync::atomic::AtomicUsize,
 }
 
 impl ClientConn {
@@ -545,8 +564,15 @@ impl ClientConn {
             )
         };
         let mut bytes = Vec::new();
+        let limit = self.payload_limit.load(Ordering::Relaxed);
         for msg in &control {
-            codec::encode(msg, &mut bytes)?;
+            match *msg {
+                Message::NewBufferSize { receiver, size } if limit > 0 && size as usize > limit => {
+                    let size = limit.min(u32::MAX as usize) as u32;
+                    codec::encode(&Message::NewBufferSize { receiver, size }, &mut bytes)?
+                }
+                _ => codec::encode(msg, &mut bytes)?,
+            }
         }
         for rid in credit {
             let Some(ch) = self.channel(rid) else { continue };
@@ -613,6 +639,7 @@ impl ClientConn {
             wake: Notify::new(),
             channels: Mutex::new(HashMap::new()),
             dead: AtomicBool::new(false),
+            payload_limit: Default::default(),
         });
         let c = conn.clone();
         rt.spawn(async move {
@@ -692,6 +719,7 @@ impl ClientConn {
             retry: Mutex::new(None),
             backoff,
             released: AtomicBool::new(false),
+            buffer_size: Default::default(),
         });
         bufs.channels.push(Arc::downgrade(&ch));
         drop(bufs);
@@ -718,7 +746,7 @@ where
     let (rd, mut wr) = tokio::io::split(stream);
     let mut reader = FrameReader::new(rd);
     let hs = io::client_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref());
-    match tokio::time::timeout(ctx.handshake_timeout, hs).await {
+    let negotiated = match tokio::time::timeout(ctx.handshake_timeout, hs).await {
         Ok(r) => r?,
         Err(_) => {
             return Err(Error::ConnectionLost(format!(
@@ -727,6 +755,8 @@ where
             )))
         }
     };
+    conn.payload_limit
+        .store(negotiated.payload_limit, Ordering::Relaxed);
     let result = tokio::select! {
         r = read_loop(conn, &mut reader) => r,
         r = write_loop(conn, &mut wr) => r,
@@ -868,6 +898,11 @@ fn schedule_retry(conn: &Arc<ClientConn>, ch: Arc<RemoteChannel>) {
         tokio::time::sleep(delay).await;
         if !ch.released.load(Ordering::SeqCst) && conn.channel(ch.rid).is_some() {
             conn.send(ch.request());
+            // A size announced before the sender knew the channel was dropped there.
+            match ch.buffer_size.load(Ordering::Relaxed) {
+                0 => {}
+                size => ch.announce_buffer_size(size),
+            }
         }
     });
 }

@@ -118,6 +118,8 @@ pub enum MessageType {
     CloseRequest = 10,
     /// Sender → receiver: the requested partition is not registered (yet).
     PartitionNotFound = 11,
+    /// Receiver → sender: cut this channel's buffers at this size (buffer debloating).
+    NewBufferSize = 13,
 }
 
 impl MessageType {
@@ -136,6 +138,7 @@ impl MessageType {
             9 => CancelPartitionRequest,
             10 => CloseRequest,
             11 => PartitionNotFound,
+            13 => NewBufferSize,
             _ => return None,
         })
     }
@@ -153,7 +156,7 @@ impl MessageType {
                 PARTITION_REQUEST_FIXED_BODY_LEN,
                 Some(PARTITION_REQUEST_FIXED_BODY_LEN + MAX_PARTITION_ID_LEN),
             ),
-            AddCredit | BacklogAnnouncement => exact(8 + 4),
+            AddCredit | BacklogAnnouncement | NewBufferSize => exact(8 + 4),
             BufferResponse => (BUFFER_RESPONSE_FIXED_BODY_LEN, None),
             ErrorResponse => (
                 ERROR_RESPONSE_FIXED_BODY_LEN,
@@ -497,6 +500,14 @@ pub enum Message<'a> {
         /// The channel.
         receiver: ReceiverId,
     },
+    /// Receiver → sender: from now on, finish `receiver`'s buffers once they hold `size`
+    /// bytes (buffer debloating; never zero, at most the sender's segment size).
+    NewBufferSize {
+        /// The channel.
+        receiver: ReceiverId,
+        /// Bytes per buffer, at least one.
+        size: u32,
+    },
 }
 
 impl Message<'_> {
@@ -514,6 +525,7 @@ impl Message<'_> {
             Message::CancelPartitionRequest { .. } => MessageType::CancelPartitionRequest,
             Message::CloseRequest => MessageType::CloseRequest,
             Message::PartitionNotFound { .. } => MessageType::PartitionNotFound,
+            Message::NewBufferSize { .. } => MessageType::NewBufferSize,
         }
     }
 
@@ -556,6 +568,7 @@ impl Message<'_> {
             Message::CancelPartitionRequest { receiver } => Message::CancelPartitionRequest { receiver },
             Message::CloseRequest => Message::CloseRequest,
             Message::PartitionNotFound { receiver } => Message::PartitionNotFound { receiver },
+            Message::NewBufferSize { receiver, size } => Message::NewBufferSize { receiver, size },
         }
     }
 }
@@ -645,7 +658,7 @@ fn frame_len_u32(frame_len: usize) -> Result<u32> {
 ///
 /// Fails with [`Error::InvalidArgument`], leaving `out` as it was, for a message the decoder
 /// would reject: a string over its limit, zero credit in AddCredit, zero backlog in
-/// BacklogAnnouncement, a frame over 4 GiB. A data BufferResponse's payload is copied; the data
+/// BacklogAnnouncement, a zero size in NewBufferSize, a frame over 4 GiB. A data BufferResponse's payload is copied; the data
 /// path writes [`encode_buffer_response_header`] and the payload slices instead.
 pub fn encode(msg: &Message<'_>, out: &mut Vec<u8>) -> Result<()> {
     let start = out.len();
@@ -724,6 +737,15 @@ fn encode_body(msg: &Message<'_>, out: &mut Vec<u8>, start: usize) -> Result<()>
         }
         Message::CancelPartitionRequest { receiver } | Message::PartitionNotFound { receiver } => {
             put_u64(out, receiver.0)
+        }
+        Message::NewBufferSize { receiver, size } => {
+            if *size == 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "NewBufferSize of zero for {receiver}"
+                )));
+            }
+            put_u64(out, receiver.0);
+            put_u32(out, *size);
         }
         Message::CloseRequest => {}
     }
@@ -1009,6 +1031,7 @@ fn body_name(ty: MessageType) -> &'static str {
         CancelPartitionRequest => "CancelPartitionRequest body",
         CloseRequest => "CloseRequest body",
         PartitionNotFound => "PartitionNotFound body",
+        NewBufferSize => "NewBufferSize body",
     }
 }
 
@@ -1108,6 +1131,14 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>> {
         MessageType::PartitionNotFound => Message::PartitionNotFound {
             receiver: ReceiverId(r.u64()?),
         },
+        MessageType::NewBufferSize => {
+            let receiver = ReceiverId(r.u64()?);
+            let size = r.u32()?;
+            if size == 0 {
+                return Err(protocol(format!("NewBufferSize of zero for {receiver}")));
+            }
+            Message::NewBufferSize { receiver, size }
+        }
         MessageType::BufferResponse => unreachable!("handled above"),
     };
     r.finish()?;
@@ -1388,6 +1419,10 @@ mod tests {
             Message::CancelPartitionRequest { receiver: r },
             Message::CloseRequest,
             Message::PartitionNotFound { receiver: r },
+            Message::NewBufferSize {
+                receiver: r,
+                size: 4096,
+            },
         ]
     }
 
@@ -1568,6 +1603,25 @@ mod tests {
         let mut bytes = encoded(&Message::event(ReceiverId(1), 0, 0, EventKind::EndOfPartition));
         *bytes.last_mut().unwrap() = 9;
         assert!(protocol_message(decode(&bytes)).contains("unknown event tag 9"));
+    }
+
+    #[test]
+    fn zero_buffer_size_is_rejected_both_ways() {
+        let zero = Message::NewBufferSize {
+            receiver: ReceiverId(5),
+            size: 0,
+        };
+        assert!(matches!(
+            encode(&zero, &mut Vec::new()),
+            Err(Error::InvalidArgument(_))
+        ));
+        let mut bytes = encoded(&Message::NewBufferSize {
+            receiver: ReceiverId(5),
+            size: 1,
+        });
+        bytes[HEADER_LEN + 8] = 0;
+        assert!(protocol_message(decode(&bytes)).contains("NewBufferSize of zero for receiver 5"));
+        assert_eq!(MessageType::from_u8(13), Some(MessageType::NewBufferSize));
     }
 
     #[test]

@@ -27,6 +27,7 @@
 //! | 9 | CancelPartitionRequest | rid | 8 |
 //! | 10 | CloseRequest | (empty) | 0 |
 //! | 11 | PartitionNotFound | rid | 8 |
+//! | 13 | NewBufferSize (receiver → sender; buffer debloating) | rid, size u32 (> 0, ≤ the sender's segment size) | 12 |
 //!
 //! An event payload (data type 1) is a tag u8: 0 EndOfPartition (nothing follows),
 //! 1 ProducerFailed (message `str`, ≤ 2048 bytes). Error kinds are [`codec::ErrorKind`]: 1

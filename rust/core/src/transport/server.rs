@@ -70,21 +70,24 @@ impl Part {
     }
 }
 
-/// Stream bytes still to send from one polled item, cut into payloads of at most the
-/// negotiated size.
+/// Stream bytes still to send from one polled item, cut into payloads of at most `limit`
+/// bytes: the negotiated size, or the buffer size the reader's gate announced when the item
+/// was queued (buffer debloating).
 struct Cursor {
     parts: VecDeque<Part>,
     remaining: usize,
+    limit: usize,
     /// The handed-off batch whose segments account for the bytes; released with the last chunk.
     hold: Option<LocalBatch>,
 }
 
 impl Cursor {
-    fn chunks(&self, limit: usize) -> usize {
-        self.remaining.div_ceil(limit)
+    fn chunks(&self) -> usize {
+        self.remaining.div_ceil(self.limit)
     }
 
-    fn take(&mut self, limit: usize) -> (Vec<Part>, usize) {
+    fn take(&mut self) -> (Vec<Part>, usize) {
+        let limit = self.limit;
         let mut out = Vec::new();
         let mut n = 0;
         while n < limit {
@@ -150,8 +153,10 @@ struct SubReader {
 }
 
 impl SubReader {
-    /// Moves everything readable from the subpartition into the queue.
+    /// Moves everything readable from the subpartition into the queue, to be sent in
+    /// payloads of at most `limit` bytes (or the subpartition's debloated buffer size).
     fn fill(&mut self, limit: usize) -> Result<()> {
+        let limit = self.sub.buffer_size(limit);
         while !self.drained {
             let Some(polled) = self.sub.poll() else { break };
             let item = match polled {
@@ -160,6 +165,7 @@ impl SubReader {
                     Item::Data(Cursor {
                         parts: VecDeque::from([Part::Slice(slice)]),
                         remaining,
+                        limit,
                         hold: None,
                     })
                 }
@@ -178,6 +184,7 @@ impl SubReader {
                     Item::Data(Cursor {
                         parts: all,
                         remaining,
+                        limit,
                         hold: Some(lb),
                     })
                 }
@@ -187,7 +194,7 @@ impl SubReader {
                 }
             };
             if let Item::Data(c) = &item {
-                self.chunks += c.chunks(limit);
+                self.chunks += c.chunks();
             }
             self.queue.push_back(item);
         }
@@ -387,6 +394,24 @@ impl ServerConn {
         Ok(())
     }
 
+    /// Buffer debloating: the receiver wants `receiver`'s buffers cut at `size` bytes. A size
+    /// over the negotiated payload limit breaks the protocol (zero is refused by the codec);
+    /// a size for a reader that already ended is ignored.
+    fn on_new_buffer_size(&self, receiver: ReceiverId, size: u32) -> Result<()> {
+        let size = size as usize;
+        if size > self.payload_limit {
+            return Err(Error::Protocol(format!(
+                "NewBufferSize of {size} bytes for {receiver} exceeds the segment size of {} bytes",
+                self.payload_limit
+            )));
+        }
+        if let Some(r) = self.state.lock().unwrap().readers.get(&receiver) {
+            log::debug!("{}: {receiver} buffers cut at {size} bytes", self.peer);
+            r.sub.set_buffer_size(size);
+        }
+        Ok(())
+    }
+
     fn cancel(&self, receiver: ReceiverId) {
         let mut st = self.state.lock().unwrap();
         st.ready.remove(receiver);
@@ -443,7 +468,7 @@ impl ServerConn {
             }
             let frame = match r.queue.front_mut().expect("available means non-empty") {
                 Item::Data(cursor) => {
-                    let (parts, len) = cursor.take(self.payload_limit);
+                    let (parts, len) = cursor.take();
                     let hold = if cursor.remaining == 0 {
                         cursor.hold.take()
                     } else {
@@ -624,6 +649,7 @@ async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ServerConn>, reader: &mut Fr
             }
             Message::AddCredit { receiver, credit } => conn.on_add_credit(receiver, credit)?,
             Message::CancelPartitionRequest { receiver } => conn.cancel(receiver),
+            Message::NewBufferSize { receiver, size } => conn.on_new_buffer_size(receiver, size)?,
             Message::CloseRequest => return Ok(()),
             Message::ErrorResponse {
                 receiver: None,

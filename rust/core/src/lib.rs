@@ -25,6 +25,7 @@
 //! Blocking calls take a [`wait::Wait`]: an optional deadline and an interrupt check that
 //! the Python layer uses for Ctrl-C, so no call can block forever without a way out.
 
+pub mod checkpoint;
 pub mod credit;
 #[cfg(not(loom))]
 pub mod env;

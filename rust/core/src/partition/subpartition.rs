@@ -39,6 +39,29 @@ pub enum Event {
     /// The writer failed mid-batch (interrupted or timed out while a batch was half
     /// serialized); the reader must fail with this message.
     ProducerFailed(String),
+    /// A user event: opaque bytes (at most
+    /// [`MAX_EVENT_PAYLOAD_LEN`](crate::transport::codec::MAX_EVENT_PAYLOAD_LEN)), in order
+    /// with the batches around it.
+    User(Vec<u8>),
+    /// Checkpoint barrier `id`. An aligned one is in order with the data; an unaligned one
+    /// was put in front of the queued data (see [`Subpartition::add_priority`]) and is
+    /// followed, at its original place, by [`Event::BarrierPosition`] with the same id.
+    Barrier {
+        /// The checkpoint id.
+        id: u64,
+        /// Whether it overtook the queued data.
+        unaligned: bool,
+    },
+    /// Where unaligned barrier `id` was written: the data between the barrier and this
+    /// marker is what the barrier overtook.
+    BarrierPosition(u64),
+}
+
+impl Event {
+    /// Whether nothing follows this event on its subpartition (end or failure).
+    pub fn is_end(&self) -> bool {
+        matches!(self, Event::EndOfPartition | Event::ProducerFailed(_))
+    }
 }
 
 /// An opaque value that travels with a handed-off batch (see `RecordWriter::write_with_token`).
@@ -81,6 +104,8 @@ pub enum Polled {
 pub struct Subpartition {
     index: usize,
     queue: Queue<Entry>,
+    /// Events that overtake `queue` (unaligned barriers); read before anything in it.
+    priority: Queue<Event>,
     /// Finished entries in the queue not yet taken by the reader: Flink's backlog.
     finished: AtomicUsize,
     /// Set by flush, cleared by the reader when it reads the unfinished buffer.
@@ -149,6 +174,7 @@ impl Subpartition {
         Subpartition {
             index,
             queue: Queue::new(),
+            priority: Queue::new(),
             finished: AtomicUsize::new(0),
             flush_requested: AtomicBool::new(false),
             signal: AtomicUsize::new(0),
@@ -221,6 +247,18 @@ impl Subpartition {
         }
         self.finished.fetch_add(1, Ordering::SeqCst);
         self.queue.push(entry);
+        self.notify();
+    }
+
+    /// Adds an event that the reader gets before anything already queued, even before the
+    /// rest of a half-read buffer (Flink's priority events: unaligned barriers). Counted in
+    /// the backlog like any finished entry.
+    pub fn add_priority(&self, event: Event) {
+        if self.released.load(Ordering::SeqCst) {
+            return;
+        }
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        self.priority.push(event);
         self.notify();
     }
 
@@ -298,6 +336,10 @@ impl Subpartition {
 
     fn poll_once(&self) -> Option<Polled> {
         let mut current = self.current.lock().unwrap();
+        if let Some(e) = self.priority.pop() {
+            self.finished.fetch_sub(1, Ordering::SeqCst);
+            return Some(Polled::Event(e));
+        }
         loop {
             if let Some(cur) = current.as_mut() {
                 if !cur.is_finished() {
@@ -339,6 +381,7 @@ impl Subpartition {
         *self.listener.lock().unwrap() = None;
         *self.current.lock().unwrap() = None;
         while self.queue.pop().is_some() {}
+        while self.priority.pop().is_some() {}
         self.finished.store(0, Ordering::SeqCst);
     }
 }

@@ -147,12 +147,15 @@ struct SubReader {
     encoder: Option<BatchEncoder>,
     /// The last event was queued; the subpartition is read to its end.
     drained: bool,
+    /// An aligned checkpoint barrier was queued: the subpartition is not read until the
+    /// receiver sends ResumeConsumption (Flink's blocking upstream during alignment).
+    paused: bool,
 }
 
 impl SubReader {
     /// Moves everything readable from the subpartition into the queue.
     fn fill(&mut self, limit: usize) -> Result<()> {
-        while !self.drained {
+        while !self.drained && !self.paused {
             let Some(polled) = self.sub.poll() else { break };
             let item = match polled {
                 Polled::Data(slice) => {
@@ -182,7 +185,17 @@ impl SubReader {
                     })
                 }
                 Polled::Event(e) => {
-                    self.drained = true;
+                    self.drained = e.is_end();
+                    match e {
+                        Event::Barrier { unaligned: false, .. } => self.paused = true,
+                        Event::Barrier { unaligned: true, .. } => {
+                            // It overtakes everything queued here too (it needs no credit;
+                            // between two chunks of a record is fine, the payload is a stream).
+                            self.queue.push_front(Item::Event(e));
+                            continue;
+                        }
+                        _ => {}
+                    }
                     Item::Event(e)
                 }
             };
@@ -357,6 +370,7 @@ impl ServerConn {
                         chunks: 0,
                         encoder: None,
                         drained: false,
+                        paused: false,
                     },
                 );
                 self.refresh(&mut st, receiver)?;
@@ -384,6 +398,19 @@ impl ServerConn {
             self.refresh(&mut st, receiver)?;
             self.wake.notify_one();
         }
+        Ok(())
+    }
+
+    /// The receiver aligned the checkpoint whose barrier paused `receiver`'s reader.
+    fn on_resume(&self, receiver: ReceiverId) -> Result<()> {
+        let mut st = self.state.lock().unwrap();
+        let Some(r) = st.readers.get_mut(&receiver) else {
+            // The reader ended or was cancelled meanwhile: harmless.
+            return Ok(());
+        };
+        r.paused = false;
+        self.refresh(&mut st, receiver)?;
+        self.wake.notify_one();
         Ok(())
     }
 
@@ -474,9 +501,11 @@ impl ServerConn {
                     let ev = EventKind::from(&event);
                     let msg = Message::event(rid, header.sequence_number, header.backlog, ev);
                     codec::encode(&msg, &mut head)?;
-                    // The reader is at its end: nothing more to serve.
-                    let r = st.readers.remove(&rid).expect("present");
-                    r.partition.subpartition_done();
+                    if event.is_end() {
+                        // The reader is at its end: nothing more to serve.
+                        let r = st.readers.remove(&rid).expect("present");
+                        r.partition.subpartition_done();
+                    }
                     OutFrame {
                         head,
                         parts: Vec::new(),
@@ -624,6 +653,7 @@ async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ServerConn>, reader: &mut Fr
             }
             Message::AddCredit { receiver, credit } => conn.on_add_credit(receiver, credit)?,
             Message::CancelPartitionRequest { receiver } => conn.cancel(receiver),
+            Message::ResumeConsumption { receiver } => conn.on_resume(receiver)?,
             Message::CloseRequest => return Ok(()),
             Message::ErrorResponse {
                 receiver: None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import TypeAlias
 
 import pyarrow as pa
 import pytest
@@ -16,6 +17,8 @@ import pytest
 import creditflow as cf
 
 TIMEOUT = 60.0
+
+Pair: TypeAlias = tuple[cf.NetworkEnvironment, cf.NetworkEnvironment]
 
 
 def batch(t: int, rows: int = 100) -> pa.RecordBatch:
@@ -31,7 +34,7 @@ def stamp(b: pa.RecordBatch) -> int:
 
 
 @pytest.fixture(params=["handoff", "serialized", "remote"])
-def pair(request: pytest.FixtureRequest) -> Iterator[tuple[cf.NetworkEnvironment, cf.NetworkEnvironment]]:
+def pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
     """(producer, consumer) environments: the same one locally, two over TCP."""
     mode = request.param
     producer = cf.NetworkEnvironment(memory="8MiB", local_handoff=mode == "handoff")
@@ -41,16 +44,14 @@ def pair(request: pytest.FixtureRequest) -> Iterator[tuple[cf.NetworkEnvironment
     producer.close()
 
 
-def open_exchange(
-    pair: tuple[cf.NetworkEnvironment, cf.NetworkEnvironment], subs: int
-) -> tuple[cf.RecordWriter, cf.InputGate]:
+def open_exchange(pair: Pair, subs: int) -> tuple[cf.RecordWriter, cf.InputGate]:
     producer, consumer = pair
     part = producer.create_partition("p", num_subpartitions=subs)
     gate = consumer.create_input_gate([cf.ChannelSpec(producer.address, "p", i) for i in range(subs)])
     return cf.RecordWriter(part, cf.RoundRobinPartitioner(), timeout=TIMEOUT), gate
 
 
-def test_events_keep_their_order_with_batches(pair: tuple[cf.NetworkEnvironment, cf.NetworkEnvironment]) -> None:
+def test_events_keep_their_order_with_batches(pair: Pair) -> None:
     subs = 3
     writer, gate = open_exchange(pair, subs)
     expected: list[list[tuple[str, int]]] = [[] for _ in range(subs)]
@@ -86,9 +87,7 @@ def test_events_keep_their_order_with_batches(pair: tuple[cf.NetworkEnvironment,
     assert got == expected
 
 
-def test_plain_iterator_skips_events_and_barriers(
-    pair: tuple[cf.NetworkEnvironment, cf.NetworkEnvironment],
-) -> None:
+def test_plain_iterator_skips_events_and_barriers(pair: Pair) -> None:
     writer, gate = open_exchange(pair, 2)
 
     def produce() -> None:

@@ -97,7 +97,11 @@ impl Aligner {
         let protocol = |m: String| crate::Error::Protocol(m);
         match self.ended.get(channel) {
             None => return Err(protocol(format!("barrier {id} on unknown channel {channel}"))),
-            Some(true) => return Err(protocol(format!("barrier {id} on channel {channel} after its end"))),
+            Some(true) => {
+                return Err(protocol(format!(
+                    "barrier {id} on channel {channel} after its end"
+                )))
+            }
             Some(false) => {}
         }
         let resume_self = |unaligned: bool| {
@@ -121,9 +125,7 @@ impl Aligner {
             }
             if id == p.id {
                 if unaligned {
-                    return Err(protocol(format!(
-                        "checkpoint {id} arrived aligned and unaligned"
-                    )));
+                    return Err(protocol(format!("checkpoint {id} arrived aligned and unaligned")));
                 }
                 if p.arrived[channel] {
                     return Err(protocol(format!(
@@ -182,7 +184,12 @@ impl Aligner {
 }
 
 fn arrived(flags: &[bool]) -> Vec<usize> {
-    flags.iter().enumerate().filter(|(_, a)| **a).map(|(i, _)| i).collect()
+    flags
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| **a)
+        .map(|(i, _)| i)
+        .collect()
 }
 
 /// Which checkpoints each channel's next batches belong to as in-flight data, at the
@@ -251,7 +258,10 @@ mod tests {
             a.on_barrier(2, 5, false).unwrap(),
             vec![
                 Action::Block(2),
-                Action::Surface { id: 5, unaligned: false },
+                Action::Surface {
+                    id: 5,
+                    unaligned: false
+                },
                 Action::Resume(vec![0, 1, 2])
             ]
         );
@@ -279,7 +289,13 @@ mod tests {
         a.on_barrier(0, 3, false).unwrap();
         assert_eq!(
             a.on_end(1),
-            vec![Action::Surface { id: 3, unaligned: false }, Action::Resume(vec![0])]
+            vec![
+                Action::Surface {
+                    id: 3,
+                    unaligned: false
+                },
+                Action::Resume(vec![0])
+            ]
         );
         assert!(a.on_barrier(1, 4, false).is_err(), "a barrier after the end");
     }
@@ -303,7 +319,10 @@ mod tests {
             vec![
                 Action::Abort { id: 1 },
                 Action::Resume(vec![2]),
-                Action::Surface { id: 2, unaligned: true }
+                Action::Surface {
+                    id: 2,
+                    unaligned: true
+                }
             ]
         );
         assert_eq!(a.on_barrier(1, 2, true).unwrap(), vec![]);
@@ -419,12 +438,12 @@ mod tests {
                 }
             }
             // Exactly once, in order, per channel.
-            for c in 0..n {
+            for (c, script) in scripts.iter().enumerate() {
                 let got: Vec<usize> = out.iter().filter_map(|o| match o {
                     Out::Data(ch, i) if *ch == c => Some(*i),
                     _ => None,
                 }).collect();
-                let want: Vec<usize> = scripts[c].iter().enumerate()
+                let want: Vec<usize> = script.iter().enumerate()
                     .filter(|(_, op)| matches!(op, Op::Data(_))).map(|(i, _)| i).collect();
                 prop_assert_eq!(got, want);
             }
@@ -436,10 +455,11 @@ mod tests {
             prop_assert!(ids.windows(2).all(|w| w[0] < w[1]), "{:?}", ids);
             for (k, o) in out.iter().enumerate() {
                 let Out::Surface(id) = o else { continue };
-                // Every channel delivered id before k, or ended before k without it.
-                for c in 0..n {
-                    let has = delivered[c].iter().any(|(b, at)| b == id && *at <= k);
-                    let data_after: Vec<usize> = scripts[c].iter().enumerate()
+                // Every channel delivered id before k, or never had it (its data all came out
+                // before k: it ended).
+                for (c, (script, deliv)) in scripts.iter().zip(&delivered).enumerate() {
+                    let has = deliv.iter().any(|(b, at)| b == id && *at <= k);
+                    let data_after: Vec<usize> = script.iter().enumerate()
                         .skip_while(|(_, op)| **op != Op::Barrier(*id))
                         .filter(|(_, op)| matches!(op, Op::Data(_))).map(|(i, _)| i).collect();
                     if has {
@@ -452,11 +472,9 @@ mod tests {
                             }
                         }
                     } else {
-                        // The channel never got to it before the surfacing: it must have ended,
-                        // i.e. all its data came out before k.
                         let last_data = out.iter().take(k).filter(|o2| matches!(o2, Out::Data(ch, _) if *ch == c)).count();
-                        let total = scripts[c].iter().filter(|op| matches!(op, Op::Data(_))).count();
-                        let skipped = !scripts[c].contains(&Op::Barrier(*id));
+                        let total = script.iter().filter(|op| matches!(op, Op::Data(_))).count();
+                        let skipped = !script.contains(&Op::Barrier(*id));
                         prop_assert!(skipped || last_data == total,
                             "barrier {} surfaced before channel {} delivered it", id, c);
                     }

@@ -86,7 +86,10 @@ pub enum GateItem {
 enum Queued {
     Batch(usize, RecordBatch, Option<Token>),
     Event(usize, Vec<u8>),
-    Barrier { id: u64, unaligned: bool },
+    Barrier {
+        id: u64,
+        unaligned: bool,
+    },
     Aborted(u64),
     /// Where the producer wrote unaligned barrier `id` on a channel (not yielded).
     Position(usize, u64),
@@ -890,7 +893,9 @@ impl InputGate {
                         Event::EndOfPartition => end = Some(Ok(())),
                         Event::ProducerFailed(msg) => end = Some(Err(Error::ProducerFailed(msg))),
                         Event::User(payload) => self.pending.push_back(Queued::Event(idx, payload)),
-                        Event::Barrier { id, unaligned } => self.on_barrier(idx, id, unaligned, at_boundary)?,
+                        Event::Barrier { id, unaligned } => {
+                            self.on_barrier(idx, id, unaligned, at_boundary)?
+                        }
                         Event::BarrierPosition(id) => self.pending.push_back(Queued::Position(idx, id)),
                     }
                 }

@@ -6,9 +6,9 @@ use arrow_array::RecordBatch;
 
 use crate::error::{Error, Result};
 use crate::partition::subpartition::{Event, Token};
-use crate::transport::codec::MAX_EVENT_PAYLOAD_LEN;
 use crate::partition::ResultPartition;
 use crate::partitioner::{Partitioner, Splitter};
+use crate::transport::codec::MAX_EVENT_PAYLOAD_LEN;
 use crate::wait::Wait;
 
 /// Writes batches into one partition through a partitioner.

@@ -19,8 +19,10 @@ use creditflow_core::writer::RecordWriter;
 const ROWS: usize = 500;
 
 fn env(cfg: impl FnOnce(&mut EnvConfig)) -> NetworkEnvironment {
-    let mut c = EnvConfig::default();
-    c.memory = 8 << 20;
+    let mut c = EnvConfig {
+        memory: 8 << 20,
+        ..EnvConfig::default()
+    };
     cfg(&mut c);
     NetworkEnvironment::new(c).unwrap()
 }
@@ -142,7 +144,12 @@ fn events_keep_their_order_with_batches_on_every_channel() {
         let mut got: Vec<Vec<(char, usize)>> = vec![Vec::new(); subs];
         for item in items {
             match item {
-                GateItem::Batch { channel, batch, in_flight, .. } => {
+                GateItem::Batch {
+                    channel,
+                    batch,
+                    in_flight,
+                    ..
+                } => {
                     assert!(in_flight.is_empty());
                     got[channel].push(('b', stamp(&batch)));
                 }
@@ -163,7 +170,10 @@ fn oversized_events_and_non_increasing_barrier_ids_are_refused() {
     let max = creditflow_core::transport::codec::MAX_EVENT_PAYLOAD_LEN;
     wr.broadcast_event(&vec![1; max]).unwrap();
     let e = wr.broadcast_event(&vec![1; max + 1]).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("16384"), "{e}");
+    assert!(
+        matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("16384"),
+        "{e}"
+    );
     let e = wr.emit_event(b"x", 2).unwrap_err();
     assert!(matches!(e, Error::SubpartitionOutOfRange { .. }), "{e}");
     wr.broadcast_barrier(5, false).unwrap();
@@ -206,9 +216,16 @@ fn aligned_run(w: Where, subs: usize, batches: usize, every: usize, pause: Durat
                     "{w:?}: batch {t} came out after barrier {epoch}"
                 );
             }
-            GateItem::Barrier { checkpoint_id, unaligned } => {
+            GateItem::Barrier {
+                checkpoint_id,
+                unaligned,
+            } => {
                 assert!(!unaligned);
-                assert_eq!(checkpoint_id, epoch + 1, "{w:?}: barriers out of order or repeated");
+                assert_eq!(
+                    checkpoint_id,
+                    epoch + 1,
+                    "{w:?}: barriers out of order or repeated"
+                );
                 epoch = checkpoint_id;
             }
             other => panic!("{w:?}: unexpected {other:?}"),
@@ -242,7 +259,11 @@ fn two(remote: bool) -> Two {
     let pa = env(|_| {});
     let pb = env(|_| {});
     let consumer = env(|_| {});
-    let (pa_ref, pb_ref) = if remote { (&pa, &pb) } else { (&consumer, &consumer) };
+    let (pa_ref, pb_ref) = if remote {
+        (&pa, &pb)
+    } else {
+        (&consumer, &consumer)
+    };
     let a = pa_ref.create_partition("a", 1).unwrap();
     let b = pb_ref.create_partition("b", 1).unwrap();
     let gate = consumer
@@ -300,11 +321,21 @@ fn a_higher_id_aborts_the_pending_alignment() {
         t.b.close().unwrap();
         items.extend(drain(&mut t.gate, Duration::ZERO));
         let s = summary(&items);
-        let pos = |x: &str| s.iter().position(|y| y == x).unwrap_or_else(|| panic!("{x} missing: {s:?}"));
+        let pos = |x: &str| {
+            s.iter()
+                .position(|y| y == x)
+                .unwrap_or_else(|| panic!("{x} missing: {s:?}"))
+        };
         assert!(pos("b1:10") < pos("aborted 1"), "{s:?}");
         assert!(pos("aborted 1") < pos("barrier 2"), "{s:?}");
-        assert!(pos("b0:1") < pos("barrier 2") && pos("b1:10") < pos("barrier 2"), "{s:?}");
-        assert!(pos("barrier 2") < pos("b0:2") && pos("barrier 2") < pos("b1:11"), "{s:?}");
+        assert!(
+            pos("b0:1") < pos("barrier 2") && pos("b1:10") < pos("barrier 2"),
+            "{s:?}"
+        );
+        assert!(
+            pos("barrier 2") < pos("b0:2") && pos("barrier 2") < pos("b1:11"),
+            "{s:?}"
+        );
         assert_eq!(s.len(), 7, "{s:?}");
         assert_eq!(t.gate.metrics().stale_barriers, 0);
     }
@@ -351,7 +382,11 @@ fn a_channel_ending_during_alignment_is_no_longer_waited_for() {
         t.b.write(&batch(10, ROWS), &mut wait(10)).unwrap();
         t.b.close().unwrap();
         items.extend(drain(&mut t.gate, Duration::ZERO));
-        assert_eq!(summary(&items), ["b0:0", "b1:10", "barrier 1", "b0:1"], "remote={remote}");
+        assert_eq!(
+            summary(&items),
+            ["b0:0", "b1:10", "barrier 1", "b0:1"],
+            "remote={remote}"
+        );
     }
 }
 
@@ -390,7 +425,15 @@ fn unaligned_run(w: Where, rows: usize, segment_size: usize) {
     let items = drain(&mut s.gate, Duration::ZERO);
     let at = items
         .iter()
-        .position(|i| matches!(i, GateItem::Barrier { checkpoint_id: 7, unaligned: true }))
+        .position(|i| {
+            matches!(
+                i,
+                GateItem::Barrier {
+                    checkpoint_id: 7,
+                    unaligned: true
+                }
+            )
+        })
         .expect("barrier 7 missing");
     if !matches!(w, Where::Remote) {
         assert_eq!(at, 0, "{w:?}: {:?}", summary(&items));
@@ -409,7 +452,10 @@ fn unaligned_run(w: Where, rows: usize, segment_size: usize) {
         seen[t] = true;
         let want: &[u64] = if t < before && i > at { &[7] } else { &[] };
         assert_eq!(in_flight, want, "{w:?}: batch {t} at {i}, barrier at {at}");
-        assert!(t < before || i > at, "{w:?}: batch {t} written after the barrier came out before it");
+        assert!(
+            t < before || i > at,
+            "{w:?}: batch {t} written after the barrier came out before it"
+        );
         marked += usize::from(!in_flight.is_empty());
     }
     assert!(seen.iter().all(|s| *s), "{w:?}: batches lost");

@@ -459,8 +459,7 @@ impl RemoteChannel {
     /// Lets the sender's reader, paused after an aligned checkpoint barrier, continue.
     pub(crate) fn resume_consumption(&self) {
         if !self.released.load(Ordering::SeqCst) {
-            self.conn
-                .send(Message::ResumeConsumption { receiver: self.rid });
+            self.conn.send(Message::ResumeConsumption { receiver: self.rid });
         }
     }
 

@@ -1477,8 +1477,24 @@ mod tests {
             Message::ResumeConsumption { receiver: r },
             Message::event(r, 2, 0, EventKind::User(b"watermark 17".to_vec())),
             Message::event(r, 3, 0, EventKind::User(vec![7; MAX_EVENT_PAYLOAD_LEN])),
-            Message::event(r, 4, 1, EventKind::Barrier { id: 9, unaligned: false }),
-            Message::event(r, 5, 1, EventKind::Barrier { id: u64::MAX, unaligned: true }),
+            Message::event(
+                r,
+                4,
+                1,
+                EventKind::Barrier {
+                    id: 9,
+                    unaligned: false,
+                },
+            ),
+            Message::event(
+                r,
+                5,
+                1,
+                EventKind::Barrier {
+                    id: u64::MAX,
+                    unaligned: true,
+                },
+            ),
             Message::event(r, 6, 0, EventKind::BarrierPosition(u64::MAX)),
         ]
     }

@@ -396,10 +396,14 @@ fn a_channel_ending_during_alignment_is_no_longer_waited_for() {
 /// are marked in-flight for 7, those coming out before it are not. Locally the barrier is
 /// read before anything queued, so it comes out first; remotely the channels have one
 /// exclusive and one floating buffer, so most of the data is still queued at the sender when
-/// the barrier overtakes it (at least one batch is in flight, whatever the timing).
+/// the barrier overtakes it (so at least one batch is in flight, whatever the timing: the
+/// gate's first AddCredit reaches the sender after the barrier is queued, and the sender
+/// reads priority events first).
 fn unaligned_run(w: Where, rows: usize, segment_size: usize) {
     let subs = 2;
-    let (before, after) = (6 * subs, 4 * subs);
+    // Remotely at most 3 buffers are in flight (1 exclusive per channel, 1 floating), so with
+    // 24 batches of at least 4 KB per subpartition most of the data is still at the sender.
+    let (before, after) = (24 * subs, 4 * subs);
     let mut s = setup(w, subs, |c| {
         c.segment_size = segment_size;
         c.memory = 8 << 20;

@@ -121,6 +121,9 @@ pub struct Subpartition {
     listener: StdMutex<Option<Listener>>,
     /// The reader's half-read buffer; touched only by the one reader (the lock is uncontended).
     current: StdMutex<Option<BufferConsumer>>,
+    /// An entry the reader took from `queue` and put back behind a priority event that was
+    /// added before it (reader only, like `current`).
+    stashed: StdMutex<Option<Entry>>,
     /// Buffers (serialized slices or handed-off batches) the reader took.
     buffers_out: Counter,
     /// Bytes the reader took (serialized bytes, or Arrow bytes of handed-off batches).
@@ -182,6 +185,7 @@ impl Subpartition {
             released: AtomicBool::new(false),
             listener: StdMutex::new(None),
             current: StdMutex::new(None),
+            stashed: StdMutex::new(None),
             buffers_out: Counter::default(),
             bytes_out: Counter::default(),
             remote: OnceLock::new(),
@@ -361,7 +365,23 @@ impl Subpartition {
                     None => return None,
                 }
             }
-            match self.queue.pop()? {
+            let mut stashed = self.stashed.lock().unwrap();
+            let entry = match stashed.take() {
+                Some(e) => e,
+                None => {
+                    let e = self.queue.pop()?;
+                    // A priority event added before this entry (the writer adds an unaligned
+                    // barrier, then its position marker) must come out first.
+                    if let Some(p) = self.priority.pop() {
+                        *stashed = Some(e);
+                        self.finished.fetch_sub(1, Ordering::SeqCst);
+                        return Some(Polled::Event(p));
+                    }
+                    e
+                }
+            };
+            drop(stashed);
+            match entry {
                 Entry::Buffer(c) => *current = Some(c),
                 Entry::Batch(b) => {
                     self.finished.fetch_sub(1, Ordering::SeqCst);
@@ -380,6 +400,7 @@ impl Subpartition {
         self.released.store(true, Ordering::SeqCst);
         *self.listener.lock().unwrap() = None;
         *self.current.lock().unwrap() = None;
+        *self.stashed.lock().unwrap() = None;
         while self.queue.pop().is_some() {}
         while self.priority.pop().is_some() {}
         self.finished.store(0, Ordering::SeqCst);
@@ -456,6 +477,44 @@ mod loom_tests {
             writer.join().unwrap();
             assert_eq!(bytes, b"abcd");
             assert_eq!(events, 1);
+            assert_eq!(sub.backlog(), 0);
+        });
+    }
+
+    /// A priority event (unaligned barrier) added while the reader polls: no wake-up is lost,
+    /// it never comes after an entry queued after it, end-of-partition stays last, and the
+    /// backlog returns to zero.
+    #[test]
+    fn loom_priority_event_overtakes_without_losing_a_wake_up() {
+        loom::model(|| {
+            let sub = Arc::new(Subpartition::new(0));
+            let wake = attach(&sub);
+            let writer = {
+                let sub = sub.clone();
+                loom::thread::spawn(move || {
+                    sub.add_finished(Entry::Event(Event::User(vec![1])));
+                    sub.add_priority(Event::Barrier {
+                        id: 1,
+                        unaligned: true,
+                    });
+                    sub.add_finished(Entry::Event(Event::BarrierPosition(1)));
+                    sub.add_finished(Entry::Event(Event::EndOfPartition));
+                })
+            };
+            let mut seen = Vec::new();
+            loop {
+                match sub.poll() {
+                    Some(Polled::Event(Event::EndOfPartition)) => break,
+                    Some(Polled::Event(e)) => seen.push(e),
+                    Some(_) => panic!("no data was written"),
+                    None => wake.wait(),
+                }
+            }
+            writer.join().unwrap();
+            let barrier = seen.iter().position(|e| matches!(e, Event::Barrier { .. }));
+            let position = seen.iter().position(|e| matches!(e, Event::BarrierPosition(1)));
+            assert_eq!(seen.len(), 3);
+            assert!(barrier.unwrap() < position.unwrap());
             assert_eq!(sub.backlog(), 0);
         });
     }

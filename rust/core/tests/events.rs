@@ -188,7 +188,21 @@ fn oversized_events_and_non_increasing_barrier_ids_are_refused() {
 /// Aligned barriers every `every` batches, a consumer slower than the producer: each barrier
 /// comes out once, in order, with exactly the batches written before it ahead of it.
 fn aligned_run(w: Where, subs: usize, batches: usize, every: usize, pause: Duration) {
-    let mut s = setup(w, subs, |c| c.memory = 2 << 20);
+    aligned_run_with(w, subs, batches, every, pause, |_| {});
+}
+
+fn aligned_run_with(
+    w: Where,
+    subs: usize,
+    batches: usize,
+    every: usize,
+    pause: Duration,
+    cfg: impl Fn(&mut EnvConfig),
+) {
+    let mut s = setup(w, subs, |c| {
+        c.memory = 2 << 20;
+        cfg(c)
+    });
     let part = s.part.clone();
     let writer = std::thread::spawn(move || {
         let mut wr = RecordWriter::new(part, Partitioner::RoundRobin);
@@ -239,6 +253,16 @@ fn aligned_run(w: Where, subs: usize, batches: usize, every: usize, pause: Durat
 #[test]
 fn aligned_barrier_remote_four_channels_slow_consumer() {
     aligned_run(Where::Remote, 4, 240, 30, Duration::from_millis(2));
+}
+
+#[test]
+fn aligned_barrier_remote_floating_buffers_only() {
+    // No exclusive buffers, 2 floating ones for 4 channels: a paused channel must not hold
+    // floating buffers the others need to reach their barrier (it announces no backlog).
+    aligned_run_with(Where::Remote, 4, 160, 20, Duration::from_millis(1), |c| {
+        c.exclusive_buffers = 0;
+        c.floating_buffers = 2;
+    });
 }
 
 #[test]

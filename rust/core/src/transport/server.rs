@@ -190,8 +190,16 @@ impl SubReader {
                         Event::Barrier { unaligned: false, .. } => self.paused = true,
                         Event::Barrier { unaligned: true, .. } => {
                             // It overtakes everything queued here too (it needs no credit;
-                            // between two chunks of a record is fine, the payload is a stream).
-                            self.queue.push_front(Item::Event(e));
+                            // between two chunks of a record is fine, the payload is a stream),
+                            // but not an earlier unaligned barrier still waiting to go.
+                            let at = self
+                                .queue
+                                .iter()
+                                .position(|i| {
+                                    !matches!(i, Item::Event(Event::Barrier { unaligned: true, .. }))
+                                })
+                                .unwrap_or(self.queue.len());
+                            self.queue.insert(at, Item::Event(e));
                             continue;
                         }
                         _ => {}
@@ -222,8 +230,12 @@ impl SubReader {
         }
     }
 
+    /// Data buffers to announce. While paused after an aligned barrier, what waits in the
+    /// subpartition is not announced: the receiver must not lend this channel floating
+    /// buffers that the channels it still waits for need to deliver their barriers.
     fn backlog(&self) -> u32 {
-        (self.chunks + self.sub.backlog()).min(u32::MAX as usize) as u32
+        let waiting = if self.paused { 0 } else { self.sub.backlog() };
+        (self.chunks + waiting).min(u32::MAX as usize) as u32
     }
 }
 

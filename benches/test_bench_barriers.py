@@ -63,7 +63,8 @@ def barrier_latency(unaligned: bool) -> dict[str, float]:
         for _ in gate.items(timeout=60):
             pass
         th.join()
-        assert surfaced is not None and injected, "the barrier never came out"
+        assert injected, "the barrier was never injected"
+        assert surfaced is not None, "the barrier never came out"
         return {
             "ms": (surfaced - injected[0]) * 1000,
             "consumer MB/s": batches * ROWS * 8 / 1e6 / (surfaced - injected[0] + WARMUP),

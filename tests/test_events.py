@@ -183,3 +183,39 @@ def test_item_classes() -> None:
     assert cf.Barrier(5) != cf.Barrier(5, True)
     assert cf.CheckpointAborted(2) == cf.CheckpointAborted(2)
     assert repr(cf.CheckpointAborted(2)) == "CheckpointAborted(checkpoint_id=2)"
+
+
+def read_until_quiet(gate: cf.InputGate) -> list[cf.GateItem]:
+    """Items until none comes for 0.3 s (the gate is blocked or idle)."""
+    items: list[cf.GateItem] = []
+    while True:
+        try:
+            item = gate.next_item(timeout=0.3)
+        except cf.TimeoutError:
+            return items
+        assert item is not None
+        items.append(item)
+
+
+def test_abort_surfaces_in_python() -> None:
+    """Channel a aligns 1; b skips 1 and sends 2: CheckpointAborted(1), then Barrier(2)."""
+    with cf.NetworkEnvironment(memory="4MiB") as env:
+        a = cf.RecordWriter(env.create_partition("a"), cf.ForwardPartitioner())
+        b = cf.RecordWriter(env.create_partition("b"), cf.ForwardPartitioner())
+        gate = env.create_input_gate([cf.ChannelSpec(env.address, p, 0) for p in ("a", "b")])
+        a.write(batch(0))
+        a.broadcast_barrier(1)
+        a.write(batch(1))
+        a.broadcast_barrier(2)
+        a.close()
+        items = read_until_quiet(gate)
+        # a is blocked at barrier 1: its batch 1 has not come out.
+        assert [stamp(i.batch) for i in items if isinstance(i, cf.Batch)] == [0]
+        b.write(batch(10))
+        b.broadcast_barrier(2)
+        b.close()
+        items.extend(gate.items(timeout=TIMEOUT))
+        kinds = [i for i in items if not isinstance(i, cf.Batch)]
+        assert kinds == [cf.CheckpointAborted(1), cf.Barrier(2)]
+        assert sorted(stamp(i.batch) for i in items if isinstance(i, cf.Batch)) == [0, 1, 10]
+        assert gate.metrics()["stale_barriers"] == 0

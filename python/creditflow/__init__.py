@@ -20,8 +20,12 @@ a :class:`NetworkEnvironment` starts its one background thread when it is create
 from __future__ import annotations
 
 from creditflow._native import (
+    Barrier,
+    Batch,
     BroadcastPartitioner,
     ChannelSpec,
+    CheckpointAborted,
+    Event,
     ForwardPartitioner,
     HashPartitioner,
     InputGate,
@@ -49,15 +53,23 @@ from creditflow.errors import (
     TimeoutError,
 )
 
+#: What :meth:`InputGate.items` yields.
+GateItem = Batch | Event | Barrier | CheckpointAborted
+
 __all__ = [
     "AlreadyConsumedError",
     "AuthenticationError",
+    "Barrier",
+    "Batch",
     "BroadcastPartitioner",
     "ChannelSpec",
+    "CheckpointAborted",
     "ClosedError",
     "ConnectionLostError",
     "CreditflowError",
+    "Event",
     "ForwardPartitioner",
+    "GateItem",
     "HashPartitioner",
     "InputGate",
     "InsufficientBuffersError",

@@ -4,7 +4,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeAlias, final
+from typing import Any, ClassVar, TypeAlias, final
 
 import pyarrow as pa
 from typing_extensions import Self
@@ -242,6 +242,15 @@ class RecordWriter:
         """Makes partly filled buffers readable now."""
     def close(self) -> None:
         """Sends end-of-partition to every subpartition. Idempotent."""
+    def broadcast_event(self, payload: bytes) -> None:
+        """Sends a user event (at most 16 KiB) to every subpartition, in order with the
+        batches; needs no buffer and no credit."""
+    def emit_event(self, payload: bytes, subpartition: int) -> None:
+        """Sends a user event (at most 16 KiB) to one subpartition."""
+    def broadcast_barrier(self, checkpoint_id: int, *, unaligned: bool = False) -> list[int]:
+        """Sends checkpoint barrier ``checkpoint_id`` (ids must increase) to every
+        subpartition; returns, per subpartition, the queued entries an unaligned barrier
+        overtook (``[]`` if aligned)."""
     def fail(self, message: str) -> None:
         """Ends the partition with an error that readers raise as ``ProducerFailedError``."""
     def metrics(self) -> dict[str, Any]:
@@ -262,6 +271,11 @@ class InputGate:
         """The next batch; None once every channel has ended."""
     def __iter__(self) -> Self: ...
     def __next__(self) -> pa.RecordBatch: ...
+    def next_item(self, timeout: float | None = None) -> GateItem | None:
+        """The next batch, event, barrier or abort; None once every channel has ended."""
+    def items(self, timeout: float | None = None) -> GateItems:
+        """An iterator of :class:`Batch`, :class:`Event`, :class:`Barrier` and
+        :class:`CheckpointAborted` items (the plain iterator yields only batches)."""
     @property
     def num_channels(self) -> int:
         """Number of channels."""
@@ -274,3 +288,68 @@ class InputGate:
         """This gate's metrics, as a dict."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
+
+@final
+class Batch:
+    """A batch from :meth:`InputGate.items`; ``in_flight`` lists the unaligned checkpoints it
+    is in-flight data of (written before their barrier, yielded after it)."""
+
+    def __new__(cls, channel: int, batch: pa.RecordBatch, in_flight: Sequence[int] = ...) -> Batch: ...
+    @property
+    def channel(self) -> int:
+        """The channel it came from."""
+    @property
+    def batch(self) -> pa.RecordBatch:
+        """The batch."""
+    @property
+    def in_flight(self) -> list[int]:
+        """Ids of the unaligned checkpoints whose barrier overtook it (usually empty)."""
+
+@final
+class Event:
+    """A user event from :meth:`InputGate.items`."""
+
+    def __new__(cls, channel: int, payload: bytes) -> Event: ...
+    @property
+    def channel(self) -> int:
+        """The channel it came from."""
+    @property
+    def payload(self) -> bytes:
+        """The bytes the writer sent."""
+    def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+@final
+class Barrier:
+    """Checkpoint barrier ``checkpoint_id`` from :meth:`InputGate.items` (aligned: every
+    channel delivered it; unaligned: the first channel did)."""
+
+    def __new__(cls, checkpoint_id: int, unaligned: bool = False) -> Barrier: ...
+    @property
+    def checkpoint_id(self) -> int:
+        """The checkpoint id."""
+    @property
+    def unaligned(self) -> bool:
+        """Whether it is an unaligned barrier."""
+    def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+@final
+class CheckpointAborted:
+    """The alignment of ``checkpoint_id`` was abandoned: a higher id arrived first."""
+
+    def __new__(cls, checkpoint_id: int) -> CheckpointAborted: ...
+    @property
+    def checkpoint_id(self) -> int:
+        """The checkpoint id."""
+    def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+GateItem: TypeAlias = Batch | Event | Barrier | CheckpointAborted
+
+@final
+class GateItems:
+    """Iterates an :class:`InputGate`'s items (see :meth:`InputGate.items`)."""
+
+    def __iter__(self) -> Self: ...
+    def __next__(self) -> GateItem: ...

@@ -6,6 +6,11 @@
 //! cannot starve the others. Per channel, batches come out in the order they were written.
 //! A channel whose partition is not registered yet is retried with exponential backoff
 //! and fails with `PartitionNotFound` when the backoff is exhausted.
+//!
+//! Besides batches, [`InputGate::next_item`] yields user events and checkpoint barriers,
+//! each in order with the batches of its channel; the alignment of barriers is
+//! [`crate::checkpoint`]'s. [`InputGate::next`] yields only the batches (barriers are still
+//! aligned: a channel blocked in an alignment is not read).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 
+use crate::checkpoint::{Action, Aligner, InFlight};
 use crate::debloat::{DebloatConfig, Debloater};
 use crate::error::{Error, Result};
 use crate::memory::{LocalPool, PoolStats};
@@ -37,12 +43,59 @@ pub struct ChannelSpec {
     pub subpartition: usize,
 }
 
-/// What `next` yields.
+/// What [`InputGate::next_item`] yields.
 #[derive(Debug)]
 pub enum GateItem {
-    /// A batch, the channel it came from, and the writer's token if the batch is the
-    /// writer's whole input batch handed over locally.
+    /// A batch.
+    Batch {
+        /// The channel it came from.
+        channel: usize,
+        /// The batch.
+        batch: RecordBatch,
+        /// The writer's token if the batch is the writer's whole input batch handed over
+        /// locally.
+        token: Option<Token>,
+        /// The unaligned checkpoints this batch is in-flight data of: it was written before
+        /// their barrier and reaches the reader after it (usually empty; see
+        /// [`crate::checkpoint::InFlight`]).
+        in_flight: Vec<u64>,
+    },
+    /// A user event.
+    Event {
+        /// The channel it came from.
+        channel: usize,
+        /// The bytes the writer sent.
+        payload: Vec<u8>,
+    },
+    /// Checkpoint barrier `checkpoint_id`: aligned, after every channel not ended delivered
+    /// it; unaligned, as soon as the first channel delivered it.
+    Barrier {
+        /// The checkpoint id.
+        checkpoint_id: u64,
+        /// Whether it is an unaligned barrier.
+        unaligned: bool,
+    },
+    /// The alignment of checkpoint `checkpoint_id` was abandoned because a barrier with a
+    /// higher id arrived first; its barrier will not be yielded.
+    CheckpointAborted {
+        /// The checkpoint id.
+        checkpoint_id: u64,
+    },
+}
+
+/// What the gate holds between polling a channel and yielding (keeps per-channel order).
+enum Queued {
     Batch(usize, RecordBatch, Option<Token>),
+    Event(usize, Vec<u8>),
+    Barrier {
+        id: u64,
+        unaligned: bool,
+    },
+    Aborted(u64),
+    /// Where the producer wrote unaligned barrier `id` on a channel (not yielded).
+    Position(usize, u64),
+    /// A channel ended (not yielded).
+    Ended(usize),
 }
 
 /// Backoff for partition requests (Flink's `taskmanager.network.request-backoff.*`).
@@ -99,6 +152,8 @@ enum ChannelState {
     Remote {
         ch: Arc<RemoteChannel>,
         de: RecordDeserializer,
+        /// Items received after an aligned barrier that blocked the channel.
+        held: VecDeque<Inbound>,
     },
     /// End-of-partition seen (or the gate was closed).
     Ended,
@@ -206,8 +261,10 @@ pub struct GateMetrics {
     pub ended_channels: usize,
     /// The gate's pool (exclusive + floating buffers of remote channels).
     pub pool: PoolStats,
-    /// Batches decoded but not yet returned.
+    /// Batches (and events, barriers) decoded but not yet returned.
     pub queued_batches: usize,
+    /// Checkpoint barriers ignored as stale (an id already surfaced or abandoned).
+    pub stale_barriers: u64,
     /// Batches received.
     pub batches_received: u64,
     /// Buffers (serialized buffers or handed-off batches) received.
@@ -296,6 +353,7 @@ pub(crate) struct GateHandle {
     num_channels: usize,
     ended: std::sync::atomic::AtomicUsize,
     queued: std::sync::atomic::AtomicUsize,
+    stale_barriers: std::sync::atomic::AtomicU64,
     remote: std::sync::OnceLock<Arc<RemoteGate>>,
     channels: Vec<ChannelCounters>,
     /// Buffer debloating, when on. Locked by the environment's flusher each tick and by the
@@ -367,6 +425,7 @@ impl GateHandle {
             ended_channels: self.ended.load(Ordering::Relaxed),
             pool: self.pool.stats(),
             queued_batches: self.queued.load(Ordering::Relaxed),
+            stale_barriers: self.stale_barriers.load(Ordering::Relaxed),
             batches_received: c.batches.get(),
             buffers_received: c.buffers.get(),
             bytes_received: c.bytes.get(),
@@ -392,8 +451,12 @@ impl GateHandle {
 pub struct InputGate {
     channels: Vec<Channel>,
     ready: Arc<Ready>,
-    /// Decoded batches not yet returned, with their channel (keeps per-channel order).
-    pending: VecDeque<(usize, RecordBatch, Option<Token>)>,
+    /// Decoded batches, events and barriers not yet returned (keeps per-channel order).
+    pending: VecDeque<Queued>,
+    /// Checkpoint barrier alignment.
+    aligner: Aligner,
+    /// What unaligned barriers overtook.
+    in_flight: InFlight,
     ended: usize,
     /// Channels still `Pending` (keeps the per-batch path from scanning them all).
     unresolved: usize,
@@ -490,6 +553,7 @@ impl InputGate {
                     ChannelState::Remote {
                         ch: setup.transport.open_channel(spec.clone(), rg, notify),
                         de: RecordDeserializer::new(max_record),
+                        held: VecDeque::new(),
                     }
                 }
                 _ => {
@@ -541,15 +605,19 @@ impl InputGate {
             num_channels: channels.len(),
             ended: Default::default(),
             queued: Default::default(),
+            stale_barriers: Default::default(),
             remote: Default::default(),
         });
         if let Some(r) = &remote_gate {
             let _ = handle.remote.set(r.clone());
         }
+        let n = channels.len();
         let mut gate = InputGate {
             channels,
             ready,
             pending: VecDeque::new(),
+            aligner: Aligner::new(n),
+            in_flight: InFlight::new(n),
             ended: 0,
             unresolved,
             registry,
@@ -654,20 +722,55 @@ impl InputGate {
             .min()
     }
 
-    /// The next batch; `None` once every channel has ended. Blocks as `wait` allows.
+    /// The next batch; `None` once every channel has ended. Blocks as `wait` allows. User
+    /// events and checkpoint barriers are skipped (barriers are still aligned).
     pub fn next(&mut self, wait: &mut Wait<'_>) -> Result<Option<RecordBatch>> {
-        Ok(self.next_item(wait)?.map(|GateItem::Batch(_, b, _)| b))
+        loop {
+            match self.next_item(wait)? {
+                None => return Ok(None),
+                Some(GateItem::Batch { batch, .. }) => return Ok(Some(batch)),
+                Some(_) => {}
+            }
+        }
     }
 
-    /// Like [`InputGate::next`], with the channel index.
+    /// The next batch, user event or checkpoint barrier (see [`GateItem`]); `None` once
+    /// every channel has ended. Blocks as `wait` allows.
     pub fn next_item(&mut self, wait: &mut Wait<'_>) -> Result<Option<GateItem>> {
         if self.closed {
             return Err(Error::Closed("input gate"));
         }
         loop {
-            if let Some((ch, b, token)) = self.pending.pop_front() {
+            if let Some(q) = self.pending.pop_front() {
                 self.handle.queued.store(self.pending.len(), Ordering::Relaxed);
-                return Ok(Some(GateItem::Batch(ch, b, token)));
+                let item = match q {
+                    Queued::Batch(channel, batch, token) => GateItem::Batch {
+                        channel,
+                        batch,
+                        token,
+                        in_flight: self.in_flight.batch(channel),
+                    },
+                    Queued::Event(channel, payload) => GateItem::Event { channel, payload },
+                    Queued::Barrier { id, unaligned } => {
+                        if unaligned {
+                            self.in_flight.barrier(id);
+                        }
+                        GateItem::Barrier {
+                            checkpoint_id: id,
+                            unaligned,
+                        }
+                    }
+                    Queued::Aborted(id) => GateItem::CheckpointAborted { checkpoint_id: id },
+                    Queued::Position(channel, id) => {
+                        self.in_flight.position(channel, id);
+                        continue;
+                    }
+                    Queued::Ended(channel) => {
+                        self.in_flight.ended(channel);
+                        continue;
+                    }
+                };
+                return Ok(Some(item));
             }
             if let Some(e) = self.deferred.take() {
                 return Err(e);
@@ -688,8 +791,71 @@ impl InputGate {
                     }
                 }
             };
+            if self.aligner.is_blocked(idx) {
+                // Read again when the alignment resumes it.
+                continue;
+            }
             self.poll_channel(idx)?;
         }
+    }
+
+    /// Carries out what the aligner decided.
+    fn apply(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Block(_) => {}
+                Action::Resume(channels) => {
+                    for c in channels {
+                        if let ChannelState::Remote { ch, .. } = &self.channels[c].state {
+                            ch.resume_consumption();
+                        }
+                        self.ready.push(c);
+                    }
+                }
+                Action::Surface { id, unaligned: false } => {
+                    self.pending.push_back(Queued::Barrier { id, unaligned: false });
+                }
+                Action::Surface { id, unaligned: true } => {
+                    // In front of the batches received but not yet yielded (they become
+                    // in-flight data), but after barriers and aborts already decided.
+                    let at = self
+                        .pending
+                        .iter()
+                        .rposition(|q| matches!(q, Queued::Barrier { .. } | Queued::Aborted(_)))
+                        .map_or(0, |i| i + 1);
+                    self.pending.insert(at, Queued::Barrier { id, unaligned: true });
+                }
+                Action::Abort { id } => self.pending.push_back(Queued::Aborted(id)),
+            }
+        }
+        self.handle
+            .stale_barriers
+            .store(self.aligner.stale(), Ordering::Relaxed);
+    }
+
+    /// A barrier arrived on channel `idx`; `at_boundary` says whether its deserializer is
+    /// between records (an aligned barrier must be).
+    fn on_barrier(&mut self, idx: usize, id: u64, unaligned: bool, at_boundary: bool) -> Result<()> {
+        if !unaligned && !at_boundary {
+            return Err(Error::Protocol(format!(
+                "channel {:?}: aligned barrier {id} in the middle of a record",
+                self.channels[idx].spec
+            )));
+        }
+        let actions = self.aligner.on_barrier(idx, id, unaligned)?;
+        self.apply(actions);
+        Ok(())
+    }
+
+    /// Channel `idx` ended: bookkeeping shared by local and remote channels.
+    fn channel_ended(&mut self, idx: usize) {
+        self.handle.mark(idx, ChannelKind::Ended);
+        self.channels[idx].state = ChannelState::Ended;
+        self.ended += 1;
+        self.handle.ended.store(self.ended, Ordering::Relaxed);
+        self.pending.push_back(Queued::Ended(idx));
+        let actions = self.aligner.on_end(idx);
+        self.apply(actions);
     }
 
     fn take_ready(&self) -> Option<usize> {
@@ -723,64 +889,69 @@ impl InputGate {
         }
     }
 
+    fn count_batch(&self, idx: usize, batch: &RecordBatch, bytes: usize) {
+        let counters = &self.handle.counters;
+        counters.batches.add(1);
+        counters.bytes.add(bytes as u64);
+        counters.rows.add(batch.num_rows() as u64);
+        self.handle.channels[idx].count_batch(bytes, batch.num_rows());
+    }
+
+    /// Counts a consumed buffer of `bytes` (its bytes feed the debloating throughput).
+    fn count_buffer(&self, idx: usize, bytes: usize) {
+        self.handle.counters.buffer_bytes.add(bytes as u64);
+        self.handle.counters.buffers.add(1);
+        self.handle.channels[idx].buffers.add(1);
+    }
+
     fn poll_channel(&mut self, idx: usize) -> Result<()> {
         if let ChannelState::Remote { .. } = self.channels[idx].state {
             return self.poll_remote(idx);
         }
-        let ChannelState::Local { partition, sub, de } = &mut self.channels[idx].state else {
+        let ChannelState::Local { sub, .. } = &self.channels[idx].state else {
             return Ok(());
         };
         let Some(polled) = sub.poll() else { return Ok(()) };
-        let counters = &self.handle.counters;
-        let per = &self.handle.channels[idx];
         match polled {
             Polled::Batch(lb) => {
-                counters.buffer_bytes.add(lb.bytes as u64);
-                counters.buffers.add(1);
-                counters.batches.add(1);
-                counters.bytes.add(lb.bytes as u64);
-                counters.rows.add(lb.batch.num_rows() as u64);
-                per.buffers.add(1);
-                per.count_batch(lb.bytes, lb.batch.num_rows());
-                self.pending.push_back((idx, lb.batch, lb.token));
+                self.count_buffer(idx, lb.bytes);
+                self.count_batch(idx, &lb.batch, lb.bytes);
+                self.pending.push_back(Queued::Batch(idx, lb.batch, lb.token));
                 // lb.segments are recycled here: the batch left the partition's budget.
             }
             Polled::Data(slice) => {
-                counters.buffer_bytes.add(slice.len() as u64);
-                counters.buffers.add(1);
-                per.buffers.add(1);
+                self.count_buffer(idx, slice.len());
                 let mut out = VecDeque::new();
-                de.push(slice.as_slice(), &mut out)?;
+                if let ChannelState::Local { de, .. } = &mut self.channels[idx].state {
+                    de.push(slice.as_slice(), &mut out)?;
+                }
                 for b in out {
-                    let bytes = b.get_array_memory_size();
-                    counters.batches.add(1);
-                    counters.bytes.add(bytes as u64);
-                    counters.rows.add(b.num_rows() as u64);
-                    per.count_batch(bytes, b.num_rows());
-                    self.pending.push_back((idx, b, None));
+                    self.count_batch(idx, &b, b.get_array_memory_size());
+                    self.pending.push_back(Queued::Batch(idx, b, None));
                 }
             }
-            Polled::Event(Event::EndOfPartition) => {
-                if !de.is_at_record_boundary() {
-                    return Err(Error::Protocol(format!(
-                        "channel {:?} ended in the middle of a record",
-                        self.channels[idx].spec
-                    )));
+            Polled::Event(event) => {
+                let ChannelState::Local { partition, de, .. } = &self.channels[idx].state else {
+                    unreachable!("checked above")
+                };
+                let at_boundary = de.is_at_record_boundary();
+                match event {
+                    Event::EndOfPartition | Event::ProducerFailed(_) => {
+                        partition.subpartition_done();
+                        let spec = self.channels[idx].spec.clone();
+                        self.channel_ended(idx);
+                        return match event {
+                            Event::ProducerFailed(msg) => Err(Error::ProducerFailed(msg)),
+                            _ if !at_boundary => Err(Error::Protocol(format!(
+                                "channel {spec:?} ended in the middle of a record"
+                            ))),
+                            _ => Ok(()),
+                        };
+                    }
+                    Event::User(payload) => self.pending.push_back(Queued::Event(idx, payload)),
+                    Event::Barrier { id, unaligned } => self.on_barrier(idx, id, unaligned, at_boundary)?,
+                    Event::BarrierPosition(id) => self.pending.push_back(Queued::Position(idx, id)),
                 }
-                partition.subpartition_done();
-                self.handle.mark(idx, ChannelKind::Ended);
-                self.channels[idx].state = ChannelState::Ended;
-                self.ended += 1;
-                self.handle.ended.store(self.ended, Ordering::Relaxed);
-                return Ok(());
-            }
-            Polled::Event(Event::ProducerFailed(msg)) => {
-                partition.subpartition_done();
-                self.handle.mark(idx, ChannelKind::Ended);
-                self.channels[idx].state = ChannelState::Ended;
-                self.ended += 1;
-                self.handle.ended.store(self.ended, Ordering::Relaxed);
-                return Err(Error::ProducerFailed(msg));
             }
         }
         self.handle.queued.store(self.pending.len(), Ordering::Relaxed);
@@ -789,59 +960,70 @@ impl InputGate {
         Ok(())
     }
 
-    /// Takes everything the remote channel received. No need to requeue the channel: it
-    /// notifies again when the next buffer arrives.
+    /// Takes everything the remote channel received (after what an alignment held back). No
+    /// need to requeue the channel: it notifies again when the next buffer arrives.
     fn poll_remote(&mut self, idx: usize) -> Result<()> {
-        let channel = &mut self.channels[idx];
-        let spec = &channel.spec;
-        let ChannelState::Remote { ch, de } = &mut channel.state else {
+        let ChannelState::Remote { ch, held, .. } = &mut self.channels[idx].state else {
             return Ok(());
         };
-        let counters = &self.handle.counters;
-        let per = &self.handle.channels[idx];
+        let mut items = std::mem::take(held);
+        items.extend(ch.take_all());
         let mut end = None;
-        let mut out = VecDeque::new();
-        let items = ch.take_all();
         let mut done = Vec::with_capacity(items.len());
-        for item in items {
+        let mut out = VecDeque::new();
+        while let Some(item) = items.pop_front() {
+            if self.aligner.is_blocked(idx) {
+                // An aligned barrier blocked the channel: keep the rest for later.
+                items.push_front(item);
+                if let ChannelState::Remote { held, .. } = &mut self.channels[idx].state {
+                    *held = items;
+                }
+                break;
+            }
+            let ChannelState::Remote { de, .. } = &mut self.channels[idx].state else {
+                unreachable!("checked above")
+            };
             match item {
                 Inbound::Data(received) => {
-                    counters.buffer_bytes.add(received.bytes().len() as u64);
-                    counters.buffers.add(1);
-                    per.buffers.add(1);
                     de.push(received.bytes(), &mut out)?;
+                    let bytes = received.bytes().len();
                     done.push(received);
+                    self.count_buffer(idx, bytes);
+                    for b in out.drain(..) {
+                        self.count_batch(idx, &b, b.get_array_memory_size());
+                        self.pending.push_back(Queued::Batch(idx, b, None));
+                    }
                 }
                 Inbound::Event(ev) => {
-                    end = Some(match Event::from(ev) {
-                        Event::EndOfPartition if !de.is_at_record_boundary() => Err(Error::Protocol(
-                            format!("channel {spec:?} ended in the middle of a record"),
-                        )),
-                        Event::EndOfPartition => Ok(()),
-                        Event::ProducerFailed(msg) => Err(Error::ProducerFailed(msg)),
-                    });
+                    let at_boundary = de.is_at_record_boundary();
+                    match Event::from(ev) {
+                        Event::EndOfPartition if !at_boundary => {
+                            end = Some(Err(Error::Protocol(format!(
+                                "channel {:?} ended in the middle of a record",
+                                self.channels[idx].spec
+                            ))));
+                        }
+                        Event::EndOfPartition => end = Some(Ok(())),
+                        Event::ProducerFailed(msg) => end = Some(Err(Error::ProducerFailed(msg))),
+                        Event::User(payload) => self.pending.push_back(Queued::Event(idx, payload)),
+                        Event::Barrier { id, unaligned } => {
+                            self.on_barrier(idx, id, unaligned, at_boundary)?
+                        }
+                        Event::BarrierPosition(id) => self.pending.push_back(Queued::Position(idx, id)),
+                    }
                 }
                 Inbound::Failed(e) => end = Some(Err(e)),
             }
         }
         // The segments go back together: new credit for the sender in one AddCredit.
         recycle_all(done);
-        for b in out {
-            let bytes = b.get_array_memory_size();
-            counters.batches.add(1);
-            counters.bytes.add(bytes as u64);
-            counters.rows.add(b.num_rows() as u64);
-            per.count_batch(bytes, b.num_rows());
-            self.pending.push_back((idx, b, None));
-        }
         self.handle.queued.store(self.pending.len(), Ordering::Relaxed);
         if let Some(result) = end {
-            ch.close();
-            self.handle.mark(idx, ChannelKind::Ended);
-            self.channels[idx].state = ChannelState::Ended;
-            self.ended += 1;
-            self.handle.ended.store(self.ended, Ordering::Relaxed);
-            // The batches received before a failure come out first, then the failure.
+            if let ChannelState::Remote { ch, .. } = &self.channels[idx].state {
+                ch.close();
+            }
+            self.channel_ended(idx);
+            // What was received before a failure comes out first, then the failure.
             if let Err(e) = result {
                 if self.pending.is_empty() {
                     return Err(e);

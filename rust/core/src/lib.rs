@@ -26,6 +26,7 @@
 //! Blocking calls take a [`wait::Wait`]: an optional deadline and an interrupt check that
 //! the Python layer uses for Ctrl-C, so no call can block forever without a way out.
 
+pub mod checkpoint;
 pub mod credit;
 pub mod debloat;
 #[cfg(not(loom))]

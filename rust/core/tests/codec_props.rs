@@ -99,6 +99,10 @@ mod transport {
             prop::collection::vec(any::<u8>(), 0..300).prop_map(|v| Payload::Data(Cow::Owned(v))),
             Just(Payload::Event(EventKind::EndOfPartition)),
             text(MAX_MESSAGE_LEN).prop_map(|m| Payload::Event(EventKind::ProducerFailed(m))),
+            prop::collection::vec(any::<u8>(), 0..300).prop_map(|v| Payload::Event(EventKind::User(v))),
+            (any::<u64>(), any::<bool>())
+                .prop_map(|(id, unaligned)| Payload::Event(EventKind::Barrier { id, unaligned })),
+            any::<u64>().prop_map(|id| Payload::Event(EventKind::BarrierPosition(id))),
         ]
     }
 
@@ -139,6 +143,7 @@ mod transport {
             receiver().prop_map(|receiver| Message::CancelPartitionRequest { receiver }),
             Just(Message::CloseRequest),
             receiver().prop_map(|receiver| Message::PartitionNotFound { receiver }),
+            receiver().prop_map(|receiver| Message::ResumeConsumption { receiver }),
             (receiver(), 1..=u32::MAX).prop_map(|(receiver, size)| Message::NewBufferSize { receiver, size }),
         ]
     }

@@ -506,6 +506,7 @@ pub(crate) fn gate_metrics_dict<'py>(py: Python<'py>, m: &GateMetrics) -> PyResu
     d.set_item("in_pool_usage", m.pool.usage())?;
     d.set_item("in_pool", pool_dict(py, &m.pool)?)?;
     d.set_item("queued_batches", m.queued_batches)?;
+    d.set_item("stale_barriers", m.stale_barriers)?;
     d.set_item("batches_received", m.batches_received)?;
     d.set_item("buffers_received", m.buffers_received)?;
     d.set_item("bytes_received", m.bytes_received)?;

@@ -11,7 +11,7 @@ use creditflow_core::Partitioner;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 use pyo3_arrow::input::AnyRecordBatch;
 
 use crate::blocking;
@@ -280,6 +280,36 @@ impl RecordWriter {
         Ok(())
     }
 
+    /// Sends a user event (bytes, at most 16 KiB) to every subpartition, in order with the
+    /// batches written before and after it. Needs no buffer and no credit.
+    fn broadcast_event(&self, py: Python<'_>, payload: &[u8]) -> PyResult<()> {
+        check_pid(self.pid, "RecordWriter")?;
+        py.detach(|| self.inner.lock().unwrap().broadcast_event(payload))
+            .map_err(|e| to_py(py, e))
+    }
+
+    /// Sends a user event (bytes, at most 16 KiB) to one subpartition.
+    fn emit_event(&self, py: Python<'_>, payload: &[u8], subpartition: usize) -> PyResult<()> {
+        check_pid(self.pid, "RecordWriter")?;
+        py.detach(|| self.inner.lock().unwrap().emit_event(payload, subpartition))
+            .map_err(|e| to_py(py, e))
+    }
+
+    /// Sends checkpoint barrier ``checkpoint_id`` (ids must increase) to every subpartition.
+    /// Aligned by default; ``unaligned=True`` overtakes the data queued ahead of it. Returns,
+    /// per subpartition, the queued entries an unaligned barrier overtook (``[]`` if aligned).
+    #[pyo3(signature = (checkpoint_id, *, unaligned = false))]
+    fn broadcast_barrier(&self, py: Python<'_>, checkpoint_id: u64, unaligned: bool) -> PyResult<Vec<usize>> {
+        check_pid(self.pid, "RecordWriter")?;
+        py.detach(|| {
+            self.inner
+                .lock()
+                .unwrap()
+                .broadcast_barrier(checkpoint_id, unaligned)
+        })
+        .map_err(|e| to_py(py, e))
+    }
+
     /// Sends end-of-partition to every subpartition. Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.inner.lock().unwrap().close())
@@ -356,12 +386,206 @@ impl InputGate {
         check_pid(self.pid, "InputGate")?;
         let timeout = blocking::timeout(timeout)?;
         let item = blocking::run(py, timeout, "waiting for data", |wait| {
-            self.inner.lock().unwrap().next_item(wait)
+            let mut gate = self.inner.lock().unwrap();
+            loop {
+                match gate.next_item(wait)? {
+                    None => return Ok(None),
+                    Some(GateItem::Batch { batch, token, .. }) => return Ok(Some((batch, token))),
+                    Some(_) => {}
+                }
+            }
         })?;
         match item {
             None => Ok(None),
-            Some(GateItem::Batch(_, b, token)) => Ok(Some(to_pyarrow(py, b, token)?)),
+            Some((b, token)) => Ok(Some(to_pyarrow(py, b, token)?)),
         }
+    }
+
+    fn next_any(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Py<PyAny>>> {
+        check_pid(self.pid, "InputGate")?;
+        let timeout = blocking::timeout(timeout)?;
+        let item = blocking::run(py, timeout, "waiting for data", |wait| {
+            self.inner.lock().unwrap().next_item(wait)
+        })?;
+        let Some(item) = item else { return Ok(None) };
+        let obj = match item {
+            GateItem::Batch {
+                channel,
+                batch,
+                token,
+                in_flight,
+            } => Py::new(
+                py,
+                Batch {
+                    channel,
+                    batch: to_pyarrow(py, batch, token)?,
+                    in_flight,
+                },
+            )?
+            .into_any(),
+            GateItem::Event { channel, payload } => Py::new(
+                py,
+                Event {
+                    channel,
+                    payload: PyBytes::new(py, &payload).unbind(),
+                },
+            )?
+            .into_any(),
+            GateItem::Barrier {
+                checkpoint_id,
+                unaligned,
+            } => Py::new(
+                py,
+                Barrier {
+                    checkpoint_id,
+                    unaligned,
+                },
+            )?
+            .into_any(),
+            GateItem::CheckpointAborted { checkpoint_id } => {
+                Py::new(py, CheckpointAborted { checkpoint_id })?.into_any()
+            }
+        };
+        Ok(Some(obj))
+    }
+}
+
+/// A batch from :meth:`InputGate.items`: the channel it came from, the
+/// ``pyarrow.RecordBatch``, and ``in_flight``, the ids of the unaligned checkpoints it is
+/// in-flight data of (written before their barrier, yielded after it; usually empty).
+#[pyclass(module = "creditflow._native", frozen, get_all)]
+pub struct Batch {
+    channel: usize,
+    batch: Py<PyAny>,
+    in_flight: Vec<u64>,
+}
+
+#[pymethods]
+impl Batch {
+    #[new]
+    #[pyo3(signature = (channel, batch, in_flight = Vec::new()))]
+    fn new(channel: usize, batch: Py<PyAny>, in_flight: Vec<u64>) -> Self {
+        Batch {
+            channel,
+            batch,
+            in_flight,
+        }
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let rows = self
+            .batch
+            .bind(py)
+            .getattr("num_rows")
+            .map(|r| r.to_string())
+            .unwrap_or_else(|_| "?".into());
+        format!(
+            "Batch(channel={}, rows={rows}, in_flight={:?})",
+            self.channel, self.in_flight
+        )
+    }
+}
+
+/// A user event from :meth:`InputGate.items`: the channel and the bytes the writer sent
+/// with :meth:`RecordWriter.broadcast_event` or :meth:`RecordWriter.emit_event`.
+#[pyclass(module = "creditflow._native", frozen, get_all)]
+pub struct Event {
+    channel: usize,
+    payload: Py<PyBytes>,
+}
+
+#[pymethods]
+impl Event {
+    #[new]
+    fn new(channel: usize, payload: Py<PyBytes>) -> Self {
+        Event { channel, payload }
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "Event(channel={}, payload={})",
+            self.channel,
+            self.payload
+                .bind(py)
+                .repr()
+                .map(|r| r.to_string())
+                .unwrap_or_default()
+        )
+    }
+
+    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> bool {
+        other.cast::<Event>().is_ok_and(|o| {
+            let o = o.get();
+            o.channel == self.channel && o.payload.bind(py).as_bytes() == self.payload.bind(py).as_bytes()
+        })
+    }
+}
+
+/// Checkpoint barrier ``checkpoint_id`` from :meth:`InputGate.items`. Aligned: every channel
+/// delivered it and everything before it was yielded before it. Unaligned: yielded when the
+/// first channel delivered it; the batches it overtook follow, marked by ``in_flight``.
+#[pyclass(module = "creditflow._native", frozen, get_all, eq)]
+#[derive(PartialEq)]
+pub struct Barrier {
+    checkpoint_id: u64,
+    unaligned: bool,
+}
+
+#[pymethods]
+impl Barrier {
+    #[new]
+    #[pyo3(signature = (checkpoint_id, unaligned = false))]
+    fn new(checkpoint_id: u64, unaligned: bool) -> Self {
+        Barrier {
+            checkpoint_id,
+            unaligned,
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Barrier(checkpoint_id={}, unaligned={})",
+            self.checkpoint_id,
+            if self.unaligned { "True" } else { "False" }
+        )
+    }
+}
+
+/// From :meth:`InputGate.items`: the alignment of checkpoint ``checkpoint_id`` was abandoned
+/// because a barrier with a higher id arrived first; its barrier will not be yielded.
+#[pyclass(module = "creditflow._native", frozen, get_all, eq)]
+#[derive(PartialEq)]
+pub struct CheckpointAborted {
+    checkpoint_id: u64,
+}
+
+#[pymethods]
+impl CheckpointAborted {
+    #[new]
+    fn new(checkpoint_id: u64) -> Self {
+        CheckpointAborted { checkpoint_id }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("CheckpointAborted(checkpoint_id={})", self.checkpoint_id)
+    }
+}
+
+/// Iterates an :class:`InputGate`'s batches, events and barriers (see :meth:`InputGate.items`).
+#[pyclass(module = "creditflow._native", frozen)]
+pub struct GateItems {
+    gate: Py<InputGate>,
+    timeout: Option<f64>,
+}
+
+#[pymethods]
+impl GateItems {
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.gate.get().next_any(py, self.timeout)
     }
 }
 
@@ -379,6 +603,25 @@ impl InputGate {
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         self.next_batch(py, None)
+    }
+
+    /// The next :class:`Batch`, :class:`Event`, :class:`Barrier` or
+    /// :class:`CheckpointAborted`; None once every channel has ended.
+    #[pyo3(signature = (timeout = None))]
+    fn next_item(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Py<PyAny>>> {
+        self.next_any(py, timeout)
+    }
+
+    /// An iterator of :class:`Batch`, :class:`Event`, :class:`Barrier` and
+    /// :class:`CheckpointAborted` items, each channel's in the order written (the plain
+    /// iterator yields only the batches).
+    #[pyo3(signature = (timeout = None))]
+    fn items(slf: Bound<'_, Self>, timeout: Option<f64>) -> PyResult<GateItems> {
+        blocking::timeout(timeout)?;
+        Ok(GateItems {
+            gate: slf.unbind(),
+            timeout,
+        })
     }
 
     /// Number of channels.

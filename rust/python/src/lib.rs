@@ -27,6 +27,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<io::RecordWriter>()?;
     m.add_class::<io::InputGate>()?;
     m.add_class::<io::ChannelSpec>()?;
+    m.add_class::<io::Batch>()?;
+    m.add_class::<io::Event>()?;
+    m.add_class::<io::Barrier>()?;
+    m.add_class::<io::CheckpointAborted>()?;
+    m.add_class::<io::GateItems>()?;
     m.add_class::<tls::TlsConfig>()?;
     m.add_class::<io::HashPartitioner>()?;
     m.add_class::<io::RoundRobinPartitioner>()?;

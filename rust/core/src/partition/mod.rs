@@ -486,13 +486,51 @@ impl ResultPartition {
     /// Finishes a subpartition's open buffer (its bytes become readable) and queues `event`
     /// after it.
     fn end_stream(&self, sub: &Subpartition, state: &mut SerialState, event: Event) {
+        self.finish_open_buffer(sub, state);
+        sub.add_finished(Entry::Event(event));
+    }
+
+    /// Finishes a subpartition's partly filled buffer, so that what follows is ordered
+    /// after its bytes (Flink finishes the current buffer builder before an event too).
+    fn finish_open_buffer(&self, sub: &Subpartition, state: &mut SerialState) {
         if let Some(b) = state.builder.take() {
             b.finish();
             self.open_builders.fetch_sub(1, Ordering::Relaxed);
             self.metrics.buffers.add(1);
             sub.buffer_finished();
         }
-        sub.add_finished(Entry::Event(event));
+    }
+
+    /// Queues `event` on subpartition `target` (every subpartition when `None`), after the
+    /// data written before it; it needs no buffer and no credit. With `priority`, the event
+    /// is put in front of the queued data (see [`Subpartition::add_priority`]) and `event`
+    /// marks its original place. Returns, per subpartition written to when `priority` is
+    /// given, the entries it overtook at the time of the call (finished buffers, handed-off
+    /// batches and events still queued, plus the unfinished tail buffer).
+    pub(crate) fn add_event(
+        &self,
+        target: Option<usize>,
+        event: Event,
+        priority: Option<Event>,
+    ) -> Result<Vec<usize>> {
+        self.check_writable()?;
+        if let Some(t) = target {
+            self.subpartition(t)?;
+        }
+        let mut serial = self.serial.lock().unwrap();
+        let mut overtaken = Vec::new();
+        for (i, (sub, state)) in self.subpartitions.iter().zip(serial.iter_mut()).enumerate() {
+            if target.is_some_and(|t| t != i) {
+                continue;
+            }
+            if let Some(p) = &priority {
+                overtaken.push(sub.backlog() + usize::from(state.builder.is_some()));
+                sub.add_priority(p.clone());
+            }
+            self.finish_open_buffer(sub, state);
+            sub.add_finished(Entry::Event(event.clone()));
+        }
+        Ok(overtaken)
     }
 
     /// Whether end-of-partition was sent.

@@ -39,6 +39,29 @@ pub enum Event {
     /// The writer failed mid-batch (interrupted or timed out while a batch was half
     /// serialized); the reader must fail with this message.
     ProducerFailed(String),
+    /// A user event: opaque bytes (at most
+    /// [`MAX_EVENT_PAYLOAD_LEN`](crate::transport::codec::MAX_EVENT_PAYLOAD_LEN)), in order
+    /// with the batches around it.
+    User(Vec<u8>),
+    /// Checkpoint barrier `id`. An aligned one is in order with the data; an unaligned one
+    /// was put in front of the queued data (see [`Subpartition::add_priority`]) and is
+    /// followed, at its original place, by [`Event::BarrierPosition`] with the same id.
+    Barrier {
+        /// The checkpoint id.
+        id: u64,
+        /// Whether it overtook the queued data.
+        unaligned: bool,
+    },
+    /// Where unaligned barrier `id` was written: the data between the barrier and this
+    /// marker is what the barrier overtook.
+    BarrierPosition(u64),
+}
+
+impl Event {
+    /// Whether nothing follows this event on its subpartition (end or failure).
+    pub fn is_end(&self) -> bool {
+        matches!(self, Event::EndOfPartition | Event::ProducerFailed(_))
+    }
 }
 
 /// An opaque value that travels with a handed-off batch (see `RecordWriter::write_with_token`).
@@ -81,6 +104,8 @@ pub enum Polled {
 pub struct Subpartition {
     index: usize,
     queue: Queue<Entry>,
+    /// Events that overtake `queue` (unaligned barriers); read before anything in it.
+    priority: Queue<Event>,
     /// Finished entries in the queue not yet taken by the reader: Flink's backlog.
     finished: AtomicUsize,
     /// Set by flush, cleared by the reader when it reads the unfinished buffer.
@@ -96,6 +121,9 @@ pub struct Subpartition {
     listener: StdMutex<Option<Listener>>,
     /// The reader's half-read buffer; touched only by the one reader (the lock is uncontended).
     current: StdMutex<Option<BufferConsumer>>,
+    /// An entry the reader took from `queue` and put back behind a priority event that was
+    /// added before it (reader only, like `current`).
+    stashed: StdMutex<Option<Entry>>,
     /// Buffers (serialized slices or handed-off batches) the reader took.
     buffers_out: Counter,
     /// Bytes the reader took (serialized bytes, or Arrow bytes of handed-off batches).
@@ -154,6 +182,7 @@ impl Subpartition {
         Subpartition {
             index,
             queue: Queue::new(),
+            priority: Queue::new(),
             finished: AtomicUsize::new(0),
             flush_requested: AtomicBool::new(false),
             signal: AtomicUsize::new(0),
@@ -161,6 +190,7 @@ impl Subpartition {
             released: AtomicBool::new(false),
             listener: StdMutex::new(None),
             current: StdMutex::new(None),
+            stashed: StdMutex::new(None),
             buffers_out: Counter::default(),
             bytes_out: Counter::default(),
             remote: OnceLock::new(),
@@ -246,6 +276,18 @@ impl Subpartition {
         self.notify();
     }
 
+    /// Adds an event that the reader gets before anything already queued, even before the
+    /// rest of a half-read buffer (Flink's priority events: unaligned barriers). Counted in
+    /// the backlog like any finished entry.
+    pub fn add_priority(&self, event: Event) {
+        if self.released.load(Ordering::SeqCst) {
+            return;
+        }
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        self.priority.push(event);
+        self.notify();
+    }
+
     /// Makes the committed bytes of the unfinished tail buffer readable.
     pub fn flush(&self) {
         self.flush_requested.store(true, Ordering::SeqCst);
@@ -320,6 +362,10 @@ impl Subpartition {
 
     fn poll_once(&self) -> Option<Polled> {
         let mut current = self.current.lock().unwrap();
+        if let Some(e) = self.priority.pop() {
+            self.finished.fetch_sub(1, Ordering::SeqCst);
+            return Some(Polled::Event(e));
+        }
         loop {
             if let Some(cur) = current.as_mut() {
                 if !cur.is_finished() {
@@ -341,7 +387,23 @@ impl Subpartition {
                     None => return None,
                 }
             }
-            match self.queue.pop()? {
+            let mut stashed = self.stashed.lock().unwrap();
+            let entry = match stashed.take() {
+                Some(e) => e,
+                None => {
+                    let e = self.queue.pop()?;
+                    // A priority event added before this entry (the writer adds an unaligned
+                    // barrier, then its position marker) must come out first.
+                    if let Some(p) = self.priority.pop() {
+                        *stashed = Some(e);
+                        self.finished.fetch_sub(1, Ordering::SeqCst);
+                        return Some(Polled::Event(p));
+                    }
+                    e
+                }
+            };
+            drop(stashed);
+            match entry {
                 Entry::Buffer(c) => *current = Some(c),
                 Entry::Batch(b) => {
                     self.finished.fetch_sub(1, Ordering::SeqCst);
@@ -360,7 +422,9 @@ impl Subpartition {
         self.released.store(true, Ordering::SeqCst);
         *self.listener.lock().unwrap() = None;
         *self.current.lock().unwrap() = None;
+        *self.stashed.lock().unwrap() = None;
         while self.queue.pop().is_some() {}
+        while self.priority.pop().is_some() {}
         self.finished.store(0, Ordering::SeqCst);
     }
 }
@@ -435,6 +499,44 @@ mod loom_tests {
             writer.join().unwrap();
             assert_eq!(bytes, b"abcd");
             assert_eq!(events, 1);
+            assert_eq!(sub.backlog(), 0);
+        });
+    }
+
+    /// A priority event (unaligned barrier) added while the reader polls: no wake-up is lost,
+    /// it never comes after an entry queued after it, end-of-partition stays last, and the
+    /// backlog returns to zero.
+    #[test]
+    fn loom_priority_event_overtakes_without_losing_a_wake_up() {
+        loom::model(|| {
+            let sub = Arc::new(Subpartition::new(0));
+            let wake = attach(&sub);
+            let writer = {
+                let sub = sub.clone();
+                loom::thread::spawn(move || {
+                    sub.add_finished(Entry::Event(Event::User(vec![1])));
+                    sub.add_priority(Event::Barrier {
+                        id: 1,
+                        unaligned: true,
+                    });
+                    sub.add_finished(Entry::Event(Event::BarrierPosition(1)));
+                    sub.add_finished(Entry::Event(Event::EndOfPartition));
+                })
+            };
+            let mut seen = Vec::new();
+            loop {
+                match sub.poll() {
+                    Some(Polled::Event(Event::EndOfPartition)) => break,
+                    Some(Polled::Event(e)) => seen.push(e),
+                    Some(_) => panic!("no data was written"),
+                    None => wake.wait(),
+                }
+            }
+            writer.join().unwrap();
+            let barrier = seen.iter().position(|e| matches!(e, Event::Barrier { .. }));
+            let position = seen.iter().position(|e| matches!(e, Event::BarrierPosition(1)));
+            assert_eq!(seen.len(), 3);
+            assert!(barrier.unwrap() < position.unwrap());
             assert_eq!(sub.backlog(), 0);
         });
     }

@@ -80,10 +80,21 @@ pub struct RemoteChannelStats {
 pub(crate) enum Inbound {
     /// A data buffer.
     Data(Received),
-    /// An event (end of partition, producer failed).
+    /// An event (end of partition, producer failed, user event, checkpoint barrier).
     Event(EventKind),
     /// The channel failed (connection lost, partition not found, remote error).
     Failed(Error),
+}
+
+impl Inbound {
+    /// Whether nothing follows it on the channel (end of partition or a failure).
+    fn is_last(&self) -> bool {
+        match self {
+            Inbound::Data(_) => false,
+            Inbound::Event(ev) => matches!(ev, EventKind::EndOfPartition | EventKind::ProducerFailed(_)),
+            Inbound::Failed(_) => true,
+        }
+    }
 }
 
 /// A received data buffer; dropping it gives the segment back to the gate (and its credit
@@ -424,7 +435,7 @@ impl RemoteChannel {
             if inbox.done {
                 return;
             }
-            if !matches!(item, Inbound::Data(_)) {
+            if item.is_last() {
                 inbox.done = true;
             }
             inbox.items.push_back(item);
@@ -458,6 +469,13 @@ impl RemoteChannel {
                 FlowControl::Credit => self.gate.bufs.lock().unwrap().credit.initial_credit(),
                 FlowControl::Tcp => Credit::new(u32::MAX),
             },
+        }
+    }
+
+    /// Lets the sender's reader, paused after an aligned checkpoint barrier, continue.
+    pub(crate) fn resume_consumption(&self) {
+        if !self.released.load(Ordering::SeqCst) {
+            self.conn.send(Message::ResumeConsumption { receiver: self.rid });
         }
     }
 
@@ -825,9 +843,15 @@ async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ClientConn>, reader: &mut Fr
                 let header = br.header();
                 ch.gate.on_event(&ch, header)?;
                 if let Payload::Event(ev) = br.payload {
-                    conn.remove(br.receiver);
-                    ch.push(Inbound::Event(ev));
-                    ch.gate.release(&ch);
+                    let item = Inbound::Event(ev);
+                    let end = item.is_last();
+                    if end {
+                        conn.remove(br.receiver);
+                    }
+                    ch.push(item);
+                    if end {
+                        ch.gate.release(&ch);
+                    }
                 }
             }
             InFrame::Message(Message::BacklogAnnouncement { receiver, backlog }) => {

@@ -32,6 +32,11 @@ pub const MAX_PARTITION_ID_LEN: usize = 1024;
 /// [`EventKind::producer_failed`].
 pub const MAX_MESSAGE_LEN: usize = 2048;
 
+/// Longest payload of a user event ([`EventKind::User`]), in bytes. An event travels as one
+/// frame, so this also bounds the frame limit of a connection with small segments (16 KiB
+/// keeps the limit of the default 32 KiB segments unchanged).
+pub const MAX_EVENT_PAYLOAD_LEN: usize = 16 * 1024;
+
 /// Bytes of a nonce in Hello / HelloAck.
 pub const NONCE_LEN: usize = 32;
 
@@ -49,8 +54,8 @@ const HELLO_ACK_BODY_LEN: usize = HELLO_BODY_LEN + TAG_LEN;
 const PARTITION_REQUEST_FIXED_BODY_LEN: usize = 8 + 4 + 4 + 4;
 const BUFFER_RESPONSE_FIXED_BODY_LEN: usize = 8 + 8 + 4 + 1 + 4;
 const ERROR_RESPONSE_FIXED_BODY_LEN: usize = 1 + 8 + 2 + 4;
-/// Encoded size of the longest event: tag + length + message.
-const MAX_EVENT_LEN: usize = 1 + 4 + MAX_MESSAGE_LEN;
+/// Encoded size of the longest event: tag + length + message or user payload.
+const MAX_EVENT_LEN: usize = 1 + 4 + max(MAX_MESSAGE_LEN, MAX_EVENT_PAYLOAD_LEN);
 
 const fn max(a: usize, b: usize) -> usize {
     if a > b {
@@ -118,6 +123,9 @@ pub enum MessageType {
     CloseRequest = 10,
     /// Sender → receiver: the requested partition is not registered (yet).
     PartitionNotFound = 11,
+    /// Receiver → sender: a channel paused after an aligned checkpoint barrier may continue
+    /// (Flink: `ResumeConsumption`).
+    ResumeConsumption = 12,
     /// Receiver → sender: cut this channel's buffers at this size (buffer debloating).
     NewBufferSize = 13,
 }
@@ -138,6 +146,7 @@ impl MessageType {
             9 => CancelPartitionRequest,
             10 => CloseRequest,
             11 => PartitionNotFound,
+            12 => ResumeConsumption,
             13 => NewBufferSize,
             _ => return None,
         })
@@ -162,7 +171,7 @@ impl MessageType {
                 ERROR_RESPONSE_FIXED_BODY_LEN,
                 Some(ERROR_RESPONSE_FIXED_BODY_LEN + MAX_MESSAGE_LEN),
             ),
-            CancelPartitionRequest | PartitionNotFound => exact(8),
+            CancelPartitionRequest | PartitionNotFound | ResumeConsumption => exact(8),
             CloseRequest => exact(0),
         }
     }
@@ -279,10 +288,25 @@ pub enum EventKind {
     /// The producer failed; the receiver fails the channel with this message
     /// (at most [`MAX_MESSAGE_LEN`] bytes).
     ProducerFailed(String),
+    /// A user event's bytes (at most [`MAX_EVENT_PAYLOAD_LEN`]).
+    User(Vec<u8>),
+    /// Checkpoint barrier `id`; `unaligned` when it overtook the data queued before it.
+    Barrier {
+        /// The checkpoint id.
+        id: u64,
+        /// Whether it overtook the queued data.
+        unaligned: bool,
+    },
+    /// The original place of unaligned barrier `id` in the channel's data.
+    BarrierPosition(u64),
 }
 
 const EVENT_END_OF_PARTITION: u8 = 0;
 const EVENT_PRODUCER_FAILED: u8 = 1;
+const EVENT_USER: u8 = 2;
+const EVENT_BARRIER: u8 = 3;
+const EVENT_BARRIER_POSITION: u8 = 4;
+const BARRIER_UNALIGNED: u8 = 1;
 
 impl EventKind {
     /// A ProducerFailed event, its message cut to [`MAX_MESSAGE_LEN`] bytes.
@@ -295,6 +319,9 @@ impl EventKind {
         match self {
             EventKind::EndOfPartition => 1,
             EventKind::ProducerFailed(msg) => 1 + 4 + msg.len(),
+            EventKind::User(bytes) => 1 + 4 + bytes.len(),
+            EventKind::Barrier { .. } => 1 + 8 + 1,
+            EventKind::BarrierPosition(_) => 1 + 8,
         }
     }
 
@@ -308,6 +335,26 @@ impl EventKind {
                 out.push(EVENT_PRODUCER_FAILED);
                 put_string(out, msg);
             }
+            EventKind::User(bytes) => {
+                if bytes.len() > MAX_EVENT_PAYLOAD_LEN {
+                    return Err(Error::InvalidArgument(format!(
+                        "an event payload is at most {MAX_EVENT_PAYLOAD_LEN} bytes, got {}",
+                        bytes.len()
+                    )));
+                }
+                out.push(EVENT_USER);
+                put_u32(out, bytes.len() as u32);
+                out.extend_from_slice(bytes);
+            }
+            EventKind::Barrier { id, unaligned } => {
+                out.push(EVENT_BARRIER);
+                put_u64(out, *id);
+                out.push(if *unaligned { BARRIER_UNALIGNED } else { 0 });
+            }
+            EventKind::BarrierPosition(id) => {
+                out.push(EVENT_BARRIER_POSITION);
+                put_u64(out, *id);
+            }
         }
         Ok(())
     }
@@ -320,6 +367,25 @@ impl EventKind {
             EVENT_PRODUCER_FAILED => {
                 EventKind::ProducerFailed(r.string(MAX_MESSAGE_LEN, "ProducerFailed message")?)
             }
+            EVENT_USER => {
+                let len = r.u32()? as usize;
+                if len > MAX_EVENT_PAYLOAD_LEN {
+                    return Err(protocol(format!(
+                        "user event of {len} bytes exceeds {MAX_EVENT_PAYLOAD_LEN}"
+                    )));
+                }
+                EventKind::User(r.take(len)?.to_vec())
+            }
+            EVENT_BARRIER => {
+                let id = r.u64()?;
+                let unaligned = match r.u8()? {
+                    0 => false,
+                    BARRIER_UNALIGNED => true,
+                    f => return Err(protocol(format!("unknown barrier flags {f}"))),
+                };
+                EventKind::Barrier { id, unaligned }
+            }
+            EVENT_BARRIER_POSITION => EventKind::BarrierPosition(r.u64()?),
             tag => return Err(protocol(format!("unknown event tag {tag}"))),
         };
         r.finish()?;
@@ -332,6 +398,12 @@ impl From<&Event> for EventKind {
         match event {
             Event::EndOfPartition => EventKind::EndOfPartition,
             Event::ProducerFailed(msg) => EventKind::producer_failed(msg),
+            Event::User(bytes) => EventKind::User(bytes.clone()),
+            Event::Barrier { id, unaligned } => EventKind::Barrier {
+                id: *id,
+                unaligned: *unaligned,
+            },
+            Event::BarrierPosition(id) => EventKind::BarrierPosition(*id),
         }
     }
 }
@@ -341,6 +413,9 @@ impl From<EventKind> for Event {
         match event {
             EventKind::EndOfPartition => Event::EndOfPartition,
             EventKind::ProducerFailed(msg) => Event::ProducerFailed(msg),
+            EventKind::User(bytes) => Event::User(bytes),
+            EventKind::Barrier { id, unaligned } => Event::Barrier { id, unaligned },
+            EventKind::BarrierPosition(id) => Event::BarrierPosition(id),
         }
     }
 }
@@ -500,6 +575,11 @@ pub enum Message<'a> {
         /// The channel.
         receiver: ReceiverId,
     },
+    /// Receiver → sender: `receiver`'s reader, paused after an aligned barrier, may continue.
+    ResumeConsumption {
+        /// The channel.
+        receiver: ReceiverId,
+    },
     /// Receiver → sender: from now on, finish `receiver`'s buffers once they hold `size`
     /// bytes (buffer debloating; never zero, at most the sender's segment size).
     NewBufferSize {
@@ -525,6 +605,7 @@ impl Message<'_> {
             Message::CancelPartitionRequest { .. } => MessageType::CancelPartitionRequest,
             Message::CloseRequest => MessageType::CloseRequest,
             Message::PartitionNotFound { .. } => MessageType::PartitionNotFound,
+            Message::ResumeConsumption { .. } => MessageType::ResumeConsumption,
             Message::NewBufferSize { .. } => MessageType::NewBufferSize,
         }
     }
@@ -568,6 +649,7 @@ impl Message<'_> {
             Message::CancelPartitionRequest { receiver } => Message::CancelPartitionRequest { receiver },
             Message::CloseRequest => Message::CloseRequest,
             Message::PartitionNotFound { receiver } => Message::PartitionNotFound { receiver },
+            Message::ResumeConsumption { receiver } => Message::ResumeConsumption { receiver },
             Message::NewBufferSize { receiver, size } => Message::NewBufferSize { receiver, size },
         }
     }
@@ -735,9 +817,9 @@ fn encode_body(msg: &Message<'_>, out: &mut Vec<u8>, start: usize) -> Result<()>
             out.extend_from_slice(&(*kind as u16).to_le_bytes());
             put_string(out, message);
         }
-        Message::CancelPartitionRequest { receiver } | Message::PartitionNotFound { receiver } => {
-            put_u64(out, receiver.0)
-        }
+        Message::CancelPartitionRequest { receiver }
+        | Message::PartitionNotFound { receiver }
+        | Message::ResumeConsumption { receiver } => put_u64(out, receiver.0),
         Message::NewBufferSize { receiver, size } => {
             if *size == 0 {
                 return Err(Error::InvalidArgument(format!(
@@ -1031,6 +1113,7 @@ fn body_name(ty: MessageType) -> &'static str {
         CancelPartitionRequest => "CancelPartitionRequest body",
         CloseRequest => "CloseRequest body",
         PartitionNotFound => "PartitionNotFound body",
+        ResumeConsumption => "ResumeConsumption body",
         NewBufferSize => "NewBufferSize body",
     }
 }
@@ -1129,6 +1212,9 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>> {
         },
         MessageType::CloseRequest => Message::CloseRequest,
         MessageType::PartitionNotFound => Message::PartitionNotFound {
+            receiver: ReceiverId(r.u64()?),
+        },
+        MessageType::ResumeConsumption => Message::ResumeConsumption {
             receiver: ReceiverId(r.u64()?),
         },
         MessageType::NewBufferSize => {
@@ -1419,6 +1505,28 @@ mod tests {
             Message::CancelPartitionRequest { receiver: r },
             Message::CloseRequest,
             Message::PartitionNotFound { receiver: r },
+            Message::ResumeConsumption { receiver: r },
+            Message::event(r, 2, 0, EventKind::User(b"watermark 17".to_vec())),
+            Message::event(r, 3, 0, EventKind::User(vec![7; MAX_EVENT_PAYLOAD_LEN])),
+            Message::event(
+                r,
+                4,
+                1,
+                EventKind::Barrier {
+                    id: 9,
+                    unaligned: false,
+                },
+            ),
+            Message::event(
+                r,
+                5,
+                1,
+                EventKind::Barrier {
+                    id: u64::MAX,
+                    unaligned: true,
+                },
+            ),
+            Message::event(r, 6, 0, EventKind::BarrierPosition(u64::MAX)),
             Message::NewBufferSize {
                 receiver: r,
                 size: 4096,
@@ -1637,7 +1745,8 @@ mod tests {
         )
         .unwrap();
         let err = protocol_message(decode_buffer_response_header(&head, usize::MAX));
-        assert!(err.contains("event payload of 2054 bytes"), "{err}");
+        let want = format!("event payload of {} bytes", MAX_EVENT_LEN + 1);
+        assert!(err.contains(&want), "{err}");
     }
 
     #[test]

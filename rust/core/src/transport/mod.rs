@@ -27,10 +27,15 @@
 //! | 9 | CancelPartitionRequest | rid | 8 |
 //! | 10 | CloseRequest | (empty) | 0 |
 //! | 11 | PartitionNotFound | rid | 8 |
+//! | 12 | ResumeConsumption | rid (receiver → sender: a reader paused after an aligned barrier continues) | 8 |
 //! | 13 | NewBufferSize (receiver → sender; buffer debloating) | rid, size u32 (> 0, ≤ the sender's segment size) | 12 |
 //!
 //! An event payload (data type 1) is a tag u8: 0 EndOfPartition (nothing follows),
-//! 1 ProducerFailed (message `str`, ≤ 2048 bytes). Error kinds are [`codec::ErrorKind`]: 1
+//! 1 ProducerFailed (message `str`, ≤ 2048 bytes), 2 user event (u32 length + bytes,
+//! ≤ [`codec::MAX_EVENT_PAYLOAD_LEN`] = 16 KiB), 3 checkpoint barrier (id u64, flags u8:
+//! 1 = unaligned; after an aligned one the sender pauses that reader until ResumeConsumption),
+//! 4 barrier position (id u64: where an unaligned barrier was written, see
+//! [`crate::checkpoint`]). Error kinds are [`codec::ErrorKind`]: 1
 //! internal, 2 protocol, 3 authentication, 4 producer failed, 5 subpartition out of range,
 //! 6 already consumed, 7 limit exceeded. The fixed part of a BufferResponse is
 //! [`codec::BUFFER_RESPONSE_HEADER_LEN`] = 35 bytes, header included.

@@ -150,6 +150,9 @@ struct SubReader {
     encoder: Option<BatchEncoder>,
     /// The last event was queued; the subpartition is read to its end.
     drained: bool,
+    /// An aligned checkpoint barrier was queued: the subpartition is not read until the
+    /// receiver sends ResumeConsumption (Flink's blocking upstream during alignment).
+    paused: bool,
 }
 
 impl SubReader {
@@ -157,7 +160,7 @@ impl SubReader {
     /// payloads of at most `limit` bytes (or the subpartition's debloated buffer size).
     fn fill(&mut self, limit: usize) -> Result<()> {
         let limit = self.sub.buffer_size(limit);
-        while !self.drained {
+        while !self.drained && !self.paused {
             let Some(polled) = self.sub.poll() else { break };
             let item = match polled {
                 Polled::Data(slice) => {
@@ -189,7 +192,25 @@ impl SubReader {
                     })
                 }
                 Polled::Event(e) => {
-                    self.drained = true;
+                    self.drained = e.is_end();
+                    match e {
+                        Event::Barrier { unaligned: false, .. } => self.paused = true,
+                        Event::Barrier { unaligned: true, .. } => {
+                            // It overtakes everything queued here too (it needs no credit;
+                            // between two chunks of a record is fine, the payload is a stream),
+                            // but not an earlier unaligned barrier still waiting to go.
+                            let at = self
+                                .queue
+                                .iter()
+                                .position(|i| {
+                                    !matches!(i, Item::Event(Event::Barrier { unaligned: true, .. }))
+                                })
+                                .unwrap_or(self.queue.len());
+                            self.queue.insert(at, Item::Event(e));
+                            continue;
+                        }
+                        _ => {}
+                    }
                     Item::Event(e)
                 }
             };
@@ -216,8 +237,12 @@ impl SubReader {
         }
     }
 
+    /// Data buffers to announce. While paused after an aligned barrier, what waits in the
+    /// subpartition is not announced: the receiver must not lend this channel floating
+    /// buffers that the channels it still waits for need to deliver their barriers.
     fn backlog(&self) -> u32 {
-        (self.chunks + self.sub.backlog()).min(u32::MAX as usize) as u32
+        let waiting = if self.paused { 0 } else { self.sub.backlog() };
+        (self.chunks + waiting).min(u32::MAX as usize) as u32
     }
 }
 
@@ -364,6 +389,7 @@ impl ServerConn {
                         chunks: 0,
                         encoder: None,
                         drained: false,
+                        paused: false,
                     },
                 );
                 self.refresh(&mut st, receiver)?;
@@ -391,6 +417,19 @@ impl ServerConn {
             self.refresh(&mut st, receiver)?;
             self.wake.notify_one();
         }
+        Ok(())
+    }
+
+    /// The receiver aligned the checkpoint whose barrier paused `receiver`'s reader.
+    fn on_resume(&self, receiver: ReceiverId) -> Result<()> {
+        let mut st = self.state.lock().unwrap();
+        let Some(r) = st.readers.get_mut(&receiver) else {
+            // The reader ended or was cancelled meanwhile: harmless.
+            return Ok(());
+        };
+        r.paused = false;
+        self.refresh(&mut st, receiver)?;
+        self.wake.notify_one();
         Ok(())
     }
 
@@ -499,9 +538,11 @@ impl ServerConn {
                     let ev = EventKind::from(&event);
                     let msg = Message::event(rid, header.sequence_number, header.backlog, ev);
                     codec::encode(&msg, &mut head)?;
-                    // The reader is at its end: nothing more to serve.
-                    let r = st.readers.remove(&rid).expect("present");
-                    r.partition.subpartition_done();
+                    if event.is_end() {
+                        // The reader is at its end: nothing more to serve.
+                        let r = st.readers.remove(&rid).expect("present");
+                        r.partition.subpartition_done();
+                    }
                     OutFrame {
                         head,
                         parts: Vec::new(),
@@ -649,6 +690,7 @@ async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ServerConn>, reader: &mut Fr
             }
             Message::AddCredit { receiver, credit } => conn.on_add_credit(receiver, credit)?,
             Message::CancelPartitionRequest { receiver } => conn.cancel(receiver),
+            Message::ResumeConsumption { receiver } => conn.on_resume(receiver)?,
             Message::NewBufferSize { receiver, size } => conn.on_new_buffer_size(receiver, size)?,
             Message::CloseRequest => return Ok(()),
             Message::ErrorResponse {

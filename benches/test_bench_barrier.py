@@ -1,22 +1,23 @@
-"""Aligned-barrier latency under steady backpressure, without and with buffer debloating
-(issue 7, acceptance point 2), with pytest-benchmark.
+"""Checkpoint barrier latency under steady backpressure: aligned without and with buffer
+debloating, and unaligned (issue 7, acceptance point 2), with pytest-benchmark.
 
 Two OS processes over loopback: a producer writes to a partition of ``CHANNELS`` (4)
 subpartitions at ten times the rate its consumer reads the ``CHANNELS`` remote channels of one
-gate, so the producer's queues and the gate's buffers are full all the time. Now and then the
-producer *injects a marker* that queues behind the data on every channel; the consumer
-records when the marker has arrived from the last channel. An aligned checkpoint barrier
-surfaces exactly then (after every channel delivered it), so this drain time is the aligned
-barrier's latency. Without debloating it is the bytes in flight (the producer's queue plus
-the gate's buffers, at full segment size) over the consumer's rate; with debloating the gate
-has its producer cut buffers so the same number of buffers holds about ``debloat_target``
-seconds of data.
+gate, so the producer's queues and the gate's buffers are full all the time. Every
+``MARKER_INTERVAL`` the producer injects checkpoint barrier ``id`` with
+``RecordWriter.broadcast_barrier`` and notes the time; the consumer notes when the gate yields
+``Barrier(id)``. Both clocks are ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for every
+process on the host), so the difference is the injection-to-surfacing latency.
 
-The marker is a seam: :func:`inject` writes it, :func:`is_marker` recognises it and
-:func:`marker_time` reads its injection time. Today it is a 1-row batch written to every
-subpartition (``BroadcastPartitioner``) whose ``marker`` column is 1 and ``ts`` column the
-injection time; swapping in ``RecordWriter.broadcast_barrier`` means changing these three
-functions only (keep the injection time on the producer side, keyed by checkpoint id).
+* **aligned**: the barrier queues behind the data on every channel and surfaces once the last
+  channel delivered it: about the bytes in flight (the producer's queue plus the gate's
+  buffers) over the consumer's rate.
+* **aligned + debloating**: the gate has its producer cut buffers so that the same number of
+  buffers holds about ``debloat_target`` seconds of data, so less is in flight.
+* **unaligned**: the barrier overtakes the queued data on the producer, on the wire and in
+  the gate, and surfaces when the first channel delivers it.
+
+:func:`inject`, :func:`barrier_id` are the only places that know what a barrier is.
 
 Every round runs the same scenario without and then with debloating; figures are medians
 over every marker of every round, and the ratio is of those medians, from one run.
@@ -68,25 +69,22 @@ RATE = float(os.environ.get("CREDITFLOW_BENCH_BARRIER_RATE", str(512 << 10)))
 ROUNDS = int(os.environ.get("CREDITFLOW_BENCH_BARRIER_ROUNDS", "2"))
 MARKERS = int(os.environ.get("CREDITFLOW_BENCH_BARRIER_MARKERS", "5"))
 
-SCHEMA = pa.schema([("marker", pa.int8()), ("ts", pa.float64()), ("payload", pa.binary())])
+SCHEMA = pa.schema([("payload", pa.binary())])
 
 
 # --------------------------------------------------------------------------------- the seam
 
 
-def inject(writer: cf.RecordWriter, ts: float) -> None:
-    """Queues a marker carrying its injection time ``ts`` behind the data on every channel."""
-    writer.write(pa.record_batch([pa.array([1], pa.int8()), pa.array([ts]), pa.array([b""])], schema=SCHEMA))
+def inject(writer: cf.RecordWriter, checkpoint_id: int, unaligned: bool) -> float:
+    """Injects checkpoint barrier ``checkpoint_id`` on every channel; returns the injection time."""
+    ts = time.monotonic()
+    writer.broadcast_barrier(checkpoint_id, unaligned=unaligned)
+    return ts
 
 
-def is_marker(item: pa.RecordBatch) -> bool:
-    """Whether a gate item is a marker (data batches have many rows and ``marker`` 0)."""
-    return item.num_rows == 1 and item.column(0)[0].as_py() == 1
-
-
-def marker_time(item: pa.RecordBatch) -> float:
-    """The injection time a marker carries (``time.monotonic()`` of the producer)."""
-    return float(item.column(1)[0].as_py())
+def barrier_id(item: object) -> int | None:
+    """The checkpoint id of a gate item that is a barrier, else None."""
+    return item.checkpoint_id if isinstance(item, cf.Barrier) else None
 
 
 # ------------------------------------------------------------------------------- the workers
@@ -97,21 +95,19 @@ def data_batch(seed: int) -> pa.RecordBatch:
     rows = 32
     rng = np.random.default_rng(seed)
     payload = [rng.bytes(BATCH_BYTES // rows) for _ in range(rows)]
-    return pa.record_batch(
-        [pa.array(np.zeros(rows, np.int8)), pa.array(np.zeros(rows)), pa.array(payload, pa.binary())],
-        schema=SCHEMA,
-    )
+    return pa.record_batch([pa.array(payload, pa.binary())], schema=SCHEMA)
 
 
 def producer(cfg: Config) -> None:
-    """cfg: rate (bytes/s per channel), markers, start delay. Writes data broadcast to every
-    channel at ``rate``; injects a marker every ``MARKER_INTERVAL`` after ``WARMUP``; after the
-    last marker it writes on until "stop", then closes."""
+    """cfg: env, rate (bytes/s per channel), markers, unaligned. Writes data broadcast to every
+    channel at ``rate``; injects barrier 1, 2, ... every ``MARKER_INTERVAL`` after ``WARMUP``;
+    after the last one it writes on until "stop", then reports the injection times and closes."""
     batches = [data_batch(i) for i in range(4)]
     with environment(cfg["env"]) as env:
         part = env.create_partition("barrier", CHANNELS)
         emit(address=env.address)
         stop = threading.Event()
+        injected: list[float] = []
 
         def write() -> None:
             with cf.RecordWriter(part, cf.BroadcastPartitioner(), timeout=TIMEOUT) as w:
@@ -121,7 +117,7 @@ def producer(cfg: Config) -> None:
                 while not stop.is_set():
                     if due and time.monotonic() >= due[0]:
                         due.pop(0)
-                        inject(w, time.monotonic())
+                        injected.append(inject(w, len(injected) + 1, cfg["unaligned"]))
                     w.write(batches[i % len(batches)])
                     i += 1
                     sleep_until(start + i * BATCH_BYTES / cfg["rate"])
@@ -131,38 +127,37 @@ def producer(cfg: Config) -> None:
             stop.set()
 
         run_threads([control, write], timeout=TIMEOUT * 4)
-        emit(done=True)
+        emit(done=True, injected=injected)
         receive()  # "exit": the consumer may still be reading what is queued here
 
 
 def consumer(cfg: Config) -> None:
     """cfg: env, producer, rate (bytes/s over all channels), markers. Reads at ``rate`` until
-    every marker came from every channel, reports the latencies and the gate's debloating
-    metrics, then reads to the end unpaced."""
+    every barrier came out, reports when each did and the gate's debloating metrics, then reads
+    to the end unpaced."""
     with environment(cfg["env"]) as env:
         gate = env.create_input_gate([cf.ChannelSpec(cfg["producer"], "barrier", i) for i in range(CHANNELS)])
-        copies: dict[float, int] = {}
-        latencies: list[float] = []
+        surfaced: dict[int, float] = {}
         due = time.monotonic()
-        while len(latencies) < cfg["markers"]:
-            item = gate.next(timeout=TIMEOUT)
-            assert item is not None, "end of stream before the last marker"
-            if is_marker(item):
-                ts = marker_time(item)
-                copies[ts] = copies.get(ts, 0) + 1
-                if copies[ts] == CHANNELS:
-                    latencies.append(time.monotonic() - ts)
+        items = gate.items(timeout=TIMEOUT)
+        while len(surfaced) < cfg["markers"]:
+            item = next(items)
+            ckpt = barrier_id(item)
+            if ckpt is not None:
+                assert ckpt not in surfaced, f"barrier {ckpt} came out twice"
+                surfaced[ckpt] = time.monotonic()
                 continue
+            assert isinstance(item, cf.Batch), f"unexpected {item!r}"
             # Paced without catching up: a late start must not become a burst.
-            due = max(due, time.monotonic()) + item.nbytes / cfg["rate"]
+            due = max(due, time.monotonic()) + item.batch.nbytes / cfg["rate"]
             sleep_until(due)
         g = next(iter(env.metrics()["gates"].values()))
         emit(
-            latencies=latencies,
+            surfaced=[surfaced[i + 1] for i in range(cfg["markers"])],
             buffer_size=g.get("debloat_buffer_size"),
             throughput=g.get("debloat_throughput_bytes_per_second"),
         )
-        while gate.next(timeout=TIMEOUT) is not None:
+        for _ in items:
             pass
 
 
@@ -176,13 +171,25 @@ class BarrierWorker(Worker):
 # ------------------------------------------------------------------------------ the benchmark
 
 
-def drain_latencies(debloat: bool) -> Config:
-    """One run: the marker latencies in seconds and what the consumer's gate announced."""
+MODES = {  # name: (unaligned, debloat)
+    "aligned": (False, False),
+    "aligned+debloat": (False, True),
+    "unaligned": (True, False),
+}
+
+
+def barrier_latencies(unaligned: bool, debloat: bool) -> Config:
+    """One run: each barrier's injection-to-surfacing latency in seconds, and what the
+    consumer's gate announced."""
     base = {"segment_size": SEGMENT}
     prod_env = {**base, "memory": PRODUCER_MEMORY}
     cons_env = {**base, "memory": CONSUMER_MEMORY, "debloat": debloat, "debloat_target": TARGET}
     with BarrierWorker(
-        "barrier-producer", env=prod_env, rate=SPEEDUP * RATE / CHANNELS, markers=MARKERS
+        "barrier-producer",
+        env=prod_env,
+        rate=SPEEDUP * RATE / CHANNELS,
+        markers=MARKERS,
+        unaligned=unaligned,
     ) as prod:
         address = prod.read()["address"]
         with BarrierWorker(
@@ -190,38 +197,44 @@ def drain_latencies(debloat: bool) -> Config:
         ) as cons:
             result = cons.read(timeout=TIMEOUT * 4)
             prod.send(cmd="stop")
-            assert prod.read(timeout=TIMEOUT) == {"done": True}
+            done = prod.read(timeout=TIMEOUT)
+            assert done["done"] is True
             cons.wait()
             prod.send(cmd="exit")
             prod.wait()
-    assert len(result["latencies"]) == MARKERS
+    assert len(done["injected"]) == len(result["surfaced"]) == MARKERS
+    result["latencies"] = [s - i for i, s in zip(done["injected"], result["surfaced"], strict=True)]
+    assert all(x >= 0 for x in result["latencies"]), result["latencies"]
     return result
 
 
 @pytest.mark.benchmark(group="barrier")
-def test_aligned_barrier_latency_with_and_without_debloating(benchmark: object, report: Any) -> None:
-    runs: dict[bool, list[Config]] = {False: [], True: []}
+def test_barrier_latency_aligned_debloated_unaligned(benchmark: object, report: Any) -> None:
+    runs: dict[str, list[Config]] = {mode: [] for mode in MODES}
 
     def round_() -> None:
-        for debloat in (False, True):
-            runs[debloat].append(drain_latencies(debloat))
+        for mode, (unaligned, debloat) in MODES.items():
+            runs[mode].append(barrier_latencies(unaligned, debloat))
 
     benchmark.pedantic(round_, rounds=ROUNDS, iterations=1, warmup_rounds=0)  # type: ignore[attr-defined]
-    off = statistics.median(x for r in runs[False] for x in r["latencies"])
-    on = statistics.median(x for r in runs[True] for x in r["latencies"])
-    assert all(r["buffer_size"] is None for r in runs[False])
-    assert all(r["buffer_size"] < SEGMENT for r in runs[True]), [r["buffer_size"] for r in runs[True]]
-    benchmark.extra_info["runs"] = json.loads(json.dumps({str(k): v for k, v in runs.items()}))  # type: ignore[attr-defined]
-    report("aligned marker drain, no debloating (median)", off * 1e3, "ms", None, higher_is_better=False)
-    report("aligned marker drain, debloating (median)", on * 1e3, "ms", None, higher_is_better=False)
-    report("debloating cuts the drain time by", off / on, "x", 3.0)
+    median = {mode: statistics.median(x for r in rs for x in r["latencies"]) for mode, rs in runs.items()}
+    assert all(r["buffer_size"] is None for r in runs["aligned"] + runs["unaligned"])
+    sizes = [r["buffer_size"] for r in runs["aligned+debloat"]]
+    assert all(size < SEGMENT for size in sizes), sizes
+    benchmark.extra_info["runs"] = json.loads(json.dumps(runs))  # type: ignore[attr-defined]
     report(
-        "debloated buffer size (median)",
-        statistics.median(r["buffer_size"] for r in runs[True]),
-        "bytes",
+        "aligned barrier, no debloating (median)", median["aligned"] * 1e3, "ms", None, higher_is_better=False
+    )
+    report(
+        "aligned barrier, debloating (median)",
+        median["aligned+debloat"] * 1e3,
+        "ms",
         None,
         higher_is_better=False,
     )
+    report("debloating cuts the aligned latency by", median["aligned"] / median["aligned+debloat"], "x", 3.0)
+    report("unaligned barrier (median)", median["unaligned"] * 1e3, "ms", 100.0, higher_is_better=False)
+    report("debloated buffer size (median)", statistics.median(sizes), "bytes", None, higher_is_better=False)
 
 
 if __name__ == "__main__":

@@ -741,6 +741,11 @@ impl InputGate {
             return Err(Error::Closed("input gate"));
         }
         loop {
+            if !self.pending.is_empty() && self.handle.remote.get().is_some_and(|r| r.take_priority()) {
+                // An unaligned barrier arrived on a remote channel: read the ready channels
+                // now, so it overtakes the batches already queued here too.
+                self.poll_all_ready()?;
+            }
             if let Some(q) = self.pending.pop_front() {
                 self.handle.queued.store(self.pending.len(), Ordering::Relaxed);
                 let item = match q {
@@ -856,6 +861,16 @@ impl InputGate {
         self.pending.push_back(Queued::Ended(idx));
         let actions = self.aligner.on_end(idx);
         self.apply(actions);
+    }
+
+    /// Polls every channel that is ready now (not waiting for one).
+    fn poll_all_ready(&mut self) -> Result<()> {
+        while let Some(idx) = self.take_ready() {
+            if !self.aligner.is_blocked(idx) {
+                self.poll_channel(idx)?;
+            }
+        }
+        Ok(())
     }
 
     fn take_ready(&self) -> Option<usize> {

@@ -505,3 +505,49 @@ fn unaligned_barrier_between_the_buffers_of_a_split_batch() {
         unaligned_run(w, 2000, 4096);
     }
 }
+
+#[test]
+fn unaligned_barrier_overtakes_batches_the_gate_already_decoded() {
+    // Small batches: one buffer holds many, so reading the first one leaves the rest decoded
+    // and queued in the gate. A remote unaligned barrier that arrives then comes out next.
+    // No timed flush: the one explicit flush sends all 40 batches in one buffer.
+    let mut s = setup(Where::Remote, 1, |c| c.buffer_timeout = Duration::from_secs(600));
+    let mut wr = RecordWriter::new(s.part.clone(), Partitioner::Forward);
+    for t in 0..40 {
+        wr.write(&batch(t, 20), &mut wait(10)).unwrap();
+    }
+    wr.flush();
+    let queued = |gate: &InputGate| gate.metrics().remote.map_or(0, |r| r.queued_buffers);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while queued(&s.gate) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the data never arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let first = s.gate.next_item(&mut wait(10)).unwrap();
+    assert!(matches!(first, Some(GateItem::Batch { .. })), "{first:?}");
+    let decoded = s.gate.metrics().queued_batches;
+    assert_eq!(decoded, 39, "the rest of the buffer should be decoded and queued");
+    assert_eq!(queued(&s.gate), 0);
+    wr.broadcast_barrier(3, true).unwrap();
+    while queued(&s.gate) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the barrier never arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let next = s.gate.next_item(&mut wait(10)).unwrap();
+    assert!(
+        matches!(
+            next,
+            Some(GateItem::Barrier {
+                checkpoint_id: 3,
+                unaligned: true
+            })
+        ),
+        "{next:?} came before the barrier, with {decoded} batches decoded"
+    );
+    wr.close().unwrap();
+    let rest = drain(&mut s.gate, Duration::ZERO);
+    assert_eq!(rest.len(), 39, "{:?}", summary(&rest));
+    assert!(rest
+        .iter()
+        .all(|i| matches!(i, GateItem::Batch { in_flight, .. } if in_flight == &[3])));
+}

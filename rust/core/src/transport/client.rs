@@ -151,9 +151,17 @@ pub(crate) struct RemoteGate {
     bufs: Mutex<GateBuffers>,
     /// tcp mode: a reader task waits here for a free segment.
     recycled: Notify,
+    /// An unaligned checkpoint barrier arrived and was not yet taken: the gate reads its
+    /// channels before yielding what it already queued, so the barrier overtakes that too.
+    priority: AtomicBool,
 }
 
 impl RemoteGate {
+    /// Whether an unaligned barrier arrived since the last call (and clears the flag).
+    pub(crate) fn take_priority(&self) -> bool {
+        self.priority.load(Ordering::Relaxed) && self.priority.swap(false, Ordering::AcqRel)
+    }
+
     /// A gate's remote half over `segments` (exclusive ones for every channel, then floating).
     pub(crate) fn new(
         flow: FlowControl,
@@ -166,6 +174,7 @@ impl RemoteGate {
             floating_buffers: floating as u32,
         })?;
         Ok(Arc::new(RemoteGate {
+            priority: AtomicBool::new(false),
             flow,
             bufs: Mutex::new(GateBuffers {
                 credit,
@@ -843,6 +852,10 @@ async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ClientConn>, reader: &mut Fr
                 let header = br.header();
                 ch.gate.on_event(&ch, header)?;
                 if let Payload::Event(ev) = br.payload {
+                    if matches!(ev, EventKind::Barrier { unaligned: true, .. }) {
+                        // Set before the push's wake-up, so the gate sees it with the item.
+                        ch.gate.priority.store(true, Ordering::Release);
+                    }
                     let item = Inbound::Event(ev);
                     let end = item.is_last();
                     if end {

@@ -380,6 +380,7 @@ impl InputGate {
                     setup.exclusive_buffers,
                     floating,
                     segments,
+                    max_record,
                 )?)
             }
             _ => None,
@@ -693,10 +694,12 @@ impl InputGate {
         let mut done = Vec::with_capacity(items.len());
         for item in items {
             match item {
-                Inbound::Data(received) => {
-                    counters.buffers.add(1);
-                    per.buffers.add(1);
-                    de.push(received.bytes(), &mut out)?;
+                Inbound::Data(mut received) => {
+                    counters.buffers.add(received.buffers() as u64);
+                    per.buffers.add(received.buffers() as u64);
+                    for record in received.take_records() {
+                        de.push_record(record, &mut out)?;
+                    }
                     done.push(received);
                 }
                 Inbound::Event(ev) => {

@@ -588,6 +588,80 @@ mod tests {
             .is_err());
     }
 
+    #[test]
+    fn a_direct_write_completes_the_record_and_the_boundary_is_tracked() {
+        let b = batch(0, 20);
+        let bytes = record_bytes(&b);
+        let mut asm = RecordAssembler::new(1 << 20);
+        assert!(asm.is_at_record_boundary());
+        assert_eq!((asm.header_missing(), asm.body_missing()), (RECORD_HEADER_LEN, 0));
+        assert!(asm.body_spare().is_empty());
+        asm.push(&bytes[..3], |_| unreachable!()).unwrap();
+        assert!(!asm.is_at_record_boundary());
+        assert_eq!(asm.header_missing(), RECORD_HEADER_LEN - 3);
+        asm.push(&bytes[3..RECORD_HEADER_LEN], |_| unreachable!())
+            .unwrap();
+        let body = &bytes[RECORD_HEADER_LEN..];
+        assert_eq!((asm.header_missing(), asm.body_missing()), (0, body.len()));
+        let spare = asm.body_spare();
+        assert_eq!(spare.len(), body.len());
+        for (d, s) in spare.iter_mut().zip(body) {
+            d.write(*s);
+        }
+        // SAFETY: all of the spare bytes were written just above.
+        let record = unsafe { asm.commit_body(body.len()) }.expect("the record is complete");
+        assert!(asm.is_at_record_boundary());
+        let mut out = VecDeque::new();
+        RecordDeserializer::new(1 << 20)
+            .push_record(record, &mut out)
+            .unwrap();
+        assert_eq!(out.pop_front(), Some(b));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+        /// Records gathered from any mix of copied pieces and direct body writes, cut
+        /// anywhere, decode to the batches that were encoded.
+        #[test]
+        fn copied_and_direct_pieces_assemble_the_same_records(
+            cuts in proptest::collection::vec((1usize..3000, proptest::prelude::any::<bool>()), 1..64),
+        ) {
+            let batches: Vec<RecordBatch> = (0..4).map(|i| batch(i * 100, 37 + 50 * i)).collect();
+            let mut enc = BatchEncoder::new(&batches[0].schema()).unwrap();
+            let stream: Vec<u8> =
+                batches.iter().flat_map(|b| enc.encode(b).unwrap().chunks().flatten().copied().collect::<Vec<u8>>()).collect();
+            let mut asm = RecordAssembler::new(1 << 20);
+            let mut de = RecordDeserializer::new(1 << 20);
+            let mut out = VecDeque::new();
+            let (mut pos, mut i) = (0, 0);
+            while pos < stream.len() {
+                let (len, direct) = cuts[i % cuts.len()];
+                i += 1;
+                let piece = &stream[pos..(pos + len).min(stream.len())];
+                if direct && asm.body_missing() > 0 {
+                    let m = piece.len().min(asm.body_missing());
+                    for (d, s) in asm.body_spare()[..m].iter_mut().zip(piece) {
+                        d.write(*s);
+                    }
+                    // SAFETY: these `m` bytes were written just above.
+                    if let Some(record) = unsafe { asm.commit_body(m) } {
+                        de.push_record(record, &mut out).unwrap();
+                    }
+                    pos += m;
+                } else {
+                    asm.push(piece, |record| de.push_record(record, &mut out)).unwrap();
+                    pos += piece.len();
+                }
+            }
+            proptest::prop_assert!(asm.is_at_record_boundary());
+            proptest::prop_assert_eq!(out.len(), batches.len());
+            for (got, want) in out.iter().zip(&batches) {
+                proptest::prop_assert_eq!(got, want);
+            }
+        }
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
 

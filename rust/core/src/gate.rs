@@ -535,6 +535,7 @@ impl InputGate {
                     setup.exclusive_buffers,
                     floating,
                     segments,
+                    max_record,
                 )?)
             }
             _ => None,
@@ -912,11 +913,11 @@ impl InputGate {
         self.handle.channels[idx].count_batch(bytes, batch.num_rows());
     }
 
-    /// Counts a consumed buffer of `bytes` (its bytes feed the debloating throughput).
-    fn count_buffer(&self, idx: usize, bytes: usize) {
+    /// Counts consumed buffers holding `bytes` (the bytes feed the debloating throughput).
+    fn count_buffers(&self, idx: usize, buffers: usize, bytes: usize) {
         self.handle.counters.buffer_bytes.add(bytes as u64);
-        self.handle.counters.buffers.add(1);
-        self.handle.channels[idx].buffers.add(1);
+        self.handle.counters.buffers.add(buffers as u64);
+        self.handle.channels[idx].buffers.add(buffers as u64);
     }
 
     fn poll_channel(&mut self, idx: usize) -> Result<()> {
@@ -929,13 +930,13 @@ impl InputGate {
         let Some(polled) = sub.poll() else { return Ok(()) };
         match polled {
             Polled::Batch(lb) => {
-                self.count_buffer(idx, lb.bytes);
+                self.count_buffers(idx, 1, lb.bytes);
                 self.count_batch(idx, &lb.batch, lb.bytes);
                 self.pending.push_back(Queued::Batch(idx, lb.batch, lb.token));
                 // lb.segments are recycled here: the batch left the partition's budget.
             }
             Polled::Data(slice) => {
-                self.count_buffer(idx, slice.len());
+                self.count_buffers(idx, 1, slice.len());
                 let mut out = VecDeque::new();
                 if let ChannelState::Local { de, .. } = &mut self.channels[idx].state {
                     de.push(slice.as_slice(), &mut out)?;
@@ -999,11 +1000,15 @@ impl InputGate {
                 unreachable!("checked above")
             };
             match item {
-                Inbound::Data(received) => {
-                    de.push(received.bytes(), &mut out)?;
-                    let bytes = received.bytes().len();
+                Inbound::Data(mut received) => {
+                    let records = received.take_records();
+                    let bytes = records.iter().map(|r| r.len()).sum();
+                    for record in records {
+                        de.push_record(record, &mut out)?;
+                    }
+                    let buffers = received.buffers();
                     done.push(received);
-                    self.count_buffer(idx, bytes);
+                    self.count_buffers(idx, buffers, bytes);
                     for b in out.drain(..) {
                         self.count_batch(idx, &b, b.get_array_memory_size());
                         self.pending.push_back(Queued::Batch(idx, b, None));

@@ -8,11 +8,14 @@
 //! * [`BatchEncoder`] turns a batch into IPC message parts that still point at the batch's
 //!   own Arrow buffers (no copy); the writer copies them straight into segments, which is
 //!   the one copy on the sending side.
-//! * [`RecordDeserializer`] gathers a record's bytes from however many buffers it spans into
-//!   one 64-byte aligned buffer (the one copy on the receiving side) and decodes arrays
-//!   zero-copy over it.
+//! * [`RecordAssembler`] gathers a record's bytes from however many buffers it spans into
+//!   one 64-byte aligned buffer: copied out of a local channel's segments (the one copy on
+//!   the receiving side), or read from the socket straight into it for a remote channel
+//!   (the kernel's copy is then the only one).
+//! * [`RecordDeserializer`] decodes a gathered record's arrays zero-copy over that buffer.
 
 use std::collections::VecDeque;
+use std::mem::MaybeUninit;
 
 use arrow_array::RecordBatch;
 use arrow_buffer::{Buffer, MutableBuffer};
@@ -85,26 +88,30 @@ impl BatchEncoder {
     }
 }
 
-/// Reassembles records from stream bytes and decodes them.
-pub struct RecordDeserializer {
+/// Gathers the records of a subpartition's byte stream, each into one 64-byte aligned buffer
+/// of exactly its length (the length prefix is not kept). Two ways in, freely mixed:
+///
+/// * [`RecordAssembler::push`] copies stream bytes in (a local channel's buffers, or the
+///   length prefixes and small pieces of a remote one);
+/// * [`RecordAssembler::body_spare`] and [`RecordAssembler::commit_body`] let a reader put
+///   the body bytes of the record in progress straight where they belong, so a remote
+///   channel's socket reads land in the record without a copy out of a segment.
+pub struct RecordAssembler {
     header: [u8; RECORD_HEADER_LEN],
     header_filled: usize,
     /// The record being gathered and how long it will be.
     body: Option<(MutableBuffer, usize)>,
-    /// Set by the schema message at the start of the stream.
-    decoder: Option<FileDecoder>,
     /// Largest record accepted (guards against a corrupt length).
     max_record: usize,
 }
 
-impl RecordDeserializer {
-    /// A deserializer accepting records up to `max_record` bytes.
-    pub fn new(max_record: usize) -> RecordDeserializer {
-        RecordDeserializer {
+impl RecordAssembler {
+    /// An assembler accepting records up to `max_record` bytes.
+    pub fn new(max_record: usize) -> RecordAssembler {
+        RecordAssembler {
             header: [0; RECORD_HEADER_LEN],
             header_filled: 0,
             body: None,
-            decoder: None,
             max_record,
         }
     }
@@ -114,8 +121,57 @@ impl RecordDeserializer {
         self.header_filled == 0 && self.body.is_none()
     }
 
-    /// Feeds stream bytes; complete batches are appended to `out` in order.
-    pub fn push(&mut self, mut bytes: &[u8], out: &mut VecDeque<RecordBatch>) -> Result<()> {
+    /// Bytes of the length prefix still to come (0 while a body is being gathered).
+    pub fn header_missing(&self) -> usize {
+        if self.body.is_some() {
+            0
+        } else {
+            RECORD_HEADER_LEN - self.header_filled
+        }
+    }
+
+    /// Bytes of the body in progress still to come (0 while a length prefix is expected).
+    pub fn body_missing(&self) -> usize {
+        self.body.as_ref().map_or(0, |(buf, want)| want - buf.len())
+    }
+
+    /// The space the next [`RecordAssembler::body_missing`] body bytes go into (empty while
+    /// a length prefix is expected). Write a prefix of it, then call
+    /// [`RecordAssembler::commit_body`].
+    pub fn body_spare(&mut self) -> &mut [MaybeUninit<u8>] {
+        let Some((buf, want)) = self.body.as_mut() else {
+            return &mut [];
+        };
+        let (len, want) = (buf.len(), *want);
+        debug_assert!(buf.capacity() >= want);
+        // SAFETY: the buffer was allocated with capacity `want` and holds `len` bytes, so
+        // `len..want` lies inside the allocation; `&mut self` makes this the only access, and
+        // `MaybeUninit` allows the bytes to be uninitialized.
+        unsafe {
+            std::slice::from_raw_parts_mut(buf.as_mut_ptr().add(len).cast::<MaybeUninit<u8>>(), want - len)
+        }
+    }
+
+    /// Marks the first `n` bytes of [`RecordAssembler::body_spare`] as written; returns the
+    /// record if that completed it.
+    ///
+    /// # Safety
+    /// The first `n` bytes of the slice `body_spare` returned must have been initialized,
+    /// and `n` must not exceed [`RecordAssembler::body_missing`] (checked: panics).
+    pub unsafe fn commit_body(&mut self, n: usize) -> Option<Buffer> {
+        assert!(n <= self.body_missing(), "commit_body past the end of the record");
+        let (buf, want) = self.body.as_mut()?;
+        // SAFETY: the caller initialized these `n` bytes, within the capacity (checked above).
+        unsafe { buf.set_len(buf.len() + n) };
+        if buf.len() < *want {
+            return None;
+        }
+        self.body.take().map(|(buf, _)| buf.into())
+    }
+
+    /// Feeds stream bytes (copied); each completed record's body is passed to `done`, in
+    /// order. A length of 0 or over the maximum is a [`Error::Protocol`].
+    pub fn push(&mut self, mut bytes: &[u8], mut done: impl FnMut(Buffer) -> Result<()>) -> Result<()> {
         while !bytes.is_empty() {
             match self.body.as_mut() {
                 None => {
@@ -141,83 +197,119 @@ impl RecordDeserializer {
                     bytes = &bytes[n..];
                     if buf.len() == *want {
                         let (buf, _) = self.body.take().expect("body present");
-                        self.decode_record(buf.into(), out)?;
+                        done(buf.into())?;
                     }
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// Reassembles records from stream bytes and decodes them.
+pub struct RecordDeserializer {
+    assembler: RecordAssembler,
+    /// Set by the schema message at the start of the stream.
+    decoder: Option<FileDecoder>,
+}
+
+impl RecordDeserializer {
+    /// A deserializer accepting records up to `max_record` bytes.
+    pub fn new(max_record: usize) -> RecordDeserializer {
+        RecordDeserializer {
+            assembler: RecordAssembler::new(max_record),
+            decoder: None,
+        }
     }
 
-    /// Decodes the IPC messages of one record: the schema (first record only), dictionaries,
-    /// then one record batch. Each message is `0xFFFFFFFF`, an i32 metadata length, the
-    /// flatbuffer metadata, then the body the metadata declares.
-    fn decode_record(&mut self, buf: Buffer, out: &mut VecDeque<RecordBatch>) -> Result<()> {
-        let bad = |what: String| Error::Protocol(format!("invalid Arrow IPC data: {what}"));
-        let mut produced = false;
-        let mut pos = 0usize;
-        while pos < buf.len() {
-            let prefix = buf
-                .get(pos..pos + 8)
-                .ok_or_else(|| bad("a record ends inside a message prefix".into()))?;
-            if prefix[..4] != CONTINUATION_MARKER {
-                return Err(bad("missing continuation marker".into()));
-            }
-            let meta_len = i32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes"));
-            let meta_len = usize::try_from(meta_len)
-                .ok()
-                .filter(|&n| n > 0 && pos + 8 + n <= buf.len())
-                .ok_or_else(|| bad(format!("metadata length {meta_len} out of range")))?;
-            let meta = &buf[pos + 8..pos + 8 + meta_len];
-            let message = arrow_ipc::root_as_message(meta).map_err(|e| bad(format!("bad message: {e}")))?;
-            let body_len = usize::try_from(message.bodyLength())
-                .ok()
-                .filter(|&n| n <= buf.len() - pos - 8 - meta_len)
-                .ok_or_else(|| bad(format!("body length {} out of range", message.bodyLength())))?;
-            let total = 8 + meta_len + body_len;
-            let block = Block::new(0, (8 + meta_len) as i32, body_len as i64);
-            let message_buf = buf.slice_with_length(pos, total);
-            match message.header_type() {
-                MessageHeader::Schema => {
-                    if self.decoder.is_some() {
-                        return Err(bad("a second schema message".into()));
-                    }
-                    let schema = message
-                        .header_as_schema()
-                        .ok_or_else(|| bad("schema message without a schema".into()))?;
-                    let schema = guarded(|| Ok(arrow_ipc::convert::fb_to_schema(schema)))?;
-                    let decoder = FileDecoder::new(Arc::new(schema), message.version());
-                    // SAFETY: every batch this decoder produces goes through `validate_batch`,
-                    // which checks what Arrow's validation would (see there), before use.
-                    self.decoder = Some(unsafe { decoder.with_skip_validation(true) });
-                }
-                MessageHeader::DictionaryBatch => {
-                    let decoder = self
-                        .decoder
-                        .as_mut()
-                        .ok_or_else(|| bad("dictionary before schema".into()))?;
-                    guarded(|| decoder.read_dictionary(&block, &message_buf))?;
-                }
-                MessageHeader::RecordBatch => {
-                    let decoder = self
-                        .decoder
-                        .as_ref()
-                        .ok_or_else(|| bad("batch before schema".into()))?;
-                    let batch = guarded(|| decoder.read_record_batch(&block, &message_buf))?
-                        .ok_or_else(|| bad("empty record batch message".into()))?;
-                    validate_batch(&batch)?;
-                    out.push_back(batch);
-                    produced = true;
-                }
-                other => return Err(bad(format!("unexpected message {other:?}"))),
-            }
-            pos += total;
-        }
-        if !produced {
-            return Err(Error::Protocol("a record held no record batch".into()));
-        }
-        Ok(())
+    /// True when no record is partly gathered.
+    pub fn is_at_record_boundary(&self) -> bool {
+        self.assembler.is_at_record_boundary()
     }
+
+    /// Feeds stream bytes; complete batches are appended to `out` in order.
+    pub fn push(&mut self, bytes: &[u8], out: &mut VecDeque<RecordBatch>) -> Result<()> {
+        let RecordDeserializer { assembler, decoder } = self;
+        assembler.push(bytes, |record| decode_record(decoder, record, out))
+    }
+
+    /// Decodes one whole record (its body, without the length prefix), gathered elsewhere by
+    /// a [`RecordAssembler`]; its batch is appended to `out`.
+    pub fn push_record(&mut self, record: Buffer, out: &mut VecDeque<RecordBatch>) -> Result<()> {
+        decode_record(&mut self.decoder, record, out)
+    }
+}
+
+/// Decodes the IPC messages of one record: the schema (first record only, which creates
+/// `decoder`), dictionaries, then one record batch. Each message is `0xFFFFFFFF`, an i32
+/// metadata length, the flatbuffer metadata, then the body the metadata declares.
+fn decode_record(
+    decoder_slot: &mut Option<FileDecoder>,
+    buf: Buffer,
+    out: &mut VecDeque<RecordBatch>,
+) -> Result<()> {
+    let bad = |what: String| Error::Protocol(format!("invalid Arrow IPC data: {what}"));
+    let mut produced = false;
+    let mut pos = 0usize;
+    while pos < buf.len() {
+        let prefix = buf
+            .get(pos..pos + 8)
+            .ok_or_else(|| bad("a record ends inside a message prefix".into()))?;
+        if prefix[..4] != CONTINUATION_MARKER {
+            return Err(bad("missing continuation marker".into()));
+        }
+        let meta_len = i32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes"));
+        let meta_len = usize::try_from(meta_len)
+            .ok()
+            .filter(|&n| n > 0 && pos + 8 + n <= buf.len())
+            .ok_or_else(|| bad(format!("metadata length {meta_len} out of range")))?;
+        let meta = &buf[pos + 8..pos + 8 + meta_len];
+        let message = arrow_ipc::root_as_message(meta).map_err(|e| bad(format!("bad message: {e}")))?;
+        let body_len = usize::try_from(message.bodyLength())
+            .ok()
+            .filter(|&n| n <= buf.len() - pos - 8 - meta_len)
+            .ok_or_else(|| bad(format!("body length {} out of range", message.bodyLength())))?;
+        let total = 8 + meta_len + body_len;
+        let block = Block::new(0, (8 + meta_len) as i32, body_len as i64);
+        let message_buf = buf.slice_with_length(pos, total);
+        match message.header_type() {
+            MessageHeader::Schema => {
+                if decoder_slot.is_some() {
+                    return Err(bad("a second schema message".into()));
+                }
+                let schema = message
+                    .header_as_schema()
+                    .ok_or_else(|| bad("schema message without a schema".into()))?;
+                let schema = guarded(|| Ok(arrow_ipc::convert::fb_to_schema(schema)))?;
+                let decoder = FileDecoder::new(Arc::new(schema), message.version());
+                // SAFETY: every batch this decoder produces goes through `validate_batch`,
+                // which checks what Arrow's validation would (see there), before use.
+                *decoder_slot = Some(unsafe { decoder.with_skip_validation(true) });
+            }
+            MessageHeader::DictionaryBatch => {
+                let decoder = decoder_slot
+                    .as_mut()
+                    .ok_or_else(|| bad("dictionary before schema".into()))?;
+                guarded(|| decoder.read_dictionary(&block, &message_buf))?;
+            }
+            MessageHeader::RecordBatch => {
+                let decoder = decoder_slot
+                    .as_ref()
+                    .ok_or_else(|| bad("batch before schema".into()))?;
+                let batch = guarded(|| decoder.read_record_batch(&block, &message_buf))?
+                    .ok_or_else(|| bad("empty record batch message".into()))?;
+                validate_batch(&batch)?;
+                out.push_back(batch);
+                produced = true;
+            }
+            other => return Err(bad(format!("unexpected message {other:?}"))),
+        }
+        pos += total;
+    }
+    if !produced {
+        return Err(Error::Protocol("a record held no record batch".into()));
+    }
+    Ok(())
 }
 
 /// Runs an arrow-ipc decoding step, turning its errors and its panics into protocol errors:
@@ -494,6 +586,80 @@ mod tests {
         assert!(RecordDeserializer::new(1 << 20)
             .push(&bad, &mut VecDeque::new())
             .is_err());
+    }
+
+    #[test]
+    fn a_direct_write_completes_the_record_and_the_boundary_is_tracked() {
+        let b = batch(0, 20);
+        let bytes = record_bytes(&b);
+        let mut asm = RecordAssembler::new(1 << 20);
+        assert!(asm.is_at_record_boundary());
+        assert_eq!((asm.header_missing(), asm.body_missing()), (RECORD_HEADER_LEN, 0));
+        assert!(asm.body_spare().is_empty());
+        asm.push(&bytes[..3], |_| unreachable!()).unwrap();
+        assert!(!asm.is_at_record_boundary());
+        assert_eq!(asm.header_missing(), RECORD_HEADER_LEN - 3);
+        asm.push(&bytes[3..RECORD_HEADER_LEN], |_| unreachable!())
+            .unwrap();
+        let body = &bytes[RECORD_HEADER_LEN..];
+        assert_eq!((asm.header_missing(), asm.body_missing()), (0, body.len()));
+        let spare = asm.body_spare();
+        assert_eq!(spare.len(), body.len());
+        for (d, s) in spare.iter_mut().zip(body) {
+            d.write(*s);
+        }
+        // SAFETY: all of the spare bytes were written just above.
+        let record = unsafe { asm.commit_body(body.len()) }.expect("the record is complete");
+        assert!(asm.is_at_record_boundary());
+        let mut out = VecDeque::new();
+        RecordDeserializer::new(1 << 20)
+            .push_record(record, &mut out)
+            .unwrap();
+        assert_eq!(out.pop_front(), Some(b));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+        /// Records gathered from any mix of copied pieces and direct body writes, cut
+        /// anywhere, decode to the batches that were encoded.
+        #[test]
+        fn copied_and_direct_pieces_assemble_the_same_records(
+            cuts in proptest::collection::vec((1usize..3000, proptest::prelude::any::<bool>()), 1..64),
+        ) {
+            let batches: Vec<RecordBatch> = (0..4).map(|i| batch(i * 100, 37 + 50 * i)).collect();
+            let mut enc = BatchEncoder::new(&batches[0].schema()).unwrap();
+            let stream: Vec<u8> =
+                batches.iter().flat_map(|b| enc.encode(b).unwrap().chunks().flatten().copied().collect::<Vec<u8>>()).collect();
+            let mut asm = RecordAssembler::new(1 << 20);
+            let mut de = RecordDeserializer::new(1 << 20);
+            let mut out = VecDeque::new();
+            let (mut pos, mut i) = (0, 0);
+            while pos < stream.len() {
+                let (len, direct) = cuts[i % cuts.len()];
+                i += 1;
+                let piece = &stream[pos..(pos + len).min(stream.len())];
+                if direct && asm.body_missing() > 0 {
+                    let m = piece.len().min(asm.body_missing());
+                    for (d, s) in asm.body_spare()[..m].iter_mut().zip(piece) {
+                        d.write(*s);
+                    }
+                    // SAFETY: these `m` bytes were written just above.
+                    if let Some(record) = unsafe { asm.commit_body(m) } {
+                        de.push_record(record, &mut out).unwrap();
+                    }
+                    pos += m;
+                } else {
+                    asm.push(piece, |record| de.push_record(record, &mut out)).unwrap();
+                    pos += piece.len();
+                }
+            }
+            proptest::prop_assert!(asm.is_at_record_boundary());
+            proptest::prop_assert_eq!(out.len(), batches.len());
+            for (got, want) in out.iter().zip(&batches) {
+                proptest::prop_assert_eq!(got, want);
+            }
+        }
     }
 
     proptest::proptest! {

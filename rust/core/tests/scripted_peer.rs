@@ -1159,18 +1159,77 @@ fn b_data_without_credit_is_a_protocol_error() {
     // Initial credit 2, and the gate has only 2 exclusive + 1 floating buffers: the third or
     // the fourth data buffer, sent without waiting for AddCredit, is beyond the credit.
     let mut s = scripted(|c| c.floating_buffers = 1);
-    // Quarters of one record: the gate decodes nothing from the buffers before the failure.
-    let bytes = record_stream(&[batch(0, 300)]);
-    let msgs: Vec<Message<'static>> = bytes
-        .chunks(bytes.len().div_ceil(4))
-        .enumerate()
-        .map(|(seq, part)| data_msg(s.rid, seq as u64, 0, part))
+    // One whole record per buffer: each holds its credit until the gate reads it, which it
+    // does not before the failure. (A buffer carrying only part of a record gives its credit
+    // back at once, so quarters of one record would race with the AddCredits.)
+    let mut enc = None;
+    let msgs: Vec<Message<'static>> = (0..4)
+        .map(|seq| {
+            let mut bytes = Vec::new();
+            encode_records(&mut enc, &[batch(seq * 10, 10)], &mut bytes);
+            assert!(bytes.len() <= SEG);
+            data_msg(s.rid, seq as u64, 0, &bytes)
+        })
         .collect();
-    assert_eq!(msgs.len(), 4);
     s.peer.send(&msgs);
     let msg = s.expect_fatal_protocol_error();
     assert!(msg.contains("without credit"), "{msg}");
     s.assert_gate_fails(|e| matches!(e, Error::Protocol(_)));
+}
+
+#[test]
+fn b_buffers_holding_only_part_of_a_record_return_their_credit_before_it_is_read() {
+    // Floating buffers are granted by backlog only, and every buffer here announces backlog 0:
+    // the only credit is the 2 exclusive buffers, coming back.
+    let mut s = scripted(|_| {});
+    let b = batch(0, 2000);
+    let bytes = record_stream(std::slice::from_ref(&b));
+    let chunks: Vec<&[u8]> = bytes.chunks(SEG).collect();
+    assert!(chunks.len() >= 5, "the record should span at least 5 segments");
+    let last = chunks.len() - 1;
+    let mut seq = 0u64;
+    // Two at a time (the credit): they only carry parts of the record, so they are recycled
+    // without the gate reading anything, and their credit comes back.
+    while last - seq as usize >= 2 {
+        let pair: Vec<Message<'static>> = (0..2)
+            .map(|i| data_msg(s.rid, seq + i, 0, chunks[(seq + i) as usize]))
+            .collect();
+        s.peer.send(&pair);
+        s.expect_credit(2);
+        seq += 2;
+    }
+    // The rest; the last completes the record, and its buffer holds its exclusive credit
+    // until the gate reads it. So what comes back is the credit of the one before it (if
+    // any) plus one floating buffer, which the gate grants to keep the channel at its 2
+    // exclusive buffers' worth of empty ones.
+    let rest: Vec<Message<'static>> = (seq as usize..=last)
+        .map(|i| data_msg(s.rid, i as u64, 0, chunks[i]))
+        .collect();
+    let n = rest.len() as u32;
+    s.peer.send(&rest);
+    s.expect_credit(n);
+    assert_eq!(s.gate.next(&mut wait()).unwrap(), Some(b));
+    s.send_end(last as u64 + 1);
+    assert_eq!(s.gate.next(&mut wait()).unwrap(), None);
+}
+
+#[test]
+fn b_a_record_longer_than_max_record_size_fails_the_channel() {
+    let mut s = scripted(|c| c.max_record_size = 1000);
+    let bytes = record_stream(&[batch(0, 100)]);
+    assert!(bytes.len() > 1000 && bytes.len() <= SEG);
+    s.peer.send(&[data_msg(s.rid, 0, 0, &bytes)]);
+    s.assert_gate_fails(|e| matches!(e, Error::Protocol(m) if m.contains("record length")));
+}
+
+#[test]
+fn b_end_of_partition_inside_a_record_is_a_protocol_error() {
+    let mut s = scripted(|_| {});
+    let bytes = record_stream(&[batch(0, 300)]);
+    assert!(bytes.len() > SEG);
+    s.peer.send(&[data_msg(s.rid, 0, 0, &bytes[..SEG])]);
+    s.send_end(1);
+    s.assert_gate_fails(|e| matches!(e, Error::Protocol(m) if m.contains("middle of a record")));
 }
 
 #[test]

@@ -4,8 +4,17 @@
 //!
 //! * [`ClientConn`]: one per remote environment, shared by every remote channel of every
 //!   gate of this environment that reads from it. Its reader half takes each data
-//!   BufferResponse's header, asks the gate's [`GateCredit`] which buffer it goes into, and
-//!   reads the payload from the socket straight into that segment. Its writer half sends
+//!   BufferResponse's header, asks the gate's [`GateCredit`] which buffer it stands for, and
+//!   gathers the channel's records from the payloads (a [`RecordAssembler`] per channel):
+//!   the body bytes of a record in progress are read from the socket straight into the
+//!   record's own buffer, so the reader thread gets whole records and copies nothing; length
+//!   prefixes and short pieces that the socket has not delivered yet go through the segment.
+//!   Credit follows Flink's spanning-record deserializer: a buffer that only carried part of
+//!   a record in progress is recycled at once (its bytes already sit in the record), and a
+//!   buffer that completed records holds its credit until the reader has taken them. So the
+//!   reader is woken once per record rather than once per buffer, and the memory outside the
+//!   gate's segments is at most one record in progress plus, per buffer of credit, the
+//!   records it completed (each at most `max_record_size`). Its writer half sends
 //!   PartitionRequests, AddCredits (the amount taken when the message is written, so a burst
 //!   of recycled buffers costs one message), CancelPartitionRequests and CloseRequest.
 //! * [`RemoteGate`]: the buffers of one input gate — its exclusive and floating segments,
@@ -25,6 +34,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
+use arrow_buffer::Buffer;
+
 use super::codec::{self, ErrorKind, EventKind, Message, Payload, ReceiverId};
 use super::io::{self, FrameReader, InFrame};
 use crate::credit::{
@@ -36,6 +47,7 @@ use crate::error::{Error, Result};
 use crate::gate::{Backoff, ChannelSpec};
 use crate::memory::PooledSegment;
 use crate::partition::subpartition::Listener;
+use crate::serde::RecordAssembler;
 
 /// A snapshot of a gate's remote buffers (credit mode; in tcp mode only the totals and
 /// queued buffers mean anything).
@@ -97,22 +109,28 @@ impl Inbound {
     }
 }
 
-/// A received data buffer; dropping it gives the segment back to the gate (and its credit
-/// back to the sender).
+/// A received data buffer that completed records: the records (whole bodies, without their
+/// length prefixes) and the buffer's credit. Dropping it gives the segment back to the gate
+/// (and its credit back to the sender).
 pub(crate) struct Received {
     segment: Option<PooledSegment>,
-    len: usize,
+    records: Vec<Buffer>,
+    /// Network buffers this stands for: itself and the ones recycled before it that carried
+    /// only parts of its first record.
+    buffers: usize,
     lease: Option<BufferLease>,
     gate: Arc<RemoteGate>,
 }
 
 impl Received {
-    /// The payload bytes.
-    pub(crate) fn bytes(&self) -> &[u8] {
-        let seg = self.segment.as_ref().expect("held until drop");
-        // SAFETY: the segment is exclusively ours; `len` bytes were written by the reader
-        // task before the buffer was queued (the inbox mutex orders the accesses).
-        unsafe { std::slice::from_raw_parts(seg.segment().as_ptr(), self.len) }
+    /// The records this buffer completed, in order (taken once).
+    pub(crate) fn take_records(&mut self) -> Vec<Buffer> {
+        std::mem::take(&mut self.records)
+    }
+
+    /// Network buffers this stands for (for the gate's buffer counters).
+    pub(crate) fn buffers(&self) -> usize {
+        self.buffers
     }
 }
 
@@ -148,6 +166,8 @@ struct GateBuffers {
 /// The remote half of one input gate: its segments and its credit.
 pub(crate) struct RemoteGate {
     flow: FlowControl,
+    /// Largest record a channel accepts (a longer length prefix fails the channel).
+    max_record: usize,
     bufs: Mutex<GateBuffers>,
     /// tcp mode: a reader task waits here for a free segment.
     recycled: Notify,
@@ -168,6 +188,7 @@ impl RemoteGate {
         exclusive_per_channel: usize,
         floating: usize,
         segments: Vec<PooledSegment>,
+        max_record: usize,
     ) -> Result<Arc<RemoteGate>> {
         let credit = GateCredit::new(GateCreditConfig {
             exclusive_buffers_per_channel: exclusive_per_channel as u32,
@@ -176,6 +197,7 @@ impl RemoteGate {
         Ok(Arc::new(RemoteGate {
             priority: AtomicBool::new(false),
             flow,
+            max_record,
             bufs: Mutex::new(GateBuffers {
                 credit,
                 free: segments,
@@ -815,11 +837,69 @@ async fn write_loop<W: AsyncWrite + Unpin>(conn: &Arc<ClientConn>, wr: &mut W) -
     }
 }
 
+/// A channel's records in progress, on the connection's reader task.
+struct Assembly {
+    records: RecordAssembler,
+    /// Buffers recycled since the last one that completed a record (for the counters).
+    uncounted: usize,
+}
+
+/// Pieces of a record body shorter than this that the decoder does not already hold are
+/// read through the segment (one read for the rest of the payload) rather than with a read
+/// of their own, so many small records in one buffer do not cost a system call each.
+const DIRECT_READ_MIN: usize = 4096;
+
+/// Reads one data payload of `seg.len()` bytes into the channel's records, appending the
+/// records it completes to `done`. The outer error is the connection's (the socket); the
+/// inner one the channel's (a bad length prefix), after which the payload has still been
+/// read to its end.
+async fn read_records<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    asm: &mut RecordAssembler,
+    seg: &mut [u8],
+    done: &mut Vec<Buffer>,
+) -> Result<Result<()>> {
+    let mut left = seg.len();
+    while left > 0 {
+        let missing = asm.body_missing();
+        let buffered = reader.buffered_payload();
+        if missing > 0 && (missing.min(left) >= DIRECT_READ_MIN || buffered >= missing.min(left)) {
+            let n = missing.min(left);
+            reader.read_payload_into(&mut asm.body_spare()[..n]).await?;
+            // SAFETY: `read_payload_into` initialized exactly these `n` bytes.
+            if let Some(record) = unsafe { asm.commit_body(n) } {
+                done.push(record);
+            }
+            left -= n;
+        } else if missing == 0 && buffered >= asm.header_missing().min(left) {
+            // A length prefix the decoder holds: no system call for it.
+            let n = asm.header_missing().min(left);
+            let mut prefix = [0u8; crate::serde::RECORD_HEADER_LEN];
+            reader.read_payload(&mut prefix[..n]).await?;
+            left -= n;
+            if let Err(e) = asm.push(&prefix[..n], |_| unreachable!("a prefix completes no record")) {
+                reader.read_payload(&mut seg[..left]).await?;
+                return Ok(Err(e));
+            }
+        } else {
+            let rest = &mut seg[..left];
+            reader.read_payload(rest).await?;
+            return Ok(asm.push(rest, |record| {
+                done.push(record);
+                Ok(())
+            }));
+        }
+    }
+    Ok(Ok(()))
+}
+
 async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ClientConn>, reader: &mut FrameReader<R>) -> Result<()> {
+    let mut assemblies: HashMap<ReceiverId, Assembly> = HashMap::new();
     loop {
         match reader.next().await? {
             InFrame::Data(header) => {
                 let Some(ch) = conn.channel(header.receiver) else {
+                    assemblies.remove(&header.receiver);
                     reader.skip_payload().await?;
                     continue;
                 };
@@ -834,13 +914,35 @@ async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ClientConn>, reader: &mut Fr
                                 dst.len()
                             )));
                         }
-                        reader.read_payload(&mut dst[..len]).await?;
-                        ch.push(Inbound::Data(Received {
+                        let a = assemblies.entry(header.receiver).or_insert_with(|| Assembly {
+                            records: RecordAssembler::new(ch.gate.max_record),
+                            uncounted: 0,
+                        });
+                        let mut records = Vec::new();
+                        let outcome =
+                            read_records(reader, &mut a.records, &mut dst[..len], &mut records).await?;
+                        let received = Received {
                             segment: Some(seg),
-                            len,
+                            records,
+                            buffers: a.uncounted + 1,
                             lease,
                             gate: ch.gate.clone(),
-                        }));
+                        };
+                        if received.records.is_empty() {
+                            // Only part of a record in progress: its bytes are in the record,
+                            // so the buffer and its credit go back now (drop).
+                            a.uncounted += 1;
+                            drop(received);
+                        } else {
+                            a.uncounted = 0;
+                            ch.push(Inbound::Data(received));
+                        }
+                        if let Err(e) = outcome {
+                            assemblies.remove(&header.receiver);
+                            if let Some(ch) = conn.remove(header.receiver) {
+                                ch.fail(Error::Protocol(format!("channel {:?}: {e}", ch.spec)));
+                            }
+                        }
                     }
                     None => reader.skip_payload().await?,
                 }
@@ -857,12 +959,38 @@ async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ClientConn>, reader: &mut Fr
                         ch.gate.priority.store(true, Ordering::Release);
                     }
                     let item = Inbound::Event(ev);
-                    let end = item.is_last();
-                    if end {
-                        conn.remove(br.receiver);
+                    let mid_record = || {
+                        assemblies
+                            .get(&br.receiver)
+                            .is_some_and(|a| !a.records.is_at_record_boundary())
+                    };
+                    if !item.is_last() {
+                        // An aligned barrier comes between records; an unaligned one and a
+                        // user event may come anywhere (the record completes after them).
+                        if matches!(item, Inbound::Event(EventKind::Barrier { unaligned: false, .. }))
+                            && mid_record()
+                        {
+                            conn.remove(br.receiver);
+                            assemblies.remove(&br.receiver);
+                            ch.fail(Error::Protocol(format!(
+                                "channel {:?}: aligned barrier in the middle of a record",
+                                ch.spec
+                            )));
+                        } else {
+                            ch.push(item);
+                        }
+                        continue;
                     }
-                    ch.push(item);
-                    if end {
+                    let partial = mid_record();
+                    conn.remove(br.receiver);
+                    assemblies.remove(&br.receiver);
+                    if partial && matches!(item, Inbound::Event(EventKind::EndOfPartition)) {
+                        ch.fail(Error::Protocol(format!(
+                            "channel {:?} ended in the middle of a record",
+                            ch.spec
+                        )));
+                    } else {
+                        ch.push(item);
                         ch.gate.release(&ch);
                     }
                 }
@@ -882,6 +1010,7 @@ async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ClientConn>, reader: &mut Fr
                 kind,
                 message,
             }) => {
+                assemblies.remove(&receiver);
                 if let Some(ch) = conn.remove(receiver) {
                     let e = channel_error(&ch.spec, kind, message);
                     ch.fail(e);

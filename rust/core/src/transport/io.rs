@@ -2,7 +2,9 @@
 //! the handshake. Everything about what the bytes mean is in [`super::codec`].
 
 use std::io::IoSlice;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use super::auth::{self, Role};
 use super::codec::{
@@ -73,13 +75,54 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
-    /// Reads the current data payload into `dst` (exactly its length): what the decoder has
-    /// buffered first, the rest straight from the socket.
+    /// Reads the next `dst.len()` bytes of the current data payload (at most what remains of
+    /// it) into `dst`: what the decoder has buffered first, the rest straight from the socket.
     pub(crate) async fn read_payload(&mut self, dst: &mut [u8]) -> Result<()> {
-        debug_assert_eq!(dst.len(), self.dec.payload_remaining());
+        debug_assert!(dst.len() <= self.dec.payload_remaining());
         let mut done = self.dec.read_payload(dst);
         while done < dst.len() {
             let n = self.rd.read(&mut dst[done..]).await.map_err(io_lost)?;
+            if n == 0 {
+                return Err(Error::ConnectionLost(
+                    "the peer closed the connection in the middle of a buffer".into(),
+                ));
+            }
+            self.dec.payload_read_elsewhere(n)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Bytes of the current data payload the decoder already holds (readable without a
+    /// system call).
+    pub(crate) fn buffered_payload(&self) -> usize {
+        self.dec.buffered().min(self.dec.payload_remaining())
+    }
+
+    /// Reads the next `dst.len()` bytes of the current data payload (at most what remains of
+    /// it) into possibly uninitialized memory, initializing exactly those bytes: what the
+    /// decoder has buffered first, the rest straight from the socket.
+    pub(crate) async fn read_payload_into(&mut self, dst: &mut [MaybeUninit<u8>]) -> Result<()> {
+        debug_assert!(dst.len() <= self.dec.payload_remaining());
+        let mut done = 0;
+        {
+            // (Scoped so that it is not part of the future across the reads below.)
+            let mut bounce = [0u8; READ_CHUNK];
+            while done < dst.len() && self.buffered_payload() > 0 {
+                let want = (dst.len() - done).min(bounce.len());
+                let n = self.dec.read_payload(&mut bounce[..want]);
+                for (d, s) in dst[done..done + n].iter_mut().zip(&bounce[..n]) {
+                    d.write(*s);
+                }
+                done += n;
+            }
+        }
+        while done < dst.len() {
+            let mut rb = ReadBuf::uninit(&mut dst[done..]);
+            std::future::poll_fn(|cx| Pin::new(&mut self.rd).poll_read(cx, &mut rb))
+                .await
+                .map_err(io_lost)?;
+            let n = rb.filled().len();
             if n == 0 {
                 return Err(Error::ConnectionLost(
                     "the peer closed the connection in the middle of a buffer".into(),

@@ -10,10 +10,14 @@ payload bytes over the time from the first to the last batch received. Impairmen
 - the veth unimpaired, and under a ``tc tbf`` 100 Mbit/s cap on both ends;
 - the userspace wire (``tests/wire.py``; this kernel has no ``sch_netem``) unimpaired (the
   relay's own ceiling), with 20 ms delay, with 1% loss, and with both, each way;
+- 20 ms delay again with more credit: a gate can have at most its credit (exclusive plus
+  floating segments) in flight, so under delay its throughput is bounded by credit over the
+  round trip;
 - a 5 s cut of the veth (``ip link set down``) ``--cut-after`` seconds into the run, once with
-  ``peer_timeout`` above the cut (the exchange survives; the table gives its throughput and
-  the longest gap between two batches) and once with ``peer_timeout`` 2 s, below it (the gate
-  must fail with ``ConnectionLostError``; the table gives when).
+  ``peer_timeout`` above the cut (the exchange survives; the producer writes on for half of
+  ``--seconds`` after the link is back; the table gives the throughput over the whole run,
+  cut included, and the longest gap between two batches) and once with ``peer_timeout`` 2 s,
+  below it (the gate must fail with ``ConnectionLostError``; the table gives when).
 
 Runs are interleaved (every impairment once, then again) so a change of load on this shared
 machine hits all of them alike; the table gives the median and the range of ``--repeat`` runs.
@@ -63,14 +67,23 @@ class Row:
     setup: Callable[[], None]
     cut: bool = False
     peer_timeout: float = 30.0
+    consumer: dict[str, object] = field(default_factory=dict)  # extra consumer settings
     rates: list[float] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
     failed_after: list[float] = field(default_factory=list)
     batches: list[int] = field(default_factory=list)
+    packets: list[int] = field(default_factory=list)  # wire: packets that entered it, both ways
+    dropped: list[int] = field(default_factory=list)  # wire: dropped by loss or a full queue
 
 
-def env(bind: str, peer_timeout: float) -> dict[str, object]:
-    return {"memory": "4MiB", "bind": bind, "secret": SECRET, "peer_timeout": peer_timeout}
+def env(bind: str, peer_timeout: float, **more: object) -> dict[str, object]:
+    return {"memory": "4MiB", "bind": bind, "secret": SECRET, "peer_timeout": peer_timeout, **more}
+
+
+def wire_counts(w: Wire) -> tuple[int, int]:
+    """Packets that entered the wire, and those it dropped (loss or full queue), both ways."""
+    s = w.stats().values()
+    return sum(d["received"] for d in s), sum(d["dropped"] + d["overflow"] for d in s)
 
 
 BYTES_PER_ROW = seq_batch(0, 0, 1, ROWS).nbytes / seq_batch(0, 0, 1, ROWS).num_rows
@@ -79,15 +92,16 @@ BYTES_PER_ROW = seq_batch(0, 0, 1, ROWS).nbytes / seq_batch(0, 0, 1, ROWS).num_r
 def run(h: Hosts, w: Wire, row: Row, args: argparse.Namespace) -> None:
     """One run of ``row``; appends its figures to the row, raises on any loss or reordering."""
     row.setup()
+    before = wire_counts(w)
     via = w.addr_a if row.link == "wire" else h.addr_a
     part = [seq_partition(None, ROWS)]
     with Worker("producer", netns=h.a, env=env(f"{via}:0", row.peer_timeout), partitions=part) as p:
         addr = p.wait_for("address")["address"]
         gates = [[[addr, "p", 0]]]
-        c_env = env("127.0.0.1:0", row.peer_timeout)
+        c_env = env("127.0.0.1:0", row.peer_timeout, **row.consumer)
         with Worker("consumer", netns=h.b, env=c_env, gates=gates, data="seq", times=True) as c:
             c.wait_for("address")
-            t0 = time.monotonic()
+            end = time.monotonic() + args.seconds
             if row.cut:
                 time.sleep(args.cut_after)
                 h.link(up=False)
@@ -100,7 +114,8 @@ def run(h: Hosts, w: Wire, row: Row, args: argparse.Namespace) -> None:
                 finally:
                     time.sleep(max(0.0, cut_at + CUT - time.monotonic()))
                     h.link(up=True)
-            time.sleep(max(0.0, t0 + args.seconds - time.monotonic()))
+                end = max(end, time.monotonic() + args.seconds / 2)  # and time to recover
+            time.sleep(max(0.0, end - time.monotonic()))
             p.send(cmd="stop")
             sent = p.wait_for("finished", timeout=120)["batches"]
             done = c.wait_for("done", timeout=120)["done"][0]
@@ -112,6 +127,10 @@ def run(h: Hosts, w: Wire, row: Row, args: argparse.Namespace) -> None:
     row.rates.append(done["rows"] * BYTES_PER_ROW / (times[-1] - times[0]) / 1e6)
     row.gaps.append(max(b - a for a, b in zip(times, times[1:], strict=False)))
     row.batches.append(sent)
+    if row.link == "wire":
+        after = wire_counts(w)
+        row.packets.append(after[0] - before[0])
+        row.dropped.append(after[1] - before[1])
 
 
 def qdiscs(h: Hosts, *qdisc: str) -> None:
@@ -164,6 +183,12 @@ def main(argv: list[str]) -> int:
                 ),
                 Row("unimpaired (the relay's ceiling)", "wire", impaired(0.0, 0.0)),
                 Row("20 ms delay each way", "wire", impaired(0.020, 0.0)),
+                Row(
+                    "20 ms delay each way, credit 66 segments (`floating_buffers=64`)",
+                    "wire",
+                    impaired(0.020, 0.0),
+                    consumer={"memory": "16MiB", "floating_buffers": 64},
+                ),
                 Row("1% loss each way", "wire", impaired(0.0, 0.01)),
                 Row("20 ms delay + 1% loss each way", "wire", impaired(0.020, 0.01)),
                 Row(f"{CUT:g} s cut, `peer_timeout` 30 s", "veth", veth(), cut=True),
@@ -196,6 +221,9 @@ def main(argv: list[str]) -> int:
             print(f"| {row.name} | {row.link} | — | — | {result} |")
         else:
             result = f"every batch once, in order ({min(row.batches):,}–{max(row.batches):,} batches a run)"
+            if row.packets:
+                share = sum(row.dropped) / max(1, sum(row.packets))
+                result += f"; the wire dropped {share:.2%} of {sum(row.packets):,} packets"
             rate, gap = spread(row.rates, "MB/s"), spread(row.gaps, "s", 2)
             print(f"| {row.name} | {row.link} | {rate} | {gap} | {result} |")
     print(f"\nwire packets over all runs: {packets}")

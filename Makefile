@@ -102,11 +102,17 @@ test-loom: ## Loom model checks of the lock-free core (own target dir: --cfg loo
 
 # pytest exits 5 when it collects no test; that fails the target like any other non-zero exit.
 # tests/test_netns.py needs iproute2 (ip, tc); as root, install it when missing (CI starts from
-# a fresh image). Without root the netns tests skip themselves.
+# a fresh image). Its delay and loss come from the userspace wire (tests/wire.py: Python's
+# standard library and TUN devices, no sch_netem): as root, make /dev/net/tun when a minimal
+# /dev lacks it (the kernel may still refuse; the test then skips with the reason). Without
+# root the netns tests skip themselves.
 .PHONY: netns-deps
 netns-deps:
 	@if [ "$$(id -u)" = 0 ] && ! command -v tc >/dev/null; then \
 		apt-get install -y iproute2 || { apt-get update && apt-get install -y iproute2; }; \
+	fi
+	@if [ "$$(id -u)" = 0 ] && [ ! -e /dev/net/tun ]; then \
+		mkdir -p /dev/net && mknod -m 0666 /dev/net/tun c 10 200 || true; \
 	fi
 
 .PHONY: test-python
@@ -155,14 +161,23 @@ sanitize: ## Core tests under AddressSanitizer/LeakSanitizer (RUSTC_BOOTSTRAP=1 
 fuzz-cmin: ## Minimize the fuzz corpus (keeps the inputs that add coverage)
 	cd fuzz && for t in $(FUZZ_TARGETS); do $(FUZZ) cmin -O $$t corpus/$$t; done
 
-# Not part of `test` (root): 4x4 channels between two network namespaces, random stalls, a
-# link cut every --cut-every seconds and a fresh exchange after each; SOAK_NETNS_MINUTES (30).
+# Not part of `test` (root): 4x4 channels between two network namespaces, random stalls, every
+# third exchange over the userspace wire at 20 ms delay + 1% loss, a link cut every --cut-every
+# seconds and a fresh exchange after each; SOAK_NETNS_MINUTES (30).
 SOAK_NETNS_MINUTES ?= 30
 SOAK_NETNS_ARGS ?=
 
 .PHONY: soak-netns
 soak-netns: build netns-deps ## Soak across two network namespaces with link cuts, SOAK_NETNS_MINUTES (30)
 	$(PY) scripts/soak_netns.py --minutes $(SOAK_NETNS_MINUTES) $(SOAK_NETNS_ARGS)
+
+# Not part of `test` (root): the README's "Impaired networks" table, NETNS_TABLE_ARGS e.g.
+# '--repeat 5 --seconds 10'.
+NETNS_TABLE_ARGS ?=
+
+.PHONY: netns-table
+netns-table: build netns-deps ## Throughput under each impairment (veth, tbf cap, delay, loss, cut) as a table
+	$(PY) scripts/netns_table.py $(NETNS_TABLE_ARGS)
 
 # -------------------------------------------------------------------------------------- linting
 

@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from remote_worker import Worker, WorkerError, vm_rss_kib
+from remote_worker import Worker, WorkerError, soak_gates, soak_partitions, vm_rss_kib
 
 PARTITIONS = 4
 CHANNELS = 4
@@ -53,18 +53,7 @@ def mib(kib: int) -> str:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     env = {"memory": args.memory, "flow_control": args.flow_control}
-    partitions = [
-        {
-            "id": f"soak/{p}",
-            "producer": p,
-            "subpartitions": CHANNELS,
-            "partitioner": "round_robin",
-            "data": "seq",
-            "count": None,
-            "rows": args.rows,
-        }
-        for p in range(PARTITIONS)
-    ]
+    partitions = soak_partitions(args.rows, PARTITIONS, CHANNELS)
     errors: list[str] = []
     rss: dict[str, list[int]] = {"producer": [], "consumer": []}
     sent: dict[str, int] = {}
@@ -72,7 +61,7 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     with Worker("producer", env=env, partitions=partitions) as a:
         address = a.wait_for("address")["address"]
-        gates = [[[address, f"soak/{p}", c] for p in range(PARTITIONS)] for c in range(CHANNELS)]
+        gates = soak_gates(address, PARTITIONS, CHANNELS)
         stalls = {"seed": args.seed, "every": args.stall_every, "longest": args.longest_stall}
         with Worker("consumer", env=env, gates=gates, data="seq", random_stalls=stalls) as b:
             b.wait_for("address")

@@ -4,15 +4,18 @@
 
 A producer process in namespace a writes 4 partitions of 4 subpartitions (round robin, one
 writer thread each); a consumer process in namespace b reads them through 4 gates (4x4
-channels over the veth), each reader stalling at random. The run is a sequence of exchanges
-of ``--round-seconds``: an exchange that is not cut ends cleanly (the producer stops, the
-consumer reads to the end) and must have lost, duplicated, reordered and corrupted nothing.
-Every ``--cut-every`` seconds the link goes down for ``--cut-seconds`` (longer than
-``peer_timeout``) in the middle of an exchange: its gates must fail with
-``ConnectionLostError`` (no hang), and the soak starts a fresh exchange. Every 5 s it samples
-both processes' RSS. The report gives exchanges completed and cut, batches
-sent/received/lost over completed exchanges, RSS over time and every error seen; exit code 1
-on any loss in a completed exchange, a cut that did not fail the gates, or an unexpected error.
+channels over one connection), each reader stalling at random. The run is a sequence of
+exchanges of ``--round-seconds``: an exchange that is not cut ends cleanly (the producer
+stops, the consumer reads to the end) and must have lost, duplicated, reordered and corrupted
+nothing. Exchanges run over the veth, except every ``--wire-every``-th, which runs over the
+userspace wire (``tests/wire.py``) with ``--delay`` and ``--loss`` each way (netem's delay and
+loss; this kernel has no ``sch_netem``). Every ``--cut-every`` seconds the link of the
+running exchange goes down for ``--cut-seconds`` (longer than ``peer_timeout``): its gates
+must fail with ``ConnectionLostError`` (no hang), and the soak starts a fresh exchange. Every
+5 s it samples both processes' RSS. The report gives every exchange (link, batches
+sent/received/lost, or the cut), totals over completed exchanges, RSS over time and every
+error seen; exit code 1 on any loss in a completed exchange, a cut that did not fail the
+gates, or an unexpected error.
 
     python scripts/soak_netns.py --minutes 30
 """
@@ -29,8 +32,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from netns import Hosts, Unavailable, namespaces
-from remote_worker import Worker, WorkerError, vm_rss_kib
+from netns import Hosts, Unavailable, Wire, namespaces, wire
+from remote_worker import Worker, WorkerError, soak_gates, soak_partitions, vm_rss_kib
 
 PARTITIONS = 4
 CHANNELS = 4
@@ -47,36 +50,36 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--peer-timeout", type=float, default=2.0, help="peer_timeout of both sides (default 2)")
     p.add_argument("--rows", type=int, default=4096, help="rows of the largest batch (default 4096)")
     p.add_argument("--memory", default="16MiB", help="network memory of each process (default 16MiB)")
+    p.add_argument(
+        "--wire-every", type=int, default=3, help="every n-th exchange runs over the impaired wire (0: none)"
+    )
+    p.add_argument("--delay", type=float, default=0.020, help="wire delay each way, seconds (default 0.020)")
+    p.add_argument("--loss", type=float, default=0.01, help="wire loss each way, probability (default 0.01)")
     p.add_argument("--seed", type=int, default=1)
     return p.parse_args(argv)
 
 
-def exchange(h: Hosts, args: argparse.Namespace, n: int, cut_at: float | None, log: dict[str, Any]) -> None:
-    """One exchange; cut in the middle if ``cut_at`` (a monotonic time) falls inside it."""
+def exchange(
+    h: Hosts, via: Wire | None, args: argparse.Namespace, n: int, cut_at: float | None, log: dict[str, Any]
+) -> None:
+    """One exchange over the veth, or over the wire ``via``; cut in the middle if ``cut_at`` (a
+    monotonic time) falls inside it."""
     env = {"memory": args.memory, "secret": SECRET, "peer_timeout": args.peer_timeout}
-    partitions = [
-        {
-            "id": f"soak/{p}",
-            "producer": p,
-            "subpartitions": CHANNELS,
-            "partitioner": "round_robin",
-            "data": "seq",
-            "count": None,
-            "rows": args.rows,
-        }
-        for p in range(PARTITIONS)
-    ]
+    partitions = soak_partitions(args.rows, PARTITIONS, CHANNELS)
+    link = f"wire {args.delay * 1000:g} ms + {args.loss:.0%} loss" if via else "veth"
     started = time.monotonic()
     end = started + args.round_seconds
-    with Worker("producer", netns=h.a, env={**env, "bind": f"{h.addr_a}:0"}, partitions=partitions) as a:
+    with Worker(
+        "producer", netns=h.a, env={**env, "bind": f"{(via or h).addr_a}:0"}, partitions=partitions
+    ) as a:
         address = a.wait_for("address")["address"]
-        gates = [[[address, f"soak/{p}", c] for p in range(PARTITIONS)] for c in range(CHANNELS)]
+        gates = soak_gates(address, PARTITIONS, CHANNELS)
         stalls = {"seed": args.seed + n, "every": 5.0, "longest": 1.0}
         with Worker("consumer", netns=h.b, env=env, gates=gates, data="seq", random_stalls=stalls) as b:
             b.wait_for("address")
             while (now := time.monotonic()) < end:
                 if cut_at is not None and now >= cut_at:
-                    cut(h, args, b, log)
+                    cut(via or h, args, b, log, n, link)
                     return
                 time.sleep(min(SAMPLE_EVERY, end - now, max(0.0, (cut_at or end) - now)))
                 log["rss"].append(
@@ -94,17 +97,27 @@ def exchange(h: Hosts, args: argparse.Namespace, n: int, cut_at: float | None, l
         unique.update(g["unique"])
     lost = sum(max(0, k - unique.get(key, 0)) for key, k in sent.items())
     bad = {k: sum(g[k] for g in done) for k in ("duplicated", "out_of_order", "corrupted")}
+    received = sum(g["batches"] for g in done)
     log["completed"] += 1
     log["sent"] += sum(sent.values())
-    log["received"] += sum(g["batches"] for g in done)
+    log["received"] += received
     log["lost"] += lost
     for k, v in bad.items():
         log[k] += v
+    log["exchanges"].append(
+        {"n": n, "link": link, "sent": sum(sent.values()), "received": received, "lost": lost, **bad}
+    )
     at = time.monotonic() - log["t0"]
-    print(f"[{at:7.1f} s] exchange {n} completed: sent {sum(sent.values()):,}, lost {lost}")
+    print(
+        f"[{at:7.1f} s] exchange {n} over {link} completed: sent {sum(sent.values()):,},"
+        f" received {received:,}, lost {lost}, {bad}",
+        flush=True,
+    )
 
 
-def cut(h: Hosts, args: argparse.Namespace, consumer: Worker, log: dict[str, Any]) -> None:
+def cut(
+    h: Hosts | Wire, args: argparse.Namespace, consumer: Worker, log: dict[str, Any], n: int, link: str
+) -> None:
     """Cuts the link for ``--cut-seconds``; the consumer's gates must fail with ConnectionLostError."""
     h.link(up=False)
     t = time.monotonic()
@@ -116,9 +129,14 @@ def cut(h: Hosts, args: argparse.Namespace, consumer: Worker, log: dict[str, Any
         h.link(up=True)
     log["cut"] += 1
     log["cut_noticed_s"].append(round(noticed, 2))
+    log["exchanges"].append({"n": n, "link": link, "cut": True, "noticed_s": round(noticed, 2)})
     if failure.get("type") != "ConnectionLostError":
         log["errors"].append(f"a cut failed a gate with {failure}")
-    print(f"[{time.monotonic() - log['t0']:7.1f} s] cut: {failure['where']} failed after {noticed:.1f} s")
+    print(
+        f"[{time.monotonic() - log['t0']:7.1f} s] exchange {n} over {link} cut:"
+        f" {failure['where']} failed with {failure.get('type')} after {noticed:.1f} s",
+        flush=True,
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -135,29 +153,41 @@ def main(argv: list[str]) -> int:
         "corrupted": 0,
         "cut_noticed_s": [],
         "rss": [],
+        "exchanges": [],
         "errors": [],
     }
     deadline = log["t0"] + args.minutes * 60
     next_cut = log["t0"] + args.cut_every
     try:
-        with namespaces(f"cs{os.getpid() % 100000}") as h:
+        with namespaces(f"cs{os.getpid() % 100000}") as h, wire(h, args.delay, args.loss, args.seed) as w:
             n = 0
             while time.monotonic() < deadline:
                 start = time.monotonic()
                 cut_at = next_cut if next_cut < start + args.round_seconds else None
+                impaired = args.wire_every and n % args.wire_every == args.wire_every - 1
                 try:
-                    exchange(h, args, n, cut_at, log)
+                    exchange(h, w if impaired else None, args, n, cut_at, log)
                 except WorkerError as exc:
                     log["errors"].append(str(exc)[:2000])
                 if cut_at is not None:
                     next_cut += args.cut_every
                 n += 1
+            log["wire"] = w.stats()
     except Unavailable as exc:
         print(f"soak-netns: skipped: {exc}")
         return 0
     seconds = round(time.monotonic() - log["t0"], 1)
     report = {k: v for k, v in log.items() if k != "t0"}
     print(f"soak-netns: {seconds} s, {log['completed']} exchanges completed, {log['cut']} cut")
+    for kind in sorted({e["link"] for e in log["exchanges"]}):
+        mine = [e for e in log["exchanges"] if e["link"] == kind]
+        done = [e for e in mine if not e.get("cut")]
+        print(
+            f"  over {kind}: {len(done)} completed, {len(mine) - len(done)} cut;"
+            f" sent {sum(e['sent'] for e in done):,}, lost {sum(e['lost'] for e in done)}"
+        )
+    if "wire" in log:
+        print(f"  wire packets: {log['wire']}")
     for key in ("sent", "received", "lost", "duplicated", "out_of_order", "corrupted"):
         print(f"  batches {key:<13} {log[key]:>12,}  (completed exchanges)")
     if log["rss"]:

@@ -207,6 +207,31 @@ def seq_partition(count: int | None, rows: int, partition_id: str = "p") -> Conf
     }
 
 
+def soak_partitions(rows: int, partitions: int = 4, channels: int = 4) -> list[Config]:
+    """The producer side of the soaks' exchange (``scripts/soak.py``, ``scripts/soak_netns.py``):
+    ``partitions`` partitions ``soak/0``, ``soak/1``... (producer numbers 0, 1...) of
+    ``channels`` subpartitions each, ``seq`` data of about ``rows`` rows written round robin
+    until "stop"."""
+    return [
+        {
+            "id": f"soak/{p}",
+            "producer": p,
+            "subpartitions": channels,
+            "partitioner": "round_robin",
+            "data": "seq",
+            "count": None,
+            "rows": rows,
+        }
+        for p in range(partitions)
+    ]
+
+
+def soak_gates(address: str, partitions: int = 4, channels: int = 4) -> list[list[list[Any]]]:
+    """The consumer side of :func:`soak_partitions` served at ``address``: gate ``c`` reads
+    subpartition ``c`` of every partition (``partitions`` x ``channels`` channels)."""
+    return [[[address, f"soak/{p}", c] for p in range(partitions)] for c in range(channels)]
+
+
 def environment(settings: Config) -> cf.NetworkEnvironment:
     """A NetworkEnvironment from JSON settings; ``tls`` holds :class:`cf.TLSConfig` arguments."""
     kwargs = dict(settings)

@@ -1,24 +1,31 @@
 """Impaired networks (issue 6): producer and consumer run as separate hosts, in two network
 namespaces joined by a veth pair, each with its own address (worker processes started with
 ``ip netns exec``). Checked: every batch arrives exactly once and in order unimpaired, under a
-bandwidth cap (tc tbf) and under 20 ms delay with 1% loss (tc netem, where the kernel has
-it); and a link cut longer than ``peer_timeout`` fails the affected gate with
-``ConnectionLostError`` (no hang, no silent loss) while a connection not over that link keeps
-flowing. Each exchange prints its throughput (``-s`` shows it).
+bandwidth cap (tc tbf) and under 20 ms delay with 1% loss each way; and a link cut longer
+than ``peer_timeout`` fails the affected gate with ``ConnectionLostError`` (no hang, no silent
+loss) while a connection not over that link keeps flowing. Each exchange prints its
+throughput (``-s`` shows it).
 
-Needs root and a kernel that allows network namespaces; otherwise skipped with the reason.
-Namespaces are removed in the fixture's teardown, whatever happened.
+Delay and loss: this machine's kernel has no ``sch_netem``, so they come from the
+userspace wire of ``tests/wire.py`` (:func:`netns.wire`): a second link between the namespaces
+through two TUN devices and a relay that holds every packet for the delay and drops a seeded
+random fraction, both ways, the way ``tc netem delay 20ms loss 1%`` would on each end.
+
+Needs root and a kernel that allows network namespaces and TUN devices; otherwise skipped with
+the reason. Namespaces, devices and the relay are removed at the end, whatever happened.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from netns import Hosts, Unavailable, namespaces
+from netns import Hosts, Unavailable, Wire, namespaces, wire
 from remote_worker import Worker, seq_batch, seq_partition
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -27,6 +34,8 @@ SECRET = "netns-secret"
 ROWS = 4096
 PEER_TIMEOUT = 2.0
 CUT = 5.0  # seconds the link is down: longer than PEER_TIMEOUT
+DELAY = 0.020  # seconds, each way
+LOSS = 0.01  # each way
 
 
 @pytest.fixture
@@ -46,14 +55,25 @@ def payload_mb(count: int) -> float:
     return sum(seq_batch(0, i, 1, ROWS).nbytes for i in range(count)) / 1e6
 
 
-def exchange(h: Hosts, workers: list[Worker], count: int, name: str) -> None:
-    """``count`` batches from a producer in namespace a to a consumer in namespace b: every
-    batch exactly once and in order; prints the throughput."""
+@pytest.fixture
+def impaired_wire(hosts: Hosts) -> Iterator[Wire]:
+    try:
+        with wire(hosts, delay=DELAY, loss=LOSS) as w:
+            yield w
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+
+
+def exchange(h: Hosts, workers: list[Worker], count: int, name: str, via: str | None = None) -> None:
+    """``count`` batches from a producer in namespace a (bound to ``via``, by default its veth
+    address) to a consumer in namespace b: every batch exactly once and in order; prints the
+    throughput."""
+    via = via or h.addr_a
     workers.append(
-        p := Worker("producer", netns=h.a, env=env(f"{h.addr_a}:0"), partitions=[seq_partition(count, ROWS)])
+        p := Worker("producer", netns=h.a, env=env(f"{via}:0"), partitions=[seq_partition(count, ROWS)])
     )
     addr = p.wait_for("address")["address"]
-    assert addr.startswith(h.addr_a)
+    assert addr.startswith(f"{via}:")
     workers.append(
         c := Worker("consumer", netns=h.b, env=env(), gates=[[[addr, "p", 0]]], data="seq", times=True)
     )
@@ -81,12 +101,45 @@ def test_bandwidth_cap_delivers_everything_in_order(hosts: Hosts, workers: list[
     exchange(hosts, workers, 100, "100 Mbit/s tbf cap")
 
 
-def test_delay_and_loss_deliver_everything_in_order(hosts: Hosts, workers: list[Worker]) -> None:
-    for ns, dev in ((hosts.a, hosts.dev_a), (hosts.b, hosts.dev_b)):
-        r = hosts.tc(ns, dev, "netem", "delay", "20ms", "loss", "1%")
-        if r.returncode != 0:
-            pytest.skip(f"tc netem is not available in this kernel (sch_netem): {r.stderr.strip()}")
-    exchange(hosts, workers, 100, "20 ms delay, 1% loss")
+CONNECT = """
+import socket, sys, time
+t = time.monotonic()
+socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30).close()
+print(time.monotonic() - t)
+"""
+
+
+def test_the_wire_delays_every_packet_both_ways(
+    hosts: Hosts, impaired_wire: Wire, workers: list[Worker]
+) -> None:
+    # A TCP connect over the wire takes at least one round trip: SYN a->b, SYN-ACK b->a, each
+    # held DELAY. (A lower bound: load can only make it slower.)
+    workers.append(
+        p := Worker("producer", netns=hosts.a, env=env(f"{impaired_wire.addr_a}:0"), partitions=[])
+    )
+    port = p.wait_for("address")["address"].rsplit(":", 1)[1]
+    r = subprocess.run(
+        ["ip", "netns", "exec", hosts.b, sys.executable, "-c", CONNECT, impaired_wire.addr_a, port],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert float(r.stdout) >= 2 * DELAY, r.stdout
+    stats = impaired_wire.stats()
+    assert stats["a>b"]["sent"] > 0, stats
+    assert stats["b>a"]["sent"] > 0, stats
+
+
+def test_delay_and_loss_deliver_everything_in_order(
+    hosts: Hosts, impaired_wire: Wire, workers: list[Worker]
+) -> None:
+    exchange(hosts, workers, 100, "20 ms delay, 1% loss (userspace wire)", via=impaired_wire.addr_a)
+    stats = impaired_wire.stats()
+    print(f"wire: {stats}")
+    # The loss really happened, both ways (about 1% of thousands of packets each way).
+    for direction in ("a>b", "b>a"):
+        assert stats[direction]["dropped"] > 0, stats
+        assert (stats[direction]["delay"], stats[direction]["loss"]) == (DELAY, LOSS), stats
 
 
 def test_a_cut_longer_than_peer_timeout_fails_that_gate_while_another_connection_flows(

@@ -7,7 +7,8 @@ writer thread each); a consumer process in namespace b reads them through 4 gate
 channels over one connection), each reader stalling at random. The run is a sequence of
 exchanges of ``--round-seconds``: an exchange that is not cut ends cleanly (the producer
 stops, the consumer reads to the end) and must have lost, duplicated, reordered and corrupted
-nothing. Exchanges run over the veth, except every ``--wire-every``-th, which runs over the
+nothing. Exchanges run over the veth, except about one in ``--wire-every`` (drawn at random,
+seeded, so that cuts fall on both kinds of exchange), which runs over the
 userspace wire (``tests/wire.py``) with ``--delay`` and ``--loss`` each way (netem's delay and
 loss; this kernel has no ``sch_netem``). Every ``--cut-every`` seconds the link of the
 running exchange goes down for ``--cut-seconds`` (longer than ``peer_timeout``): its gates
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -51,7 +53,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=4096, help="rows of the largest batch (default 4096)")
     p.add_argument("--memory", default="16MiB", help="network memory of each process (default 16MiB)")
     p.add_argument(
-        "--wire-every", type=int, default=3, help="every n-th exchange runs over the impaired wire (0: none)"
+        "--wire-every",
+        type=int,
+        default=3,
+        help="about one exchange in n, drawn at random, runs over the impaired wire (0: none)",
     )
     p.add_argument("--delay", type=float, default=0.020, help="wire delay each way, seconds (default 0.020)")
     p.add_argument("--loss", type=float, default=0.01, help="wire loss each way, probability (default 0.01)")
@@ -161,10 +166,13 @@ def main(argv: list[str]) -> int:
     try:
         with namespaces(f"cs{os.getpid() % 100000}") as h, wire(h, args.delay, args.loss, args.seed) as w:
             n = 0
+            # A fixed every-n-th pattern locks into phase with the cut period (every exchange
+            # after a cut starts at the cut): drawn at random, cuts hit both kinds.
+            pick = random.Random(args.seed)
             while time.monotonic() < deadline:
                 start = time.monotonic()
                 cut_at = next_cut if next_cut < start + args.round_seconds else None
-                impaired = args.wire_every and n % args.wire_every == args.wire_every - 1
+                impaired = args.wire_every > 0 and pick.randrange(args.wire_every) == 0
                 try:
                     exchange(h, w if impaired else None, args, n, cut_at, log)
                 except WorkerError as exc:

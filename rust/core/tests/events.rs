@@ -324,25 +324,28 @@ fn summary(items: &[GateItem]) -> Vec<String> {
         .collect()
 }
 
+/// Writes batch `first`, then for each id an aligned barrier and the next batch, then closes:
+/// `batches_around_barriers(w, 0, &[1, 2])` sends 0, barrier 1, 1, barrier 2, 2, end.
+fn batches_around_barriers(w: &mut RecordWriter, first: usize, ids: &[u64]) {
+    w.write(&batch(first, ROWS), &mut wait(10)).unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        w.broadcast_barrier(*id, false).unwrap();
+        w.write(&batch(first + i + 1, ROWS), &mut wait(10)).unwrap();
+    }
+    w.close().unwrap();
+}
+
 #[test]
 fn a_higher_id_aborts_the_pending_alignment() {
     for remote in [false, true] {
         let mut t = two(remote);
-        t.a.write(&batch(0, ROWS), &mut wait(10)).unwrap();
-        t.a.broadcast_barrier(1, false).unwrap();
-        t.a.write(&batch(1, ROWS), &mut wait(10)).unwrap();
-        t.a.broadcast_barrier(2, false).unwrap();
-        t.a.write(&batch(2, ROWS), &mut wait(10)).unwrap();
-        t.a.close().unwrap();
+        batches_around_barriers(&mut t.a, 0, &[1, 2]);
         let mut items = Vec::new();
         // Channel a is blocked at barrier 1: batch 1 must not come out.
         read_until_quiet(&mut t.gate, &mut items);
         assert_eq!(summary(&items), ["b0:0"], "remote={remote}");
         // b skips checkpoint 1.
-        t.b.write(&batch(10, ROWS), &mut wait(10)).unwrap();
-        t.b.broadcast_barrier(2, false).unwrap();
-        t.b.write(&batch(11, ROWS), &mut wait(10)).unwrap();
-        t.b.close().unwrap();
+        batches_around_barriers(&mut t.b, 10, &[2]);
         items.extend(drain(&mut t.gate, Duration::ZERO));
         let s = summary(&items);
         let pos = |x: &str| {
@@ -369,20 +372,12 @@ fn a_higher_id_aborts_the_pending_alignment() {
 fn a_stale_barrier_is_ignored_and_counted() {
     for remote in [false, true] {
         let mut t = two(remote);
-        t.b.write(&batch(10, ROWS), &mut wait(10)).unwrap();
-        t.b.broadcast_barrier(2, false).unwrap();
-        t.b.write(&batch(11, ROWS), &mut wait(10)).unwrap();
-        t.b.close().unwrap();
+        batches_around_barriers(&mut t.b, 10, &[2]);
         let mut items = Vec::new();
         read_until_quiet(&mut t.gate, &mut items);
         assert_eq!(summary(&items), ["b1:10"], "remote={remote}");
         // a sends barrier 1, lower than the 2 being aligned, then 2.
-        t.a.write(&batch(0, ROWS), &mut wait(10)).unwrap();
-        t.a.broadcast_barrier(1, false).unwrap();
-        t.a.write(&batch(1, ROWS), &mut wait(10)).unwrap();
-        t.a.broadcast_barrier(2, false).unwrap();
-        t.a.write(&batch(2, ROWS), &mut wait(10)).unwrap();
-        t.a.close().unwrap();
+        batches_around_barriers(&mut t.a, 0, &[1, 2]);
         items.extend(drain(&mut t.gate, Duration::ZERO));
         let s = summary(&items);
         assert_eq!(&s[..3], ["b1:10", "b0:0", "b0:1"], "{s:?}");
@@ -396,15 +391,11 @@ fn a_stale_barrier_is_ignored_and_counted() {
 fn a_channel_ending_during_alignment_is_no_longer_waited_for() {
     for remote in [false, true] {
         let mut t = two(remote);
-        t.a.write(&batch(0, ROWS), &mut wait(10)).unwrap();
-        t.a.broadcast_barrier(1, false).unwrap();
-        t.a.write(&batch(1, ROWS), &mut wait(10)).unwrap();
-        t.a.close().unwrap();
+        batches_around_barriers(&mut t.a, 0, &[1]);
         let mut items = Vec::new();
         read_until_quiet(&mut t.gate, &mut items);
         assert_eq!(summary(&items), ["b0:0"], "remote={remote}");
-        t.b.write(&batch(10, ROWS), &mut wait(10)).unwrap();
-        t.b.close().unwrap();
+        batches_around_barriers(&mut t.b, 10, &[]);
         items.extend(drain(&mut t.gate, Duration::ZERO));
         assert_eq!(
             summary(&items),

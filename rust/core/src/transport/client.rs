@@ -395,6 +395,15 @@ impl RemoteGate {
         }
     }
 
+    /// Whether the sender of `ch` holds no more credit than waits to be announced: then the
+    /// AddCredit should go out now, not once the socket has run dry.
+    fn credit_running_low(&self, ch: &RemoteChannel) -> bool {
+        let b = self.bufs.lock().unwrap();
+        b.credit
+            .channel_stats(ch.cid)
+            .is_some_and(|s| s.unannounced.get() > 0 && s.unannounced.get() >= s.announced.get())
+    }
+
     fn take_credit(&self, ch: &RemoteChannel) -> Option<Credit> {
         self.bufs.lock().unwrap().credit.take_unannounced_credit(ch.cid)
     }
@@ -571,6 +580,11 @@ impl ClientConn {
         if wake {
             self.wake.notify_one();
         }
+    }
+
+    /// Whether messages wait for the writer (set by `enqueue`, cleared by `collect`).
+    fn has_output(&self) -> bool {
+        self.out.lock().unwrap().woken
     }
 
     /// Whether the connection failed.
@@ -942,6 +956,9 @@ async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ClientConn>, reader: &mut Fr
                             if let Some(ch) = conn.remove(header.receiver) {
                                 ch.fail(Error::Protocol(format!("channel {:?}: {e}", ch.spec)));
                             }
+                        }
+                        if ch.gate.credit_running_low(&ch) && conn.has_output() {
+                            tokio::task::yield_now().await;
                         }
                     }
                     None => reader.skip_payload().await?,

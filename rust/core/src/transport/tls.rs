@@ -1,4 +1,4 @@
-//! TLS between environments (rustls, ring backend), under the creditflow handshake: the TLS
+//! TLS between environments (rustls, aws-lc-rs backend), under the creditflow handshake: the TLS
 //! handshake comes first, then Hello/HelloAck/AuthProof run inside it (with or without a
 //! shared secret). Both sides verify the other's certificate against the configured CA
 //! (mutual TLS unless `client_auth` is off, in which case only the server proves itself).
@@ -72,8 +72,8 @@ fn certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>> {
 impl Tls {
     /// Loads the PEM files and builds both sides' configurations.
     pub(crate) fn new(s: &TlsSettings) -> Result<Tls> {
-        let mut provider = rustls::crypto::ring::default_provider();
-        // AES-128-GCM first (ring's default puts AES-256 first): the fastest suite with AES-NI,
+        let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+        // AES-128-GCM first (the default puts AES-256 first): the fastest suite with AES-NI,
         // and ample for the data carried here; the others stay available to peers.
         provider
             .cipher_suites

@@ -557,6 +557,9 @@ pub(crate) struct ClientConn {
     channels: Mutex<HashMap<ReceiverId, Arc<RemoteChannel>>>,
     /// Set once the connection failed; new channels need a new connection.
     dead: AtomicBool,
+    /// Why it failed, set with `dead` under the `channels` lock, so that a channel opened
+    /// while the connection fails gets the same error (an `AuthenticationError` stays one).
+    failure: Mutex<Option<Error>>,
     /// The payload limit the handshake settled (0 before it): announced buffer sizes are
     /// clamped to it, as the sender refuses larger ones.
     payload_limit: std::sync::atomic::AtomicUsize,
@@ -597,13 +600,24 @@ impl ClientConn {
         self.enqueue(|out| out.close = true);
     }
 
-    /// Fails every channel of the connection.
-    fn fail(&self, error: &Error) {
-        self.dead.store(true, Ordering::SeqCst);
-        let channels: Vec<Arc<RemoteChannel>> =
-            self.channels.lock().unwrap().drain().map(|(_, c)| c).collect();
+    /// Fails every channel of the connection, and any opened on it later.
+    fn fail(&self, error: Error) {
+        let channels: Vec<Arc<RemoteChannel>> = {
+            let mut channels = self.channels.lock().unwrap();
+            *self.failure.lock().unwrap() = Some(error);
+            self.dead.store(true, Ordering::SeqCst);
+            channels.drain().map(|(_, c)| c).collect()
+        };
         for ch in channels {
-            ch.fail(duplicate(error, &self.addr));
+            ch.fail(self.failure());
+        }
+    }
+
+    /// The error a channel of the failed connection gets (also one opened after it failed).
+    fn failure(&self) -> Error {
+        match &*self.failure.lock().unwrap() {
+            Some(error) => duplicate(error, &self.addr),
+            None => Error::ConnectionLost(format!("connection to {} lost", self.addr)),
         }
     }
 
@@ -702,6 +716,7 @@ impl ClientConn {
             wake: Notify::new(),
             channels: Mutex::new(HashMap::new()),
             dead: AtomicBool::new(false),
+            failure: Mutex::new(None),
             payload_limit: Default::default(),
         });
         let c = conn.clone();
@@ -750,7 +765,7 @@ impl ClientConn {
             } else {
                 log::debug!("connection to {addr} ended: {error}");
             }
-            c.fail(&error);
+            c.fail(error);
         });
         conn
     }
@@ -786,8 +801,17 @@ impl ClientConn {
         });
         bufs.channels.push(Arc::downgrade(&ch));
         drop(bufs);
-        if self.is_dead() {
-            ch.fail(Error::ConnectionLost(format!("connection to {} lost", self.addr)));
+        // Checked and inserted under the lock that `fail` drains: a channel is either failed
+        // by `fail` or finds the connection dead here (with its error), never neither.
+        let inserted = {
+            let mut channels = self.channels.lock().unwrap();
+            if !self.is_dead() {
+                channels.insert(rid, ch.clone());
+            }
+            !self.is_dead()
+        };
+        if !inserted {
+            ch.fail(self.failure());
             return ch;
         }
         log::debug!(
@@ -796,7 +820,6 @@ impl ClientConn {
             ch.spec.partition_id,
             ch.spec.subpartition
         );
-        self.channels.lock().unwrap().insert(rid, ch.clone());
         self.send(ch.request());
         ch
     }

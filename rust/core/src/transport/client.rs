@@ -532,6 +532,7 @@ impl RemoteChannel {
             ended
         };
         self.conn.channels.lock().unwrap().remove(&self.rid);
+        self.conn.closed.lock().unwrap().push(self.rid);
         if !ended {
             self.conn
                 .send(Message::CancelPartitionRequest { receiver: self.rid });
@@ -560,6 +561,9 @@ pub(crate) struct ClientConn {
     /// Why it failed, set with `dead` under the `channels` lock, so that a channel opened
     /// while the connection fails gets the same error (an `AuthenticationError` stays one).
     failure: Mutex<Option<Error>>,
+    /// Channels their readers closed since the reader task last looked: it drops their
+    /// records in progress (a cancelled channel may never send the rest).
+    closed: Mutex<Vec<ReceiverId>>,
     /// The payload limit the handshake settled (0 before it): announced buffer sizes are
     /// clamped to it, as the sender refuses larger ones.
     payload_limit: std::sync::atomic::AtomicUsize,
@@ -717,6 +721,7 @@ impl ClientConn {
             channels: Mutex::new(HashMap::new()),
             dead: AtomicBool::new(false),
             failure: Mutex::new(None),
+            closed: Mutex::new(Vec::new()),
             payload_limit: Default::default(),
         });
         let c = conn.clone();
@@ -933,7 +938,11 @@ async fn read_records<R: AsyncRead + Unpin>(
 async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ClientConn>, reader: &mut FrameReader<R>) -> Result<()> {
     let mut assemblies: HashMap<ReceiverId, Assembly> = HashMap::new();
     loop {
-        match reader.next().await? {
+        let frame = reader.next().await?;
+        for rid in std::mem::take(&mut *conn.closed.lock().unwrap()) {
+            assemblies.remove(&rid);
+        }
+        match frame {
             InFrame::Data(header) => {
                 let Some(ch) = conn.channel(header.receiver) else {
                     assemblies.remove(&header.receiver);

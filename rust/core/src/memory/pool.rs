@@ -386,7 +386,7 @@ impl LocalPool {
             // thread holding the GIL may be waiting for this pool's lock (metrics).
             let slice = wait.tick()?;
             let mut st = self.shared.state.lock().unwrap();
-            if let Some(segs) = self.take_locked(&mut st, n)? {
+            if let Some(segs) = self.take_locked(&mut st, n, 0)? {
                 return Ok(Reservation {
                     segs,
                     pool: self.shared.clone(),
@@ -395,7 +395,7 @@ impl LocalPool {
             st.waiters += 1;
             let mut st = self.shared.available.wait_timeout(st, slice).unwrap().0;
             st.waiters -= 1;
-            if let Some(segs) = self.take_locked(&mut st, n)? {
+            if let Some(segs) = self.take_locked(&mut st, n, 0)? {
                 return Ok(Reservation {
                     segs,
                     pool: self.shared.clone(),
@@ -406,7 +406,7 @@ impl LocalPool {
 
     fn try_reserve_or_closed(&self, n: usize) -> Result<Option<Reservation>> {
         let mut st = self.shared.state.lock().unwrap();
-        Ok(self.take_locked(&mut st, n)?.map(|segs| Reservation {
+        Ok(self.take_locked(&mut st, n, 0)?.map(|segs| Reservation {
             segs,
             pool: self.shared.clone(),
         }))
@@ -415,7 +415,7 @@ impl LocalPool {
     /// [`LocalPool::reserve`] without waiting.
     pub fn try_reserve(&self, n: usize) -> Option<Reservation> {
         let mut st = self.shared.state.lock().unwrap();
-        let segs = self.take_locked(&mut st, n).ok().flatten()?;
+        let segs = self.take_locked(&mut st, n, 0).ok().flatten()?;
         Some(Reservation {
             segs,
             pool: self.shared.clone(),
@@ -435,23 +435,9 @@ impl LocalPool {
     /// recycled (the pool holds more than its share), so usage can exceed 100% meanwhile.
     pub fn try_request_overdraft(&self) -> Option<PooledSegment> {
         let sh = &self.shared;
+        let overdraft = sh.overdraft.load(Ordering::SeqCst);
         let mut st = sh.state.lock().unwrap();
-        if st.destroyed {
-            return None;
-        }
-        let seg = match st.free.pop() {
-            Some(seg) => seg,
-            None => {
-                let held = sh.held.load(Ordering::SeqCst);
-                let share = sh.share.load(Ordering::SeqCst).max(1);
-                if held >= share + sh.overdraft.load(Ordering::SeqCst) {
-                    return None;
-                }
-                let seg = sh.global.take(sh, 1)?.pop().expect("one segment");
-                sh.held.store(held + 1, Ordering::SeqCst);
-                seg
-            }
-        };
+        let seg = self.take_locked(&mut st, 1, overdraft).ok().flatten()?.pop()?;
         drop(st);
         Some(PooledSegment {
             seg: Some(seg),
@@ -464,7 +450,14 @@ impl LocalPool {
         self.try_reserve(n).map(Reservation::into_segments)
     }
 
-    fn take_locked(&self, st: &mut LocalState, n: usize) -> Result<Option<Vec<Segment>>> {
+    /// `n` free segments (at most the share) under the state lock, topped up from the global
+    /// pool while the pool holds at most its share plus `beyond_share` (the overdraft).
+    fn take_locked(
+        &self,
+        st: &mut LocalState,
+        n: usize,
+        beyond_share: usize,
+    ) -> Result<Option<Vec<Segment>>> {
         let sh = &self.shared;
         if st.destroyed {
             return Err(Error::Closed("buffer pool"));
@@ -474,7 +467,7 @@ impl LocalPool {
         if st.free.len() < n {
             let need = n - st.free.len();
             let held = sh.held.load(Ordering::SeqCst);
-            if held + need > share {
+            if held + need > share + beyond_share {
                 return Ok(None);
             }
             match sh.global.take(sh, need) {

@@ -712,10 +712,10 @@ pub(crate) struct ClientContext {
 }
 
 impl ClientConn {
-    /// A connection to `addr`, connecting in the background; messages queue meanwhile.
-    pub(crate) fn open(addr: String, ctx: ClientContext, rt: &tokio::runtime::Handle) -> Arc<ClientConn> {
-        let conn = Arc::new(ClientConn {
-            addr: addr.clone(),
+    /// The state of a connection to `addr`, before anything connects it.
+    fn new(addr: String) -> Arc<ClientConn> {
+        Arc::new(ClientConn {
+            addr,
             out: Mutex::new(Outbox::default()),
             wake: Notify::new(),
             channels: Mutex::new(HashMap::new()),
@@ -723,7 +723,12 @@ impl ClientConn {
             failure: Mutex::new(None),
             closed: Mutex::new(Vec::new()),
             payload_limit: Default::default(),
-        });
+        })
+    }
+
+    /// A connection to `addr`, connecting in the background; messages queue meanwhile.
+    pub(crate) fn open(addr: String, ctx: ClientContext, rt: &tokio::runtime::Handle) -> Arc<ClientConn> {
+        let conn = ClientConn::new(addr.clone());
         let c = conn.clone();
         rt.spawn(async move {
             let result = match tokio::time::timeout(
@@ -1143,6 +1148,73 @@ mod tests {
             start.elapsed(),
             Duration::from_millis(delays.iter().sum::<u128>() as u64)
         );
+    }
+
+    fn open(conn: &Arc<ClientConn>, rid: u64, woken: &Arc<AtomicU64>) -> Arc<RemoteChannel> {
+        let gate = RemoteGate::new(FlowControl::Credit, 2, 8, Vec::new(), 1 << 20).unwrap();
+        let woken = woken.clone();
+        let spec = ChannelSpec {
+            address: conn.addr.clone(),
+            partition_id: "p".into(),
+            subpartition: 0,
+        };
+        let notify: Listener = Arc::new(move || {
+            woken.fetch_add(1, Ordering::SeqCst);
+        });
+        conn.open_channel(ReceiverId(rid), spec, &gate, notify, Backoff::default())
+    }
+
+    fn failure_of(ch: &RemoteChannel) -> Option<Error> {
+        ch.take_all().into_iter().find_map(|item| match item {
+            Inbound::Failed(e) => Some(e),
+            _ => None,
+        })
+    }
+
+    /// A channel opened after its connection failed the handshake gets that failure
+    /// (AuthenticationError), not a generic ConnectionLost, and is woken for it; channels
+    /// open at the time get the same error.
+    #[test]
+    fn a_channel_opened_on_a_failed_connection_gets_its_error() {
+        let conn = ClientConn::new("127.0.0.1:1".into());
+        let woken = Arc::new(AtomicU64::new(0));
+        let before = open(&conn, 1, &woken);
+        conn.fail(Error::Authentication("the peer requires a shared secret".into()));
+        let after = open(&conn, 2, &woken);
+        for ch in [&before, &after] {
+            let err = failure_of(ch).expect("the channel failed");
+            assert!(
+                matches!(&err, Error::Authentication(m) if m.contains("shared secret")),
+                "{err}"
+            );
+        }
+        assert_eq!(woken.load(Ordering::SeqCst), 2);
+        assert!(conn.channels.lock().unwrap().is_empty());
+        assert!(conn.is_dead());
+    }
+
+    /// Opening channels while the connection fails on another thread: every channel ends up
+    /// failed with the connection's error, none is left registered and waiting.
+    #[test]
+    fn no_channel_slips_past_a_concurrent_failure() {
+        for round in 0..200 {
+            let conn = ClientConn::new("127.0.0.1:1".into());
+            let woken = Arc::new(AtomicU64::new(0));
+            let failer = {
+                let conn = conn.clone();
+                std::thread::spawn(move || conn.fail(Error::ConnectionLost(format!("reset {round}"))))
+            };
+            let channels: Vec<_> = (0..20).map(|rid| open(&conn, rid, &woken)).collect();
+            failer.join().unwrap();
+            for ch in &channels {
+                let err = failure_of(ch).expect("every channel failed");
+                assert!(
+                    matches!(&err, Error::ConnectionLost(m) if m.contains(&format!("reset {round}"))),
+                    "{err}"
+                );
+            }
+            assert!(conn.channels.lock().unwrap().is_empty());
+        }
     }
 
     #[test]

@@ -565,6 +565,15 @@ impl GateCredit {
         Ok(())
     }
 
+    /// Whether the channel's sender holds no more credit than waits to be announced (it is
+    /// down to half the channel's empty buffers or less): the AddCredit is due now rather
+    /// than whenever the transport gets round to it. `false` for an unknown channel.
+    pub fn announcement_due(&self, channel: ChannelId) -> bool {
+        self.channels
+            .get(channel.0)
+            .is_some_and(|s| s.unannounced > 0 && s.unannounced >= s.announced())
+    }
+
     /// Takes the channel's unannounced credit for an AddCredit being written now, resetting it
     /// to zero (Flink: `getAndResetUnannouncedCredit`). `None` if there is nothing to
     /// announce (already taken, or the channel was released or is unknown): send nothing.
@@ -903,6 +912,26 @@ mod tests {
             actions(&mut g).is_empty(),
             "initial credit travels in the PartitionRequest"
         );
+    }
+
+    #[test]
+    fn an_announcement_is_due_once_half_the_empty_buffers_are_unannounced() {
+        let mut g = gate(4, 0);
+        let ch = g.add_channel();
+        assert!(!g.announcement_due(ch), "all four announced in the request");
+        let leases: Vec<_> = (0..4)
+            .map(|seq| lease(g.on_buffer_response(ch, data(seq, 0)).unwrap()))
+            .collect();
+        let mut leases = leases.into_iter();
+        g.on_buffer_recycled(leases.next().unwrap()).unwrap();
+        // 1 unannounced, 0 announced (the other three buffers are in use).
+        assert!(g.announcement_due(ch));
+        assert_eq!(g.take_unannounced_credit(ch), Some(Credit::new(1)));
+        assert!(!g.announcement_due(ch), "nothing left to announce");
+        g.on_buffer_recycled(leases.next().unwrap()).unwrap();
+        // 1 unannounced against 1 announced: half.
+        assert!(g.announcement_due(ch));
+        assert!(!g.announcement_due(ChannelId(7)), "unknown channel");
     }
 
     #[test]

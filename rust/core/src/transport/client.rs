@@ -395,13 +395,11 @@ impl RemoteGate {
         }
     }
 
-    /// Whether the sender of `ch` holds no more credit than waits to be announced: then the
-    /// AddCredit should go out now, not once the socket has run dry.
+    /// Whether `ch`'s AddCredit is due now (see [`GateCredit::announcement_due`]). Credit
+    /// pending means the AddCredit is already queued for the writer (the credit state asks
+    /// for one when unannounced credit leaves zero), so the caller need only let it run.
     fn credit_running_low(&self, ch: &RemoteChannel) -> bool {
-        let b = self.bufs.lock().unwrap();
-        b.credit
-            .channel_stats(ch.cid)
-            .is_some_and(|s| s.unannounced.get() > 0 && s.unannounced.get() >= s.announced.get())
+        self.bufs.lock().unwrap().credit.announcement_due(ch.cid)
     }
 
     fn take_credit(&self, ch: &RemoteChannel) -> Option<Credit> {
@@ -556,10 +554,9 @@ pub(crate) struct ClientConn {
     out: Mutex<Outbox>,
     wake: Notify,
     channels: Mutex<HashMap<ReceiverId, Arc<RemoteChannel>>>,
-    /// Set once the connection failed; new channels need a new connection.
-    dead: AtomicBool,
-    /// Why it failed, set with `dead` under the `channels` lock, so that a channel opened
-    /// while the connection fails gets the same error (an `AuthenticationError` stays one).
+    /// Why the connection failed, once it did (new channels need a new connection). Set
+    /// under the `channels` lock, so that a channel opened while the connection fails gets
+    /// the same error (an `AuthenticationError` stays one).
     failure: Mutex<Option<Error>>,
     /// Channels their readers closed since the reader task last looked: it drops their
     /// records in progress (a cancelled channel may never send the rest).
@@ -589,14 +586,9 @@ impl ClientConn {
         }
     }
 
-    /// Whether messages wait for the writer (set by `enqueue`, cleared by `collect`).
-    fn has_output(&self) -> bool {
-        self.out.lock().unwrap().woken
-    }
-
     /// Whether the connection failed.
     pub(crate) fn is_dead(&self) -> bool {
-        self.dead.load(Ordering::SeqCst)
+        self.failure.lock().unwrap().is_some()
     }
 
     /// Asks the writer to send CloseRequest and stop.
@@ -609,20 +601,21 @@ impl ClientConn {
         let channels: Vec<Arc<RemoteChannel>> = {
             let mut channels = self.channels.lock().unwrap();
             *self.failure.lock().unwrap() = Some(error);
-            self.dead.store(true, Ordering::SeqCst);
             channels.drain().map(|(_, c)| c).collect()
         };
         for ch in channels {
-            ch.fail(self.failure());
+            ch.fail(self.failure().expect("set above"));
         }
     }
 
-    /// The error a channel of the failed connection gets (also one opened after it failed).
-    fn failure(&self) -> Error {
-        match &*self.failure.lock().unwrap() {
-            Some(error) => duplicate(error, &self.addr),
-            None => Error::ConnectionLost(format!("connection to {} lost", self.addr)),
-        }
+    /// The error a channel of the failed connection gets (also one opened after it failed);
+    /// `None` while the connection is up.
+    fn failure(&self) -> Option<Error> {
+        self.failure
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|error| duplicate(error, &self.addr))
     }
 
     fn channel(&self, rid: ReceiverId) -> Option<Arc<RemoteChannel>> {
@@ -719,7 +712,6 @@ impl ClientConn {
             out: Mutex::new(Outbox::default()),
             wake: Notify::new(),
             channels: Mutex::new(HashMap::new()),
-            dead: AtomicBool::new(false),
             failure: Mutex::new(None),
             closed: Mutex::new(Vec::new()),
             payload_limit: Default::default(),
@@ -812,16 +804,17 @@ impl ClientConn {
         bufs.channels.push(Arc::downgrade(&ch));
         drop(bufs);
         // Checked and inserted under the lock that `fail` drains: a channel is either failed
-        // by `fail` or finds the connection dead here (with its error), never neither.
-        let inserted = {
+        // by `fail` or finds the connection's error here, never neither.
+        let failure = {
             let mut channels = self.channels.lock().unwrap();
-            if !self.is_dead() {
+            let failure = self.failure();
+            if failure.is_none() {
                 channels.insert(rid, ch.clone());
             }
-            !self.is_dead()
+            failure
         };
-        if !inserted {
-            ch.fail(self.failure());
+        if let Some(error) = failure {
+            ch.fail(error);
             return ch;
         }
         log::debug!(
@@ -994,7 +987,7 @@ async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ClientConn>, reader: &mut Fr
                                 ch.fail(Error::Protocol(format!("channel {:?}: {e}", ch.spec)));
                             }
                         }
-                        if ch.gate.credit_running_low(&ch) && conn.has_output() {
+                        if ch.gate.credit_running_low(&ch) {
                             tokio::task::yield_now().await;
                         }
                     }

@@ -134,8 +134,12 @@ fn chunked(sock: &mut Socket<'_>, limit: usize, split: bool, skip: bool) -> Outc
                 }
                 while dec.payload_remaining() > 0 {
                     let want = dec.payload_remaining();
-                    let mut scratch = vec![0u8; want];
-                    let n = sock.read(&mut scratch);
+                    // Not skipping, one read also takes what follows the payload into the
+                    // decoder, as `FrameReader::read_payload_into`'s two-buffer read does.
+                    let behind = if skip { 0 } else { READ_CHUNK };
+                    let mut scratch = vec![0u8; want + behind];
+                    let got = sock.read(&mut scratch);
+                    let n = got.min(want);
                     if n == 0 {
                         // The stream ends inside the payload: the one-shot decode never
                         // completes this frame either.
@@ -150,6 +154,7 @@ fn chunked(sock: &mut Socket<'_>, limit: usize, split: bool, skip: bool) -> Outc
                         segment[done..done + n].copy_from_slice(&scratch[..n]);
                         done += n;
                     }
+                    dec.feed(&scratch[n..got]);
                 }
                 let payload = if skip {
                     // Skipped bytes are not known here; compare the header only (below).

@@ -31,13 +31,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
 use arrow_buffer::Buffer;
 
 use super::codec::{self, ErrorKind, EventKind, Message, Payload, ReceiverId};
-use super::io::{self, FrameReader, InFrame};
+use super::io::{self, FrameReader, FrameSource, InFrame};
 use crate::credit::{
     BufferLease, ChannelCreditStats, ChannelId, Credit, Delivery, GateCredit, GateCreditConfig,
     ReceiverAction,
@@ -734,12 +734,18 @@ impl ClientConn {
                     log::debug!("connected to {addr}");
                     super::liveness::set_peer_timeout(&stream, ctx.peer_timeout);
                     match &ctx.tls {
-                        None => run(&c, stream, &ctx).await,
+                        None => {
+                            let (rd, wr) = stream.into_split();
+                            run(&c, rd, wr, &ctx).await
+                        }
                         Some(tls) => {
                             match tokio::time::timeout(ctx.handshake_timeout, tls.connect(&addr, stream))
                                 .await
                             {
-                                Ok(Ok(stream)) => run(&c, stream, &ctx).await,
+                                Ok(Ok(stream)) => {
+                                    let (rd, wr) = tokio::io::split(stream);
+                                    run(&c, rd, wr, &ctx).await
+                                }
                                 Ok(Err(e)) => Err(e),
                                 Err(_) => Err(Error::ConnectionLost(format!(
                                     "no TLS handshake within {:?}",
@@ -828,11 +834,11 @@ impl ClientConn {
     }
 }
 
-async fn run<S>(conn: &Arc<ClientConn>, stream: S, ctx: &ClientContext) -> Result<()>
+async fn run<R, W>(conn: &Arc<ClientConn>, rd: R, mut wr: W, ctx: &ClientContext) -> Result<()>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    R: FrameSource,
+    W: AsyncWrite + Unpin,
 {
-    let (rd, mut wr) = tokio::io::split(stream);
     let mut reader = FrameReader::new(rd);
     let hs = io::client_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref());
     let negotiated = match tokio::time::timeout(ctx.handshake_timeout, hs).await {
@@ -893,7 +899,7 @@ const DIRECT_READ_MIN: usize = 4096;
 /// records it completes to `done`. The outer error is the connection's (the socket); the
 /// inner one the channel's (a bad length prefix), after which the payload has still been
 /// read to its end.
-async fn read_records<R: AsyncRead + Unpin>(
+async fn read_records<R: FrameSource>(
     reader: &mut FrameReader<R>,
     asm: &mut RecordAssembler,
     seg: &mut [u8],
@@ -933,7 +939,7 @@ async fn read_records<R: AsyncRead + Unpin>(
     Ok(Ok(()))
 }
 
-async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ClientConn>, reader: &mut FrameReader<R>) -> Result<()> {
+async fn read_loop<R: FrameSource>(conn: &Arc<ClientConn>, reader: &mut FrameReader<R>) -> Result<()> {
     let mut assemblies: HashMap<ReceiverId, Assembly> = HashMap::new();
     loop {
         let frame = reader.next().await?;

@@ -1421,6 +1421,18 @@ impl Decoder {
         n
     }
 
+    /// [`Decoder::read_payload`] into possibly uninitialized memory: initializes the first
+    /// bytes of `dst` and returns how many.
+    pub fn read_payload_into(&mut self, dst: &mut [std::mem::MaybeUninit<u8>]) -> usize {
+        let n = dst.len().min(self.payload_remaining).min(self.buffered());
+        for (d, s) in dst[..n].iter_mut().zip(&self.buf[self.start..self.start + n]) {
+            d.write(*s);
+        }
+        self.start += n;
+        self.payload_remaining -= n;
+        n
+    }
+
     /// Drops buffered payload bytes of the current data frame (the channel was released);
     /// returns how many payload bytes are still to come.
     pub fn discard_payload(&mut self) -> usize {

@@ -287,11 +287,15 @@ async fn connection(
         Err(_) => return silent(),
     };
     match (tls, first == TLS_HANDSHAKE_RECORD) {
-        (None, false) => server::serve(stream, peer, ctx).await,
+        (None, false) => {
+            let (rd, wr) = stream.into_split();
+            server::serve(rd, wr, peer, ctx).await
+        }
         (Some(tls), true) => match tokio::time::timeout_at(deadline, tls.accept(stream)).await {
             Ok(Ok(stream)) => {
                 ctx.handshake_timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
-                server::serve(stream, peer, ctx).await
+                let (rd, wr) = tokio::io::split(stream);
+                server::serve(rd, wr, peer, ctx).await
             }
             Ok(Err(e)) => log::warn!("creditflow: refused connection from {peer}: {e}"),
             Err(_) => silent(),

@@ -19,11 +19,11 @@ use std::io::IoSlice;
 use std::sync::{Arc, Mutex, Weak};
 
 use arrow_buffer::Buffer;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
 use super::codec::{self, ErrorKind, EventKind, Message, ReceiverId, BUFFER_RESPONSE_HEADER_LEN};
-use super::io::{self, FrameReader, InFrame};
+use super::io::{self, FrameReader, FrameSource, InFrame};
 use super::limits::{self, Limits, Slot};
 use crate::credit::{Credit, DataType, QueueHead, ReadyQueue, SenderCredit};
 use crate::error::{Error, Result};
@@ -563,11 +563,11 @@ impl ServerConn {
 }
 
 /// Serves one accepted, not yet authenticated connection until it ends.
-pub(crate) async fn serve<S>(stream: S, peer: String, ctx: ServeContext)
+pub(crate) async fn serve<R, W>(rd: R, mut wr: W, peer: String, ctx: ServeContext)
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    R: FrameSource,
+    W: AsyncWrite + Unpin,
 {
-    let (rd, mut wr) = tokio::io::split(stream);
     let mut reader = FrameReader::new(rd);
     let hs = io::server_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref());
     let negotiated = match tokio::time::timeout(ctx.handshake_timeout, hs).await {
@@ -666,7 +666,7 @@ pub(crate) struct ServeContext {
 /// How long a closing connection may take to write what is queued, and to see the peer close.
 const CLOSE_FLUSH: std::time::Duration = std::time::Duration::from_millis(1000);
 
-async fn read_loop<R: AsyncRead + Unpin>(conn: &Arc<ServerConn>, reader: &mut FrameReader<R>) -> Result<()> {
+async fn read_loop<R: FrameSource>(conn: &Arc<ServerConn>, reader: &mut FrameReader<R>) -> Result<()> {
     loop {
         let msg = match reader.next().await {
             Ok(InFrame::Message(m)) => m,

@@ -260,6 +260,10 @@ impl BufferLease {
 pub enum Delivery {
     /// Copy the payload into a buffer of this origin and give it to the consumer.
     Data(BufferLease),
+    /// Read the payload straight into the channel's record in progress: it was credited
+    /// against that record's own memory (see [`GateCredit::lend_record_space`]) and takes no
+    /// buffer.
+    Record,
     /// Give the event to the consumer; it occupies no credited buffer.
     Event,
     /// The channel was released: drop the payload.
@@ -291,6 +295,9 @@ pub struct ChannelCreditStats {
     pub floating_in_use: u32,
     /// Buffers the channel wants: last backlog + exclusive buffers (`numRequiredBuffers`).
     pub required: u32,
+    /// Buffers' worth of the record in progress lent as credit (see
+    /// [`GateCredit::lend_record_space`]), announced or not.
+    pub record_space: u32,
     /// Empty buffers not yet announced to the sender.
     pub unannounced: Credit,
     /// Empty buffers announced to the sender: its credit, plus AddCredits and data in flight.
@@ -312,14 +319,16 @@ impl ChannelCreditStats {
 
 /// One channel's share of the gate, all counts in buffers.
 ///
-/// Invariant: `unannounced <= exclusive_available + floating_available`; the difference is
-/// the credit the sender has been told about and has not used yet.
+/// Invariant: `unannounced <= exclusive_available + floating_available + record_space`; the
+/// difference is the credit the sender has been told about and has not used yet.
 #[derive(Clone, Debug)]
 struct ChannelState {
     exclusive_available: u32,
     exclusive_in_use: u32,
     floating_available: u32,
     floating_in_use: u32,
+    /// Buffers the record in progress still has room for, lent as credit.
+    record_space: u32,
     required: u32,
     unannounced: u32,
     expected_sequence_number: u64,
@@ -334,7 +343,7 @@ impl ChannelState {
     }
 
     fn announced(&self) -> u32 {
-        self.available() - self.unannounced
+        self.available() + self.record_space - self.unannounced
     }
 
     /// Floating buffers still needed to reach `required`.
@@ -407,6 +416,7 @@ impl GateCredit {
             exclusive_in_use: 0,
             floating_available: 0,
             floating_in_use: 0,
+            record_space: 0,
             required: exclusive,
             unannounced: 0,
             expected_sequence_number: 0,
@@ -439,6 +449,7 @@ impl GateCredit {
             exclusive_in_use: s.exclusive_in_use,
             floating_available: s.floating_available,
             floating_in_use: s.floating_in_use,
+            record_space: s.record_space,
             required: s.required,
             unannounced: Credit(s.unannounced),
             announced: Credit(s.announced()),
@@ -455,6 +466,52 @@ impl GateCredit {
     /// Protocol errors: unknown channel, sequence gap or reorder, data without credit. On error
     /// nothing changes.
     pub fn on_buffer_response(&mut self, channel: ChannelId, header: BufferHeader) -> Result<Delivery> {
+        self.on_response(channel, header, false)
+    }
+
+    /// [`GateCredit::on_buffer_response`] for a data buffer whose payload lies wholly inside
+    /// the channel's record in progress without completing it: it is delivered as
+    /// [`Delivery::Record`] (no buffer) while record space is lent, else as usual.
+    pub fn on_buffer_response_inside_record(
+        &mut self,
+        channel: ChannelId,
+        header: BufferHeader,
+    ) -> Result<Delivery> {
+        self.on_response(channel, header, true)
+    }
+
+    /// The record in progress on `channel` has room for at least `buffers` more data buffers
+    /// that lie wholly inside it and do not complete it: its remaining length minus one,
+    /// divided by the largest payload the sender may send. Its memory is allocated already,
+    /// so those buffers need no buffer of the gate: lend them as credit, on top of the
+    /// channel's buffers, so a large record streams without waiting for credit buffer by
+    /// buffer. Only raises what is lent (a smaller number than lent is ignored); ignored for
+    /// a released channel. The buffer that completes a record always takes a real buffer,
+    /// which it keeps until the consumer takes the record, so completed records waiting for
+    /// the consumer stay bounded by the channel's buffers.
+    ///
+    /// While space is lent, the next data buffers are inside the record (the sender cannot
+    /// send a payload larger than a buffer), so they use it up before any other arrives; a
+    /// data buffer that is not inside the record while space is lent is a protocol error.
+    pub fn lend_record_space(&mut self, channel: ChannelId, buffers: u32) -> Result<()> {
+        let s = self.channels.get_mut(channel.0).ok_or_else(|| {
+            Error::InvalidArgument(format!("cannot lend record space to unknown {channel}"))
+        })?;
+        if s.released || buffers <= s.record_space {
+            return Ok(());
+        }
+        let more = buffers - s.record_space;
+        s.record_space = buffers;
+        self.add_unannounced(channel, more);
+        Ok(())
+    }
+
+    fn on_response(
+        &mut self,
+        channel: ChannelId,
+        header: BufferHeader,
+        inside_record: bool,
+    ) -> Result<Delivery> {
         let s = self
             .channels
             .get_mut(channel.0)
@@ -474,6 +531,17 @@ impl GateCredit {
                 return Err(Error::Protocol(format!(
                     "{channel}: data buffer {} arrived without credit",
                     header.sequence_number
+                )));
+            }
+            DataType::Data if inside_record && s.record_space > 0 => {
+                s.record_space -= 1;
+                Delivery::Record
+            }
+            DataType::Data if s.record_space > 0 => {
+                return Err(Error::Protocol(format!(
+                    "{channel}: data buffer {} ends the record in progress while {} more buffers \
+                     were expected inside it",
+                    header.sequence_number, s.record_space
                 )));
             }
             DataType::Data => {
@@ -558,6 +626,7 @@ impl GateCredit {
         s.required = 0;
         s.unannounced = 0;
         s.exclusive_available = 0;
+        s.record_space = 0;
         let floating = std::mem::take(&mut s.floating_available);
         for _ in 0..floating {
             self.recycle_floating();
@@ -915,6 +984,70 @@ mod tests {
     }
 
     #[test]
+    fn a_record_in_progress_lends_its_room_as_credit() {
+        let mut g = gate(2, 0);
+        let ch = g.add_channel();
+        // The record's first buffer takes an exclusive buffer, which comes back at once (it
+        // held only part of the record).
+        let first = lease(g.on_buffer_response(ch, data(0, 0)).unwrap());
+        g.on_buffer_recycled(first).unwrap();
+        assert_eq!(actions(&mut g), vec![add_credit(ch)]);
+        // Room for 3 more buffers inside the record: lent on top of the buffers.
+        g.lend_record_space(ch, 3).unwrap();
+        assert!(actions(&mut g).is_empty(), "an AddCredit is already queued");
+        assert_eq!(g.take_unannounced_credit(ch), Some(Credit::new(4)));
+        let s = stats(&g, ch);
+        assert_eq!(
+            (s.record_space, s.available(), s.announced),
+            (3, 2, Credit::new(5))
+        );
+        // Lending less than is lent changes nothing.
+        g.lend_record_space(ch, 2).unwrap();
+        assert_eq!(
+            (stats(&g, ch).record_space, stats(&g, ch).unannounced),
+            (3, Credit::ZERO)
+        );
+        // Buffers inside the record land in it and take no buffer.
+        for seq in 1..=3 {
+            assert_eq!(
+                g.on_buffer_response_inside_record(ch, data(seq, 0)).unwrap(),
+                Delivery::Record
+            );
+        }
+        let s = stats(&g, ch);
+        assert_eq!(
+            (s.record_space, s.available(), s.announced),
+            (0, 2, Credit::new(2))
+        );
+        // Without room lent, a buffer inside a record takes a buffer as any other.
+        let inside = lease(g.on_buffer_response_inside_record(ch, data(4, 0)).unwrap());
+        assert_eq!(stats(&g, ch).exclusive_in_use, 1);
+        g.on_buffer_recycled(inside).unwrap();
+        assert!(g.lend_record_space(ChannelId(9), 1).is_err(), "unknown channel");
+    }
+
+    #[test]
+    fn a_buffer_ending_the_record_while_its_room_is_lent_is_refused() {
+        let mut g = gate(2, 0);
+        let ch = g.add_channel();
+        g.lend_record_space(ch, 2).unwrap();
+        let before = stats(&g, ch);
+        assert!(is_protocol_error(
+            g.on_buffer_response(ch, data(0, 0)),
+            "ends the record in progress"
+        ));
+        assert_eq!(stats(&g, ch), before, "nothing changes on error");
+        // Releasing the channel drops the lent room with its credit.
+        g.release_channel(ch).unwrap();
+        g.lend_record_space(ch, 5).unwrap();
+        let s = stats(&g, ch);
+        assert_eq!(
+            (s.record_space, s.unannounced, s.announced),
+            (0, Credit::ZERO, Credit::ZERO)
+        );
+    }
+
+    #[test]
     fn an_announcement_is_due_once_half_the_empty_buffers_are_unannounced() {
         let mut g = gate(4, 0);
         let ch = g.add_channel();
@@ -1244,6 +1377,7 @@ mod tests {
             3 => Just(Op::DeliverToSender),
             3 => any::<usize>().prop_map(Op::Recycle),
             1 => (0..4usize).prop_map(Op::Release),
+            2 => (0..4usize, 0..5usize).prop_map(|(c, n)| Op::ProduceRecord(c, n)),
         ]
     }
 

@@ -1178,36 +1178,32 @@ fn b_data_without_credit_is_a_protocol_error() {
 }
 
 #[test]
-fn b_buffers_holding_only_part_of_a_record_return_their_credit_before_it_is_read() {
+fn b_a_record_spanning_buffers_lends_its_room_as_credit() {
     // Floating buffers are granted by backlog only, and every buffer here announces backlog 0:
-    // the only credit is the 2 exclusive buffers, coming back.
+    // apart from the 2 exclusive buffers, credit comes from the record in progress.
     let mut s = scripted(|_| {});
     let b = batch(0, 2000);
     let bytes = record_stream(std::slice::from_ref(&b));
     let chunks: Vec<&[u8]> = bytes.chunks(SEG).collect();
     assert!(chunks.len() >= 5, "the record should span at least 5 segments");
     let last = chunks.len() - 1;
-    let mut seq = 0u64;
-    // Two at a time (the credit): they only carry parts of the record, so they are recycled
-    // without the gate reading anything, and their credit comes back.
-    while last - seq as usize >= 2 {
-        let pair: Vec<Message<'static>> = (0..2)
-            .map(|i| data_msg(s.rid, seq + i, 0, chunks[(seq + i) as usize]))
-            .collect();
-        s.peer.send(&pair);
-        s.expect_credit(2);
-        seq += 2;
-    }
-    // The rest; the last completes the record, and its buffer holds its exclusive credit
-    // until the gate reads it. So what comes back is the credit of the one before it (if
-    // any) plus one floating buffer, which the gate grants to keep the channel at its 2
-    // exclusive buffers' worth of empty ones.
-    let rest: Vec<Message<'static>> = (seq as usize..=last)
+    // The first buffer starts the record: it carried only part of it, so it is recycled
+    // without the gate reading anything. The record's memory now waits for the rest, so the
+    // buffers wholly inside it (all but the last, which completes it) are lent as credit:
+    // `last - 1` of them, plus one floating buffer granted while the first was in use.
+    s.peer.send(&[data_msg(s.rid, 0, 0, chunks[0])]);
+    s.expect_credit(last as u32);
+    // The sender now holds 1 + last credits. The buffers inside the record take no buffer
+    // of the gate: no credit comes back for them.
+    let inside: Vec<Message<'static>> = (1..last)
         .map(|i| data_msg(s.rid, i as u64, 0, chunks[i]))
         .collect();
-    let n = rest.len() as u32;
-    s.peer.send(&rest);
-    s.expect_credit(n);
+    s.peer.send(&inside);
+    s.peer.assert_quiet();
+    // The last buffer completes the record and keeps its exclusive buffer until the gate
+    // reads the record; the gate grants a floating one to keep the channel at 2 empty ones.
+    s.peer.send(&[data_msg(s.rid, last as u64, 0, chunks[last])]);
+    s.expect_credit(1);
     assert_eq!(s.gate.next(&mut wait()).unwrap(), Some(b));
     s.send_end(last as u64 + 1);
     assert_eq!(s.gate.next(&mut wait()).unwrap(), None);

@@ -14,7 +14,8 @@ use crate::credit::{
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Item {
-    Data(u64),
+    /// A data buffer: its id and how many buffers of its record follow it (0: it ends it).
+    Data(u64, u32),
     Event,
 }
 
@@ -40,13 +41,13 @@ impl Reader {
     fn head(&self) -> QueueHead {
         match self.queue.front() {
             None => QueueHead::Empty,
-            Some(Item::Data(_)) => QueueHead::Data,
+            Some(Item::Data(..)) => QueueHead::Data,
             Some(Item::Event) => QueueHead::Event,
         }
     }
 
     fn backlog(&self) -> u32 {
-        self.queue.iter().filter(|i| matches!(i, Item::Data(_))).count() as u32
+        self.queue.iter().filter(|i| matches!(i, Item::Data(..))).count() as u32
     }
 }
 
@@ -64,14 +65,19 @@ pub struct Pair {
     delivered: Vec<Vec<Item>>,
     credit_announced: Vec<u64>,
     credit_received: Vec<u64>,
+    /// Per channel, the buffers of the record in progress still to come at the receiver (0:
+    /// between records), as the transport's record assembler knows them.
+    record_left: Vec<u32>,
     next_id: u64,
 }
 
 /// One step of the scenario.
 #[derive(Clone, Debug)]
 pub enum Op {
-    /// The producer queues a data buffer on a channel.
+    /// The producer queues a data buffer on a channel (a record of one buffer).
     Produce(usize),
+    /// The producer queues a record spanning 2 + `n % 5` buffers on a channel.
+    ProduceRecord(usize, usize),
     /// The producer queues an event (end of partition) on a channel.
     ProduceEvent(usize),
     /// The sender loop writes the next ready reader's buffer.
@@ -118,6 +124,7 @@ impl Pair {
             delivered: vec![Vec::new(); channels],
             credit_announced: vec![0; channels],
             credit_received: vec![0; channels],
+            record_left: vec![0; channels],
             next_id: 0,
         }
     }
@@ -154,12 +161,26 @@ impl Pair {
                 }
                 let item = if matches!(op, Op::Produce(_)) {
                     self.next_id += 1;
-                    Item::Data(self.next_id)
+                    Item::Data(self.next_id, 0)
                 } else {
                     Item::Event
                 };
                 self.readers[ch].queue.push_back(item);
                 self.produced[ch].push(item);
+                self.schedule(ch);
+            }
+            Op::ProduceRecord(ch, n) => {
+                let ch = ch % self.readers.len();
+                if self.readers[ch].cancelled {
+                    return false;
+                }
+                let buffers = 2 + (n % 5) as u32;
+                for rest in (0..buffers).rev() {
+                    self.next_id += 1;
+                    let item = Item::Data(self.next_id, rest);
+                    self.readers[ch].queue.push_back(item);
+                    self.produced[ch].push(item);
+                }
                 self.schedule(ch);
             }
             Op::SenderWrite => {
@@ -172,7 +193,7 @@ impl Pair {
                 }
                 let item = reader.queue.pop_front().unwrap();
                 let data_type = match item {
-                    Item::Data(_) => DataType::Data,
+                    Item::Data(..) => DataType::Data,
                     Item::Event => DataType::Event,
                 };
                 let header = reader.credit.on_buffer_sent(data_type, reader.backlog()).unwrap();
@@ -190,12 +211,34 @@ impl Pair {
                     header,
                     item,
                 }) => {
-                    let delivery = self.gate.on_buffer_response(ChannelId(channel), header).unwrap();
+                    // As the transport: a buffer inside the record in progress that does not
+                    // end it may land in the record itself.
+                    let rest = match item {
+                        Item::Data(_, rest) => Some(rest),
+                        Item::Event => None,
+                    };
+                    let inside = self.record_left[channel] > 0 && rest.is_some_and(|r| r > 0);
+                    let id = ChannelId(channel);
+                    let delivery = if inside {
+                        self.gate.on_buffer_response_inside_record(id, header).unwrap()
+                    } else {
+                        self.gate.on_buffer_response(id, header).unwrap()
+                    };
+                    if let (Some(rest), false) = (rest, matches!(delivery, Delivery::Discarded)) {
+                        self.record_left[channel] = rest;
+                        if rest > 0 {
+                            self.gate.lend_record_space(id, rest - 1).unwrap();
+                        }
+                    }
                     match delivery {
                         Delivery::Data(lease) => {
                             assert_eq!(lease.channel(), ChannelId(channel));
-                            assert!(matches!(item, Item::Data(_)));
+                            assert!(matches!(item, Item::Data(..)));
                             self.held.push(lease);
+                            self.delivered[channel].push(item);
+                        }
+                        Delivery::Record => {
+                            assert!(inside, "record space used by a buffer not inside a record");
                             self.delivered[channel].push(item);
                         }
                         Delivery::Event => {
@@ -264,9 +307,19 @@ impl Pair {
             let s = self.stats(id);
             floating_held += s.floating_available + s.floating_in_use;
             if s.released {
-                assert_eq!((s.available(), s.unannounced), (0, Credit::ZERO));
+                assert_eq!(
+                    (s.available(), s.record_space, s.unannounced),
+                    (0, 0, Credit::ZERO)
+                );
                 continue;
             }
+            // Record space lent never exceeds the buffers still to come inside the record.
+            assert!(
+                s.record_space <= self.record_left[ch].saturating_sub(1),
+                "{id}: {} buffers of record space lent, {} buffers of the record to come",
+                s.record_space,
+                self.record_left[ch]
+            );
             assert_eq!(
                 s.exclusive_available + s.exclusive_in_use,
                 config.exclusive_buffers_per_channel
@@ -378,7 +431,7 @@ const MAX_OPS: usize = 4096;
 fn op(input: &mut Bytes<'_>) -> Option<Op> {
     let b = input.u8()?;
     let arg = usize::from(input.u8().unwrap_or(0));
-    Some(match b % 23 {
+    Some(match b % 25 {
         0..=3 => Op::Produce(arg % 4),
         4 => Op::ProduceEvent(arg % 4),
         5..=8 => Op::SenderWrite,
@@ -386,7 +439,8 @@ fn op(input: &mut Bytes<'_>) -> Option<Op> {
         13..=15 => Op::ReceiverWriteAddCredit,
         16..=18 => Op::DeliverToSender,
         19..=21 => Op::Recycle(arg),
-        _ => Op::Release(arg % 4),
+        22 => Op::Release(arg % 4),
+        _ => Op::ProduceRecord(arg % 4, arg / 4),
     })
 }
 

@@ -298,13 +298,15 @@ impl RemoteGate {
         self.recycled.notify_waiters();
     }
 
-    /// A buffer for a data BufferResponse (credit mode: as the credit state says; tcp mode:
-    /// any free one, waiting for a recycled one). `None`: drop the payload.
+    /// Where a data BufferResponse's payload goes (credit mode: as the credit state says;
+    /// tcp mode: into any free segment, waiting for a recycled one). `inside_record`: the
+    /// payload lies wholly inside the channel's record in progress without completing it.
     async fn take_buffer(
         self: &Arc<Self>,
         ch: &RemoteChannel,
         header: codec::BufferResponseHeader,
-    ) -> Result<Option<(PooledSegment, Option<BufferLease>)>> {
+        inside_record: bool,
+    ) -> Result<Landing> {
         if self.flow == FlowControl::Tcp {
             ch.check_sequence(header.sequence_number)?;
             loop {
@@ -314,10 +316,10 @@ impl RemoteGate {
                 {
                     let mut b = self.bufs.lock().unwrap();
                     if b.closed || ch.released.load(Ordering::SeqCst) {
-                        return Ok(None);
+                        return Ok(Landing::Drop);
                     }
                     if let Some(seg) = b.free.pop() {
-                        return Ok(Some((seg, None)));
+                        return Ok(Landing::Segment(seg, None));
                     }
                 }
                 // No free segment: stop reading the socket until one is recycled.
@@ -326,12 +328,18 @@ impl RemoteGate {
         }
         let (delivery, wake) = {
             let mut b = self.bufs.lock().unwrap();
-            let delivery = b.credit.on_buffer_response(ch.cid, header.credit_header())?;
+            let delivery = if inside_record {
+                b.credit
+                    .on_buffer_response_inside_record(ch.cid, header.credit_header())?
+            } else {
+                b.credit.on_buffer_response(ch.cid, header.credit_header())?
+            };
             let wake = drain_actions(&mut b);
             let out = match delivery {
+                Delivery::Record => Landing::Record,
                 Delivery::Data(lease) => match b.free.pop() {
-                    Some(seg) => Some((seg, Some(lease))),
-                    None if b.closed => None,
+                    Some(seg) => Landing::Segment(seg, Some(lease)),
+                    None if b.closed => Landing::Drop,
                     None => {
                         return Err(Error::Protocol(format!(
                             "{}: a credited buffer arrived but the gate has no free segment",
@@ -339,7 +347,7 @@ impl RemoteGate {
                         )))
                     }
                 },
-                Delivery::Event | Delivery::Discarded => None,
+                Delivery::Event | Delivery::Discarded => Landing::Drop,
             };
             (out, wake)
         };
@@ -347,6 +355,25 @@ impl RemoteGate {
             c.conn.request_credit(c.rid);
         }
         Ok(delivery)
+    }
+
+    /// `ch`'s record in progress has room for `buffers` more data buffers inside it: lend
+    /// them as credit (see [`GateCredit::lend_record_space`]). Credit mode only.
+    fn lend_record_space(&self, ch: &RemoteChannel, buffers: usize) {
+        if self.flow == FlowControl::Tcp || buffers == 0 {
+            return;
+        }
+        let wake = {
+            let mut b = self.bufs.lock().unwrap();
+            let buffers = u32::try_from(buffers).unwrap_or(u32::MAX);
+            if let Err(e) = b.credit.lend_record_space(ch.cid, buffers) {
+                log::error!("creditflow: lending record space: {e}");
+            }
+            drain_actions(&mut b)
+        };
+        for c in wake {
+            c.conn.request_credit(c.rid);
+        }
     }
 
     /// An event or a backlog announcement: sequence check / floating buffers.
@@ -405,6 +432,17 @@ impl RemoteGate {
     fn take_credit(&self, ch: &RemoteChannel) -> Option<Credit> {
         self.bufs.lock().unwrap().credit.take_unannounced_credit(ch.cid)
     }
+}
+
+/// Where the payload of a data BufferResponse goes, from [`RemoteGate::take_buffer`].
+enum Landing {
+    /// Into this segment (with its claim on the credit state in credit mode), then into the
+    /// channel's records.
+    Segment(PooledSegment, Option<BufferLease>),
+    /// Straight into the channel's record in progress, credited against its memory.
+    Record,
+    /// Nowhere: the channel was released or the gate closed; skip the payload.
+    Drop,
 }
 
 fn drain_actions(b: &mut GateBuffers) -> Vec<Arc<RemoteChannel>> {
@@ -941,6 +979,8 @@ async fn read_records<R: FrameSource>(
 
 async fn read_loop<R: FrameSource>(conn: &Arc<ClientConn>, reader: &mut FrameReader<R>) -> Result<()> {
     let mut assemblies: HashMap<ReceiverId, Assembly> = HashMap::new();
+    // The largest payload the peer may send (the decoder refuses larger frames).
+    let payload_limit = conn.payload_limit.load(Ordering::Relaxed).max(1);
     loop {
         let frame = reader.next().await?;
         for rid in std::mem::take(&mut *conn.closed.lock().unwrap()) {
@@ -953,8 +993,30 @@ async fn read_loop<R: FrameSource>(conn: &Arc<ClientConn>, reader: &mut FrameRea
                     reader.skip_payload().await?;
                     continue;
                 };
-                match ch.gate.take_buffer(&ch, header).await? {
-                    Some((mut seg, lease)) => {
+                let inside_record = assemblies
+                    .get(&header.receiver)
+                    .is_some_and(|a| header.payload_len < a.records.body_missing());
+                match ch.gate.take_buffer(&ch, header, inside_record).await? {
+                    Landing::Record => {
+                        let len = header.payload_len;
+                        let a = assemblies.get_mut(&header.receiver).expect("inside its record");
+                        reader
+                            .read_payload_into(&mut a.records.body_spare()[..len])
+                            .await?;
+                        // SAFETY: `read_payload_into` initialized exactly these `len` bytes.
+                        let completed = unsafe { a.records.commit_body(len) };
+                        debug_assert!(completed.is_none(), "a buffer inside a record does not end it");
+                        a.uncounted += 1;
+                        if len < payload_limit {
+                            // A short buffer: the record may have room for more of them.
+                            let missing = a.records.body_missing();
+                            ch.gate.lend_record_space(&ch, (missing - 1) / payload_limit);
+                        }
+                        if ch.gate.credit_running_low(&ch) {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                    Landing::Segment(mut seg, lease) => {
                         let len = header.payload_len;
                         let dst = seg.segment_mut().as_mut_slice();
                         if len > dst.len() {
@@ -987,17 +1049,26 @@ async fn read_loop<R: FrameSource>(conn: &Arc<ClientConn>, reader: &mut FrameRea
                             a.uncounted = 0;
                             ch.push(Inbound::Data(received));
                         }
-                        if let Err(e) = outcome {
-                            assemblies.remove(&header.receiver);
-                            if let Some(ch) = conn.remove(header.receiver) {
-                                ch.fail(Error::Protocol(format!("channel {:?}: {e}", ch.spec)));
+                        match outcome {
+                            Err(e) => {
+                                assemblies.remove(&header.receiver);
+                                if let Some(ch) = conn.remove(header.receiver) {
+                                    ch.fail(Error::Protocol(format!("channel {:?}: {e}", ch.spec)));
+                                }
+                            }
+                            Ok(()) => {
+                                // A record left in progress lends its room as credit.
+                                let missing = a.records.body_missing();
+                                if missing > 0 {
+                                    ch.gate.lend_record_space(&ch, (missing - 1) / payload_limit);
+                                }
                             }
                         }
                         if ch.gate.credit_running_low(&ch) {
                             tokio::task::yield_now().await;
                         }
                     }
-                    None => reader.skip_payload().await?,
+                    Landing::Drop => reader.skip_payload().await?,
                 }
             }
             InFrame::Message(Message::BufferResponse(br)) => {

@@ -780,10 +780,7 @@ impl ClientConn {
                             match tokio::time::timeout(ctx.handshake_timeout, tls.connect(&addr, stream))
                                 .await
                             {
-                                Ok(Ok(stream)) => {
-                                    let (rd, wr) = tokio::io::split(stream);
-                                    run(&c, rd, wr, &ctx).await
-                                }
+                                Ok(Ok((rd, wr))) => run(&c, rd, wr, &ctx).await,
                                 Ok(Err(e)) => Err(e),
                                 Err(_) => Err(Error::ConnectionLost(format!(
                                     "no TLS handshake within {:?}",
@@ -907,6 +904,10 @@ async fn write_loop<W: AsyncWrite + Unpin>(conn: &Arc<ClientConn>, wr: &mut W) -
         let (bytes, close) = conn.collect()?;
         if !bytes.is_empty() {
             wr.write_all(&bytes)
+                .await
+                .map_err(|e| Error::ConnectionLost(e.to_string()))?;
+            // A TLS writer may hold sealed records until flushed.
+            wr.flush()
                 .await
                 .map_err(|e| Error::ConnectionLost(e.to_string()))?;
         }

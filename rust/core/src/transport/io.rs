@@ -210,14 +210,16 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
         }
         IoSlice::advance_slices(&mut slices, n);
     }
-    Ok(())
+    // A TLS writer may hold sealed records until flushed (a no-op on plain TCP).
+    w.flush().await.map_err(io_lost)
 }
 
 /// Encodes and writes one message.
 pub(crate) async fn write_message<W: AsyncWrite + Unpin>(w: &mut W, msg: &Message<'_>) -> Result<()> {
     let mut out = Vec::with_capacity(64);
     codec::encode(msg, &mut out)?;
-    w.write_all(&out).await.map_err(io_lost)
+    w.write_all(&out).await.map_err(io_lost)?;
+    w.flush().await.map_err(io_lost)
 }
 
 /// What the handshake settled.

@@ -101,6 +101,7 @@ mod net;
 mod server;
 #[cfg(not(loom))]
 mod tls;
+mod tls_record;
 
 #[cfg(not(loom))]
 pub(crate) use client::{recycle_all, Inbound, RemoteChannel, RemoteGate};

@@ -292,9 +292,8 @@ async fn connection(
             server::serve(rd, wr, peer, ctx).await
         }
         (Some(tls), true) => match tokio::time::timeout_at(deadline, tls.accept(stream)).await {
-            Ok(Ok(stream)) => {
+            Ok(Ok((rd, wr))) => {
                 ctx.handshake_timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
-                let (rd, wr) = tokio::io::split(stream);
                 server::serve(rd, wr, peer, ctx).await
             }
             Ok(Err(e)) => log::warn!("creditflow: refused connection from {peer}: {e}"),

@@ -101,6 +101,7 @@ mod net;
 mod server;
 #[cfg(not(loom))]
 mod tls;
+#[cfg(not(loom))]
 mod tls_record;
 
 #[cfg(not(loom))]

@@ -311,7 +311,15 @@ impl Subpartition {
 
     /// Finished entries waiting for the reader (Flink's backlog).
     pub fn backlog(&self) -> usize {
-        self.finished.load(Ordering::SeqCst)
+        // The writer counts a buffer just after finishing it, so the reader may drain it and
+        // uncount it first: for that moment the counter is one below zero, which is none
+        // waiting.
+        let n = self.finished.load(Ordering::SeqCst);
+        if n > isize::MAX as usize {
+            0
+        } else {
+            n
+        }
     }
 
     /// Whether the reader released this subpartition (the writer may stop writing to it).
@@ -435,6 +443,35 @@ impl std::fmt::Debug for Subpartition {
             .field("index", &self.index)
             .field("backlog", &self.backlog())
             .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::memory::GlobalPool;
+    use crate::partition::buffer::new_buffer;
+    use crate::wait::Wait;
+    use std::sync::Arc;
+
+    /// The reader drains a finished buffer before the writer has counted it: the backlog
+    /// reads 0 in between, not the counter's wrap-around (which overflowed the sender's
+    /// backlog arithmetic under load).
+    #[test]
+    fn backlog_is_zero_while_a_drained_buffer_is_still_being_counted() {
+        let g = GlobalPool::new(4096, 4096).unwrap();
+        let pool = g.create_local_pool("p", 1, 1, "").unwrap();
+        let sub = Subpartition::new(0);
+        assert!(sub.attach_reader(Arc::new(|| {})));
+        let (mut b, c) = new_buffer(pool.request(&mut Wait::forever()).unwrap());
+        sub.add_unfinished_buffer(c);
+        b.append(b"ab");
+        b.finish();
+        assert!(matches!(sub.poll(), Some(Polled::Data(_))));
+        assert_eq!(sub.backlog(), 0);
+        sub.buffer_finished();
+        assert_eq!(sub.backlog(), 0);
+        assert!(sub.poll().is_none());
     }
 }
 

@@ -242,7 +242,7 @@ impl SubReader {
     /// buffers that the channels it still waits for need to deliver their barriers.
     fn backlog(&self) -> u32 {
         let waiting = if self.paused { 0 } else { self.sub.backlog() };
-        (self.chunks + waiting).min(u32::MAX as usize) as u32
+        self.chunks.saturating_add(waiting).min(u32::MAX as usize) as u32
     }
 }
 

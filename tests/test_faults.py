@@ -111,20 +111,21 @@ def test_consumer_killed_while_the_producer_is_backpressured(workers: list[Worke
 # --------------------------------------------------------------------------- garbage peers
 
 MAGIC = b"CFLW"
+PROTOCOL_VERSION = 2  # codec::PROTOCOL_VERSION
 HELLO, AUTH_PROOF, ERROR_RESPONSE = 1, 3, 8
 AUTHENTICATION = 3  # error kind
 SEGMENT = 32 * 1024
 
 
 def frame(msg_type: int, body: bytes, *, magic: bytes = MAGIC, length: int | None = None) -> bytes:
-    """A frame: u32 LE length (whole frame), magic, version 1, type, body."""
+    """A frame: u32 LE length (whole frame), magic, protocol version, type, body."""
     total = 10 + len(body) if length is None else length
-    return struct.pack("<I4sBB", total, magic, 1, msg_type) + body
+    return struct.pack("<I4sBB", total, magic, PROTOCOL_VERSION, msg_type) + body
 
 
 def hello(auth: int) -> bytes:
     nonce = random.Random(auth).randbytes(32)
-    return frame(HELLO, struct.pack("<BIIB", 1, SEGMENT, SEGMENT + 35, auth) + nonce)
+    return frame(HELLO, struct.pack("<BIIB", PROTOCOL_VERSION, SEGMENT, SEGMENT + 35, auth) + nonce)
 
 
 def read_to_close(sock: socket.socket, timeout: float = 5.0) -> bytes:

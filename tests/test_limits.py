@@ -19,7 +19,7 @@ import pytest
 
 import creditflow as cf
 from remote_worker import Tracker, Worker
-from test_faults import AUTH_PROOF, MAGIC, error_kind, frame, hello, read_to_close
+from test_faults import AUTH_PROOF, MAGIC, PROTOCOL_VERSION, error_kind, frame, hello, read_to_close
 
 SECRET = b"s3cret"
 HANDSHAKE_TIMEOUT = 2.0
@@ -43,12 +43,12 @@ def authenticated(addr: str) -> socket.socket | None:
     s = connect(addr)
     s.sendall(hello(auth=1))
     ack = s.recv(HELLO_ACK_LEN, socket.MSG_WAITALL)
-    if ack[4:10] == MAGIC + bytes([1, 8]):
+    if ack[4:10] == MAGIC + bytes([PROTOCOL_VERSION, 8]):
         reply = ack + read_to_close(s)
         s.close()
         assert error_kind(reply) == LIMIT_EXCEEDED, reply
         return None
-    assert ack[4:10] == MAGIC + bytes([1, 2]), f"expected a HelloAck, got {ack!r}"
+    assert ack[4:10] == MAGIC + bytes([PROTOCOL_VERSION, 2]), f"expected a HelloAck, got {ack!r}"
     server_nonce = ack[10 + 10 : 10 + 42]
     tag = hmac.new(SECRET, b"creditflow-auth-v1" + bytes([1]) + server_nonce, hashlib.sha256).digest()
     s.sendall(frame(AUTH_PROOF, tag))

@@ -28,7 +28,16 @@
 //!    `notifyCreditAvailable`). When the transport writes the message,
 //!    [`GateCredit::take_unannounced_credit`] hands over everything that accumulated meanwhile
 //!    (`getAndResetUnannouncedCredit`), so a burst of recycled buffers costs one message.
-//! 4. A data buffer uses up one announced credit; events (end of partition) need no credit.
+//! 4. A data buffer uses up one announced credit; events (end of partition) need no credit,
+//!    and neither does a *record body buffer*: a data buffer that lies wholly inside the
+//!    channel's record in progress, whose length prefix has arrived, without completing it.
+//!    The receiver allocates a record's whole body when its length prefix arrives, so such a
+//!    buffer is read straight into memory that already exists and takes no buffer. Both ends
+//!    tell these buffers apart from the byte stream alone (the sender tracks its records'
+//!    framing as it sends, the receiver as it reassembles), so a record of many buffers streams
+//!    without an AddCredit round trip. The buffer that completes a record takes a real buffer
+//!    and keeps it until the consumer takes the record, so completed records stay bounded by
+//!    the channel's buffers, and the memory outside them is one record in progress.
 //!    Sequence numbers start at 0 and go up by one per BufferResponse of a channel; a gap or a
 //!    reorder is a protocol error (`BufferReorderingException`).
 //! 5. When the consumer is done with a buffer: an exclusive one goes back to its channel as new
@@ -42,10 +51,11 @@
 //! and [`ReadyQueue`] per connection (`PartitionRequestQueue`):
 //!
 //! 1. Credit starts at the PartitionRequest's initial credit and grows with every AddCredit.
-//! 2. Sending a data buffer uses up one credit; events go out without credit. Every
-//!    BufferResponse gets the next sequence number and the current backlog.
-//! 3. A reader is *available* when its next buffer is an event, or a data buffer and it has
-//!    credit. Available readers wait in a ready queue, at most once each, and are served round
+//! 2. Sending a data buffer uses up one credit; events and record body buffers go out
+//!    without credit. Every BufferResponse gets the next sequence number and the current
+//!    backlog.
+//! 3. A reader is *available* when its next buffer is an event or a record body buffer, or a
+//!    data buffer and it has credit. Available readers wait in a ready queue, at most once each, and are served round
 //!    robin: write one buffer, put the reader back at the end if it is still available.
 //! 4. With zero exclusive buffers a channel has no credit of its own, so a sender that has
 //!    backlog but no credit, and whose last word to the receiver was "backlog 0", announces its
@@ -58,7 +68,7 @@
 //! - [`GateCredit::add_channel`] per remote channel; send the PartitionRequest with
 //!   [`GateCredit::initial_credit`].
 //! - For each BufferResponse header, [`GateCredit::on_buffer_response`] *before* copying the
-//!   payload: [`Delivery::Data`] says which buffer (exclusive or floating) to copy it into and
+//!   payload ([`GateCredit::on_buffer_response_inside_record`] for a record body buffer): [`Delivery::Data`] says which buffer (exclusive or floating) to copy it into and
 //!   carries a [`BufferLease`] that goes back in [`GateCredit::on_buffer_recycled`] once the
 //!   consumer is done with the buffer. [`Delivery::Discarded`] means the channel was released:
 //!   drop the payload. An `Err` is fatal for the connection.
@@ -77,7 +87,8 @@
 //!   [`ReadyQueue::enqueue`] it; else if [`SenderCredit::needs_backlog_announcement`], write
 //!   a BacklogAnnouncement and call [`SenderCredit::on_backlog_announced`].
 //! - Writer loop: [`ReadyQueue::dequeue`] a reader, skip it if it is no longer available, take
-//!   its next buffer, build the header with [`SenderCredit::on_buffer_sent`], write it, and
+//!   its next buffer, build the header with [`SenderCredit::on_buffer_sent`] (or
+//!   [`SenderCredit::on_record_body_sent`] for a record body buffer), write it, and
 //!   look at the reader again as above.
 //!
 //! # Invariants
@@ -260,8 +271,8 @@ impl BufferLease {
 pub enum Delivery {
     /// Copy the payload into a buffer of this origin and give it to the consumer.
     Data(BufferLease),
-    /// Read the payload straight into the channel's record in progress: it was credited
-    /// against that record's own memory (see [`GateCredit::lend_record_space`]) and takes no
+    /// Read the payload straight into the channel's record in progress: a record body buffer
+    /// (see [`GateCredit::on_buffer_response_inside_record`]) needs no credit and takes no
     /// buffer.
     Record,
     /// Give the event to the consumer; it occupies no credited buffer.
@@ -295,9 +306,6 @@ pub struct ChannelCreditStats {
     pub floating_in_use: u32,
     /// Buffers the channel wants: last backlog + exclusive buffers (`numRequiredBuffers`).
     pub required: u32,
-    /// Buffers' worth of the record in progress lent as credit (see
-    /// [`GateCredit::lend_record_space`]), announced or not.
-    pub record_space: u32,
     /// Empty buffers not yet announced to the sender.
     pub unannounced: Credit,
     /// Empty buffers announced to the sender: its credit, plus AddCredits and data in flight.
@@ -319,7 +327,7 @@ impl ChannelCreditStats {
 
 /// One channel's share of the gate, all counts in buffers.
 ///
-/// Invariant: `unannounced <= exclusive_available + floating_available + record_space`; the
+/// Invariant: `unannounced <= exclusive_available + floating_available`; the
 /// difference is the credit the sender has been told about and has not used yet.
 #[derive(Clone, Debug)]
 struct ChannelState {
@@ -327,8 +335,6 @@ struct ChannelState {
     exclusive_in_use: u32,
     floating_available: u32,
     floating_in_use: u32,
-    /// Buffers the record in progress still has room for, lent as credit.
-    record_space: u32,
     required: u32,
     unannounced: u32,
     expected_sequence_number: u64,
@@ -343,7 +349,7 @@ impl ChannelState {
     }
 
     fn announced(&self) -> u32 {
-        self.available() + self.record_space - self.unannounced
+        self.available() - self.unannounced
     }
 
     /// Floating buffers still needed to reach `required`.
@@ -416,7 +422,6 @@ impl GateCredit {
             exclusive_in_use: 0,
             floating_available: 0,
             floating_in_use: 0,
-            record_space: 0,
             required: exclusive,
             unannounced: 0,
             expected_sequence_number: 0,
@@ -449,7 +454,6 @@ impl GateCredit {
             exclusive_in_use: s.exclusive_in_use,
             floating_available: s.floating_available,
             floating_in_use: s.floating_in_use,
-            record_space: s.record_space,
             required: s.required,
             unannounced: Credit(s.unannounced),
             announced: Credit(s.announced()),
@@ -469,41 +473,18 @@ impl GateCredit {
         self.on_response(channel, header, false)
     }
 
-    /// [`GateCredit::on_buffer_response`] for a data buffer whose payload lies wholly inside
-    /// the channel's record in progress without completing it: it is delivered as
-    /// [`Delivery::Record`] (no buffer) while record space is lent, else as usual.
+    /// [`GateCredit::on_buffer_response`] for a *record body buffer*: a data buffer whose
+    /// payload lies wholly inside the channel's record in progress (its length prefix has
+    /// arrived, so its whole body is allocated) without completing it. It needs no credit and
+    /// takes no buffer: [`Delivery::Record`], read it straight into the record. An event is
+    /// delivered as usual. Protocol errors as for [`GateCredit::on_buffer_response`], but
+    /// never "without credit".
     pub fn on_buffer_response_inside_record(
         &mut self,
         channel: ChannelId,
         header: BufferHeader,
     ) -> Result<Delivery> {
         self.on_response(channel, header, true)
-    }
-
-    /// The record in progress on `channel` has room for at least `buffers` more data buffers
-    /// that lie wholly inside it and do not complete it: its remaining length minus one,
-    /// divided by the largest payload the sender may send. Its memory is allocated already,
-    /// so those buffers need no buffer of the gate: lend them as credit, on top of the
-    /// channel's buffers, so a large record streams without waiting for credit buffer by
-    /// buffer. Only raises what is lent (a smaller number than lent is ignored); ignored for
-    /// a released channel. The buffer that completes a record always takes a real buffer,
-    /// which it keeps until the consumer takes the record, so completed records waiting for
-    /// the consumer stay bounded by the channel's buffers.
-    ///
-    /// While space is lent, the next data buffers are inside the record (the sender cannot
-    /// send a payload larger than a buffer), so they use it up before any other arrives; a
-    /// data buffer that is not inside the record while space is lent is a protocol error.
-    pub fn lend_record_space(&mut self, channel: ChannelId, buffers: u32) -> Result<()> {
-        let s = self.channels.get_mut(channel.0).ok_or_else(|| {
-            Error::InvalidArgument(format!("cannot lend record space to unknown {channel}"))
-        })?;
-        if s.released || buffers <= s.record_space {
-            return Ok(());
-        }
-        let more = buffers - s.record_space;
-        s.record_space = buffers;
-        self.add_unannounced(channel, more);
-        Ok(())
     }
 
     fn on_response(
@@ -527,21 +508,11 @@ impl GateCredit {
         }
         let delivery = match header.data_type {
             DataType::Event => Delivery::Event,
+            DataType::Data if inside_record => Delivery::Record,
             DataType::Data if s.announced() == 0 => {
                 return Err(Error::Protocol(format!(
                     "{channel}: data buffer {} arrived without credit",
                     header.sequence_number
-                )));
-            }
-            DataType::Data if inside_record && s.record_space > 0 => {
-                s.record_space -= 1;
-                Delivery::Record
-            }
-            DataType::Data if s.record_space > 0 => {
-                return Err(Error::Protocol(format!(
-                    "{channel}: data buffer {} ends the record in progress while {} more buffers \
-                     were expected inside it",
-                    header.sequence_number, s.record_space
                 )));
             }
             DataType::Data => {
@@ -626,7 +597,6 @@ impl GateCredit {
         s.required = 0;
         s.unannounced = 0;
         s.exclusive_available = 0;
-        s.record_space = 0;
         let floating = std::mem::take(&mut s.floating_available);
         for _ in 0..floating {
             self.recycle_floating();
@@ -720,6 +690,9 @@ pub enum QueueHead {
     Empty,
     /// A data buffer (needs credit).
     Data,
+    /// A record body buffer: a data buffer wholly inside a record whose length prefix went out
+    /// before it, not completing it (needs none; see the module docs).
+    RecordBody,
     /// An event (needs none).
     Event,
 }
@@ -772,13 +745,14 @@ impl SenderCredit {
         !self.credit.is_zero()
     }
 
-    /// Whether the reader belongs in the ready queue: its next buffer is an event, or data
-    /// and there is credit (Flink: `getAvailabilityAndBacklog().isAvailable()`).
+    /// Whether the reader belongs in the ready queue: its next buffer is an event or a record
+    /// body buffer, or data and there is credit (Flink:
+    /// `getAvailabilityAndBacklog().isAvailable()`).
     pub fn is_available(&self, head: QueueHead) -> bool {
         match head {
             QueueHead::Empty => false,
             QueueHead::Data => self.can_send_data(),
-            QueueHead::Event => true,
+            QueueHead::RecordBody | QueueHead::Event => true,
         }
     }
 
@@ -803,6 +777,20 @@ impl SenderCredit {
         self.next_sequence_number += 1;
         self.last_backlog_announced = backlog;
         Ok(header)
+    }
+
+    /// A record body buffer is being written (a data buffer wholly inside a record whose
+    /// length prefix went out before it, not completing it): it needs no credit. Returns its
+    /// header, as [`SenderCredit::on_buffer_sent`] does.
+    pub fn on_record_body_sent(&mut self, backlog: u32) -> BufferHeader {
+        let header = BufferHeader {
+            sequence_number: self.next_sequence_number,
+            backlog,
+            data_type: DataType::Data,
+        };
+        self.next_sequence_number += 1;
+        self.last_backlog_announced = backlog;
+        header
     }
 
     /// Whether to send a BacklogAnnouncement for `backlog` queued data buffers: the channel
@@ -984,66 +972,83 @@ mod tests {
     }
 
     #[test]
-    fn a_record_in_progress_lends_its_room_as_credit() {
-        let mut g = gate(2, 0);
+    fn record_body_buffers_need_no_credit_and_take_no_buffer() {
+        let mut g = gate(1, 0);
         let ch = g.add_channel();
-        // The record's first buffer takes an exclusive buffer, which comes back at once (it
-        // held only part of the record).
+        // The record's first buffer (its length prefix) takes the channel's one buffer.
         let first = lease(g.on_buffer_response(ch, data(0, 0)).unwrap());
-        g.on_buffer_recycled(first).unwrap();
-        assert_eq!(actions(&mut g), vec![add_credit(ch)]);
-        // Room for 3 more buffers inside the record: lent on top of the buffers.
-        g.lend_record_space(ch, 3).unwrap();
-        assert!(actions(&mut g).is_empty(), "an AddCredit is already queued");
-        assert_eq!(g.take_unannounced_credit(ch), Some(Credit::new(4)));
         let s = stats(&g, ch);
-        assert_eq!(
-            (s.record_space, s.available(), s.announced),
-            (3, 2, Credit::new(5))
-        );
-        // Lending less than is lent changes nothing.
-        g.lend_record_space(ch, 2).unwrap();
-        assert_eq!(
-            (stats(&g, ch).record_space, stats(&g, ch).unannounced),
-            (3, Credit::ZERO)
-        );
-        // Buffers inside the record land in it and take no buffer.
+        assert_eq!((s.available(), s.announced), (0, Credit::ZERO));
+        // With no credit left, buffers inside the record still land in it, taking nothing.
         for seq in 1..=3 {
             assert_eq!(
                 g.on_buffer_response_inside_record(ch, data(seq, 0)).unwrap(),
                 Delivery::Record
             );
         }
-        let s = stats(&g, ch);
         assert_eq!(
-            (s.record_space, s.available(), s.announced),
-            (0, 2, Credit::new(2))
+            stats(&g, ch),
+            ChannelCreditStats {
+                expected_sequence_number: 4,
+                ..s
+            }
         );
-        // Without room lent, a buffer inside a record takes a buffer as any other.
-        let inside = lease(g.on_buffer_response_inside_record(ch, data(4, 0)).unwrap());
-        assert_eq!(stats(&g, ch).exclusive_in_use, 1);
-        g.on_buffer_recycled(inside).unwrap();
-        assert!(g.lend_record_space(ChannelId(9), 1).is_err(), "unknown channel");
+        assert!(actions(&mut g).is_empty(), "nothing to announce");
+        // The buffer that completes the record needs credit like any other.
+        assert!(is_protocol_error(
+            g.on_buffer_response(ch, data(4, 0)),
+            "without credit"
+        ));
+        g.on_buffer_recycled(first).unwrap();
+        assert_eq!(g.take_unannounced_credit(ch), Some(Credit::ONE));
+        assert!(matches!(
+            g.on_buffer_response(ch, data(4, 0)).unwrap(),
+            Delivery::Data(_)
+        ));
     }
 
     #[test]
-    fn a_buffer_ending_the_record_while_its_room_is_lent_is_refused() {
-        let mut g = gate(2, 0);
+    fn record_body_buffers_are_still_checked_and_dropped_for_a_released_channel() {
+        let mut g = gate(1, 0);
         let ch = g.add_channel();
-        g.lend_record_space(ch, 2).unwrap();
-        let before = stats(&g, ch);
         assert!(is_protocol_error(
-            g.on_buffer_response(ch, data(0, 0)),
-            "ends the record in progress"
+            g.on_buffer_response_inside_record(ch, data(1, 0)),
+            "out of order"
         ));
-        assert_eq!(stats(&g, ch), before, "nothing changes on error");
-        // Releasing the channel drops the lent room with its credit.
-        g.release_channel(ch).unwrap();
-        g.lend_record_space(ch, 5).unwrap();
-        let s = stats(&g, ch);
+        assert!(is_protocol_error(
+            g.on_buffer_response_inside_record(ChannelId(9), data(0, 0)),
+            "unknown"
+        ));
+        // Events inside a record are events.
         assert_eq!(
-            (s.record_space, s.unannounced, s.announced),
-            (0, Credit::ZERO, Credit::ZERO)
+            g.on_buffer_response_inside_record(ch, event(0, 0)).unwrap(),
+            Delivery::Event
+        );
+        g.release_channel(ch).unwrap();
+        assert_eq!(
+            g.on_buffer_response_inside_record(ch, data(1, 0)).unwrap(),
+            Delivery::Discarded
+        );
+    }
+
+    #[test]
+    fn a_sender_sends_record_body_buffers_without_credit() {
+        let mut sender = SenderCredit::new(Credit::ONE);
+        sender.on_buffer_sent(DataType::Data, 3).unwrap();
+        assert!(!sender.is_available(QueueHead::Data));
+        assert!(sender.is_available(QueueHead::RecordBody));
+        let header = sender.on_record_body_sent(2);
+        assert_eq!(
+            header,
+            BufferHeader {
+                sequence_number: 1,
+                backlog: 2,
+                data_type: DataType::Data
+            }
+        );
+        assert_eq!(
+            (sender.credit(), sender.next_sequence_number()),
+            (Credit::ZERO, 2)
         );
     }
 

@@ -88,6 +88,76 @@ impl BatchEncoder {
     }
 }
 
+/// A record's length prefix as it arrives in pieces.
+#[derive(Clone, Debug, Default)]
+struct LengthPrefix {
+    bytes: [u8; RECORD_HEADER_LEN],
+    filled: usize,
+}
+
+impl LengthPrefix {
+    /// Bytes of the prefix still to come.
+    fn missing(&self) -> usize {
+        RECORD_HEADER_LEN - self.filled
+    }
+
+    /// Takes what it still needs from the front of `bytes` (advancing it); returns the
+    /// record length once the prefix is complete, and starts over.
+    fn take(&mut self, bytes: &mut &[u8]) -> Option<u64> {
+        let n = self.missing().min(bytes.len());
+        self.bytes[self.filled..self.filled + n].copy_from_slice(&bytes[..n]);
+        self.filled += n;
+        *bytes = &bytes[n..];
+        if self.filled < RECORD_HEADER_LEN {
+            return None;
+        }
+        self.filled = 0;
+        Some(u64::from_le_bytes(self.bytes))
+    }
+}
+
+/// Where a subpartition's byte stream stands between records, without keeping its bytes:
+/// the sending side's view of what the receiver's [`RecordAssembler`] holds at the same point
+/// of the stream. It tells which buffers are *record body buffers*, which need no credit (see
+/// [`crate::credit`]): both ends decide that from the stream alone, so they agree.
+#[derive(Clone, Debug, Default)]
+pub struct RecordFraming {
+    prefix: LengthPrefix,
+    body_missing: u64,
+}
+
+impl RecordFraming {
+    /// Bytes of the body in progress still to come (0 at a record boundary or inside a
+    /// length prefix).
+    pub fn body_missing(&self) -> u64 {
+        self.body_missing
+    }
+
+    /// Whether a payload of `len` bytes sent next lies wholly inside the record in progress
+    /// without completing it (the receiver has its length prefix, so its body is allocated).
+    pub fn is_record_body(&self, len: usize) -> bool {
+        (len as u64) < self.body_missing
+    }
+
+    /// The stream moves on by `bytes`. Body bytes are only counted; a length prefix is read.
+    /// A length of 0 starts no body (the receiver refuses it; nothing here is then a record
+    /// body buffer).
+    pub fn advance(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.body_missing > 0 {
+                let n = self.body_missing.min(bytes.len() as u64);
+                self.body_missing -= n;
+                // `n` is at most `bytes.len()`, so it fits in usize.
+                bytes = &bytes[n as usize..];
+                continue;
+            }
+            if let Some(len) = self.prefix.take(&mut bytes) {
+                self.body_missing = len;
+            }
+        }
+    }
+}
+
 /// Gathers the records of a subpartition's byte stream, each into one 64-byte aligned buffer
 /// of exactly its length (the length prefix is not kept). Two ways in, freely mixed:
 ///
@@ -97,8 +167,7 @@ impl BatchEncoder {
 ///   the body bytes of the record in progress straight where they belong, so a remote
 ///   channel's socket reads land in the record without a copy out of a segment.
 pub struct RecordAssembler {
-    header: [u8; RECORD_HEADER_LEN],
-    header_filled: usize,
+    prefix: LengthPrefix,
     /// The record being gathered and how long it will be.
     body: Option<(MutableBuffer, usize)>,
     /// Largest record accepted (guards against a corrupt length).
@@ -109,8 +178,7 @@ impl RecordAssembler {
     /// An assembler accepting records up to `max_record` bytes.
     pub fn new(max_record: usize) -> RecordAssembler {
         RecordAssembler {
-            header: [0; RECORD_HEADER_LEN],
-            header_filled: 0,
+            prefix: LengthPrefix::default(),
             body: None,
             max_record,
         }
@@ -118,7 +186,7 @@ impl RecordAssembler {
 
     /// True when no record is partly gathered.
     pub fn is_at_record_boundary(&self) -> bool {
-        self.header_filled == 0 && self.body.is_none()
+        self.prefix.filled == 0 && self.body.is_none()
     }
 
     /// Bytes of the length prefix still to come (0 while a body is being gathered).
@@ -126,7 +194,7 @@ impl RecordAssembler {
         if self.body.is_some() {
             0
         } else {
-            RECORD_HEADER_LEN - self.header_filled
+            self.prefix.missing()
         }
     }
 
@@ -175,13 +243,7 @@ impl RecordAssembler {
         while !bytes.is_empty() {
             match self.body.as_mut() {
                 None => {
-                    let n = (RECORD_HEADER_LEN - self.header_filled).min(bytes.len());
-                    self.header[self.header_filled..self.header_filled + n].copy_from_slice(&bytes[..n]);
-                    self.header_filled += n;
-                    bytes = &bytes[n..];
-                    if self.header_filled == RECORD_HEADER_LEN {
-                        self.header_filled = 0;
-                        let len = u64::from_le_bytes(self.header);
+                    if let Some(len) = self.prefix.take(&mut bytes) {
                         if len > self.max_record as u64 || len == 0 {
                             return Err(Error::Protocol(format!(
                                 "record length {len} outside 1..={} bytes",
@@ -436,6 +498,40 @@ fn check_offsets<O: ArrowNativeType>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The sending side's framing and the receiving side's assembler agree on the record
+        /// in progress at every point of any stream cut into any pieces: that is what lets both
+        /// ends tell record body buffers apart without a word about them.
+        #[test]
+        fn framing_agrees_with_the_assembler_at_every_cut(
+            lens in proptest::collection::vec(1usize..3000, 1..12),
+            cuts in proptest::collection::vec(1usize..700, 1..64),
+        ) {
+            let mut stream = Vec::new();
+            for (i, len) in lens.iter().enumerate() {
+                stream.extend_from_slice(&(*len as u64).to_le_bytes());
+                stream.extend(std::iter::repeat_n(i as u8, *len));
+            }
+            let mut framing = RecordFraming::default();
+            let mut assembler = RecordAssembler::new(1 << 20);
+            let mut done = 0;
+            let mut rest = &stream[..];
+            for cut in cuts.iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let n = (*cut).min(rest.len());
+                proptest::prop_assert_eq!(framing.is_record_body(n), n < assembler.body_missing());
+                framing.advance(&rest[..n]);
+                assembler.push(&rest[..n], |_| { done += 1; Ok(()) }).unwrap();
+                rest = &rest[n..];
+                proptest::prop_assert_eq!(framing.body_missing(), assembler.body_missing() as u64);
+            }
+            proptest::prop_assert_eq!(done, lens.len());
+            proptest::prop_assert_eq!(framing.body_missing(), 0);
+        }
+    }
     use arrow_array::types::Int32Type;
     use arrow_array::{ArrayRef, DictionaryArray, Int64Array, StringArray};
     use std::sync::Arc;

@@ -468,6 +468,43 @@ fn a_large_handed_off_batch_is_cut_into_segment_sized_buffers() {
     assert_eq!(decode_records(got.iter().map(|d| d.payload.as_slice())), written);
 }
 
+/// One batch spanning several buffers, with credit for one buffer: the first buffer (the
+/// record's length prefix) takes it, the buffers wholly inside the record follow without
+/// credit, and the one that completes the record waits for the next AddCredit.
+fn record_body_buffers_go_out_without_credit(handoff: bool) {
+    let env = env_with(handoff, |_| {});
+    let (mut p, written) = request_written(&env, 1, 3000, 1);
+    let first = data(p.recv());
+    assert_eq!((first.seq, first.payload.len()), (0, SEG));
+    let backlog = first.backlog as usize;
+    assert!(
+        backlog >= 3,
+        "the record should span at least 4 buffers, not {}",
+        backlog + 1
+    );
+    let mut got = vec![first];
+    for seq in 1..=backlog as u64 - 1 {
+        let d = data(p.recv());
+        assert_eq!((d.seq, d.payload.len()), (seq, SEG), "a record body buffer");
+        got.push(d);
+    }
+    p.assert_quiet();
+    p.send(&[add_credit(1, 1)]);
+    got.extend(recv_to_end(&mut p, 1, backlog as u64));
+    assert_eq!(got.len(), backlog + 1);
+    assert_eq!(decode_records(got.iter().map(|d| d.payload.as_slice())), written);
+}
+
+#[test]
+fn a_record_body_buffers_go_out_without_credit_handoff() {
+    record_body_buffers_go_out_without_credit(true);
+}
+
+#[test]
+fn a_record_body_buffers_go_out_without_credit_serialized() {
+    record_body_buffers_go_out_without_credit(false);
+}
+
 #[test]
 fn a_client_with_smaller_segments_gets_buffers_of_its_size() {
     let env = env_with(true, |c| c.segment_size = 2 * SEG);
@@ -703,23 +740,26 @@ fn a_data_buffer_from_a_client_closes_the_connection() {
 #[test]
 fn a_wrong_protocol_version_in_hello_is_refused() {
     let env = env_with(true, |_| {});
-    let mut p = Peer::new(TcpStream::connect(env.address()).unwrap());
-    p.send(&[Message::Hello(Hello {
-        version: 2,
-        ..hello(SEG)
-    })]);
-    let got = p.recv_until_closed(IO_TIMEOUT);
-    assert!(
-        matches!(
-            got.as_slice(),
-            [Message::ErrorResponse {
-                receiver: None,
-                kind: ErrorKind::Protocol,
-                ..
-            }]
-        ),
-        "{got:?}"
-    );
+    // Version 1 peers count credit differently (no record body buffers): refused too.
+    for version in [1, PROTOCOL_VERSION + 1] {
+        let mut p = Peer::new(TcpStream::connect(env.address()).unwrap());
+        p.send(&[Message::Hello(Hello {
+            version,
+            ..hello(SEG)
+        })]);
+        let got = p.recv_until_closed(IO_TIMEOUT);
+        assert!(
+            matches!(
+                got.as_slice(),
+                [Message::ErrorResponse {
+                    receiver: None,
+                    kind: ErrorKind::Protocol,
+                    ..
+                }]
+            ),
+            "version {version}: {got:?}"
+        );
+    }
     assert_serves(&env);
 }
 
@@ -1178,23 +1218,23 @@ fn b_data_without_credit_is_a_protocol_error() {
 }
 
 #[test]
-fn b_a_record_spanning_buffers_lends_its_room_as_credit() {
-    // Floating buffers are granted by backlog only, and every buffer here announces backlog 0:
-    // apart from the 2 exclusive buffers, credit comes from the record in progress.
+fn b_record_body_buffers_need_no_credit() {
+    // Floating buffers are granted by backlog only, and every buffer here announces backlog 0.
     let mut s = scripted(|_| {});
     let b = batch(0, 2000);
     let bytes = record_stream(std::slice::from_ref(&b));
     let chunks: Vec<&[u8]> = bytes.chunks(SEG).collect();
-    assert!(chunks.len() >= 5, "the record should span at least 5 segments");
     let last = chunks.len() - 1;
     // The first buffer starts the record: it carried only part of it, so it is recycled
-    // without the gate reading anything. The record's memory now waits for the rest, so the
-    // buffers wholly inside it (all but the last, which completes it) are lent as credit:
-    // `last - 1` of them, plus one floating buffer granted while the first was in use.
+    // without the gate reading anything; one floating buffer was granted while it was in use.
     s.peer.send(&[data_msg(s.rid, 0, 0, chunks[0])]);
-    s.expect_credit(last as u32);
-    // The sender now holds 1 + last credits. The buffers inside the record take no buffer
-    // of the gate: no credit comes back for them.
+    s.expect_credit(1);
+    // The sender holds 2 credits. The buffers wholly inside the record (more than that) need
+    // none: they land in the record's memory, and no credit comes back for them.
+    assert!(
+        last - 1 > 2,
+        "the record should have more body buffers than credit"
+    );
     let inside: Vec<Message<'static>> = (1..last)
         .map(|i| data_msg(s.rid, i as u64, 0, chunks[i]))
         .collect();

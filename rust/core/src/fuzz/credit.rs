@@ -14,8 +14,10 @@ use crate::credit::{
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Item {
-    /// A data buffer: its id and how many buffers of its record follow it (0: it ends it).
-    Data(u64, u32),
+    /// A data buffer: its id, how many buffers of its record follow it (0: it ends it), and
+    /// whether the sender sends it as a record body buffer (not its record's first buffer,
+    /// which carries the length prefix, nor its last: no credit needed).
+    Data(u64, u32, bool),
     Event,
 }
 
@@ -41,6 +43,7 @@ impl Reader {
     fn head(&self) -> QueueHead {
         match self.queue.front() {
             None => QueueHead::Empty,
+            Some(Item::Data(_, _, true)) => QueueHead::RecordBody,
             Some(Item::Data(..)) => QueueHead::Data,
             Some(Item::Event) => QueueHead::Event,
         }
@@ -161,7 +164,7 @@ impl Pair {
                 }
                 let item = if matches!(op, Op::Produce(_)) {
                     self.next_id += 1;
-                    Item::Data(self.next_id, 0)
+                    Item::Data(self.next_id, 0, false)
                 } else {
                     Item::Event
                 };
@@ -177,7 +180,8 @@ impl Pair {
                 let buffers = 2 + (n % 5) as u32;
                 for rest in (0..buffers).rev() {
                     self.next_id += 1;
-                    let item = Item::Data(self.next_id, rest);
+                    let body = rest > 0 && rest < buffers - 1;
+                    let item = Item::Data(self.next_id, rest, body);
                     self.readers[ch].queue.push_back(item);
                     self.produced[ch].push(item);
                 }
@@ -192,11 +196,12 @@ impl Pair {
                     return true;
                 }
                 let item = reader.queue.pop_front().unwrap();
-                let data_type = match item {
-                    Item::Data(..) => DataType::Data,
-                    Item::Event => DataType::Event,
+                let backlog = reader.backlog();
+                let header = match item {
+                    Item::Data(_, _, true) => reader.credit.on_record_body_sent(backlog),
+                    Item::Data(..) => reader.credit.on_buffer_sent(DataType::Data, backlog).unwrap(),
+                    Item::Event => reader.credit.on_buffer_sent(DataType::Event, backlog).unwrap(),
                 };
-                let header = reader.credit.on_buffer_sent(data_type, reader.backlog()).unwrap();
                 self.to_receiver.push_back(ToReceiver::Buffer {
                     channel: ch,
                     header,
@@ -211,11 +216,12 @@ impl Pair {
                     header,
                     item,
                 }) => {
-                    // As the transport: a buffer inside the record in progress that does not
-                    // end it may land in the record itself.
-                    let rest = match item {
-                        Item::Data(_, rest) => Some(rest),
-                        Item::Event => None,
+                    // As the transport: a data buffer inside the record in progress that does
+                    // not end it is a record body buffer, by the receiver's own reckoning, which
+                    // must agree with the sender's.
+                    let (rest, body) = match item {
+                        Item::Data(_, rest, body) => (Some(rest), body),
+                        Item::Event => (None, false),
                     };
                     let inside = self.record_left[channel] > 0 && rest.is_some_and(|r| r > 0);
                     let id = ChannelId(channel);
@@ -225,10 +231,11 @@ impl Pair {
                         self.gate.on_buffer_response(id, header).unwrap()
                     };
                     if let (Some(rest), false) = (rest, matches!(delivery, Delivery::Discarded)) {
+                        assert_eq!(
+                            inside, body,
+                            "sender and receiver disagree on a record body buffer"
+                        );
                         self.record_left[channel] = rest;
-                        if rest > 0 {
-                            self.gate.lend_record_space(id, rest - 1).unwrap();
-                        }
                     }
                     match delivery {
                         Delivery::Data(lease) => {
@@ -238,7 +245,7 @@ impl Pair {
                             self.delivered[channel].push(item);
                         }
                         Delivery::Record => {
-                            assert!(inside, "record space used by a buffer not inside a record");
+                            assert!(inside, "a buffer not inside a record landed in one");
                             self.delivered[channel].push(item);
                         }
                         Delivery::Event => {
@@ -307,25 +314,16 @@ impl Pair {
             let s = self.stats(id);
             floating_held += s.floating_available + s.floating_in_use;
             if s.released {
-                assert_eq!(
-                    (s.available(), s.record_space, s.unannounced),
-                    (0, 0, Credit::ZERO)
-                );
+                assert_eq!((s.available(), s.unannounced), (0, Credit::ZERO));
                 continue;
             }
-            // Record space lent never exceeds the buffers still to come inside the record.
-            assert!(
-                s.record_space <= self.record_left[ch].saturating_sub(1),
-                "{id}: {} buffers of record space lent, {} buffers of the record to come",
-                s.record_space,
-                self.record_left[ch]
-            );
             assert_eq!(
                 s.exclusive_available + s.exclusive_in_use,
                 config.exclusive_buffers_per_channel
             );
             // Every announced credit is the sender's, in flight to it, or taken by data in
-            // flight: so every data buffer in flight has a free buffer waiting.
+            // flight: so every data buffer in flight that needs a buffer has one waiting
+            // (record body buffers land in their record's memory).
             let credit_in_flight: u32 = self
                 .to_sender
                 .iter()
@@ -336,8 +334,9 @@ impl Pair {
                 .to_receiver
                 .iter()
                 .filter(|m| {
-                    matches!(m, ToReceiver::Buffer { channel, header, .. }
-                        if *channel == ch && header.data_type == DataType::Data)
+                    matches!(m, ToReceiver::Buffer { channel, header, item }
+                        if *channel == ch && header.data_type == DataType::Data
+                            && !matches!(item, Item::Data(_, _, true)))
                 })
                 .count() as u32;
             assert_eq!(

@@ -9,7 +9,10 @@
 //!   the body bytes of a record in progress are read from the socket straight into the
 //!   record's own buffer, so the reader thread gets whole records and copies nothing; length
 //!   prefixes and short pieces that the socket has not delivered yet go through the segment.
-//!   Credit follows Flink's spanning-record deserializer: a buffer that only carried part of
+//!   A data buffer wholly inside a record in progress that does not complete it is a *record
+//!   body buffer*: it needs no credit and takes no segment (see [`crate::credit`]), it is read
+//!   straight into the record. Otherwise credit follows Flink's spanning-record deserializer:
+//!   a buffer that only carried part of
 //!   a record in progress is recycled at once (its bytes already sit in the record), and a
 //!   buffer that completed records holds its credit until the reader has taken them. So the
 //!   reader is woken once per record rather than once per buffer, and the memory outside the
@@ -355,25 +358,6 @@ impl RemoteGate {
             c.conn.request_credit(c.rid);
         }
         Ok(delivery)
-    }
-
-    /// `ch`'s record in progress has room for `buffers` more data buffers inside it: lend
-    /// them as credit (see [`GateCredit::lend_record_space`]). Credit mode only.
-    fn lend_record_space(&self, ch: &RemoteChannel, buffers: usize) {
-        if self.flow == FlowControl::Tcp || buffers == 0 {
-            return;
-        }
-        let wake = {
-            let mut b = self.bufs.lock().unwrap();
-            let buffers = u32::try_from(buffers).unwrap_or(u32::MAX);
-            if let Err(e) = b.credit.lend_record_space(ch.cid, buffers) {
-                log::error!("creditflow: lending record space: {e}");
-            }
-            drain_actions(&mut b)
-        };
-        for c in wake {
-            c.conn.request_credit(c.rid);
-        }
     }
 
     /// An event or a backlog announcement: sequence check / floating buffers.
@@ -980,8 +964,6 @@ async fn read_records<R: FrameSource>(
 
 async fn read_loop<R: FrameSource>(conn: &Arc<ClientConn>, reader: &mut FrameReader<R>) -> Result<()> {
     let mut assemblies: HashMap<ReceiverId, Assembly> = HashMap::new();
-    // The largest payload the peer may send (the decoder refuses larger frames).
-    let payload_limit = conn.payload_limit.load(Ordering::Relaxed).max(1);
     loop {
         let frame = reader.next().await?;
         for rid in std::mem::take(&mut *conn.closed.lock().unwrap()) {
@@ -1008,14 +990,6 @@ async fn read_loop<R: FrameSource>(conn: &Arc<ClientConn>, reader: &mut FrameRea
                         let completed = unsafe { a.records.commit_body(len) };
                         debug_assert!(completed.is_none(), "a buffer inside a record does not end it");
                         a.uncounted += 1;
-                        if len < payload_limit {
-                            // A short buffer: the record may have room for more of them.
-                            let missing = a.records.body_missing();
-                            ch.gate.lend_record_space(&ch, (missing - 1) / payload_limit);
-                        }
-                        if ch.gate.credit_running_low(&ch) {
-                            tokio::task::yield_now().await;
-                        }
                     }
                     Landing::Segment(mut seg, lease) => {
                         let len = header.payload_len;
@@ -1050,19 +1024,10 @@ async fn read_loop<R: FrameSource>(conn: &Arc<ClientConn>, reader: &mut FrameRea
                             a.uncounted = 0;
                             ch.push(Inbound::Data(received));
                         }
-                        match outcome {
-                            Err(e) => {
-                                assemblies.remove(&header.receiver);
-                                if let Some(ch) = conn.remove(header.receiver) {
-                                    ch.fail(Error::Protocol(format!("channel {:?}: {e}", ch.spec)));
-                                }
-                            }
-                            Ok(()) => {
-                                // A record left in progress lends its room as credit.
-                                let missing = a.records.body_missing();
-                                if missing > 0 {
-                                    ch.gate.lend_record_space(&ch, (missing - 1) / payload_limit);
-                                }
+                        if let Err(e) = outcome {
+                            assemblies.remove(&header.receiver);
+                            if let Some(ch) = conn.remove(header.receiver) {
+                                ch.fail(Error::Protocol(format!("channel {:?}: {e}", ch.spec)));
                             }
                         }
                         if ch.gate.credit_running_low(&ch) {

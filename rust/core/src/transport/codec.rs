@@ -16,7 +16,7 @@ use crate::partition::subpartition::Event;
 pub const MAGIC: [u8; 4] = *b"CFLW";
 
 /// The frame format version this side speaks; a frame with any other version is rejected.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 
 /// Bytes of the header every frame starts with: length, magic, version, message type.
 pub const HEADER_LEN: usize = 10;
@@ -1573,7 +1573,7 @@ mod tests {
     #[test]
     fn header_is_length_magic_version_type_little_endian() {
         let bytes = encoded(&Message::CloseRequest);
-        assert_eq!(bytes, [10, 0, 0, 0, b'C', b'F', b'L', b'W', 1, 10]);
+        assert_eq!(bytes, [10, 0, 0, 0, b'C', b'F', b'L', b'W', 2, 10]);
         let bytes = encoded(&Message::AddCredit {
             receiver: ReceiverId(1),
             credit: Credit::new(0x0102),
@@ -1635,9 +1635,13 @@ mod tests {
     #[test]
     fn unknown_version_and_type_are_rejected() {
         let mut bytes = encoded(&Message::CloseRequest);
-        bytes[8] = 2;
-        assert!(protocol_message(check(&bytes[..9], 100)).contains("version 2"));
-        bytes[8] = 1;
+        // Version 1 peers count credit differently (no record body buffers).
+        for version in [1, PROTOCOL_VERSION + 1] {
+            bytes[8] = version;
+            let msg = protocol_message(check(&bytes[..9], 100));
+            assert!(msg.contains(&format!("version {version}")), "{msg}");
+        }
+        bytes[8] = PROTOCOL_VERSION;
         bytes[9] = 200;
         assert!(protocol_message(check(&bytes, 100)).contains("unknown message type 200"));
     }

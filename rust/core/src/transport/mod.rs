@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | 0 | 4 | frame length, u32: the **whole** frame, these 4 bytes included (≥ 10) |
 //! | 4 | 4 | magic `b"CFLW"` ([`codec::MAGIC`]) |
-//! | 8 | 1 | protocol version, 1 ([`codec::PROTOCOL_VERSION`]) |
+//! | 8 | 1 | protocol version, 2 ([`codec::PROTOCOL_VERSION`]; version 1 had no record body buffers, see [`crate::credit`]) |
 //! | 9 | 1 | message type ([`codec::MessageType`]) |
 //!
 //! Bodies, in field order (`rid` = receiver id, u64; `str` = u32 byte length + UTF-8 bytes):

@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::partition::buffer::BufferSlice;
 use crate::partition::subpartition::{Event, LocalBatch, Polled, Subpartition};
 use crate::partition::{Registry, ResultPartition};
-use crate::serde::{BatchEncoder, RECORD_HEADER_LEN};
+use crate::serde::{BatchEncoder, RecordFraming, RECORD_HEADER_LEN};
 
 /// Bytes of frames gathered into one vectored write.
 const MAX_WRITE_BYTES: usize = 1 << 20;
@@ -84,6 +84,11 @@ struct Cursor {
 impl Cursor {
     fn chunks(&self) -> usize {
         self.remaining.div_ceil(self.limit)
+    }
+
+    /// Bytes of the next chunk [`Cursor::take`] hands out.
+    fn next_len(&self) -> usize {
+        self.remaining.min(self.limit)
     }
 
     fn take(&mut self) -> (Vec<Part>, usize) {
@@ -148,6 +153,9 @@ struct SubReader {
     chunks: usize,
     /// Encodes handed-off batches for the wire (their first record carries the schema).
     encoder: Option<BatchEncoder>,
+    /// The records of the payloads sent so far: which next chunk is a record body buffer
+    /// (needs no credit, see [`crate::credit`]).
+    framing: RecordFraming,
     /// The last event was queued; the subpartition is read to its end.
     drained: bool,
     /// An aligned checkpoint barrier was queued: the subpartition is not read until the
@@ -225,6 +233,7 @@ impl SubReader {
     fn head(&self) -> QueueHead {
         match self.queue.front() {
             None => QueueHead::Empty,
+            Some(Item::Data(c)) if self.framing.is_record_body(c.next_len()) => QueueHead::RecordBody,
             Some(Item::Data(_)) => QueueHead::Data,
             Some(Item::Event(_)) => QueueHead::Event,
         }
@@ -388,6 +397,7 @@ impl ServerConn {
                         queue: VecDeque::new(),
                         chunks: 0,
                         encoder: None,
+                        framing: RecordFraming::default(),
                         drained: false,
                         paused: false,
                     },
@@ -507,7 +517,11 @@ impl ServerConn {
             }
             let frame = match r.queue.front_mut().expect("available means non-empty") {
                 Item::Data(cursor) => {
+                    let record_body = r.framing.is_record_body(cursor.next_len());
                     let (parts, len) = cursor.take();
+                    for part in &parts {
+                        r.framing.advance(part.bytes());
+                    }
                     let hold = if cursor.remaining == 0 {
                         cursor.hold.take()
                     } else {
@@ -517,7 +531,11 @@ impl ServerConn {
                         r.queue.pop_front();
                     }
                     r.chunks -= 1;
-                    let header = r.credit.on_buffer_sent(DataType::Data, r.backlog())?;
+                    let header = if record_body {
+                        r.credit.on_record_body_sent(r.backlog())
+                    } else {
+                        r.credit.on_buffer_sent(DataType::Data, r.backlog())?
+                    };
                     if let Some(stats) = r.sub.remote_reader() {
                         stats.count_sent(len);
                         stats.set_credit(u64::from(r.credit.credit().get()));

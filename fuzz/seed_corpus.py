@@ -9,16 +9,18 @@ import hashlib
 import struct
 from pathlib import Path
 
+PROTOCOL_VERSION = 2  # creditflow_core::transport::codec::PROTOCOL_VERSION
+
 
 def frame(msg_type: int, body: bytes) -> bytes:
-    return struct.pack("<I4sBB", 10 + len(body), b"CFLW", 1, msg_type) + body
+    return struct.pack("<I4sBB", 10 + len(body), b"CFLW", PROTOCOL_VERSION, msg_type) + body
 
 
 def string(s: bytes) -> bytes:
     return struct.pack("<I", len(s)) + s
 
 
-HELLO = struct.pack("<BIIB", 1, 4096, 4096 + 35, 1) + bytes(range(32))
+HELLO = struct.pack("<BIIB", PROTOCOL_VERSION, 4096, 4096 + 35, 1) + bytes(range(32))
 MESSAGES = [
     frame(1, HELLO),
     frame(2, HELLO + bytes(32)),

@@ -157,7 +157,7 @@ def garbage_peer(addr: str, name: str) -> bytes:
         elif name == "wrong hmac":
             s.sendall(hello(auth=1))
             ack = s.recv(10 + 74, socket.MSG_WAITALL)
-            assert ack[4:10] == MAGIC + bytes([1, 2]), f"expected a HelloAck, got {ack!r}"
+            assert ack[4:10] == MAGIC + bytes([PROTOCOL_VERSION, 2]), f"expected a HelloAck, got {ack!r}"
             server_nonce = ack[10 + 10 : 10 + 42]
             tag = hmac.new(b"not the secret", server_nonce, hashlib.sha256).digest()
             s.sendall(frame(AUTH_PROOF, tag))
@@ -171,7 +171,7 @@ def error_kind(reply: bytes) -> int:
     kind u16, message)."""
     (length,) = struct.unpack_from("<I", reply)
     assert length == len(reply), reply
-    assert reply[4:10] == MAGIC + bytes([1, ERROR_RESPONSE]), reply
+    assert reply[4:10] == MAGIC + bytes([PROTOCOL_VERSION, ERROR_RESPONSE]), reply
     scope, rid, kind = struct.unpack_from("<BQH", reply, 10)
     assert (scope, rid) == (0, 0), reply
     return int(kind)

@@ -12,7 +12,8 @@ Settings (environment variables):
                                    environment here, over the defaults ``{"memory": "64MiB",
                                    "segment_size": "32KiB"}``, e.g. ``{"floating_buffers": 64}``
 ``CREDITFLOW_BENCH_4X4_PROCESSES``  processes per side of the 4x4 exchange: 1, 2 or 4 (default 2)
-``CREDITFLOW_BENCH_STALL_SECONDS``  how long the head-of-line consumer stops reading (default 3)
+``CREDITFLOW_BENCH_STALL_SECONDS``  how long the head-of-line consumer stops reading (default 10,
+                                   as in the acceptance of the transport issue)
 """
 
 from __future__ import annotations
@@ -52,12 +53,14 @@ LAT_ROWS = 1_024
 LAT_COUNT = 1_000
 LAT_WARMUP = 100
 LAT_INTERVAL = 0.001
-STALL = float(os.environ.get("CREDITFLOW_BENCH_STALL_SECONDS", "3"))
+STALL = float(os.environ.get("CREDITFLOW_BENCH_STALL_SECONDS", "10"))
 # Head-of-line schedule: B writes alone for HOL_SOLO s; then A too; HOL_SHARED s later A's
 # reader stalls for STALL s; both go on for HOL_SHARED s; A closes, and B writes alone for
 # HOL_SOLO s more. B's solo rate is from both solo phases (the first 0.3 s of each not
-# counted), so a machine that gets busier or quieter during the run biases the ratio less.
-HOL_SOLO = 1.5
+# counted), so a machine that gets busier or quieter during the run biases the ratio less;
+# together they last about as long as the stall, so the load swings of this shared machine
+# (±20% over a second or two) weigh on both sides of the ratio alike.
+HOL_SOLO = max(1.5, STALL / 2)
 HOL_SHARED = 0.5
 
 

@@ -769,24 +769,23 @@ impl SenderCredit {
             }
             self.credit = self.credit.checked_sub(Credit::ONE)?;
         }
-        let header = BufferHeader {
-            sequence_number: self.next_sequence_number,
-            backlog,
-            data_type,
-        };
-        self.next_sequence_number += 1;
-        self.last_backlog_announced = backlog;
-        Ok(header)
+        Ok(self.next_header(data_type, backlog))
     }
 
     /// A record body buffer is being written (a data buffer wholly inside a record whose
     /// length prefix went out before it, not completing it): it needs no credit. Returns its
     /// header, as [`SenderCredit::on_buffer_sent`] does.
     pub fn on_record_body_sent(&mut self, backlog: u32) -> BufferHeader {
+        self.next_header(DataType::Data, backlog)
+    }
+
+    /// The header of the BufferResponse being written: the next sequence number and the
+    /// backlog it announces.
+    fn next_header(&mut self, data_type: DataType, backlog: u32) -> BufferHeader {
         let header = BufferHeader {
             sequence_number: self.next_sequence_number,
             backlog,
-            data_type: DataType::Data,
+            data_type,
         };
         self.next_sequence_number += 1;
         self.last_backlog_announced = backlog;

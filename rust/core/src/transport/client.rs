@@ -12,12 +12,12 @@
 //!   A data buffer wholly inside a record in progress that does not complete it is a *record
 //!   body buffer*: it needs no credit and takes no segment (see [`crate::credit`]), it is read
 //!   straight into the record. Otherwise credit follows Flink's spanning-record deserializer:
-//!   a buffer that only carried part of
-//!   a record in progress is recycled at once (its bytes already sit in the record), and a
-//!   buffer that completed records holds its credit until the reader has taken them. So the
-//!   reader is woken once per record rather than once per buffer, and the memory outside the
-//!   gate's segments is at most one record in progress plus, per buffer of credit, the
-//!   records it completed (each at most `max_record_size`). Its writer half sends
+//!   a buffer that only carried part of a record in progress is recycled at once (its bytes
+//!   already sit in the record), and a buffer that completed records holds its credit until
+//!   the reader has taken them. So the reader is woken once per record rather than once per
+//!   buffer, and the memory outside the gate's segments is at most one record in progress
+//!   plus, per buffer of credit, the records it completed (each at most `max_record_size`).
+//!   Its writer half sends
 //!   PartitionRequests, AddCredits (the amount taken when the message is written, so a burst
 //!   of recycled buffers costs one message), CancelPartitionRequests and CloseRequest.
 //! * [`RemoteGate`]: the buffers of one input gate — its exclusive and floating segments,

@@ -498,6 +498,9 @@ fn check_offsets<O: ArrowNativeType>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow_array::types::Int32Type;
+    use arrow_array::{ArrayRef, DictionaryArray, Int64Array, StringArray};
+    use std::sync::Arc;
 
     proptest::proptest! {
         /// The sending side's framing and the receiving side's assembler agree on the record
@@ -532,9 +535,6 @@ mod tests {
             proptest::prop_assert_eq!(framing.body_missing(), 0);
         }
     }
-    use arrow_array::types::Int32Type;
-    use arrow_array::{ArrayRef, DictionaryArray, Int64Array, StringArray};
-    use std::sync::Arc;
 
     fn batch(start: i64, n: i64) -> RecordBatch {
         let a: ArrayRef = Arc::new(Int64Array::from_iter_values(start..start + n));

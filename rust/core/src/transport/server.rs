@@ -512,12 +512,12 @@ impl ServerConn {
             let Some(r) = st.readers.get_mut(&rid) else {
                 continue;
             };
-            if !r.credit.is_available(r.head()) {
+            let queue_head = r.head();
+            if !r.credit.is_available(queue_head) {
                 continue;
             }
             let frame = match r.queue.front_mut().expect("available means non-empty") {
                 Item::Data(cursor) => {
-                    let record_body = r.framing.is_record_body(cursor.next_len());
                     let (parts, len) = cursor.take();
                     for part in &parts {
                         r.framing.advance(part.bytes());
@@ -531,7 +531,7 @@ impl ServerConn {
                         r.queue.pop_front();
                     }
                     r.chunks -= 1;
-                    let header = if record_body {
+                    let header = if queue_head == QueueHead::RecordBody {
                         r.credit.on_record_body_sent(r.backlog())
                     } else {
                         r.credit.on_buffer_sent(DataType::Data, r.backlog())?

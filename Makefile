@@ -66,8 +66,8 @@ develop: venv ## Faster edit loop: maturin develop --release into .venv (skips t
 	$(BIN)/maturin develop --release
 
 .PHONY: demo
-demo: build ## Build, then run the PySpark demo (python -m creditflow.demo; needs Java 17)
-	$(PY) -m creditflow.demo
+demo: build ## Build, then run the PySpark demo (examples/spark_demo.py; needs Java 17)
+	$(PY) examples/spark_demo.py
 
 # -------------------------------------------------------------------------------------- testing
 
@@ -193,7 +193,7 @@ lint-rust: venv ## cargo fmt --check and clippy -D warnings
 lint-python: build ## ruff check/format, mypy --strict, stubtest of _native.pyi against the built module
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
-	$(BIN)/mypy python/creditflow
+	$(BIN)/mypy python/creditflow examples
 	$(PY) -m mypy.stubtest creditflow._native --mypy-config-file pyproject.toml \
 		--allowlist .mypy-stubtest-allowlist
 

@@ -1,4 +1,4 @@
-"""The main demo (``make demo`` = ``python -m creditflow.demo``): a PySpark local[2] pipeline
+"""The main demo (``make demo`` = ``python examples/spark_demo.py``): a PySpark local[2] pipeline
 exchanging lineitem rows by key through creditflow. Its quick run must verify itself against
 Spark's own repartition, show backpressure while task 1's consumer is slow, and draw its chart."""
 
@@ -13,11 +13,13 @@ import pytest
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
+DEMO = Path(__file__).resolve().parents[1] / "examples" / "spark_demo.py"
+
 
 def test_quick_demo_verifies_against_spark_and_shows_backpressure(tmp_path: Path) -> None:
     chart = tmp_path / "demo.png"
     proc = subprocess.run(
-        [sys.executable, "-m", "creditflow.demo", "--quick", "--plain", "--chart", str(chart)],
+        [sys.executable, str(DEMO), "--quick", "--plain", "--chart", str(chart)],
         capture_output=True,
         text=True,
         timeout=280,

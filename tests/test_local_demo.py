@@ -1,4 +1,4 @@
-"""The in-process demo (``python -m creditflow.local_demo``, no Spark): it verifies its own
+"""The in-process demo (``python examples/local_demo.py``, no Spark): it verifies its own
 exchange, shows the backpressure level going HIGH while a consumer is slow and OK again after,
 draws a chart, and exits cleanly on Ctrl-C."""
 
@@ -16,6 +16,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
+DEMO = Path(__file__).resolve().parents[1] / "examples" / "local_demo.py"
+
 #: The quick run takes about 7 s on a 2-core machine; this only bounds a broken one.
 RUN_TIMEOUT = 60.0
 
@@ -26,7 +28,7 @@ def _default_sigint() -> None:
 
 
 def _demo(*args: str) -> list[str]:
-    return [sys.executable, "-m", "creditflow.local_demo", *args]
+    return [sys.executable, str(DEMO), *args]
 
 
 def _slow_window(out: str) -> tuple[float, float]:

@@ -1,7 +1,7 @@
 """An in-process demo of creditflow without Spark: a backpressured, bounded-memory exchange.
 
-Run it with ``python -m creditflow.local_demo`` (``make demo`` runs the PySpark demo,
-:mod:`creditflow.demo`). One producer thread generates synthetic e-commerce orders and
+Run it with ``python examples/local_demo.py`` (``make demo`` runs the PySpark demo,
+``examples/spark_demo.py``). One producer thread generates synthetic e-commerce orders and
 hash-partitions them by ``customer_id`` into a partition with four subpartitions; four
 consumer threads each read one subpartition through their own input gate and aggregate the
 orders per customer. For a while consumer 0 is deliberately slow: the partition's buffers
@@ -85,7 +85,7 @@ class Config:
 def parse_args(argv: Sequence[str] | None) -> Config:
     """Parses the command line."""
     p = argparse.ArgumentParser(
-        prog="python -m creditflow.local_demo",
+        prog="python examples/local_demo.py",
         description="In-process creditflow exchange with a temporarily slow consumer: live backpressure.",
     )
     p.add_argument("--rows", type=int, default=None, help="orders to generate (default 30,000,000)")

@@ -1,6 +1,6 @@
 """The creditflow demo: a PySpark pipeline that exchanges data by key through creditflow.
 
-Run it with ``make demo`` (or ``python -m creditflow.demo``). On ``local[2]`` Spark generates
+Run it with ``make demo`` (or ``python examples/spark_demo.py``). On ``local[2]`` Spark generates
 TPC-H ``lineitem`` rows (decimals, dates, strings); :func:`creditflow.spark.exchange`
 repartitions them by ``l_orderkey`` between the two tasks of one barrier stage, pipelined,
 through 16 MiB of network memory per task; each task aggregates its orders (revenue,
@@ -64,7 +64,7 @@ class Config:
 def parse_args(argv: Sequence[str] | None) -> Config:
     """The command line."""
     p = argparse.ArgumentParser(
-        prog="python -m creditflow.demo",
+        prog="python examples/spark_demo.py",
         description="A PySpark local[2] pipeline exchanging TPC-H lineitem rows by key through creditflow.",
     )
     p.add_argument("--rows", type=int, default=None, help="lineitem rows to generate (default 4,000,000)")

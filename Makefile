@@ -115,8 +115,17 @@ netns-deps:
 		mkdir -p /dev/net && mknod -m 0666 /dev/net/tun c 10 200 || true; \
 	fi
 
+# tests/test_web.py renders the pipeline page in headless Chromium; as root, install Debian's
+# chromium when no Chromium is on PATH (the test skips with the reason if there is none).
+.PHONY: browser-deps
+browser-deps:
+	@if [ "$$(id -u)" = 0 ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then \
+		apt-get install -y chromium || { apt-get update && apt-get install -y chromium; } || \
+			echo "warning: could not install chromium; tests/test_web.py will skip its browser test" >&2; \
+	fi
+
 .PHONY: test-python
-test-python: build netns-deps ## Python tests (incl. Spark) against the installed wheel
+test-python: build netns-deps browser-deps ## Python tests (incl. Spark) against the installed wheel
 	$(PY) -m pytest --benchmark-disable --durations=10 $(PYTEST_ARGS)
 
 .PHONY: bench

@@ -36,6 +36,10 @@ def test_quick_demo_verifies_against_spark_and_shows_backpressure(tmp_path: Path
     assert any("HIGH" in seen for seen in levels.values()), out
     assert re.search(r"task 1's consumer was slow from [\d.]+ s to [\d.]+ s", proc.stdout), out
     assert re.search(r"task \d: [^|]*HIGH", proc.stdout), out
+    # Beside the live lines: the pipeline page and the command for the tasks' /metrics.
+    assert re.search(r"^pipeline page: http://127\.0\.0\.1:\d+/$", proc.stdout, re.M), out
+    top = re.search(r"^live view: creditflow top (http://127\.0\.0\.1:\d+/metrics ?){2,}$", proc.stdout, re.M)
+    assert top, out
     m = re.search(r"exchange: 1,000,000 rows \(\d[\d,]* MB of Arrow data\) in ([\d.]+) s", proc.stdout)
     assert m, out
     assert chart.stat().st_size > 10_000

@@ -139,18 +139,15 @@ def web(
             "creditflow top --web needs prometheus_client: pip install 'creditflow[metrics]'", file=sys.stderr
         )
         return 2
-    from creditflow.web import PipelineServer, Scraper, check_bind, parse_bind
+    from creditflow.web import serve
 
     urls, names = _named(args)
     try:
-        check_bind(*parse_bind(bind), token, insecure)
+        server = serve(urls, bind, interval=interval, names=names, token=token, insecure=insecure)
     except ValueError as e:
         print(f"creditflow top: {e}", file=sys.stderr)
         return 2
-    with (
-        Scraper(urls, interval, names) as scraper,
-        PipelineServer(scraper.pipeline, bind, token=token, insecure=insecure) as server,
-    ):
+    with server:
         print(
             f"creditflow top: the pipeline page is at {server.url} (JSON: /api/pipeline); Ctrl-C stops",
             flush=True,

@@ -240,9 +240,10 @@ def from_spark(
     title: str = "creditflow.spark",
 ) -> Pipeline:
     """The graph of Spark tasks from :class:`creditflow.spark.Monitor` samples: ``latest``
-    holds the newest sample of each task, ``previous`` the one before it by ``(job, task)``
-    (for rates). An ``exchange`` is all-to-all between its tasks (each edge's throughput
-    from the reading task's channels); the tasks of a ``send`` all feed one receiver node."""
+    holds the newest sample of each task, ``previous`` an older one by ``(job, task)`` (rates
+    are over the time between the two). An ``exchange`` is all-to-all between its tasks
+    (each edge's throughput from the reading task's channels); the tasks of a ``send`` all
+    feed one receiver node."""
     previous = previous or {}
     jobs = sorted({str(s.get("job")) for s in latest})
     nodes: list[Node] = []

@@ -395,25 +395,34 @@ def _on_a_cycle(start: str, feeds: dict[str, list[str]]) -> bool:
 
 def mark_bottlenecks(tasks: Sequence[TaskView]) -> None:
     """Sets ``bottleneck`` and ``reason`` of every task by the rule in the module docs
-    (upstream tasks missing from ``tasks`` count as OK)."""
+    (upstream tasks missing from ``tasks`` count as OK). In a loop only the busiest reader
+    is marked (the others read as fast as it lets them)."""
     levels = {t.env: t.level for t in tasks}
     rank = {"OK": 0, "LOW": 1, "HIGH": 2}
     feeds: dict[str, list[str]] = {t.env: [] for t in tasks}
     for t in tasks:
         for u in t.upstream:
             feeds.setdefault(u, []).append(t.env)
+    pushing = {t.env: [levels[u] for u in t.upstream if levels.get(u, "OK") != "OK"] for t in tasks}
+    in_loop = [
+        t
+        for t in tasks
+        if t.level != "OK"
+        and 1.0 - t.idle > BUSY_THRESHOLD
+        and pushing[t.env]
+        and all(levels.get(d, "OK") != "OK" for d in feeds[t.env])
+        and _on_a_cycle(t.env, feeds)
+    ]
+    busiest = min((t.idle for t in in_loop), default=1.0)
     for t in tasks:
-        pushing = [levels[u] for u in t.upstream if levels.get(u, "OK") != "OK"]
-        upstream = f"its upstream is {max(pushing, key=rank.__getitem__)}" if pushing else ""
-        reading = 1.0 - t.idle
-        in_loop = _on_a_cycle(t.env, feeds) and all(levels.get(d, "OK") != "OK" for d in feeds[t.env])
-        if t.level == "OK" and t.busy > BUSY_THRESHOLD and pushing:
+        upstream = f"its upstream is {max(pushing[t.env], key=rank.__getitem__, default='OK')}"
+        if t.level == "OK" and t.busy > BUSY_THRESHOLD and pushing[t.env]:
             t.bottleneck = True
             t.reason = f"busy {_pct(t.busy)}, not backpressured; {upstream}"
-        elif t.level != "OK" and reading > BUSY_THRESHOLD and pushing and in_loop:
+        elif t in in_loop and t.idle == busiest:
             t.bottleneck = True
             t.reason = (
-                f"busy reading {_pct(reading)} (waits for input {_pct(t.idle)}); {upstream}, and every "
+                f"busy reading {_pct(1.0 - t.idle)} (waits for input {_pct(t.idle)}); {upstream}, and every "
                 "task it feeds is backpressured too (a loop, as in an all-to-all exchange)"
             )
         else:

@@ -33,7 +33,7 @@ from creditflow.snapshot import Snapshot, scrape_all, summarize
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["PipelineServer", "Scraper", "check_bind", "page", "parse_bind", "split_name"]
+__all__ = ["PipelineServer", "Scraper", "check_bind", "page", "parse_bind", "serve", "split_name"]
 
 #: The page's file inside the package.
 ASSET = "pipeline.html"
@@ -142,7 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
 class PipelineServer:
     """Serves the page and ``/api/pipeline`` for ``pipeline`` (called on every API request)
     on ``bind`` (``PORT`` or ``HOST:PORT``; port 0: any free one) in a thread of its own, until
-    :meth:`close`."""
+    :meth:`close` (which then calls ``on_close``)."""
 
     def __init__(
         self,
@@ -151,12 +151,14 @@ class PipelineServer:
         *,
         token: str | None = None,
         insecure: bool = False,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         host, port = parse_bind(bind)
         if token is not None and not token:
             raise ValueError("token must not be empty")
         check_bind(host, port, token, insecure)
         self.pipeline = pipeline
+        self._on_close = on_close
         self._token = token
         self._server = _Server(host, port, self)
         self.host: str = host
@@ -197,6 +199,8 @@ class PipelineServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
+        if self._on_close is not None:
+            self._on_close()
 
     def __enter__(self) -> Self:
         return self
@@ -266,3 +270,24 @@ class Scraper:
 
     def __exit__(self, *_args: object) -> None:
         self.close()
+
+
+def serve(
+    urls: Sequence[str],
+    bind: str | int = 0,
+    *,
+    interval: float = 1.0,
+    names: Mapping[str, str] | None = None,
+    token: str | None = None,
+    insecure: bool = False,
+) -> PipelineServer:
+    """Scrapes ``urls`` every ``interval`` seconds (:class:`Scraper`; ``names`` by URL) and
+    serves their page on ``bind``; closing the server stops the scraping. What ``creditflow
+    top --web`` runs."""
+    check_bind(*parse_bind(bind), token, insecure)  # before anything starts
+    scraper = Scraper(urls, interval, names)
+    try:
+        return PipelineServer(scraper.pipeline, bind, token=token, insecure=insecure, on_close=scraper.close)
+    except BaseException:
+        scraper.close()
+        raise

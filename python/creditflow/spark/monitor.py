@@ -22,6 +22,7 @@ import os
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,16 @@ if TYPE_CHECKING:
     from creditflow.web import PipelineServer
 
 Sample = dict[str, Any]
+
+#: Seconds over which :meth:`Monitor.pipeline` computes rates (the samples come more often).
+RATE_WINDOW = 1.0
+
+
+def _age(older: Sample, newer: Sample) -> float:
+    try:
+        return float(newer["time"]) - float(older["time"])
+    except (KeyError, TypeError, ValueError):
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -78,7 +89,8 @@ class Monitor(Closeable):
         key = secrets.token_hex(16)
         self._lock = threading.Lock()
         self._latest: dict[tuple[str, int], Sample] = {}
-        self._previous: dict[tuple[str, int], Sample] = {}
+        #: Each task's samples of the last RATE_WINDOW seconds or so, for rates over that window.
+        self._recent: dict[tuple[str, int], deque[Sample]] = {}
         self._samples: list[Sample] = []
         self._max_samples = max_samples
         self._web: PipelineServer | None = None
@@ -98,9 +110,12 @@ class Monitor(Closeable):
     def _receive(self, sample: Message) -> None:
         task = (str(sample.get("job")), int(sample.get("task", -1)))
         with self._lock:
-            if task in self._latest:
-                self._previous[task] = self._latest[task]
             self._latest[task] = sample
+            recent = self._recent.setdefault(task, deque())
+            recent.append(sample)
+            # Keep one sample at least RATE_WINDOW old: the base of the rates.
+            while len(recent) > 2 and _age(recent[1], sample) >= RATE_WINDOW:
+                recent.popleft()
             if len(self._samples) < self._max_samples:
                 self._samples.append(sample)
 
@@ -120,7 +135,7 @@ class Monitor(Closeable):
 
         with self._lock:
             latest = [s for (j, _), s in sorted(self._latest.items()) if job is None or j == job]
-            previous = dict(self._previous)
+            previous = {task: recent[0] for task, recent in self._recent.items() if len(recent) > 1}
         return from_spark(latest, previous, title="creditflow.spark: tasks of the running jobs")
 
     def tasks(self, job: str | None = None) -> list[Sample]:
@@ -137,7 +152,7 @@ class Monitor(Closeable):
         """Forgets the samples received so far."""
         with self._lock:
             self._latest.clear()
-            self._previous.clear()
+            self._recent.clear()
             self._samples.clear()
 
     def close(self) -> None:

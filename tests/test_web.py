@@ -283,6 +283,21 @@ def test_names_come_from_the_urls_the_environments_were_scraped_from() -> None:
     assert snap.names({"s": "source", "k": "sink"}) == {SRC: "source", SINK: "sink"}
 
 
+def test_top_shows_the_names_too() -> None:
+    from rich.console import Console
+
+    from creditflow.cli import MARK, render
+
+    console = Console(width=200, record=True)
+    console.print(render(view(chain(0, True), chain(1, True)), {}, {SRC: "source", SINK: "sink"}))
+    text = console.export_text()
+    marked = [line.split("│") for line in text.splitlines() if MARK in line]
+    assert len(marked) == 1
+    assert marked[0][1].strip() == "sink"
+    assert MAP in marked[0][6]  # its upstream, unnamed: the address
+    assert "source" in text
+
+
 # ------------------------------------------------------------------------------ Spark (unit)
 
 
@@ -547,7 +562,7 @@ class Browser:
 
     def screenshot(self, url: str, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._run(url, f"--screenshot={path.resolve()}", "--window-size=1400,560", "--hide-scrollbars")
+        self._run(url, f"--screenshot={path.resolve()}", "--window-size=1280,400", "--hide-scrollbars")
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -72,7 +73,8 @@ def check_bind(host: str, port: int, token: str | None, insecure: bool) -> None:
         raise ValueError(
             f"refusing to serve the pipeline page on {host}:{port} without a token: anyone who can "
             "reach it could see your pipeline (addresses, partitions, throughput). Pass a token "
-            "(--token, or web_token=...), bind a loopback address, or pass --insecure (insecure=True)"
+            "(--token, token=... or web_token=...), bind a loopback address, or pass --insecure "
+            "(insecure=True or web_insecure=True)"
         )
 
 
@@ -215,10 +217,17 @@ class PipelineServer:
 class Scraper:
     """Scrapes ``/metrics`` URLs every ``interval`` seconds in a thread of its own (as
     ``creditflow top`` does) and keeps the latest :class:`~creditflow.pipeline.Pipeline`.
-    ``names``: display names by URL (the environments scraped from it get that name)."""
+    ``names``: display names by URL (the environments scraped from it get that name).
+    Throughputs are averaged over the last ``window`` seconds (at least one interval): data
+    moves in whole buffers, so rates over a shorter time jump up and down. Levels and the
+    bottleneck come from the latest scrape alone."""
 
     def __init__(
-        self, urls: Sequence[str], interval: float = 1.0, names: Mapping[str, str] | None = None
+        self,
+        urls: Sequence[str],
+        interval: float = 1.0,
+        names: Mapping[str, str] | None = None,
+        window: float = 2.0,
     ) -> None:
         if not urls:
             raise ValueError("Scraper needs at least one URL")
@@ -226,21 +235,27 @@ class Scraper:
             raise ValueError(f"interval must be positive, got {interval}")
         self.urls = list(urls)
         self.interval = interval
+        self.window = max(window, interval)
         self.names = dict(names or {})
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._prev: Snapshot | None = None
+        self._history: deque[Snapshot] = deque()
         self._latest = Pipeline("creditflow pipeline (waiting for the first two scrapes)", [], [])
         self.scrape()
         self._thread = threading.Thread(target=self._run, name="creditflow-scraper", daemon=True)
         self._thread.start()
 
     def scrape(self) -> Pipeline:
-        """Scrapes every URL now; returns (and keeps) the pipeline since the last scrape."""
+        """Scrapes every URL now; returns (and keeps) the pipeline."""
         snap, errors = scrape_all(self.urls, timeout=max(self.interval, 1.0))
         names = snap.names(self.names)
         with self._lock:
-            prev, self._prev = self._prev, snap
+            history = self._history
+            # The base of the rates: the newest earlier scrape at least `window` old.
+            while len(history) > 1 and snap.time - history[1].time >= self.window:
+                history.popleft()
+            prev = history[0] if history else None
+            history.append(snap)
         title = f"creditflow pipeline: {len(self.urls)} endpoint{'s' if len(self.urls) > 1 else ''}"
         pipeline = from_view(summarize(prev, snap), names, errors, title)
         with self._lock:

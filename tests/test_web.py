@@ -307,6 +307,7 @@ def exchange_sample(task: int, t: float, received: Sequence[float], bp: float, i
         "job": "j1",
         "kind": "exchange",
         "task": task,
+        "partition_id": f"cf-exchange/j1/{task}",
         "time": t,
         "done": False,
         "rows_in": 1000 * t,
@@ -335,6 +336,7 @@ def test_spark_exchange_tasks_are_nodes_and_the_all_to_all_their_edges() -> None
     assert [(n.id, n.name) for n in p.nodes] == [("j1/0", "task 0"), ("j1/1", "task 1")]
     edges = {(e.source, e.target): e.bytes_per_second for e in p.edges}
     assert edges == {("j1/1", "j1/0"): pytest.approx(2 * MB), ("j1/0", "j1/1"): pytest.approx(3 * MB)}
+    assert sorted(e.partitions for e in p.edges) == [["cf-exchange/j1/0"], ["cf-exchange/j1/1"]]
     assert [n.id for n in p.bottlenecks] == ["j1/1"]
     assert by_id(p)["j1/0"].bytes_out_per_second == pytest.approx(2 * MB)
     assert by_id(p)["j1/0"].in_pool_usage == 0.4
@@ -362,7 +364,8 @@ def test_spark_send_tasks_feed_one_receiver() -> None:
         }
 
     p = from_spark([sample(i, 2.0) for i in range(3)], {("s9", i): sample(i, 1.0) for i in range(3)})
-    assert [n.name for n in p.nodes] == ["task 0", "task 1", "task 2", "receiver 10.1.1.1:5000"]
+    assert [n.name for n in p.nodes] == ["task 0", "task 1", "task 2", "receiver"]
+    assert "10.1.1.1:5000" in p.nodes[-1].reason
     assert {(e.source, e.target) for e in p.edges} == {(f"s9/{i}", "s9/receiver") for i in range(3)}
     assert all(e.bytes_per_second == pytest.approx(MB) for e in p.edges)
     assert by_id(p)["s9/2"].reason == "done"

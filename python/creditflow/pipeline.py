@@ -252,7 +252,8 @@ def from_spark(
     for job in jobs:
         samples = sorted((s for s in latest if str(s.get("job")) == job), key=lambda s: int(s["task"]))
         prefix = f"job {job} " if len(jobs) > 1 else ""
-        ids = {int(s["task"]): f"{job}/{int(s['task'])}" for s in samples}
+        by_task = {int(s["task"]): s for s in samples}
+        ids = {task: f"{job}/{task}" for task in by_task}
         exchange = all(s.get("kind") == "exchange" for s in samples)
         for s in samples:
             task = int(s["task"])
@@ -286,13 +287,16 @@ def from_spark(
                     if prev is not None and producer < len(before):
                         was = {"time": prev["time"], "b": before[producer]}
                     rate = _change({"time": s["time"], "b": total}, was, "b")
-                    edges.append(Edge(ids[producer], ids[task], [f"task {producer}"], rate))
+                    partition = str(by_task[producer].get("partition_id", f"task {producer}"))
+                    edges.append(Edge(ids[producer], ids[task], [partition], rate))
             else:
                 partition = str(s.get("partition_id", ""))
                 edges.append(Edge(ids[task], f"{job}/receiver", [partition], node.bytes_out_per_second))
         if not exchange and samples:
             addr = str(samples[0].get("receiver", ""))
-            nodes.append(Node(f"{job}/receiver", f"{prefix}receiver {addr}".strip(), scraped=False))
+            receiver = Node(f"{job}/receiver", f"{prefix}receiver", scraped=False)
+            receiver.reason = f"the Receiver at {addr}, outside Spark: its metrics are not sampled"
+            nodes.append(receiver)
     mark_bottlenecks(tasks)
     by_id = {n.id: n for n in nodes}
     for t in tasks:

@@ -278,6 +278,7 @@ def _sample(
         "job": plan.exchange_id,
         "kind": "exchange",
         "task": task,
+        "partition_id": part.id,
         "rows_in": writer.rows if writer else 0,
         "bytes_in": writer.bytes if writer else 0,
         "write_seconds": writer.write_seconds if writer else 0.0,

@@ -96,7 +96,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     p.add_argument("--rows", type=int, default=None, help="orders to generate (default 30,000,000)")
     p.add_argument("--slow-start", type=float, default=None, help="when consumer 0 turns slow, s (3)")
     p.add_argument("--slow-seconds", type=float, default=None, help="how long it stays slow, s (10)")
-    p.add_argument("--quick", action="store_true", help="a short run (for tests): 10M rows, slow 1-3.5 s")
+    p.add_argument("--quick", action="store_true", help="a short run (for tests): 15M rows, slow 1-3.5 s")
     p.add_argument("--seed", type=int, default=42, help="random seed of the generated orders")
     p.add_argument("--memory", default="16MiB", help="network memory of the environment (16MiB)")
     p.add_argument("--chart", type=Path, default=Path("creditflow-local-demo.png"), help="PNG chart path")
@@ -106,7 +106,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     p.add_argument("--web-port", type=int, default=0, help="port of the pipeline page (default: any free)")
     p.add_argument("--no-serve", action="store_true", help="serve neither /metrics nor the pipeline page")
     a = p.parse_args(argv)
-    rows, start, seconds = (10_000_000, 1.0, 2.5) if a.quick else (30_000_000, 3.0, 10.0)
+    rows, start, seconds = (15_000_000, 1.0, 2.5) if a.quick else (30_000_000, 3.0, 10.0)
     cfg = Config(
         rows=a.rows if a.rows is not None else rows,
         seed=a.seed,

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 DEMO = Path(__file__).resolve().parents[1] / "examples" / "local_demo.py"
 
-#: The quick run takes about 7 s on a 2-core machine; this only bounds a broken one.
+#: The quick run takes about 8 s on a 2-core machine; this only bounds a broken one.
 RUN_TIMEOUT = 60.0
 
 

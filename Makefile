@@ -66,8 +66,8 @@ develop: venv ## Faster edit loop: maturin develop --release into .venv (skips t
 	$(BIN)/maturin develop --release
 
 .PHONY: demo
-demo: build ## Build, then run the PySpark demo (python -m creditflow.demo; needs Java 17)
-	$(PY) -m creditflow.demo
+demo: build ## Build, then run the PySpark demo (examples/spark_demo.py; needs Java 17)
+	$(PY) examples/spark_demo.py
 
 # -------------------------------------------------------------------------------------- testing
 
@@ -115,8 +115,17 @@ netns-deps:
 		mkdir -p /dev/net && mknod -m 0666 /dev/net/tun c 10 200 || true; \
 	fi
 
+# tests/test_web.py renders the pipeline page in headless Chromium; as root, install Debian's
+# chromium when no Chromium is on PATH (the test skips with the reason if there is none).
+.PHONY: browser-deps
+browser-deps:
+	@if [ "$$(id -u)" = 0 ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then \
+		apt-get install -y chromium || { apt-get update && apt-get install -y chromium; } || \
+			echo "warning: could not install chromium; tests/test_web.py will skip its browser test" >&2; \
+	fi
+
 .PHONY: test-python
-test-python: build netns-deps ## Python tests (incl. Spark) against the installed wheel
+test-python: build netns-deps browser-deps ## Python tests (incl. Spark) against the installed wheel
 	$(PY) -m pytest --benchmark-disable --durations=10 $(PYTEST_ARGS)
 
 .PHONY: bench
@@ -193,7 +202,7 @@ lint-rust: venv ## cargo fmt --check and clippy -D warnings
 lint-python: build ## ruff check/format, mypy --strict, stubtest of _native.pyi against the built module
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
-	$(BIN)/mypy python/creditflow
+	$(BIN)/mypy python/creditflow examples
 	$(PY) -m mypy.stubtest creditflow._native --mypy-config-file pyproject.toml \
 		--allowlist .mypy-stubtest-allowlist
 

@@ -7,7 +7,8 @@ Markers, strictness, warnings-as-errors and the per-test timeout live in pyproje
   source tree (instead of the wheel `make build` installed) is visible at a glance;
 * Spark tests are skipped on a developer machine without Java, but never on CI (CI=true),
   where a missing JDK must fail the run rather than silently shrink it;
-* the ``workers`` fixture, which kills the worker processes a transport test started.
+* the ``workers`` fixture, which kills the worker processes a transport test started;
+* the ``pipeline`` fixture: source → map → sink in three processes, the sink throttled.
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_spark)
 
 
+#: Batches of 64 KiB per second the pipeline's source writes: far below what map and sink can take.
+SOURCE_RATE = 100
+#: Seconds the throttled sink sleeps per batch: 20 batches per second.
+THROTTLE = 0.05
+
+
 @pytest.fixture
 def workers() -> Iterator[list[Any]]:
     """Worker processes (``remote_worker.Worker``) a test appends here are killed when it ends,
@@ -61,3 +68,29 @@ def workers() -> Iterator[list[Any]]:
     yield started
     for w in started:
         w.close()
+
+
+@pytest.fixture
+def pipeline(workers: list[Any]) -> Iterator[dict[str, Any]]:
+    """source → map → sink (``tests/pipeline_worker.py``), the sink throttled; yields the
+    workers, their environments' addresses and their metrics URLs, by role."""
+    from pipeline_worker import PipelineWorker
+
+    source = PipelineWorker("source", rate=SOURCE_RATE)
+    workers.append(source)
+    src = source.wait_for("address")
+    mapper = PipelineWorker("map", upstream=[src["address"], "src"])
+    workers.append(mapper)
+    mid = mapper.wait_for("address")
+    sink = PipelineWorker("sink", upstream=[mid["address"], "mapped"], throttle=THROTTLE)
+    workers.append(sink)
+    snk = sink.wait_for("address")
+    yield {
+        "workers": {"source": source, "map": mapper, "sink": sink},
+        "address": {"source": src["address"], "map": mid["address"], "sink": snk["address"]},
+        "urls": [src["metrics_url"], mid["metrics_url"], snk["metrics_url"]],
+    }
+    for w in (source, mapper, sink):
+        w.send(cmd="exit")
+    for w in (source, mapper, sink):
+        w.wait()

@@ -4,15 +4,30 @@ pytest puts this directory on ``sys.path`` because ``tests/`` is not a package).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 import creditflow as cf
 
 #: How long one blocking call in a test may wait before the test fails instead of hanging.
 STEP_TIMEOUT = 20.0
+
+
+def poll(what: str, check: Callable[[], Any], deadline: float = 60.0, every: float = 0.2) -> Any:
+    """Calls ``check`` until it returns something truthy; fails after ``deadline`` seconds
+    with ``what`` and the last value."""
+    end = time.monotonic() + deadline
+    last: Any = None
+    while time.monotonic() < end:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    pytest.fail(f"{what}: not seen within {deadline} s (last: {last!r})")
 
 
 class CStreamOnly:

@@ -1,4 +1,4 @@
-"""The main demo (``make demo`` = ``python -m creditflow.demo``): a PySpark local[2] pipeline
+"""The main demo (``make demo`` = ``python examples/spark_demo.py``): a PySpark local[2] pipeline
 exchanging lineitem rows by key through creditflow. Its quick run must verify itself against
 Spark's own repartition, show backpressure while task 1's consumer is slow, and draw its chart."""
 
@@ -13,11 +13,13 @@ import pytest
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
+DEMO = Path(__file__).resolve().parents[1] / "examples" / "spark_demo.py"
+
 
 def test_quick_demo_verifies_against_spark_and_shows_backpressure(tmp_path: Path) -> None:
     chart = tmp_path / "demo.png"
     proc = subprocess.run(
-        [sys.executable, "-m", "creditflow.demo", "--quick", "--plain", "--chart", str(chart)],
+        [sys.executable, str(DEMO), "--quick", "--plain", "--chart", str(chart)],
         capture_output=True,
         text=True,
         timeout=280,
@@ -34,6 +36,10 @@ def test_quick_demo_verifies_against_spark_and_shows_backpressure(tmp_path: Path
     assert any("HIGH" in seen for seen in levels.values()), out
     assert re.search(r"task 1's consumer was slow from [\d.]+ s to [\d.]+ s", proc.stdout), out
     assert re.search(r"task \d: [^|]*HIGH", proc.stdout), out
+    # Beside the live lines: the pipeline page and the command for the tasks' /metrics.
+    assert re.search(r"^pipeline page: http://127\.0\.0\.1:\d+/$", proc.stdout, re.M), out
+    top = re.search(r"^live view: creditflow top (http://127\.0\.0\.1:\d+/metrics ?){2,}$", proc.stdout, re.M)
+    assert top, out
     m = re.search(r"exchange: 1,000,000 rows \(\d[\d,]* MB of Arrow data\) in ([\d.]+) s", proc.stdout)
     assert m, out
     assert chart.stat().st_size > 10_000

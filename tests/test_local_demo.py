@@ -1,22 +1,27 @@
-"""The in-process demo (``python -m creditflow.local_demo``, no Spark): it verifies its own
+"""The in-process demo (``python examples/local_demo.py``, no Spark): it verifies its own
 exchange, shows the backpressure level going HIGH while a consumer is slow and OK again after,
-draws a chart, and exits cleanly on Ctrl-C."""
+draws a chart, serves its metrics and the pipeline page while it runs (and says where), and
+exits cleanly on Ctrl-C."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
-#: The quick run takes about 7 s on a 2-core machine; this only bounds a broken one.
+DEMO = Path(__file__).resolve().parents[1] / "examples" / "local_demo.py"
+
+#: The quick run takes about 8 s on a 2-core machine; this only bounds a broken one.
 RUN_TIMEOUT = 60.0
 
 
@@ -26,7 +31,7 @@ def _default_sigint() -> None:
 
 
 def _demo(*args: str) -> list[str]:
-    return [sys.executable, "-m", "creditflow.local_demo", *args]
+    return [sys.executable, str(DEMO), *args]
 
 
 def _slow_window(out: str) -> tuple[float, float]:
@@ -66,6 +71,8 @@ def test_quick_demo_verifies_and_shows_backpressure(tmp_path: Path) -> None:
     assert any(start <= t <= end for t in highs), f"no HIGH in the slow window {start}-{end} s: {timeline}"
     assert any(t > end and level == "OK" for t, level in timeline), f"not OK after {end} s: {timeline}"
     assert "[ok] backpressure: HIGH in the slow window" in proc.stdout, out
+    assert re.search(r"^live view: creditflow top http://127\.0\.0\.1:\d+/metrics$", proc.stdout, re.M), out
+    assert re.search(r"^pipeline page: http://127\.0\.0\.1:\d+/$", proc.stdout, re.M), out
 
     if importlib.util.find_spec("matplotlib") is not None:
         assert chart.is_file(), out
@@ -93,6 +100,19 @@ def test_demo_exits_cleanly_on_ctrl_c(tmp_path: Path) -> None:
             if "consumer slow" in line or time.monotonic() > deadline:
                 break
         assert any("consumer slow" in line for line in seen), "".join(seen)
+        # While it runs, what it printed is there to look at: its /metrics and the page.
+        text = "".join(seen)
+        metrics = re.search(r"creditflow top (http://\S+/metrics)", text)
+        page = re.search(r"pipeline page: (http://\S+/)", text)
+        assert metrics, text
+        assert page, text
+        with urllib.request.urlopen(metrics.group(1), timeout=10) as resp:
+            assert b"creditflow_partition_backpressure_level{" in resp.read()
+        with urllib.request.urlopen(page.group(1) + "api/pipeline", timeout=10) as resp:
+            graph = json.load(resp)
+        assert [n["name"] for n in graph["nodes"]] == ["demo (in-process)"], graph
+        assert graph["nodes"][0]["partitions"] == ["demo/orders/0"], graph
+        assert len(graph["nodes"][0]["gates"]) == 4, graph
         proc.send_signal(signal.SIGINT)  # the writer is blocked or about to be: backpressure
         started = time.monotonic()
         rest, _ = proc.communicate(timeout=10)

@@ -21,7 +21,7 @@ import termios
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,23 +35,7 @@ import creditflow.logs
 from creditflow.cli import MARK
 from creditflow.prometheus import FAMILIES, register
 from creditflow.snapshot import View, scrape, summarize
-from helpers import read_all
-from pipeline_worker import PipelineWorker
-
-DEADLINE = 60.0
-
-
-def poll(what: str, check: Callable[[], Any], deadline: float = DEADLINE, every: float = 0.2) -> Any:
-    """Calls ``check`` until it returns something truthy; fails after ``deadline`` seconds
-    with ``what`` and the last value."""
-    end = time.monotonic() + deadline
-    last: Any = None
-    while time.monotonic() < end:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    pytest.fail(f"{what}: not seen within {deadline} s (last: {last!r})")
+from helpers import poll, read_all
 
 
 def batch(i: int, rows: int = 100) -> pa.RecordBatch:
@@ -229,32 +213,6 @@ def test_a_peer_sending_garbage_is_logged_under_creditflow(caplog: pytest.LogCap
 
 # ------------------------------------------------------------------ three-process pipeline
 
-SOURCE_RATE = 100  # batches of 64 KiB per second: far below what map and sink can take
-THROTTLE = 0.05  # seconds the throttled sink sleeps per batch: 20 batches per second
-
-
-@pytest.fixture
-def pipeline(workers: list[Any]) -> Iterator[dict[str, Any]]:
-    """source → map → sink, the sink throttled; yields the workers and their metrics URLs."""
-    source = PipelineWorker("source", rate=SOURCE_RATE)
-    workers.append(source)
-    src = source.wait_for("address")
-    mapper = PipelineWorker("map", upstream=[src["address"], "src"])
-    workers.append(mapper)
-    mid = mapper.wait_for("address")
-    sink = PipelineWorker("sink", upstream=[mid["address"], "mapped"], throttle=THROTTLE)
-    workers.append(sink)
-    snk = sink.wait_for("address")
-    yield {
-        "workers": {"source": source, "map": mapper, "sink": sink},
-        "address": {"source": src["address"], "map": mid["address"], "sink": snk["address"]},
-        "urls": [src["metrics_url"], mid["metrics_url"], snk["metrics_url"]],
-    }
-    for w in (source, mapper, sink):
-        w.send(cmd="exit")
-    for w in (source, mapper, sink):
-        w.wait()
-
 
 def _view(urls: list[str], prev: list[Any]) -> View:
     snap = scrape(urls[0])
@@ -298,9 +256,7 @@ def test_a_throttled_sink_backpressures_source_and_map_and_levels_recover(pipeli
     assert v.bottlenecks == []
 
 
-def _pty_run(
-    argv: list[str], until: Callable[[str], bool], deadline: float = DEADLINE, context: str = ""
-) -> str:
+def _pty_run(argv: list[str], until: Callable[[str], bool], deadline: float = 60.0, context: str = "") -> str:
     """Runs ``argv`` in a pseudo-terminal of 200 columns; returns its output (ANSI codes
     removed) once ``until(output)`` holds, or fails at the deadline."""
     leader, follower = pty.openpty()

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -265,12 +266,24 @@ def _assert_workers_clean(spark: SparkSession) -> None:
 
 def test_monitor_receives_live_samples_from_every_task(spark: SparkSession) -> None:
     df = spark.range(0, 200_000, numPartitions=2).select("id", (F.col("id") % 100).alias("k"))
-    with cfs.Monitor(interval=0.05) as mon:
+    with cfs.Monitor(interval=0.05, metrics=True, web=0) as mon:
         assert cfs.exchange(df, "k", monitor=mon).count() == 200_000
         deadline = time.monotonic() + 10
         while len([s for s in mon.tasks() if s["done"]]) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         final = mon.tasks()
+        # The page's data: the two tasks, and the all-to-all between them.
+        assert mon.web_url is not None
+        with urllib.request.urlopen(mon.web_url + "api/pipeline", timeout=10) as resp:
+            graph = json.load(resp)
+        job = final[0]["job"]
+        assert [n["name"] for n in graph["nodes"]] == ["task 0", "task 1"]
+        edges = {(e["source"], e["target"]) for e in graph["edges"]}
+        assert edges == {(f"{job}/0", f"{job}/1"), (f"{job}/1", f"{job}/0")}
+        # Every task served its environment's /metrics and said where.
+        urls = mon.metrics_urls()
+        assert len(urls) == 2
+        assert all(u.startswith("http://127.0.0.1:") and u.endswith("/metrics") for u in urls)
     assert sorted(s["task"] for s in final) == [0, 1]
     assert all(s["done"] for s in final)
     assert sum(s["rows_in"] for s in final) == 200_000

@@ -4,6 +4,11 @@
 and shows, refreshing in the terminal, every task, partition and gate with throughput,
 pool usage and backpressure level, marking the bottleneck (see :mod:`creditflow.snapshot`).
 Needs ``pip install 'creditflow[top]'``.
+
+``creditflow top --web [HOST:]PORT URL [URL ...]`` scrapes the same way and, instead of the
+terminal view, serves a page that draws the pipeline as a graph (see :mod:`creditflow.web`)
+at ``http://HOST:PORT/`` and its data at ``/api/pipeline``, until Ctrl-C. A URL may be given
+as ``NAME=URL`` to name its task (``source=127.0.0.1:9100``).
 """
 
 from __future__ import annotations
@@ -11,13 +16,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from creditflow.snapshot import Snapshot, View
+    from creditflow.snapshot import View
 
 __all__ = ["main", "render"]
 
@@ -35,23 +40,27 @@ def _pct(ratio: float) -> str:
 _LEVEL_STYLE = {"OK": "green", "LOW": "yellow", "HIGH": "bold red"}
 
 
-def render(view: View, errors: dict[str, str]) -> RenderableType:
-    """The screen for one view: tasks, partitions and gates, and unreachable URLs."""
+def render(view: View, errors: dict[str, str], names: Mapping[str, str] | None = None) -> RenderableType:
+    """The screen for one view: tasks, partitions and gates, and unreachable URLs. ``names``:
+    display names of tasks by address (default: the address)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
+
+    def name(env: str) -> str:
+        return (names or {}).get(env, env)
 
     tasks = Table(title="tasks (one per environment)", expand=True)
     for col in ("task", "level", "backpressured", "idle", "busy", "upstream", ""):
         tasks.add_column(col)
     for t in view.tasks:
         tasks.add_row(
-            t.env,
+            name(t.env),
             Text(t.level, style=_LEVEL_STYLE[t.level]),
             _pct(t.backpressured),
             _pct(t.idle),
             _pct(t.busy),
-            ", ".join(t.upstream) or "-",
+            ", ".join(map(name, t.upstream)) or "-",
             Text(MARK, style="bold magenta") if t.bottleneck else "",
         )
     parts = Table(title="partitions (output)", expand=True)
@@ -59,7 +68,7 @@ def render(view: View, errors: dict[str, str]) -> RenderableType:
         parts.add_column(col)
     for p in view.partitions:
         parts.add_row(
-            p.env,
+            name(p.env),
             p.partition,
             _mb(p.bytes_per_second),
             f"{p.rows_per_second:,.0f}",
@@ -72,13 +81,13 @@ def render(view: View, errors: dict[str, str]) -> RenderableType:
         gates.add_column(col)
     for g in view.gates:
         gates.add_row(
-            g.env,
+            name(g.env),
             g.gate,
             _mb(g.bytes_per_second),
             f"{g.rows_per_second:,.0f}",
             _pct(g.in_pool_usage),
             _pct(g.idle),
-            ", ".join(g.upstream_envs) or "-",
+            ", ".join(map(name, g.upstream_envs)) or "-",
         )
     parts_of_screen: list[RenderableType] = [tasks, parts, gates]
     for url, err in sorted(errors.items()):
@@ -86,38 +95,66 @@ def render(view: View, errors: dict[str, str]) -> RenderableType:
     return Group(*parts_of_screen)
 
 
-def _scrape_all(urls: Sequence[str], timeout: float) -> tuple[Snapshot, dict[str, str]]:
-    from creditflow.snapshot import Snapshot, scrape
-
-    snap = Snapshot(time.monotonic())
-    errors: dict[str, str] = {}
-    for url in urls:
-        try:
-            snap = snap.merge(scrape(url, timeout=timeout))
-        except (OSError, ValueError) as e:
-            errors[url] = f"unreachable ({e})"
-    return snap, errors
-
-
-def top(urls: Sequence[str], interval: float, iterations: int | None) -> int:
-    """Runs the live view; returns the exit code."""
+def top(args: Sequence[str], interval: float, iterations: int | None) -> int:
+    """Runs the live view of the ``[NAME=]URL`` arguments; returns the exit code."""
     try:
         from rich.console import Console
         from rich.live import Live
     except ImportError:
         print("creditflow top needs rich: pip install 'creditflow[top]'", file=sys.stderr)
         return 2
-    from creditflow.snapshot import summarize
+    from creditflow.snapshot import scrape_all, summarize
 
+    urls, names = _named(args)
     console = Console()
-    prev, errors = _scrape_all(urls, timeout=interval)
+    prev, errors = scrape_all(urls, timeout=interval)
     done = 0
     with Live(console=console, auto_refresh=False, screen=False) as live:
         while iterations is None or done < iterations:
             time.sleep(interval)
-            cur, errors = _scrape_all(urls, timeout=interval)
-            live.update(render(summarize(prev, cur), errors), refresh=True)
+            cur, errors = scrape_all(urls, timeout=interval)
+            live.update(render(summarize(prev, cur), errors, cur.names(names)), refresh=True)
             prev = cur
+            done += 1
+    return 0
+
+
+def _named(args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The URLs of ``[NAME=]URL`` arguments, and the names by URL."""
+    from creditflow.web import split_name
+
+    named = [split_name(a) for a in args]
+    return [url for _, url in named], {url: name for name, url in named if name is not None}
+
+
+def web(
+    args: Sequence[str], bind: str, interval: float, token: str | None, insecure: bool, iterations: int | None
+) -> int:
+    """Serves the pipeline page for the ``[NAME=]URL`` arguments until Ctrl-C (or for
+    ``iterations`` scrape intervals); returns the exit code."""
+    try:
+        import prometheus_client  # noqa: F401 - the parser of scraped pages
+    except ImportError:
+        print(
+            "creditflow top --web needs prometheus_client: pip install 'creditflow[metrics]'", file=sys.stderr
+        )
+        return 2
+    from creditflow.web import serve
+
+    urls, names = _named(args)
+    try:
+        server = serve(urls, bind, interval=interval, names=names, token=token, insecure=insecure)
+    except ValueError as e:
+        print(f"creditflow top: {e}", file=sys.stderr)
+        return 2
+    with server:
+        print(
+            f"creditflow top: the pipeline page is at {server.url} (JSON: /api/pipeline); Ctrl-C stops",
+            flush=True,
+        )
+        done = 0
+        while iterations is None or done < iterations:
+            time.sleep(interval)
             done += 1
     return 0
 
@@ -140,12 +177,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         "and backpressure per task, partition and gate, marking the bottleneck.",
     )
     p_top.add_argument(
-        "urls", nargs="+", metavar="URL", help="e.g. http://127.0.0.1:9100/metrics or host:port"
+        "urls",
+        nargs="+",
+        metavar="[NAME=]URL",
+        help="e.g. http://127.0.0.1:9100/metrics, host:port or source=host:port (names the task)",
     )
     p_top.add_argument("--interval", type=_positive, default=1.0, help="seconds between scrapes (default 1)")
     p_top.add_argument("--iterations", type=int, default=None, help="stop after this many refreshes")
+    p_top.add_argument(
+        "--web",
+        metavar="[HOST:]PORT",
+        default=None,
+        help="serve a page drawing the pipeline as a graph (and /api/pipeline) instead of the terminal "
+        "view; HOST defaults to 127.0.0.1, PORT 0 picks a free port",
+    )
+    p_top.add_argument(
+        "--token", default=None, help="with --web: requests must carry ?token=TOKEN (needed off loopback)"
+    )
+    p_top.add_argument(
+        "--insecure", action="store_true", help="with --web: allow a non-loopback address without a token"
+    )
     args = parser.parse_args(argv)
     try:
+        if args.web is not None:
+            return web(args.urls, args.web, args.interval, args.token, args.insecure, args.iterations)
+        if args.token is not None or args.insecure:
+            parser.error("--token and --insecure go with --web")
         return top(args.urls, args.interval, args.iterations)
     except KeyboardInterrupt:
         return 130

@@ -47,12 +47,27 @@ class _Cache:
         self.envs: dict[EnvSettings, tuple[cf.NetworkEnvironment, int]] = {}
         #: Environments inherited across a fork: never used nor closed in the child.
         self.orphans: list[cf.NetworkEnvironment] = []
+        #: ``/metrics`` URL of each environment that serves its metrics (by address).
+        self.metrics: dict[str, str] = {}
 
     def _forget_if_forked(self) -> None:
         if os.getpid() != self.pid:
             self.orphans.extend(env for env, _ in self.envs.values())
             self.envs.clear()
+            self.metrics.clear()
             self.pid = os.getpid()
+
+    def metrics_url(self, env: cf.NetworkEnvironment) -> str | None:
+        with self.lock:
+            self._forget_if_forked()
+            url = self.metrics.get(env.address)
+            if url is None and not env.closed and _is_loopback(env.address.rpartition(":")[0]):
+                try:
+                    url = env.serve_metrics(0, "127.0.0.1").url
+                except ImportError:  # prometheus_client is not installed here
+                    return None
+                self.metrics[env.address] = url
+            return url
 
     def acquire(self, settings: EnvSettings, host: str | None) -> cf.NetworkEnvironment:
         with self.lock:
@@ -115,6 +130,14 @@ def task_environment(settings: EnvSettings, host: str | None = None) -> Iterator
         yield env
     finally:
         _CACHE.release(settings)
+
+
+def metrics_url_of(env: cf.NetworkEnvironment) -> str | None:
+    """Serves ``env``'s metrics at ``/metrics`` on loopback (once; the server stops with the
+    environment) and returns the URL; ``None`` when the environment does not listen on
+    loopback (a cluster: its metrics are not exposed on the network unasked) or
+    ``prometheus_client`` is missing."""
+    return _CACHE.metrics_url(env)
 
 
 def open_environments() -> int:

@@ -34,7 +34,7 @@ from pyspark.sql.types import StructType
 
 import creditflow as cf
 from creditflow.spark._driver import check_slots, ensure_python
-from creditflow.spark._process import EnvSettings, task_environment
+from creditflow.spark._process import EnvSettings, metrics_url_of, task_environment
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
 
 #: What ``func`` receives and returns: the batches of one output partition.
@@ -218,8 +218,11 @@ def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
         writer: _Writer | None = None
         received = {"rows": 0, "bytes": 0}
 
+        served = metrics_url_of(env) if plan.monitor is not None and plan.monitor.metrics else None
+        metrics = {"metrics_url": served} if served else {}
+
         def sample() -> dict[str, Any]:
-            return _sample(plan, me, part, gate, writer, received)
+            return {**_sample(plan, me, part, gate, writer, received), **metrics}
 
         reporter = Reporter(plan.monitor, sample)
         try:
@@ -275,6 +278,7 @@ def _sample(
         "job": plan.exchange_id,
         "kind": "exchange",
         "task": task,
+        "partition_id": part.id,
         "rows_in": writer.rows if writer else 0,
         "bytes_in": writer.bytes if writer else 0,
         "write_seconds": writer.write_seconds if writer else 0.0,
@@ -291,4 +295,7 @@ def _sample(
         sample["in_pool_usage"] = gm["in_pool_usage"]
         sample["idle_time_ms_per_second"] = gm["idle_time_ms_per_second"]
         sample["idle_seconds_total"] = gm.get("idle_seconds_total", 0.0)
+        # Channel i reads task i's partition (the gate lists the peers in task order).
+        channels = sorted(gm["channels"], key=lambda c: c["index"])
+        sample["channel_bytes"] = [c["bytes_received"] for c in channels]
     return sample

@@ -10,6 +10,10 @@ RSS) and a last one when it ends::
         out = cf.spark.exchange(df, "key", monitor=mon)
         out.write.parquet(...)  # mon.tasks() shows each task live, from another thread
         print(mon.tasks())
+
+``Monitor(web=PORT)`` also serves the page of ``creditflow top --web`` for these tasks
+(:mod:`creditflow.web`) at :attr:`Monitor.web_url`: the tasks as nodes, an exchange's
+all-to-all as edges, levels and the bottleneck.
 """
 
 from __future__ import annotations
@@ -18,13 +22,28 @@ import os
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from creditflow.spark._messages import Closeable, Inbox, Message, Outbox
 
+if TYPE_CHECKING:
+    from creditflow.pipeline import Pipeline
+    from creditflow.web import PipelineServer
+
 Sample = dict[str, Any]
+
+#: Seconds over which :meth:`Monitor.pipeline` computes rates (the samples come more often).
+RATE_WINDOW = 1.0
+
+
+def _age(older: Sample, newer: Sample) -> float:
+    try:
+        return float(newer["time"]) - float(older["time"])
+    except (KeyError, TypeError, ValueError):
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -34,6 +53,8 @@ class MonitorHandle:
     address: str
     key: str
     interval: float
+    #: Whether tasks serve their environment's ``/metrics`` (loopback only) and report the URL.
+    metrics: bool = False
 
 
 class Monitor(Closeable):
@@ -42,25 +63,80 @@ class Monitor(Closeable):
     ``host`` is the driver address the executors reach (default: ``SPARK_LOCAL_IP`` or
     loopback); ``interval`` is how often each task reports, in seconds. Keeps the latest
     sample per task and, up to ``max_samples``, every sample in arrival order.
+
+    ``metrics``: have every task on a loopback executor (local mode) serve its environment's
+    ``/metrics`` and report the URL (:meth:`metrics_urls`: what ``creditflow top`` takes).
+
+    ``web``: also serve the pipeline page (:mod:`creditflow.web`) on this ``PORT`` or
+    ``HOST:PORT`` (port 0: any free port; see :attr:`web_url`). Like ``creditflow top --web``
+    it binds to loopback unless told otherwise, and a non-loopback address needs
+    ``web_token`` (every request must carry it) or ``web_insecure=True``.
     """
 
-    def __init__(self, interval: float = 0.5, *, host: str | None = None, max_samples: int = 100_000) -> None:
+    def __init__(
+        self,
+        interval: float = 0.5,
+        *,
+        host: str | None = None,
+        max_samples: int = 100_000,
+        metrics: bool = False,
+        web: int | str | None = None,
+        web_token: str | None = None,
+        web_insecure: bool = False,
+    ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
         key = secrets.token_hex(16)
         self._lock = threading.Lock()
         self._latest: dict[tuple[str, int], Sample] = {}
+        #: Each task's samples of the last RATE_WINDOW seconds or so, for rates over that window.
+        self._recent: dict[tuple[str, int], deque[Sample]] = {}
         self._samples: list[Sample] = []
         self._max_samples = max_samples
+        self._web: PipelineServer | None = None
+        if web is not None:
+            from creditflow.web import PipelineServer
+
+            self._web = PipelineServer(self.pipeline, web, token=web_token, insecure=web_insecure)
         host = host or os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
-        self._inbox = Inbox(self._receive, host=host, key=key, name="creditflow-monitor")
-        self.handle = MonitorHandle(self._inbox.address, key, interval)
+        try:
+            self._inbox = Inbox(self._receive, host=host, key=key, name="creditflow-monitor")
+        except BaseException:
+            if self._web is not None:
+                self._web.close()
+            raise
+        self.handle = MonitorHandle(self._inbox.address, key, interval, metrics)
 
     def _receive(self, sample: Message) -> None:
+        task = (str(sample.get("job")), int(sample.get("task", -1)))
         with self._lock:
-            self._latest[(str(sample.get("job")), int(sample.get("task", -1)))] = sample
+            self._latest[task] = sample
+            recent = self._recent.setdefault(task, deque())
+            recent.append(sample)
+            # Keep one sample at least RATE_WINDOW old: the base of the rates.
+            while len(recent) > 2 and _age(recent[1], sample) >= RATE_WINDOW:
+                recent.popleft()
             if len(self._samples) < self._max_samples:
                 self._samples.append(sample)
+
+    def metrics_urls(self, job: str | None = None) -> list[str]:
+        """The ``/metrics`` URLs the tasks (of one job, or of all) reported (with ``metrics=True``)."""
+        return sorted({str(s["metrics_url"]) for s in self.tasks(job) if s.get("metrics_url")})
+
+    @property
+    def web_url(self) -> str | None:
+        """The address of the pipeline page (``None`` without ``web=``)."""
+        return self._web.url if self._web is not None else None
+
+    def pipeline(self, job: str | None = None) -> Pipeline:
+        """The tasks (of one job, or of all) as a graph, as the page draws them
+        (:func:`creditflow.pipeline.from_spark`)."""
+        from creditflow.pipeline import from_spark
+
+        with self._lock:
+            latest = [s for (j, _), s in sorted(self._latest.items()) if job is None or j == job]
+            previous = {task: recent[0] for task, recent in self._recent.items() if len(recent) > 1}
+        return from_spark(latest, previous, title="creditflow.spark: tasks of the running jobs")
 
     def tasks(self, job: str | None = None) -> list[Sample]:
         """The latest sample of every task (of one job, or of all), by job and task number."""
@@ -76,11 +152,14 @@ class Monitor(Closeable):
         """Forgets the samples received so far."""
         with self._lock:
             self._latest.clear()
+            self._recent.clear()
             self._samples.clear()
 
     def close(self) -> None:
-        """Stops listening. Idempotent."""
+        """Stops listening (and serving the page). Idempotent."""
         self._inbox.close()
+        if self._web is not None:
+            self._web.close()
 
 
 def rss_bytes() -> int:

@@ -37,7 +37,7 @@ import creditflow as cf
 from creditflow.spark import _messages
 from creditflow.spark._driver import ensure_python
 from creditflow.spark._messages import Closeable
-from creditflow.spark._process import EnvSettings, host_towards, task_environment
+from creditflow.spark._process import EnvSettings, host_towards, metrics_url_of, task_environment
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
 
 #: How long a registration waits for the receiver's answer.
@@ -308,8 +308,20 @@ def _stream_partition(
     start = time.perf_counter()
     part = env.create_partition(f"cf-send/{plan.job}/{index}/{attempt}/{uuid.uuid4().hex[:6]}", 1)
     stats: dict[str, Any] = {"partition": index, "attempt": attempt, "accepted": False, "rows": 0, "bytes": 0}
+    served = metrics_url_of(env) if plan.monitor is not None and plan.monitor.metrics else None
+    metrics = {"metrics_url": served} if served else {}
     reporter = Reporter(
-        plan.monitor, lambda: {"job": plan.job, "kind": "send", "task": index, **stats, **_levels(part)}
+        plan.monitor,
+        lambda: {
+            "job": plan.job,
+            "kind": "send",
+            "task": index,
+            "receiver": plan.address,
+            "partition_id": part.id,
+            **stats,
+            **_levels(part),
+            **metrics,
+        },
     )
     try:
         answer = _messages.send(

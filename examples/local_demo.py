@@ -1,7 +1,7 @@
 """An in-process demo of creditflow without Spark: a backpressured, bounded-memory exchange.
 
-Run it with ``python -m creditflow.local_demo`` (``make demo`` runs the PySpark demo,
-:mod:`creditflow.demo`). One producer thread generates synthetic e-commerce orders and
+Run it with ``python examples/local_demo.py`` (``make demo`` runs the PySpark demo,
+``examples/spark_demo.py``). One producer thread generates synthetic e-commerce orders and
 hash-partitions them by ``customer_id`` into a partition with four subpartitions; four
 consumer threads each read one subpartition through their own input gate and aggregate the
 orders per customer. For a while consumer 0 is deliberately slow: the partition's buffers
@@ -10,7 +10,9 @@ recovers everything flows at full speed again (OK). Memory stays bounded by the
 environment's pool the whole time.
 
 The live view shows the throughput, the out-pool usage, the backlog per subpartition and the
-writer's backpressure level; a chart of the run is written if matplotlib is installed. The
+writer's backpressure level; a chart of the run is written if matplotlib is installed. While
+it runs, the environment serves its metrics (``/metrics``) and the pipeline page, and the demo
+prints the ``creditflow top`` command and the page's address that show it from outside. The
 demo ends by checking that every order arrived exactly once, that the hash partitioning was
 consistent and that the per-customer aggregates are right, and prints ``VERIFIED``.
 """
@@ -75,6 +77,9 @@ class Config:
     memory: str
     chart: Path | None
     plain: bool
+    #: Ports of ``/metrics`` and of the pipeline page (0: any free port); None: serve neither.
+    metrics_port: int | None = 0
+    web_port: int = 0
 
     @property
     def slow_end(self) -> float:
@@ -85,20 +90,23 @@ class Config:
 def parse_args(argv: Sequence[str] | None) -> Config:
     """Parses the command line."""
     p = argparse.ArgumentParser(
-        prog="python -m creditflow.local_demo",
+        prog="python examples/local_demo.py",
         description="In-process creditflow exchange with a temporarily slow consumer: live backpressure.",
     )
     p.add_argument("--rows", type=int, default=None, help="orders to generate (default 30,000,000)")
     p.add_argument("--slow-start", type=float, default=None, help="when consumer 0 turns slow, s (3)")
     p.add_argument("--slow-seconds", type=float, default=None, help="how long it stays slow, s (10)")
-    p.add_argument("--quick", action="store_true", help="a short run (for tests): 10M rows, slow 1-3.5 s")
+    p.add_argument("--quick", action="store_true", help="a short run (for tests): 15M rows, slow 1-3.5 s")
     p.add_argument("--seed", type=int, default=42, help="random seed of the generated orders")
     p.add_argument("--memory", default="16MiB", help="network memory of the environment (16MiB)")
     p.add_argument("--chart", type=Path, default=Path("creditflow-local-demo.png"), help="PNG chart path")
     p.add_argument("--no-chart", action="store_true", help="do not write a chart")
     p.add_argument("--plain", action="store_true", help="plain lines instead of the live view")
+    p.add_argument("--metrics-port", type=int, default=0, help="port of /metrics (default: any free one)")
+    p.add_argument("--web-port", type=int, default=0, help="port of the pipeline page (default: any free)")
+    p.add_argument("--no-serve", action="store_true", help="serve neither /metrics nor the pipeline page")
     a = p.parse_args(argv)
-    rows, start, seconds = (10_000_000, 1.0, 2.5) if a.quick else (30_000_000, 3.0, 10.0)
+    rows, start, seconds = (15_000_000, 1.0, 2.5) if a.quick else (30_000_000, 3.0, 10.0)
     cfg = Config(
         rows=a.rows if a.rows is not None else rows,
         seed=a.seed,
@@ -107,6 +115,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         memory=a.memory,
         chart=None if a.no_chart else a.chart,
         plain=a.plain,
+        metrics_port=None if a.no_serve else a.metrics_port,
+        web_port=a.web_port,
     )
     if cfg.rows <= 0 or cfg.slow_start < 0 or cfg.slow_seconds < 0:
         p.error("--rows must be positive, --slow-start and --slow-seconds not negative")
@@ -421,6 +431,9 @@ class View(Protocol):
     def update(self, s: Sample, force: bool = False) -> None:
         """Shows a sample (``force``: even if the last one was shown just now)."""
 
+    def announce(self, lines: Sequence[str]) -> None:
+        """Shows lines that stay for the whole run (where to look from outside)."""
+
     def __enter__(self) -> Self: ...
 
     def __exit__(
@@ -457,6 +470,11 @@ class PlainView:
             print(plain_line(s), flush=True)
             self._next = s.t + 1.0 - TICK_SECONDS / 2
 
+    def announce(self, lines: Sequence[str]) -> None:
+        """Prints the lines."""
+        for line in lines:
+            print(line, flush=True)
+
     def __enter__(self) -> Self:
         return self
 
@@ -475,10 +493,15 @@ class RichView:
 
         self._cfg = cfg
         self._live = Live(console=Console(), refresh_per_second=1 / TICK_SECONDS, transient=False)
+        self._links: list[str] = []
 
     def update(self, s: Sample, force: bool = False) -> None:
         """Redraws the panel."""
         self._live.update(self._render(s), refresh=force)
+
+    def announce(self, lines: Sequence[str]) -> None:
+        """Shows the lines under the panel's figures."""
+        self._links = list(lines)
 
     def _render(self, s: Sample) -> Any:
         from rich.panel import Panel
@@ -507,6 +530,9 @@ class RichView:
         level = Text(f"{s.level:4}", style=LEVEL_STYLES.get(s.level, "bold"))
         grid.add_row("backpressure", level + Text(f"  {s.bp_ms:5.0f} ms/s blocked"))
         grid.add_row("global pool", f"{s.segments_available}/{s.segments_total} segments available")
+        for line in self._links:
+            label, _, text = line.partition(": ")
+            grid.add_row(label, text.strip())
         return Panel(grid, title="creditflow demo: orders hash-partitioned to 4 consumers", expand=False)
 
     def __enter__(self) -> Self:
@@ -557,13 +583,31 @@ def exchange(cfg: Config) -> Iterator[tuple[cf.NetworkEnvironment, cf.RecordWrit
         yield env, cf.RecordWriter(part, cf.HashPartitioner(["customer_id"])), gates
 
 
+@contextmanager
+def serving(env: cf.NetworkEnvironment, cfg: Config) -> Iterator[list[str]]:
+    """Serves the environment's ``/metrics`` and the pipeline page while the block runs;
+    yields the lines that say where (the ``creditflow top`` command and the page's address)."""
+    if cfg.metrics_port is None:
+        yield []
+        return
+    try:
+        metrics = env.serve_metrics(cfg.metrics_port)
+        from creditflow.web import serve
+    except ImportError:
+        yield ["live view: pip install 'creditflow[top]' to serve /metrics and the pipeline page"]
+        return
+    with serve([metrics.url], cfg.web_port, names={metrics.url: "demo (in-process)"}) as page:
+        yield [f"live view: creditflow top {metrics.url}", f"pipeline page: {page.url}"]
+
+
 def run_demo(cfg: Config, view: View) -> Run:
     """Runs the exchange, showing it live. Ctrl-C stops the workers and re-raises."""
     stop = threading.Event()
     producer = ProducerState()
     consumers = [ConsumerState(i) for i in range(NUM_CONSUMERS)]
     seen = np.zeros(cfg.rows, dtype=np.bool_)
-    with exchange(cfg) as (env, writer, gates):
+    with exchange(cfg) as (env, writer, gates), serving(env, cfg) as links:
+        view.announce(links)
         clock = Clock(cfg)
         monitor = Monitor(env, writer, gates, clock)
         prod = Worker("producer", partial(produce, writer, cfg, clock, producer, stop))

@@ -1,6 +1,6 @@
 """The creditflow demo: a PySpark pipeline that exchanges data by key through creditflow.
 
-Run it with ``make demo`` (or ``python -m creditflow.demo``). On ``local[2]`` Spark generates
+Run it with ``make demo`` (or ``python examples/spark_demo.py``). On ``local[2]`` Spark generates
 TPC-H ``lineitem`` rows (decimals, dates, strings); :func:`creditflow.spark.exchange`
 repartitions them by ``l_orderkey`` between the two tasks of one barrier stage, pipelined,
 through 16 MiB of network memory per task; each task aggregates its orders (revenue,
@@ -9,7 +9,10 @@ is deliberately slow: its credit runs out, both tasks' writers block on it (back
 HIGH), memory stays within its bound, and when the consumer recovers everything flows at
 full speed again (OK).
 
-A live view shows each task's progress, throughput, out-pool usage and backpressure level.
+A live view shows each task's progress, throughput, out-pool usage and backpressure level;
+beside it the demo prints the address of the pipeline page (``Monitor(web=...)``: the tasks
+as a graph, the bottleneck named) and the ``creditflow top`` command that shows the tasks'
+own ``/metrics`` (``Monitor(metrics=True)``).
 At the end the demo checks every order against Spark's own ``repartition(2, "l_orderkey")``
 + aggregation (same partition, same values), prints the throughput, writes a chart of
 throughput and backpressure per task over time, and prints ``VERIFIED``.
@@ -34,6 +37,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 TICK_SECONDS = 0.25
+#: Spark runs the job as local[2]: the exchange's barrier stage has two tasks.
+TASKS = 2
 LEVEL_STYLES = {"OK": "bold green", "LOW": "bold yellow", "HIGH": "bold red"}
 #: Lines per order on average (TPC-H has 1-7, about 4).
 LINES_PER_ORDER = 4
@@ -54,6 +59,8 @@ class Config:
     chart: Path | None
     plain: bool
     verify: bool
+    #: Port of the pipeline page (0: any free port); None: no page and no /metrics.
+    web_port: int | None = 0
 
     def slow_rows(self) -> tuple[int, int]:
         """The rows task 1 has received when it turns slow, and when it recovers."""
@@ -64,7 +71,7 @@ class Config:
 def parse_args(argv: Sequence[str] | None) -> Config:
     """The command line."""
     p = argparse.ArgumentParser(
-        prog="python -m creditflow.demo",
+        prog="python examples/spark_demo.py",
         description="A PySpark local[2] pipeline exchanging TPC-H lineitem rows by key through creditflow.",
     )
     p.add_argument("--rows", type=int, default=None, help="lineitem rows to generate (default 4,000,000)")
@@ -83,6 +90,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     p.add_argument("--no-chart", action="store_true", help="do not write a chart")
     p.add_argument("--no-verify", action="store_true", help="skip the check against Spark's repartition")
     p.add_argument("--plain", action="store_true", help="plain lines instead of the live view")
+    p.add_argument("--web-port", type=int, default=0, help="port of the pipeline page (default: any free)")
+    p.add_argument("--no-serve", action="store_true", help="serve neither the page nor the tasks' /metrics")
     a = p.parse_args(argv)
     rows = a.rows if a.rows is not None else (1_000_000 if a.quick else 4_000_000)
     if rows < 1:
@@ -96,6 +105,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         chart=None if a.no_chart else a.chart,
         plain=a.plain or not sys.stdout.isatty(),
         verify=not a.no_verify,
+        web_port=None if a.no_serve else a.web_port,
     )
     if not 0 <= cfg.slow_from <= cfg.slow_until <= 1:
         p.error("need 0 <= --slow-from <= --slow-until <= 1")
@@ -250,8 +260,9 @@ def task_rows(samples: list[dict[str, Any]], now: float) -> list[TaskRow]:
     return list(rows.values())
 
 
-def render(cfg: Config, rows: list[TaskRow], elapsed: float) -> Any:
-    """The rich renderable of the live view."""
+def render(cfg: Config, rows: list[TaskRow], elapsed: float, links: Sequence[str] = ()) -> Any:
+    """The rich renderable of the live view, with ``links`` (where else to look) under it."""
+    from rich.console import Group
     from rich.panel import Panel
     from rich.progress_bar import ProgressBar
     from rich.table import Table
@@ -281,7 +292,33 @@ def render(cfg: Config, rows: list[TaskRow], elapsed: float) -> Any:
         f"creditflow.spark.exchange: {cfg.rows:,} lineitem rows by l_orderkey, local[2], "
         f"{cfg.memory}/task  [{elapsed:5.1f} s; task 1 slow from {lo:,} to {hi:,} rows received]"
     )
-    return Panel(table, title=title, expand=False)
+    body = Group(table, *(Text(line, style="cyan") for line in links)) if links else table
+    return Panel(body, title=title, expand=False)
+
+
+def links(monitor: Any) -> list[str]:
+    """Where to look besides this view: the pipeline page, and the ``creditflow top`` command
+    for the tasks' ``/metrics`` once they have reported them."""
+    out = []
+    if monitor.web_url is not None:
+        out.append(f"pipeline page: {monitor.web_url}")
+    urls = monitor.metrics_urls()
+    if len(urls) >= TASKS:  # once every task has said where
+        out.append(f"live view: creditflow top {' '.join(urls)}")
+    return out
+
+
+def monitor_for(cfg: Config) -> Any:
+    """The Monitor of the run: serving the page and having the tasks serve ``/metrics``, unless
+    told not to (or prometheus_client is missing)."""
+    import creditflow.spark as cfs
+
+    if cfg.web_port is not None:
+        try:
+            return cfs.Monitor(interval=TICK_SECONDS / 2, metrics=True, web=cfg.web_port)
+        except ImportError:
+            print("(pip install 'creditflow[top]' for the pipeline page and /metrics)", flush=True)
+    return cfs.Monitor(interval=TICK_SECONDS / 2)
 
 
 def plain_line(rows: list[TaskRow], elapsed: float) -> str:
@@ -315,7 +352,7 @@ def run_exchange(cfg: Config, spark: Any, out_dir: str) -> Result:
     import creditflow.spark as cfs
 
     df = lineitem(spark, cfg.rows)
-    with cfs.Monitor(interval=TICK_SECONDS / 2) as monitor:
+    with monitor_for(cfg) as monitor:
         start = time.time()
         agg = make_aggregator(1, *cfg.slow_rows(), cfg.slow_delay)
         out = cfs.exchange(
@@ -332,6 +369,7 @@ def run_exchange(cfg: Config, spark: Any, out_dir: str) -> Result:
         worker = threading.Thread(target=job, name="demo-job", daemon=True)
         worker.start()
         levels: dict[int, set[str]] = {}
+        shown: list[str] = []
         live = None
         if not cfg.plain:
             from rich.live import Live
@@ -345,9 +383,14 @@ def run_exchange(cfg: Config, spark: Any, out_dir: str) -> Result:
                 rows = task_rows(monitor.samples(), now)
                 for r in rows:
                     levels.setdefault(r.task, set()).add(r.level)
+                where = links(monitor)
                 if live is not None:
-                    live.update(render(cfg, rows, now - start))
+                    live.update(render(cfg, rows, now - start, where))
                 else:
+                    for line in where:
+                        if line not in shown:  # each once, when it becomes known
+                            print(line, flush=True)
+                            shown.append(line)
                     print(plain_line(rows, now - start), flush=True)
         finally:
             if live is not None:

@@ -1,0 +1,308 @@
+"""The pipeline as a graph: what the page of ``creditflow top --web`` and
+``creditflow.spark.Monitor(web=...)`` draws, and what ``/api/pipeline`` returns.
+
+One :class:`Node` per task (an environment scraped from ``/metrics``, or a Spark task), with
+its partitions and gates inside; one :class:`Edge` per producer → consumer pair with the
+throughput between them. Levels and the bottleneck follow :mod:`creditflow.snapshot` (the
+rule ``creditflow top`` applies), with the reason in words. Nodes carry a ``layer`` and a
+``row`` for a left-to-right drawing: tasks that feed each other in a loop (an all-to-all
+exchange) share a column, the others stand one column right of their rightmost upstream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from creditflow.snapshot import TaskView, View, level_of, mark_bottlenecks, per_second
+
+__all__ = ["Edge", "Node", "Pipeline", "from_spark", "from_view", "layout"]
+
+
+@dataclass
+class Node:
+    """One task of the pipeline."""
+
+    id: str
+    name: str
+    level: str = "OK"
+    backpressured: float = 0.0
+    idle: float = 0.0
+    busy: float = 0.0
+    #: Highest usage of its partitions' output pools and of its gates' input pools (``None``:
+    #: it has none).
+    out_pool_usage: float | None = None
+    in_pool_usage: float | None = None
+    bytes_out_per_second: float = 0.0
+    bytes_in_per_second: float = 0.0
+    rows_out_per_second: float = 0.0
+    rows_in_per_second: float = 0.0
+    partitions: list[str] = field(default_factory=list)
+    gates: list[str] = field(default_factory=list)
+    bottleneck: bool = False
+    reason: str = ""
+    #: False for a peer known only from a consumer's channels (its endpoint was not given).
+    scraped: bool = True
+    done: bool = False
+    layer: int = 0
+    row: int = 0
+
+
+@dataclass
+class Edge:
+    """Data flowing from one task to another, over all the partitions between them."""
+
+    source: str
+    target: str
+    partitions: list[str]
+    bytes_per_second: float = 0.0
+    rows_per_second: float = 0.0
+
+
+@dataclass
+class Pipeline:
+    """Nodes and edges at one moment, the bottleneck, and the sources that failed."""
+
+    title: str
+    nodes: list[Node]
+    edges: list[Edge]
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def levels(self) -> dict[str, str]:
+        """Level of every node, by id."""
+        return {n.id: n.level for n in self.nodes}
+
+    @property
+    def bottlenecks(self) -> list[Node]:
+        """The nodes marked as bottleneck."""
+        return [n for n in self.nodes if n.bottleneck]
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``/api/pipeline`` returns: ``title``, ``nodes``, ``edges``, ``levels`` (by node
+        id), ``bottleneck`` (``[{"id", "name", "reason"}]``, empty when there is none) and
+        ``errors`` (by source)."""
+        return {
+            "title": self.title,
+            "nodes": [asdict(n) for n in self.nodes],
+            "edges": [asdict(e) for e in self.edges],
+            "levels": self.levels,
+            "bottleneck": [{"id": n.id, "name": n.name, "reason": n.reason} for n in self.bottlenecks],
+            "errors": dict(self.errors),
+        }
+
+
+# ------------------------------------------------------------------------------------- layout
+
+
+def _components(ids: Sequence[str], succ: Mapping[str, Iterable[str]]) -> dict[str, int]:
+    """Strongly connected components (Tarjan, iterative): node → component number, numbered
+    in reverse topological order of the condensed graph."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    comp: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    count = 0
+    for root in ids:
+        if root in index:
+            continue
+        work: list[tuple[str, list[str]]] = [(root, list(succ.get(root, ())))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, todo = work[-1]
+            if todo:
+                nxt = todo.pop()
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, list(succ.get(nxt, ()))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    comp[member] = count
+                    if member == node:
+                        break
+                count += 1
+    return comp
+
+
+def layout(nodes: Sequence[Node], edges: Sequence[Edge]) -> None:
+    """Sets ``layer`` (column, left to right) and ``row`` of every node: a loop of tasks
+    feeding each other shares a column; any other task stands one column right of its
+    rightmost upstream; rows follow the upstream's rows, then the names."""
+    ids = [n.id for n in nodes]
+    succ: dict[str, set[str]] = {i: set() for i in ids}
+    for e in edges:
+        if e.source in succ and e.target in succ and e.source != e.target:
+            succ[e.source].add(e.target)
+    comp = _components(ids, {k: sorted(v) for k, v in succ.items()})
+    # Tarjan numbers components in reverse topological order: walk them from the highest.
+    layer_of_comp: dict[int, int] = {}
+    for c in sorted(set(comp.values()), reverse=True):
+        members = [i for i in ids if comp[i] == c]
+        preds = {comp[p] for p in ids for m in members if m in succ[p] and comp[p] != c}
+        layer_of_comp[c] = max((layer_of_comp[p] + 1 for p in preds), default=0)
+    by_id = {n.id: n for n in nodes}
+    for n in nodes:
+        n.layer = layer_of_comp[comp[n.id]]
+
+    def key(n: Node) -> tuple[float, str]:
+        rows = [by_id[p].row for p in ids if n.id in succ[p] and by_id[p].layer < n.layer]
+        return (sum(rows) / len(rows) if rows else 0.0, n.name)
+
+    for layer in sorted({n.layer for n in nodes}):  # left to right: the upstream rows are set
+        for row, n in enumerate(sorted((n for n in nodes if n.layer == layer), key=key)):
+            n.row = row
+
+
+# ---------------------------------------------------------------------------------- builders
+
+
+def _node_from_task(t: TaskView, name: str) -> Node:
+    return Node(
+        id=t.env,
+        name=name,
+        level=t.level,
+        backpressured=t.backpressured,
+        idle=t.idle,
+        busy=t.busy,
+        bottleneck=t.bottleneck,
+        reason=t.reason,
+    )
+
+
+def from_view(
+    view: View,
+    names: Mapping[str, str] | None = None,
+    errors: Mapping[str, str] | None = None,
+    title: str = "creditflow pipeline",
+) -> Pipeline:
+    """The graph of a :class:`~creditflow.snapshot.View` of scraped environments. ``names``:
+    display names by environment address (default: the address). A peer read by a gate
+    whose endpoint was not scraped becomes a node with ``scraped=False``."""
+    names = names or {}
+    nodes = {t.env: _node_from_task(t, names.get(t.env, t.env)) for t in view.tasks}
+    for p in view.partitions:
+        n = nodes[p.env]
+        n.partitions.append(p.partition)
+        n.out_pool_usage = max(n.out_pool_usage or 0.0, p.out_pool_usage)
+        n.bytes_out_per_second += p.bytes_per_second
+        n.rows_out_per_second += p.rows_per_second
+    for g in view.gates:
+        n = nodes[g.env]
+        n.gates.append(g.gate)
+        n.in_pool_usage = max(n.in_pool_usage or 0.0, g.in_pool_usage)
+        n.bytes_in_per_second += g.bytes_per_second
+        n.rows_in_per_second += g.rows_per_second
+    edges: dict[tuple[str, str], Edge] = {}
+    for ev in view.edges:
+        if ev.producer == ev.consumer:
+            continue  # a task reading its own partition: inside the node
+        if ev.producer not in nodes:
+            nodes[ev.producer] = Node(
+                ev.producer,
+                names.get(ev.producer, ev.producer),
+                scraped=False,
+                reason="not scraped: give its /metrics endpoint too",
+            )
+        e = edges.setdefault((ev.producer, ev.consumer), Edge(ev.producer, ev.consumer, []))
+        if ev.partition not in e.partitions:
+            e.partitions.append(ev.partition)
+        e.bytes_per_second += ev.bytes_per_second
+        e.rows_per_second += ev.rows_per_second
+    pipeline = Pipeline(title, list(nodes.values()), list(edges.values()), dict(errors or {}))
+    layout(pipeline.nodes, pipeline.edges)
+    return pipeline
+
+
+def _change(cur: Mapping[str, Any], prev: Mapping[str, Any] | None, key: str) -> float:
+    """Per second, how much ``key`` of a task's samples grew from ``prev`` to ``cur``."""
+    if prev is None or key not in prev:
+        return 0.0
+    return per_second(float(cur.get(key, 0)), float(prev[key]), float(cur["time"]) - float(prev["time"]))
+
+
+def from_spark(
+    latest: Sequence[dict[str, Any]],
+    previous: Mapping[tuple[str, int], dict[str, Any]] | None = None,
+    title: str = "creditflow.spark",
+) -> Pipeline:
+    """The graph of Spark tasks from :class:`creditflow.spark.Monitor` samples: ``latest``
+    holds the newest sample of each task, ``previous`` an older one by ``(job, task)`` (rates
+    are over the time between the two). An ``exchange`` is all-to-all between its tasks
+    (each edge's throughput from the reading task's channels); the tasks of a ``send`` all
+    feed one receiver node."""
+    previous = previous or {}
+    jobs = sorted({str(s.get("job")) for s in latest})
+    nodes: list[Node] = []
+    edges: list[Edge] = []
+    tasks: list[TaskView] = []
+    for job in jobs:
+        samples = sorted((s for s in latest if str(s.get("job")) == job), key=lambda s: int(s["task"]))
+        prefix = f"job {job} " if len(jobs) > 1 else ""
+        by_task = {int(s["task"]): s for s in samples}
+        ids = {task: f"{job}/{task}" for task in by_task}
+        exchange = all(s.get("kind") == "exchange" for s in samples)
+        for s in samples:
+            task = int(s["task"])
+            prev = previous.get((job, task))
+            bp = float(s.get("backpressured_time_ms_per_second", 0.0)) / 1000.0
+            idle = float(s.get("idle_time_ms_per_second", 0.0)) / 1000.0
+            done = bool(s.get("done"))
+            upstream = [ids[t] for t in ids if t != task] if exchange else []
+            view = TaskView(ids[task], bp, idle, max(0.0, 1.0 - bp - idle), level_of(bp), upstream)
+            if done:  # a finished task waits for nobody and holds nobody up
+                view = TaskView(ids[task], 0.0, 1.0, 0.0, "OK", upstream)
+            tasks.append(view)
+            node = Node(
+                ids[task],
+                f"{prefix}task {task}",
+                out_pool_usage=float(s.get("out_pool_usage", 0.0)),
+                in_pool_usage=float(s["in_pool_usage"]) if "in_pool_usage" in s else None,
+                bytes_out_per_second=_change(s, prev, "bytes_sent" if exchange else "bytes"),
+                bytes_in_per_second=_change(s, prev, "bytes_out"),
+                rows_out_per_second=_change(s, prev, "rows_in" if exchange else "rows"),
+                rows_in_per_second=_change(s, prev, "rows_out"),
+                done=done,
+            )
+            nodes.append(node)
+            if exchange:
+                before = list((prev or {}).get("channel_bytes", []))
+                for producer, total in enumerate(s.get("channel_bytes", [])):
+                    if producer == task or producer not in ids:
+                        continue  # its own subpartition: inside the node
+                    was = None
+                    if prev is not None and producer < len(before):
+                        was = {"time": prev["time"], "b": before[producer]}
+                    rate = _change({"time": s["time"], "b": total}, was, "b")
+                    partition = str(by_task[producer].get("partition_id", f"task {producer}"))
+                    edges.append(Edge(ids[producer], ids[task], [partition], rate))
+            else:
+                partition = str(s.get("partition_id", ""))
+                edges.append(Edge(ids[task], f"{job}/receiver", [partition], node.bytes_out_per_second))
+        if not exchange and samples:
+            addr = str(samples[0].get("receiver", ""))
+            receiver = Node(f"{job}/receiver", f"{prefix}receiver", scraped=False)
+            receiver.reason = f"the Receiver at {addr}, outside Spark: its metrics are not sampled"
+            nodes.append(receiver)
+    mark_bottlenecks(tasks)
+    by_id = {n.id: n for n in nodes}
+    for t in tasks:
+        n = by_id[t.env]
+        n.level, n.backpressured, n.idle, n.busy = t.level, t.backpressured, t.idle, t.busy
+        n.bottleneck, n.reason = t.bottleneck, ("done" if n.done else t.reason)
+    pipeline = Pipeline(title, nodes, edges)
+    layout(pipeline.nodes, pipeline.edges)
+    return pipeline

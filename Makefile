@@ -191,7 +191,7 @@ netns-table: build netns-deps ## Throughput under each impairment (veth, tbf cap
 # -------------------------------------------------------------------------------------- linting
 
 .PHONY: lint
-lint: lint-rust lint-python ## All linters: rustfmt, clippy, ruff, mypy, stubtest
+lint: lint-rust lint-settings lint-python ## All linters: rustfmt, clippy, settings, ruff, mypy, stubtest
 
 .PHONY: lint-rust
 lint-rust: venv ## cargo fmt --check and clippy -D warnings
@@ -205,6 +205,16 @@ lint-python: build ## ruff check/format, mypy --strict, stubtest of _native.pyi 
 	$(BIN)/mypy python/creditflow examples
 	$(PY) -m mypy.stubtest creditflow._native --mypy-config-file pyproject.toml \
 		--allowlist .mypy-stubtest-allowlist
+
+# The settings table lives once, in rust/core (SETTINGS in settings.rs); the generator reads the
+# Rust source, so neither target needs a build.
+.PHONY: lint-settings
+lint-settings: venv ## Check README.md's settings table and _native.pyi's constructor against the core's table
+	$(PY) scripts/gen_settings.py --check
+
+.PHONY: settings
+settings: venv ## Write README.md's settings table and _native.pyi's constructor from the core's table
+	$(PY) scripts/gen_settings.py
 
 .PHONY: format
 format: venv ## Apply rustfmt and ruff format/fixes

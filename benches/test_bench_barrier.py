@@ -151,11 +151,11 @@ def consumer(cfg: Config) -> None:
             # Paced without catching up: a late start must not become a burst.
             due = max(due, time.monotonic()) + item.batch.nbytes / cfg["rate"]
             sleep_until(due)
-        g = next(iter(env.metrics()["gates"].values()))
+        debloat = next(iter(env.metrics()["gates"].values()))["debloat"] or {}
         emit(
             surfaced=[surfaced[i + 1] for i in range(cfg["markers"])],
-            buffer_size=g.get("debloat_buffer_size"),
-            throughput=g.get("debloat_throughput_bytes_per_second"),
+            buffer_size=debloat.get("buffer_size"),
+            throughput=debloat.get("throughput"),
         )
         for _ in items:
             pass

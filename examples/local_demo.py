@@ -383,9 +383,9 @@ class Monitor:
     def sample(self, producing: bool) -> Sample:
         """Takes and keeps one sample."""
         t = self._clock.elapsed()
-        part: dict[str, Any] = self._writer.metrics()
-        env: dict[str, Any] = self._env.metrics()
-        gates: list[dict[str, Any]] = [env["gates"][name] for name in self._gate_names]
+        part = self._writer.metrics()
+        env = self._env.metrics()
+        gates = [env["gates"][name] for name in self._gate_names]
         written = int(part["bytes_written"])
         read = sum(int(g["bytes_received"]) for g in gates)
         write_rate, read_rate = self._rates(t, written, read)
@@ -399,8 +399,8 @@ class Monitor:
             bytes_read=read,
             write_mb_s=write_rate,
             read_mb_s=read_rate,
-            bp_ms=float(part["backpressured_time_ms_per_second"]),
-            level=str(part["backpressure_level"]),
+            bp_ms=float(part["backpressured_ms_per_second"]),
+            level=str(part["level"]),
             out_pool_usage=float(part["out_pool_usage"]),
             backlog=tuple(int(b) for b in part["backlog"]),
             segments_available=int(env["segments_available"]),

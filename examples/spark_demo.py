@@ -252,9 +252,9 @@ def task_rows(samples: list[dict[str, Any]], now: float) -> list[TaskRow]:
             bytes_in=last["bytes_in"],
             rate=rate,
             out_pool=last["out_pool_usage"],
-            bp_ms=last["backpressured_time_ms_per_second"],
-            level=last["backpressure_level"],
-            idle_ms=last.get("idle_time_ms_per_second", 0.0),
+            bp_ms=last["backpressured_ms_per_second"],
+            level=last["level"],
+            idle_ms=last.get("idle_ms_per_second", 0.0),
             done=last["done"],
         )
     return list(rows.values())
@@ -475,7 +475,7 @@ def write_chart(cfg: Config, result: Result, path: Path) -> bool:
             for a, b in zip(ss, ss[1:], strict=False)
         ]
         ax_rate.plot(t, rates, label=f"task {task}")
-        ax_bp.plot(t, [s["backpressured_time_ms_per_second"] for s in ss], label=f"task {task}")
+        ax_bp.plot(t, [s["backpressured_ms_per_second"] for s in ss], label=f"task {task}")
         ax_pool.plot(t, [100 * s["out_pool_usage"] for s in ss], label=f"task {task}")
     window = slow_window(cfg, result)
     for ax in (ax_rate, ax_bp, ax_pool):

@@ -18,6 +18,7 @@ import pytest
 
 import creditflow as cf
 import creditflow.errors
+from creditflow.metrics import EnvMetrics, GateMetrics, PartitionMetrics, PoolStats
 from helpers import STEP_TIMEOUT, Producer, assert_batches_equal, read_all, write_all
 
 HANDOFF = pytest.mark.parametrize("local_handoff", [True, False], ids=["handoff", "serialized"])
@@ -382,14 +383,14 @@ def test_backpressure_is_measured_and_levelled() -> None:
     with cf.NetworkEnvironment(memory="1MiB") as env:
         part = env.create_partition("p")
         gate = env.create_input_gate([spec(env, "p")])
-        assert part.metrics()["backpressure_level"] == "OK"
+        assert part.metrics()["level"] == "OK"
         w = cf.RecordWriter(part)
         with pytest.raises(cf.TimeoutError):  # noqa: PT012 - writes until the pool is full
             for i in range(100):
                 w.write(big_batch(i, 100 * 1024), timeout=1.0)
         m = part.metrics()
-        assert m["backpressured_time_ms_per_second"] > 500
-        assert m["backpressure_level"] == "HIGH"
+        assert m["backpressured_ms_per_second"] > 500
+        assert m["level"] == "HIGH"
         assert 0.9 <= m["out_pool_usage"] <= 1.0
         gate.close()
 
@@ -599,43 +600,11 @@ def test_closing_the_gate_unblocks_a_blocked_writer(local_handoff: bool) -> None
 # ---------------------------------------------------------------------------------------------
 
 
-PARTITION_KEYS = {
-    "id",
-    "num_subpartitions",
-    "out_pool_usage",
-    "out_pool",
-    "backlog",
-    "batches_written",
-    "buffers_written",
-    "bytes_written",
-    "rows_written",
-    "backpressured_time_ms_per_second",
-    "backpressure_level",
-    "finished",
-}
-GATE_KEYS = {
-    "name",
-    "num_channels",
-    "ended_channels",
-    "in_pool_usage",
-    "in_pool",
-    "queued_batches",
-    "batches_received",
-    "buffers_received",
-    "bytes_received",
-    "rows_received",
-    "idle_time_ms_per_second",
-}
-ENV_KEYS = {
-    "address",
-    "segment_size",
-    "segments_total",
-    "segments_available",
-    "segments_allocated",
-    "segments_reserved",
-    "partitions",
-    "gates",
-}
+# The keys metrics() returns: the Rust structs' field names (creditflow.metrics).
+PARTITION_KEYS = PartitionMetrics.__required_keys__
+GATE_KEYS = GateMetrics.__required_keys__
+ENV_KEYS = EnvMetrics.__required_keys__
+POOL_KEYS = PoolStats.__required_keys__
 
 
 @HANDOFF
@@ -648,8 +617,9 @@ def test_metrics_have_their_keys_and_sensible_numbers(local_handoff: bool) -> No
         for b in batches:
             w.write(b, timeout=STEP_TIMEOUT)
         m = part.metrics()
-        assert set(m) >= PARTITION_KEYS
-        assert m == w.metrics() | {k: m[k] for k in ("out_pool_usage", "backpressured_time_ms_per_second")}
+        assert set(m) == PARTITION_KEYS
+        varying = ("out_pool_usage", "backpressured_ms_per_second", "busy_ms_per_second", "level")
+        assert m == w.metrics() | {k: m[k] for k in varying}
         assert m["id"] == "p"
         assert m["num_subpartitions"] == 3
         assert len(m["backlog"]) == 3
@@ -662,14 +632,16 @@ def test_metrics_have_their_keys_and_sensible_numbers(local_handoff: bool) -> No
         assert nbytes <= m["bytes_written"] <= nbytes * 1.25 + 4096
         assert m["buffers_written"] >= (6 if local_handoff else 0)
         assert 0.0 < m["out_pool_usage"] <= 1.0
-        assert m["backpressure_level"] in {"OK", "LOW", "HIGH"}
-        assert m["backpressured_time_ms_per_second"] >= 0
+        assert m["level"] in {"OK", "LOW", "HIGH"}
+        assert m["backpressured_ms_per_second"] >= 0
         assert m["finished"] is False
-        assert set(m["out_pool"]) >= {"min", "max", "share", "held", "in_use"}
-        assert m["out_pool"]["min"] == 4
+        assert set(m["pool"]) == POOL_KEYS
+        assert m["pool"]["min"] == 4
+        assert m["pool"]["max"] is None  # a partition's pool is unbounded
+        assert m["pool"]["usage"] == m["out_pool_usage"]
 
         em = env.metrics()
-        assert set(em) >= ENV_KEYS
+        assert set(em) == ENV_KEYS
         assert em["address"] == env.address
         assert em["segment_size"] == SEG == env.segment_size
         assert em["segments_total"] == env.total_segments == (4 << 20) // SEG
@@ -677,15 +649,15 @@ def test_metrics_have_their_keys_and_sensible_numbers(local_handoff: bool) -> No
         assert em["segments_allocated"] <= em["segments_total"]
         assert em["segments_reserved"] >= 4 + 1
         assert set(em["partitions"]) == {"p"}
-        assert set(em["partitions"]["p"]) >= PARTITION_KEYS
+        assert set(em["partitions"]["p"]) == PARTITION_KEYS
         assert len(em["gates"]) == 1
 
         w.close()
         got = read_all(gate)
         gm = gate.metrics()
-        assert set(gm) >= GATE_KEYS
+        assert set(gm) == GATE_KEYS
         assert gm == next(iter(env.metrics()["gates"].values())) | {
-            k: gm[k] for k in ("idle_time_ms_per_second", "in_pool_usage")
+            k: gm[k] for k in ("idle_ms_per_second", "busy_ms_per_second")
         }
         assert gm["num_channels"] == 3
         assert gm["ended_channels"] == 3
@@ -694,8 +666,10 @@ def test_metrics_have_their_keys_and_sensible_numbers(local_handoff: bool) -> No
         assert gm["bytes_received"] >= nbytes
         assert gm["buffers_received"] >= 6 if local_handoff else gm["buffers_received"] >= 1
         assert gm["queued_batches"] == 0
-        assert gm["idle_time_ms_per_second"] >= 0
-        assert 0.0 <= gm["in_pool_usage"] <= 1.0
+        assert gm["idle_ms_per_second"] >= 0
+        assert 0.0 <= gm["pool"]["usage"] <= 1.0
+        assert gm["remote"] is None  # every channel is local
+        assert gm["debloat"] is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -939,7 +913,7 @@ def test_overdraft_buffers_finish_a_record_the_pool_cannot_hold(overdraft: int) 
     ) as env:
         part = env.create_partition("p")
         gate = env.create_input_gate([cf.ChannelSpec(env.address, "p", 0)])
-        assert part.metrics()["out_pool"]["share"] == 12
+        assert part.metrics()["pool"]["share"] == 12
         batch = pa.record_batch({"k": np.arange(14 * seg // 8 - 64, dtype=np.int64)})
         w = cf.RecordWriter(part)
         if overdraft:

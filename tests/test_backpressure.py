@@ -80,7 +80,7 @@ SCENARIO = textwrap.dedent(
     def monitor():
         while not stop.is_set():
             m = part.metrics()
-            levels[phase[0]].append((m["backpressure_level"], m["backpressured_time_ms_per_second"]))
+            levels[phase[0]].append((m["level"], m["backpressured_ms_per_second"]))
             time.sleep(0.25)
 
     t = threading.Thread(target=producer); t.start()

@@ -63,7 +63,7 @@ def test_writer_metrics_answer_while_write_blocks() -> None:
         t0 = time.monotonic()
         m = w.metrics()
         assert time.monotonic() - t0 < 1.0
-        assert m["out_pool"]["in_use"] > 0
+        assert m["pool"]["in_use"] > 0
         rows = sum(b.num_rows for b in gate)
         t.join(10)
         assert errors == []

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 import creditflow as cf
+from creditflow.metrics import DebloatMetrics, GateMetrics
 from helpers import read_all
 
 
@@ -31,9 +32,15 @@ def test_bad_debloat_settings_are_value_errors_naming_them(kwargs: dict[str, Any
         cf.NetworkEnvironment(debloat=True, **kwargs)
 
 
-def _gate_metrics(env: cf.NetworkEnvironment) -> dict[str, Any]:
+def _gate_metrics(env: cf.NetworkEnvironment) -> GateMetrics:
     (g,) = env.metrics()["gates"].values()
-    return g  # type: ignore[no-any-return]
+    return g
+
+
+def _debloat(env: cf.NetworkEnvironment) -> DebloatMetrics:
+    d = _gate_metrics(env)["debloat"]
+    assert d is not None, "the gate debloats"
+    return d
 
 
 def test_a_debloating_gate_reports_its_buffer_size_and_throughput() -> None:
@@ -46,30 +53,30 @@ def test_a_debloating_gate_reports_its_buffer_size_and_throughput() -> None:
     ):
         part = prod.create_partition("p", 1)
         gate = cons.create_input_gate([cf.ChannelSpec(prod.address, "p", 0)])
-        g = _gate_metrics(cons)
+        d = _debloat(cons)
         # Before any sample: whole segments, nothing measured.
-        assert g["debloat_buffer_size"] == cons.segment_size
-        assert g["debloat_throughput_bytes_per_second"] == 0.0
-        assert g["debloat_buffers"] == 2 + 8
+        assert d["buffer_size"] == d["desired_buffer_size"] == cons.segment_size
+        assert d["throughput"] == 0.0
+        assert d["buffers"] == 2 + 8
         with cf.RecordWriter(part) as w:
             deadline = time.monotonic() + 10
             # A trickle (a few KB/s): the gate's throughput is far below a segment per
             # buffer-second, so it announces a much smaller size.
-            while _gate_metrics(cons)["debloat_buffer_size"] == cons.segment_size:
+            while _debloat(cons)["buffer_size"] == cons.segment_size:
                 assert time.monotonic() < deadline, _gate_metrics(cons)
                 w.write(batch.slice(0, 10))
                 w.flush()
                 assert gate.next(timeout=10) is not None
                 time.sleep(0.05)
         read_all(gate)
-        g = _gate_metrics(cons)
-        assert 1024 <= g["debloat_buffer_size"] < cons.segment_size
-        assert g["debloat_throughput_bytes_per_second"] > 0
+        d = _debloat(cons)
+        assert 1024 <= d["buffer_size"] < cons.segment_size
+        assert d["throughput"] > 0
 
 
 def test_without_debloating_gates_report_no_debloat_metrics() -> None:
     with cf.NetworkEnvironment(memory="4MiB") as env:
         env.create_partition("p", 1)
         gate = env.create_input_gate([cf.ChannelSpec(env.address, "p", 0)])
-        assert not any(k.startswith("debloat") for k in _gate_metrics(env))
+        assert _gate_metrics(env)["debloat"] is None
         gate.close()

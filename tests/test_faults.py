@@ -91,7 +91,7 @@ def test_consumer_killed_while_the_producer_is_backpressured(workers: list[Worke
         # HIGH (more than half of the last second spent waiting for a buffer).
         last, still = written[0], time.monotonic()
         deadline = still + 10
-        while time.monotonic() - still < 0.5 or part.metrics()["backpressure_level"] != "HIGH":
+        while time.monotonic() - still < 0.5 or part.metrics()["level"] != "HIGH":
             time.sleep(0.05)
             if written[0] != last:
                 last, still = written[0], time.monotonic()

@@ -33,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import creditflow as cf
 import creditflow.logs
 from creditflow.cli import MARK
+from creditflow.metrics import RemoteReaderMetrics
 from creditflow.prometheus import FAMILIES, register
 from creditflow.snapshot import View, scrape, summarize
 from helpers import poll, read_all
@@ -60,18 +61,19 @@ def test_partition_and_gate_metrics_have_subpartition_and_channel_detail() -> No
         assert [s["index"] for s in subs] == [0, 1]
         assert sum(s["backlog"] for s in subs) == sum(p["backlog"])
         assert sum(s["buffers_out"] for s in subs) == 3
-        assert all(s["consumed"] and s["peer"] is None for s in subs)
-        assert p["busy_time_ms_per_second"] == pytest.approx(1000.0 - p["backpressured_time_ms_per_second"])
-        assert p["backpressured_seconds_total"] >= 0.0
+        assert all(s["consumed"] and s["remote"] is None for s in subs)
+        assert p["busy_ms_per_second"] == pytest.approx(1000.0 - p["backpressured_ms_per_second"])
+        assert p["backpressured_total"] >= 0.0
         g = m["gates"][gate.metrics()["name"]]
         chans = g["channels"]
-        assert [(c["partition_id"], c["subpartition"], c["kind"]) for c in chans] == [
+        assert [(c["spec"]["partition_id"], c["spec"]["subpartition"], c["kind"]) for c in chans] == [
             ("p", 0, "local"),
             ("p", 1, "local"),
         ]
         assert sum(c["rows_received"] for c in chans) == g["rows_received"] == sum(b.num_rows for b in got)
         assert sum(c["bytes_received"] for c in chans) == g["bytes_received"]
-        assert g["busy_time_ms_per_second"] == pytest.approx(1000.0 - g["idle_time_ms_per_second"])
+        assert g["busy_ms_per_second"] == pytest.approx(1000.0 - g["idle_ms_per_second"])
+        assert all(c["remote"] is None for c in chans)
         w.close()
         read_all(gate)
 
@@ -87,21 +89,26 @@ def test_remote_readers_report_peer_credit_and_bytes_sent() -> None:
         for _ in range(5):
             gate.next(timeout=10)
 
-        def sender_side() -> dict[str, Any] | None:
-            sub = prod.metrics()["partitions"]["r"]["subpartitions"][0]
-            return sub if sub.get("bytes_sent", 0) > 0 else None
+        def sender_side() -> RemoteReaderMetrics | None:
+            remote = prod.metrics()["partitions"]["r"]["subpartitions"][0]["remote"]
+            return remote if remote is not None and remote["bytes_sent"] > 0 else None
 
-        sub = poll("bytes sent to the remote reader", sender_side)
-        assert sub["peer"]
-        assert sub["peer"] != prod.address
-        assert sub["buffers_sent"] > 0
-        assert sub["credit"] >= 0
-        chan = cons.metrics()["gates"][gate.metrics()["name"]]["channels"][0]
+        sent = poll("bytes sent to the remote reader", sender_side)
+        assert sent["peer"]
+        assert sent["peer"] != prod.address
+        assert sent["buffers_sent"] > 0
+        assert sent["credit"] >= 0
+        g = cons.metrics()["gates"][gate.metrics()["name"]]
+        chan = g["channels"][0]
         assert chan["kind"] == "remote"
-        assert chan["address"] == prod.address
-        for key in ("credit_outstanding", "queued_buffers", "exclusive_in_use", "floating_in_use"):
-            assert chan[key] >= 0, key
+        assert chan["spec"]["address"] == prod.address
+        assert chan["remote"] is not None
+        for key, n in chan["remote"].items():
+            assert n >= 0, key
         assert chan["bytes_received"] > 0
+        assert g["remote"] is not None
+        assert g["remote"]["remote_channels"] == 1
+        assert g["remote"]["exclusive_total"] == 2
         w.close()
         read_all(gate)
 

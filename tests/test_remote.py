@@ -77,9 +77,10 @@ def test_hash_exchange_exactly_once_in_order_and_memory_returns(
     addr = p.wait_for("address")["address"]
     with cf.NetworkEnvironment(memory="16MiB", **consumer_env) as env:
         gate = env.create_input_gate([cf.ChannelSpec(addr, "p", i) for i in range(4)])
-        m = env.metrics()["gates"]
-        assert m[next(iter(m))]["remote_channels"] == 4
-        assert m[next(iter(m))]["exclusive_buffers"] == 4 * consumer_env.get("exclusive_buffers", 2)
+        (g,) = env.metrics()["gates"].values()
+        assert g["remote"] is not None
+        assert g["remote"]["remote_channels"] == 4
+        assert g["remote"]["exclusive_total"] == 4 * consumer_env.get("exclusive_buffers", 2)
         got = read_all(gate)
         for c, (g, w) in enumerate(zip(split_by_channel(got, want), want, strict=True)):
             assert len(g) == COUNT, f"channel {c}"

@@ -288,7 +288,7 @@ def test_monitor_receives_live_samples_from_every_task(spark: SparkSession) -> N
     assert all(s["done"] for s in final)
     assert sum(s["rows_in"] for s in final) == 200_000
     assert sum(s["rows_out"] for s in final) == 200_000
-    assert all(s["backpressure_level"] in ("OK", "LOW", "HIGH") for s in final)
+    assert all(s["level"] in ("OK", "LOW", "HIGH") for s in final)
 
 
 # ----------------------------------------------------------------------------- streaming out
@@ -376,7 +376,7 @@ def test_throttled_consumer_outside_spark_bounds_executor_memory(spark: SparkSes
     assert report["unique_ids"] == rows
     assert sum(s["rows"] for s in stats) == rows
     # Backpressure reached the tasks: they spent most of some second waiting for credit ...
-    assert max(s["backpressured_time_ms_per_second"] for s in samples) > 500
+    assert max(s["backpressured_ms_per_second"] for s in samples) > 500
     # ... while their out-pools never held more than the 16 MiB they were given, and no
     # worker grew by anything near its 72 MB share of the data.
     assert max(s["out_pool_usage"] for s in samples) <= 1.0

@@ -55,9 +55,9 @@ def partition(written: float, bp: float, pool: float = 0.5) -> dict[str, Any]:
         "backlog": [3],
         "bytes_written": written,
         "rows_written": written / 10,
-        "backpressured_time_ms_per_second": 1000 * bp,
+        "backpressured_ms_per_second": 1000 * bp,
         "busy_time_ms_per_second": 1000 * (1 - bp),
-        "backpressure_level": level_of(bp),
+        "level": level_of(bp),
         "subpartitions": [],
     }
 
@@ -70,7 +70,7 @@ def gate(idle: float, channels: Sequence[tuple[str, str, float]], pool: float = 
         "in_pool": {"in_use": 4},
         "bytes_received": sum(c[2] for c in channels),
         "rows_received": sum(c[2] for c in channels) / 10,
-        "idle_time_ms_per_second": 1000 * idle,
+        "idle_ms_per_second": 1000 * idle,
         "busy_time_ms_per_second": 1000 * (1 - idle),
         "channels": [
             {
@@ -317,9 +317,9 @@ def exchange_sample(task: int, t: float, received: Sequence[float], bp: float, i
         "bytes_sent": 2 * MB * t,
         "out_pool_usage": 0.9,
         "in_pool_usage": 0.4,
-        "backpressured_time_ms_per_second": 1000 * bp,
-        "backpressure_level": level_of(bp),
-        "idle_time_ms_per_second": 1000 * idle,
+        "backpressured_ms_per_second": 1000 * bp,
+        "level": level_of(bp),
+        "idle_ms_per_second": 1000 * idle,
         "channel_bytes": list(received),
     }
 
@@ -359,8 +359,8 @@ def test_spark_send_tasks_feed_one_receiver() -> None:
             "rows": 100 * t,
             "bytes": MB * t,
             "out_pool_usage": 0.2,
-            "backpressured_time_ms_per_second": 0.0,
-            "backpressure_level": "OK",
+            "backpressured_ms_per_second": 0.0,
+            "level": "OK",
         }
 
     p = from_spark([sample(i, 2.0) for i in range(3)], {("s9", i): sample(i, 1.0) for i in range(3)})

@@ -29,7 +29,6 @@ from creditflow._native import (
     ForwardPartitioner,
     HashPartitioner,
     InputGate,
-    NetworkEnvironment,
     RecordWriter,
     ResultPartition,
     RoundRobinPartitioner,
@@ -37,6 +36,7 @@ from creditflow._native import (
     __version__,
     parse_bytes,
 )
+from creditflow.env import NetworkEnvironment
 from creditflow.errors import (
     AlreadyConsumedError,
     AuthenticationError,

@@ -4,12 +4,12 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, TypeAlias, final
+from typing import ClassVar, TypeAlias, final
 
 import pyarrow as pa
-from typing_extensions import Self
+from typing_extensions import Self, disjoint_base
 
-from creditflow.prometheus import MetricsServer
+from creditflow.metrics import EnvMetrics, GateMetrics, PartitionMetrics
 
 __version__: str
 
@@ -26,38 +26,94 @@ def _wake_logs() -> None:
 def _set_log_level(level: int) -> None:
     """Makes Rust produce records at Python ``logging`` level ``level`` and above."""
 
+def _register_errors(classes: dict[str, type[Exception]]) -> None:
+    """Registers the exception classes core errors are raised as: a dict from each class's name
+    to the class, every one of them (``creditflow.errors`` calls it once, at import)."""
+
+def settings() -> list[Setting]:
+    """Every setting of ``NetworkEnvironment(...)``, in parameter order."""
+
 @final
+class Setting:
+    """One setting of ``NetworkEnvironment(...)``: its name, default, unit and docs."""
+
+    @property
+    def name(self) -> str:
+        """The keyword argument's name."""
+    @property
+    def py_type(self) -> str:
+        """The parameter's type annotation, as the stub writes it."""
+    @property
+    def default(self) -> str:
+        """The constructor's default, as a Python literal (``None``, ``0.1``, ``"credit"``)."""
+    @property
+    def means(self) -> str | None:
+        """What a ``None`` default stands for, as a Python literal (``"64MiB"``), or None."""
+    @property
+    def unit(self) -> str:
+        """What the value measures (``"bytes"``, ``"seconds"``, ``"buffers"``, ...)."""
+    @property
+    def keyword_only(self) -> bool:
+        """Whether the parameter is keyword-only."""
+    @property
+    def doc(self) -> str:
+        """One line of docs (Markdown)."""
+    def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+@disjoint_base  # subclassed by creditflow.NetworkEnvironment (python/creditflow/env.py)
 class NetworkEnvironment:
     """One per process: the buffer pool, partitions, gates, the listener and connections.
 
-    ``memory`` / ``segment_size``: network memory and segment size (ints or ``"64MiB"``).
-    ``bind``: listen address (port 0 = ephemeral); ``advertise``: the ``host[:port]`` peers
-    should use when that differs (NAT, containers). ``secret``: shared secret; peers prove
-    knowledge of it with an HMAC challenge-response before any other message. Without one,
-    binding a non-loopback address is refused unless ``insecure=True``. ``flow_control``:
-    ``"credit"`` (Flink's credit-based flow control) or ``"tcp"`` (the pre-credit design,
-    kept as a teaching/comparison mode: one slow channel stalls its whole connection).
-    ``exclusive_buffers`` per remote channel, ``floating_buffers`` per gate.
-    ``request_backoff_initial`` / ``request_backoff_max``: retry delays of a request for a
-    partition the producer has not registered yet, then ``PartitionNotFoundError``.
-    ``handshake_timeout``: seconds a peer may take to connect and prove itself; a peer that
-    connects and stays silent is dropped after it. Limits against abusive peers (each hit
-    refuses only that peer, with ``LimitExceededError`` naming the setting):
-    ``max_connections`` served at once, ``max_channels_per_connection`` (partition requests
-    served per connection), ``max_outstanding_requests`` (answers queued for a peer that
-    does not read them). ``tls``: a :class:`TLSConfig` for every connection (plaintext and TLS
-    peers refuse each other); with mutual TLS a non-loopback bind needs no ``secret``.
-    ``peer_timeout``: seconds after which a connection whose peer acknowledges nothing (a cut
-    link, a vanished host) fails with ``ConnectionLostError``; ``0`` leaves the OS defaults.
-    ``overdraft_buffers``: segments a partition may borrow beyond its share to finish a record
-    it has started writing when its pool is exhausted (Flink's overdraft buffers; 0 turns
-    them off). ``debloat``: buffer debloating (Flink's FLIP-183, off by default): every gate
-    measures the bytes it consumes per second and has its producers cut buffers at
-    ``throughput × debloat_target / buffers`` bytes (``buffers``: exclusive buffers of every
-    channel plus the floating ones), at least ``debloat_min_buffer`` bytes and at most a
-    segment, announced when it changes by 25% or more; segments stay whole, only the fill
-    point moves, so the data in flight to a slow consumer (and a marker queued behind it)
-    drains in about ``debloat_target`` seconds per gate's worth of buffers.
+    The native half of ``creditflow.NetworkEnvironment``, which also forwards Rust log records to ``logging``
+    and serves ``/metrics``. Settings (from the core's table, ``creditflow._native.settings()``; written by
+    ``scripts/gen_settings.py``):
+
+    - ``memory="64MiB"`` (bytes): network memory; the global pool holds ``memory // segment_size`` segments,
+      allocated lazily, never more
+    - ``segment_size="32KiB"`` (bytes): bytes per segment (a power of two of at least 4 KiB); larger segments
+      cut per-buffer overhead for bulk transfers
+    - ``bind="127.0.0.1:0"`` (address): listen address (port 0: ephemeral); a non-loopback bind needs a
+      ``secret``, mutual ``tls`` or ``insecure=True``
+    - ``secret=None`` (secret): shared secret: peers prove knowledge of it (HMAC challenge-response) before
+      any other message
+    - ``flow_control="credit"`` (choice): ``"credit"`` (Flink's credit-based flow control) or ``"tcp"`` (the
+      pre-credit design, for teaching and comparison: one slow channel stalls its whole connection)
+    - ``buffer_timeout=0.1`` (seconds): seconds until a partly filled buffer becomes readable; ``0`` = on
+      every write
+    - ``exclusive_buffers=2`` (buffers): credit per remote channel: buffers each remote channel of a gate owns
+    - ``floating_buffers=8`` (buffers): credit per gate: buffers a gate lends to whichever of its channels has
+      the largest backlog
+    - ``insecure=False`` (flag): allow a non-loopback ``bind`` without a ``secret`` or mutual TLS (anyone who
+      reaches it can read the data)
+    - ``local_handoff=True`` (flag): hand batches to in-process readers without serializing; ``False`` =
+      serialize into segments as for a remote reader
+    - ``request_backoff_initial=0.1`` (seconds): first retry delay of a request for a partition the producer
+      has not registered yet
+    - ``request_backoff_max=10.0`` (seconds): largest retry delay; when a retry at it fails, the channel
+      raises ``PartitionNotFoundError``
+    - ``advertise=None`` (address): the ``host[:port]`` peers should use, when it is not the bound address
+      (NAT, containers)
+    - ``handshake_timeout=10.0`` (seconds): seconds a peer may take to connect and prove itself; a silent peer
+      is dropped after it
+    - ``max_connections=512`` (count): connections this environment serves at once (handshakes included); one
+      more is refused with ``LimitExceededError``
+    - ``max_channels_per_connection=16384`` (count): channels (partition requests) one connection may read at
+      once; one more fails with ``LimitExceededError``
+    - ``max_outstanding_requests=4096`` (count): answers queued for a peer that sends requests but does not
+      read them; past it the connection is closed
+    - ``tls=None`` (TLSConfig): ``TLSConfig(cert=..., key=..., ca=...)``: TLS on every connection (plaintext
+      and TLS peers refuse each other)
+    - ``peer_timeout=30.0`` (seconds): seconds a peer may acknowledge nothing (cut link, vanished host) before
+      its connections fail with ``ConnectionLostError``; ``0`` = OS defaults (minutes)
+    - ``overdraft_buffers=5`` (buffers): segments a partition may borrow beyond its share to finish a record
+      it has started instead of stalling mid-record; out-pool usage can exceed 100% meanwhile (Flink's
+      overdraft buffers; ``0`` = off)
+    - ``debloat=False`` (flag): buffer debloating (Flink's FLIP-183): every gate has its producers cut buffers
+      so its buffers in flight drain in ``debloat_target``
+    - ``debloat_target=1.0`` (seconds): seconds the data in flight to a gate should take to drain (buffer
+      debloating)
+    - ``debloat_min_buffer=256`` (bytes): smallest buffer size buffer debloating announces, in bytes
     """
 
     def __new__(
@@ -86,7 +142,7 @@ class NetworkEnvironment:
         debloat: bool = False,
         debloat_target: float = 1.0,
         debloat_min_buffer: int = 256,
-    ) -> NetworkEnvironment: ...
+    ) -> Self: ...
     @property
     def address(self) -> str:
         """The address other environments reach this one at, ``"host:port"``."""
@@ -103,16 +159,14 @@ class NetworkEnvironment:
         """Creates a partition with ``num_subpartitions`` pipelined subpartitions."""
     def create_input_gate(self, channels: Iterable[ChannelSpec]) -> InputGate:
         """Creates an input gate reading the given channels."""
-    def metrics(self) -> dict[str, Any]:
-        """Metrics of the environment, its partitions and gates, as a dict."""
-    def serve_metrics(self, port: int = 0, addr: str = "127.0.0.1") -> MetricsServer:
-        """Serves this environment's metrics in the Prometheus text format at
-        ``http://addr:port/metrics`` (``port=0``: any free port) until the environment closes."""
+    def metrics(self) -> EnvMetrics:
+        """Metrics of the environment, its partitions and gates (``creditflow.metrics.EnvMetrics``)."""
     def close(self) -> None:
-        """Closes connections and the listener, releases every partition, stops background
-        threads and `/metrics` servers. Idempotent."""
+        """Closes connections and the listener, releases every partition and stops the
+        background threads. Idempotent."""
     def __enter__(self) -> Self: ...
-    def __exit__(self, *_args: object) -> bool: ...
+    def __exit__(self, *_args: object) -> bool:
+        """Calls ``self.close()`` (a subclass's, which also stops what it started)."""
 
 @final
 class ResultPartition:
@@ -143,8 +197,8 @@ class ResultPartition:
         The partition is then released. Raises :class:`TimeoutError` after ``timeout``
         seconds. The GIL is released and Ctrl-C interrupts.
         """
-    def metrics(self) -> dict[str, Any]:
-        """This partition's metrics, as a dict."""
+    def metrics(self) -> PartitionMetrics:
+        """This partition's metrics (``creditflow.metrics.PartitionMetrics``)."""
 
 @final
 class HashPartitioner:
@@ -253,8 +307,8 @@ class RecordWriter:
         overtook (``[]`` if aligned)."""
     def fail(self, message: str) -> None:
         """Ends the partition with an error that readers raise as ``ProducerFailedError``."""
-    def metrics(self) -> dict[str, Any]:
-        """The partition's metrics, as a dict."""
+    def metrics(self) -> PartitionMetrics:
+        """The partition's metrics (``creditflow.metrics.PartitionMetrics``)."""
     def __enter__(self) -> Self: ...
     def __exit__(
         self,
@@ -284,8 +338,8 @@ class InputGate:
         """The channels, in order."""
     def close(self) -> None:
         """Releases the channels."""
-    def metrics(self) -> dict[str, Any]:
-        """This gate's metrics, as a dict."""
+    def metrics(self) -> GateMetrics:
+        """This gate's metrics (``creditflow.metrics.GateMetrics``)."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import builtins
 
+from creditflow import _native
+
 __all__ = [
     "AlreadyConsumedError",
     "AuthenticationError",
@@ -97,3 +99,27 @@ class AlreadyConsumedError(CreditflowError, ValueError):
 
 class ProducerFailedError(CreditflowError):
     """The producer of a channel failed in the middle of a batch; the stream is incomplete."""
+
+
+# The compiled module raises these classes for core errors; it is handed them here, once,
+# instead of looking them up by name each time (creditflow/__init__ imports this module
+# before anything can raise).
+_native._register_errors(
+    {
+        cls.__name__: cls
+        for cls in (
+            InsufficientBuffersError,
+            PartitionNotFoundError,
+            InvalidArgumentError,
+            AlreadyConsumedError,
+            SchemaMismatchError,
+            TimeoutError,
+            ClosedError,
+            ProtocolError,
+            ConnectionLostError,
+            AuthenticationError,
+            LimitExceededError,
+            ProducerFailedError,
+        )
+    }
+)

@@ -258,8 +258,8 @@ def from_spark(
         for s in samples:
             task = int(s["task"])
             prev = previous.get((job, task))
-            bp = float(s.get("backpressured_time_ms_per_second", 0.0)) / 1000.0
-            idle = float(s.get("idle_time_ms_per_second", 0.0)) / 1000.0
+            bp = float(s.get("backpressured_ms_per_second", 0.0)) / 1000.0
+            idle = float(s.get("idle_ms_per_second", 0.0)) / 1000.0
             done = bool(s.get("done"))
             upstream = [ids[t] for t in ids if t != task] if exchange else []
             view = TaskView(ids[task], bp, idle, max(0.0, 1.0 - bp - idle), level_of(bp), upstream)

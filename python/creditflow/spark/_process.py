@@ -24,18 +24,30 @@ import creditflow as cf
 
 @dataclass(frozen=True)
 class EnvSettings:
-    """What a task's environment is created with (part of the closure Spark ships to tasks)."""
+    """What a task's environment is created with (part of the closure Spark ships to tasks).
+
+    Each field is the ``NetworkEnvironment`` setting of the same name, with the same default
+    except where :data:`OVERRIDES` says why (``tests/test_settings.py`` checks both against
+    the core's settings table).
+    """
 
     secret: str
     memory: int | str = "64MiB"
     segment_size: int | str = "32KiB"
-    buffer_timeout: float = 0.05
+    buffer_timeout: float = 0.1
     exclusive_buffers: int = 2
     floating_buffers: int = 8
     #: Listen address; None = the task's own host (see :func:`bind_address`), ephemeral port.
     bind: str | None = None
     #: Address to advertise instead of the bound one (NAT, containers).
     advertise: str | None = None
+
+
+#: The defaults of :class:`EnvSettings` that differ from ``NetworkEnvironment``'s, and why.
+OVERRIDES: dict[str, str] = {
+    "secret": "required: every exchange makes a fresh one, and executors are reached off-host",
+    "bind": "None means the task executor's own host (bind_address), which peers on other hosts reach",
+}
 
 
 class _Cache:

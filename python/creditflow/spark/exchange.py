@@ -63,7 +63,7 @@ def exchange(
     schema: StructType | str | None = None,
     memory: int | str = "64MiB",
     segment_size: int | str = "32KiB",
-    buffer_timeout: float = 0.05,
+    buffer_timeout: float = 0.1,
     exclusive_buffers: int = 2,
     floating_buffers: int = 8,
     timeout: float | None = 600.0,
@@ -285,16 +285,17 @@ def _sample(
         "rows_out": received["rows"],
         "bytes_out": received["bytes"],
         "bytes_sent": pm["bytes_written"],
+        # The partition's metrics, under their Rust names (creditflow.metrics).
         "out_pool_usage": pm["out_pool_usage"],
-        "backpressured_time_ms_per_second": pm["backpressured_time_ms_per_second"],
-        "backpressure_level": pm["backpressure_level"],
-        "backpressured_seconds_total": pm.get("backpressured_seconds_total", 0.0),
+        "backpressured_ms_per_second": pm["backpressured_ms_per_second"],
+        "level": pm["level"],
+        "backpressured_total": pm["backpressured_total"],
     }
     if gate is not None:
         gm = gate.metrics()
-        sample["in_pool_usage"] = gm["in_pool_usage"]
-        sample["idle_time_ms_per_second"] = gm["idle_time_ms_per_second"]
-        sample["idle_seconds_total"] = gm.get("idle_seconds_total", 0.0)
+        sample["in_pool_usage"] = gm["pool"]["usage"]
+        sample["idle_ms_per_second"] = gm["idle_ms_per_second"]
+        sample["idle_total"] = gm["idle_total"]
         # Channel i reads task i's partition (the gate lists the peers in task order).
         channels = sorted(gm["channels"], key=lambda c: c["index"])
         sample["channel_bytes"] = [c["bytes_received"] for c in channels]

@@ -34,6 +34,7 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame
 
 import creditflow as cf
+from creditflow.metrics import EnvMetrics
 from creditflow.spark import _messages
 from creditflow.spark._driver import ensure_python
 from creditflow.spark._messages import Closeable
@@ -211,7 +212,7 @@ class Receiver(Closeable):
         while (batch := self.next()) is not None:
             yield batch
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> EnvMetrics:
         """The receiver's environment metrics (see :meth:`creditflow.NetworkEnvironment.metrics`)."""
         return self._env.metrics()
 
@@ -357,9 +358,9 @@ def _levels(part: cf.ResultPartition) -> dict[str, Any]:
     m = part.metrics()
     return {
         "out_pool_usage": m["out_pool_usage"],
-        "backpressured_time_ms_per_second": m["backpressured_time_ms_per_second"],
-        "backpressure_level": m["backpressure_level"],
-        "backpressured_seconds_total": m.get("backpressured_seconds_total", 0.0),
+        "backpressured_ms_per_second": m["backpressured_ms_per_second"],
+        "level": m["level"],
+        "backpressured_total": m["backpressured_total"],
     }
 
 

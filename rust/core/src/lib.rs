@@ -22,6 +22,7 @@
 //! | wire protocol: frames ⇄ messages (no I/O) | [`transport`] | `NettyMessage`, `NettyMessageClientDecoderDelegate` |
 //! | counters, meters, OK/LOW/HIGH | [`metrics`] | `BackPressureStatsTracker`, `TimerGauge` |
 //! | one per process: pools, partitions, gates, flusher | [`mod@env`] | `NettyShuffleEnvironment` |
+//! | every environment setting once: name, default, unit, docs | [`settings`] | `NettyShuffleEnvironmentOptions` |
 //!
 //! Blocking calls take a [`wait::Wait`]: an optional deadline and an interrupt check that
 //! the Python layer uses for Ctrl-C, so no call can block forever without a way out.
@@ -42,6 +43,7 @@ pub mod metrics;
 pub mod partition;
 pub mod partitioner;
 pub mod serde;
+pub mod settings;
 pub(crate) mod sync;
 pub mod transport;
 pub mod units;

@@ -1,18 +1,15 @@
-//! `NetworkEnvironment` and `ResultPartition`, and metrics as plain dicts.
+//! `NetworkEnvironment` and `ResultPartition` (their metrics become dicts in `metrics.rs`).
 
 use std::net::ToSocketAddrs;
 use std::sync::Arc;
 use std::time::Duration;
 
-use creditflow_core::env::EnvMetrics;
-use creditflow_core::gate::{Backoff, GateMetrics};
-use creditflow_core::memory::PoolStats;
-use creditflow_core::partition::PartitionMetrics;
+use creditflow_core::gate::Backoff;
 use creditflow_core::transport::Limits;
 use creditflow_core::{units, EnvConfig, FlowControl};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyInt, PyList, PyString};
+use pyo3::types::{PyDict, PyInt, PyString};
 
 use crate::error::IntoPyResult;
 use crate::io::{ChannelSpec, InputGate};
@@ -68,46 +65,14 @@ pub(crate) fn check_pid(pid: u32, what: &str) -> PyResult<()> {
 }
 
 /// One per process: the buffer pool, partitions, gates, the listener and connections.
-#[pyclass(module = "creditflow._native", frozen, weakref)]
+///
+/// The native half of `creditflow.NetworkEnvironment` (`python/creditflow/env.py`), which
+/// subclasses it and starts what is Python's: the log-forwarding thread and `/metrics`
+/// servers. Nothing here imports the package.
+#[pyclass(module = "creditflow._native", frozen, weakref, subclass)]
 pub struct NetworkEnvironment {
     inner: creditflow_core::NetworkEnvironment,
     pid: u32,
-    /// `/metrics` servers started by `serve_metrics` (`creditflow.prometheus.MetricsServer`),
-    /// closed with the environment.
-    metrics_servers: std::sync::Mutex<Vec<Py<PyAny>>>,
-    /// `creditflow.logs._release`, called once when this environment closes (taken at
-    /// creation: importing at interpreter shutdown fails). `None`: already called.
-    release_logs: std::sync::Mutex<Option<Py<PyAny>>>,
-}
-
-impl NetworkEnvironment {
-    /// Stops the `/metrics` servers and lets go of the log-forwarding thread (stopped when
-    /// the last environment of the process lets go). Idempotent. Errors are reported as
-    /// unraisable when `report` (not when dropped, possibly at interpreter shutdown).
-    fn stop_python_side(&self, py: Python<'_>, report: bool) {
-        let servers = std::mem::take(&mut *self.metrics_servers.lock().unwrap_or_else(|e| e.into_inner()));
-        let release = self.release_logs.lock().unwrap_or_else(|e| e.into_inner()).take();
-        // Not in a forked child: the thread and its count belong to the parent.
-        let release = release.filter(|_| std::process::id() == self.pid);
-        let check = |obj: &Py<PyAny>, result: PyResult<Py<PyAny>>| {
-            if let (Err(e), true) = (result, report) {
-                e.write_unraisable(py, Some(obj.bind(py)));
-            }
-        };
-        for server in &servers {
-            check(server, server.call_method0(py, "close"));
-        }
-        if let Some(release) = &release {
-            check(release, release.call0(py));
-        }
-    }
-}
-
-impl Drop for NetworkEnvironment {
-    fn drop(&mut self) {
-        // Dropped by Python's GC, so attached (`try_attach` only guards the unexpected).
-        let _ = Python::try_attach(|py| self.stop_python_side(py, false));
-    }
 }
 
 #[pymethods]
@@ -231,19 +196,10 @@ impl NetworkEnvironment {
         config.tls = tls;
         config.peer_timeout = secs(peer_timeout, "peer_timeout")?;
         config.advertise = advertise;
-        let (inner, release_logs) = Python::attach(|py| -> PyResult<_> {
-            let inner = creditflow_core::NetworkEnvironment::new(config).py_err(py)?;
-            // Rust log records reach `logging` from here on (a daemon thread while any
-            // environment of the process is open).
-            let logs = py.import("creditflow.logs")?;
-            logs.call_method0("_acquire")?;
-            Ok((inner, logs.getattr("_release")?.unbind()))
-        })?;
+        let inner = Python::attach(|py| creditflow_core::NetworkEnvironment::new(config).py_err(py))?;
         Ok(NetworkEnvironment {
             inner,
             pid: std::process::id(),
-            metrics_servers: Default::default(),
-            release_logs: std::sync::Mutex::new(Some(release_logs)),
         })
     }
 
@@ -306,47 +262,26 @@ impl NetworkEnvironment {
         Ok(InputGate::new(gate, self.pid))
     }
 
-    /// Metrics of the environment, its partitions and gates, as a dict.
+    /// Metrics of the environment, its partitions and gates (``creditflow.metrics.EnvMetrics``).
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        env_metrics_dict(py, &self.inner.metrics())
+        crate::metrics::env(py, &self.inner.metrics())
     }
 
-    /// Serves this environment's metrics in the Prometheus text format at
-    /// ``http://addr:port/metrics`` (``port=0``: any free port) until the environment closes.
-    #[pyo3(signature = (port = 0, addr = "127.0.0.1"))]
-    fn serve_metrics(slf: &Bound<'_, Self>, port: i64, addr: &str) -> PyResult<Py<PyAny>> {
-        let py = slf.py();
-        let this = slf.get();
-        check_pid(this.pid, "NetworkEnvironment")?;
-        if this.inner.is_closed() {
-            return Err(crate::error::to_py(
-                py,
-                creditflow_core::Error::Closed("the environment is closed"),
-            ));
-        }
-        let server = py
-            .import("creditflow.prometheus")?
-            .call_method1("serve", (slf, port, addr))?
-            .unbind();
-        this.metrics_servers.lock().unwrap().push(server.clone_ref(py));
-        Ok(server)
-    }
-
-    /// Closes connections and the listener, releases every partition, stops background
-    /// threads and `/metrics` servers. Idempotent.
+    /// Closes connections and the listener, releases every partition and stops the
+    /// background threads. Idempotent.
     fn close(&self, py: Python<'_>) {
         py.detach(|| self.inner.close());
-        self.stop_python_side(py, true);
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
         slf
     }
 
+    /// Calls ``self.close()`` (a subclass's, which also stops what it started).
     #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.close(py);
-        false
+    fn __exit__(slf: &Bound<'_, Self>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        slf.call_method0("close")?;
+        Ok(false)
     }
 
     fn __repr__(&self) -> String {
@@ -430,9 +365,9 @@ impl ResultPartition {
         )
     }
 
-    /// This partition's metrics, as a dict.
+    /// This partition's metrics (``creditflow.metrics.PartitionMetrics``).
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        partition_metrics_dict(py, &self.inner.metrics())
+        crate::metrics::partition(py, &self.inner.metrics())
     }
 
     fn __repr__(&self) -> String {
@@ -442,137 +377,4 @@ impl ResultPartition {
             self.inner.num_subpartitions()
         )
     }
-}
-
-fn pool_dict<'py>(py: Python<'py>, p: &PoolStats) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("min", p.min)?;
-    d.set_item("max", if p.max == usize::MAX { None } else { Some(p.max) })?;
-    d.set_item("share", p.share)?;
-    d.set_item("held", p.held)?;
-    d.set_item("in_use", p.in_use)?;
-    Ok(d)
-}
-
-pub(crate) fn partition_metrics_dict<'py>(
-    py: Python<'py>,
-    m: &PartitionMetrics,
-) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("id", &m.id)?;
-    d.set_item("num_subpartitions", m.num_subpartitions)?;
-    d.set_item("out_pool_usage", m.out_pool_usage())?;
-    d.set_item("out_pool", pool_dict(py, &m.pool)?)?;
-    d.set_item("backlog", PyList::new(py, &m.backlog)?)?;
-    d.set_item("batches_written", m.batches_written)?;
-    d.set_item("buffers_written", m.buffers_written)?;
-    d.set_item("bytes_written", m.bytes_written)?;
-    d.set_item("rows_written", m.rows_written)?;
-    d.set_item("backpressured_time_ms_per_second", m.backpressured_ms_per_second)?;
-    d.set_item("backpressure_level", m.level().as_str())?;
-    d.set_item("busy_time_ms_per_second", m.busy_ms_per_second())?;
-    d.set_item("backpressured_seconds_total", m.backpressured_total.as_secs_f64())?;
-    d.set_item("finished", m.finished)?;
-    let subs = PyList::empty(py);
-    for sm in &m.subpartitions {
-        let sd = PyDict::new(py);
-        sd.set_item("index", sm.index)?;
-        sd.set_item("backlog", sm.backlog)?;
-        sd.set_item("consumed", sm.consumed)?;
-        sd.set_item("buffers_out", sm.buffers_out)?;
-        sd.set_item("bytes_out", sm.bytes_out)?;
-        match &sm.remote {
-            Some(r) => {
-                sd.set_item("peer", &r.peer)?;
-                sd.set_item("credit", r.credit)?;
-                sd.set_item("buffers_sent", r.buffers_sent)?;
-                sd.set_item("bytes_sent", r.bytes_sent)?;
-            }
-            None => {
-                sd.set_item("peer", py.None())?;
-            }
-        }
-        subs.append(sd)?;
-    }
-    d.set_item("subpartitions", subs)?;
-    Ok(d)
-}
-
-pub(crate) fn gate_metrics_dict<'py>(py: Python<'py>, m: &GateMetrics) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("name", &m.name)?;
-    d.set_item("num_channels", m.num_channels)?;
-    d.set_item("ended_channels", m.ended_channels)?;
-    d.set_item("in_pool_usage", m.pool.usage())?;
-    d.set_item("in_pool", pool_dict(py, &m.pool)?)?;
-    d.set_item("queued_batches", m.queued_batches)?;
-    d.set_item("stale_barriers", m.stale_barriers)?;
-    d.set_item("batches_received", m.batches_received)?;
-    d.set_item("buffers_received", m.buffers_received)?;
-    d.set_item("bytes_received", m.bytes_received)?;
-    d.set_item("rows_received", m.rows_received)?;
-    d.set_item("idle_time_ms_per_second", m.idle_ms_per_second)?;
-    if let Some(r) = &m.remote {
-        d.set_item("remote_channels", r.remote_channels)?;
-        d.set_item("exclusive_buffers", r.exclusive_total)?;
-        d.set_item("exclusive_in_use", r.exclusive_in_use)?;
-        d.set_item("floating_buffers", r.floating_total)?;
-        d.set_item("floating_in_use", r.floating_in_use)?;
-        d.set_item("credit_outstanding", r.credit_announced)?;
-        d.set_item("credit_unannounced", r.credit_unannounced)?;
-        d.set_item("queued_buffers", r.queued_buffers)?;
-    }
-    if let Some(db) = &m.debloat {
-        d.set_item("debloat_buffer_size", db.buffer_size)?;
-        d.set_item("debloat_desired_buffer_size", db.desired_buffer_size)?;
-        d.set_item("debloat_throughput_bytes_per_second", db.throughput)?;
-        d.set_item("debloat_buffers", db.buffers)?;
-    }
-    d.set_item("busy_time_ms_per_second", m.busy_ms_per_second())?;
-    d.set_item("idle_seconds_total", m.idle_total.as_secs_f64())?;
-    let chans = PyList::empty(py);
-    for c in &m.channels {
-        let cd = PyDict::new(py);
-        cd.set_item("index", c.index)?;
-        cd.set_item("address", &c.spec.address)?;
-        cd.set_item("partition_id", &c.spec.partition_id)?;
-        cd.set_item("subpartition", c.spec.subpartition)?;
-        cd.set_item("kind", c.kind.as_str())?;
-        cd.set_item("batches_received", c.batches_received)?;
-        cd.set_item("buffers_received", c.buffers_received)?;
-        cd.set_item("bytes_received", c.bytes_received)?;
-        cd.set_item("rows_received", c.rows_received)?;
-        if let Some(r) = &c.remote {
-            cd.set_item("exclusive_in_use", r.exclusive_in_use)?;
-            cd.set_item("floating_in_use", r.floating_in_use)?;
-            cd.set_item("credit_outstanding", r.credit_announced)?;
-            cd.set_item("credit_unannounced", r.credit_unannounced)?;
-            cd.set_item("buffers_required", r.required)?;
-            cd.set_item("queued_buffers", r.queued_buffers)?;
-        }
-        chans.append(cd)?;
-    }
-    d.set_item("channels", chans)?;
-    Ok(d)
-}
-
-fn env_metrics_dict<'py>(py: Python<'py>, m: &EnvMetrics) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("address", &m.address)?;
-    d.set_item("segment_size", m.segment_size)?;
-    d.set_item("segments_total", m.segments_total)?;
-    d.set_item("segments_available", m.segments_available)?;
-    d.set_item("segments_allocated", m.segments_allocated)?;
-    d.set_item("segments_reserved", m.segments_reserved)?;
-    let parts = PyDict::new(py);
-    for p in &m.partitions {
-        parts.set_item(&p.id, partition_metrics_dict(py, p)?)?;
-    }
-    d.set_item("partitions", parts)?;
-    let gates = PyDict::new(py);
-    for g in &m.gates {
-        gates.set_item(&g.name, gate_metrics_dict(py, g)?)?;
-    }
-    d.set_item("gates", gates)?;
-    Ok(d)
 }

@@ -15,7 +15,7 @@ use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 use pyo3_arrow::input::AnyRecordBatch;
 
 use crate::blocking;
-use crate::env::{check_pid, gate_metrics_dict, partition_metrics_dict, ResultPartition};
+use crate::env::{check_pid, ResultPartition};
 use crate::error::to_py;
 
 /// Sends row r to subpartition ``pmod(hash(keys...), n)`` with Spark SQL's Murmur3 ``hash``,
@@ -322,9 +322,9 @@ impl RecordWriter {
         self.partition.fail(message);
     }
 
-    /// The partition's metrics, as a dict.
+    /// The partition's metrics (``creditflow.metrics.PartitionMetrics``).
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        partition_metrics_dict(py, &self.partition.metrics())
+        crate::metrics::partition(py, &self.partition.metrics())
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
@@ -641,9 +641,9 @@ impl InputGate {
         py.detach(|| self.inner.lock().unwrap().close());
     }
 
-    /// This gate's metrics, as a dict.
+    /// This gate's metrics (``creditflow.metrics.GateMetrics``).
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        gate_metrics_dict(py, &self.metrics.read())
+        crate::metrics::gate(py, &self.metrics.read())
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {

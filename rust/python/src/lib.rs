@@ -2,18 +2,25 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `error.rs` | core errors → `creditflow.errors` exceptions |
+//! | `error.rs` | core errors → the exception classes `creditflow.errors` registers |
 //! | `blocking.rs` | GIL release, Ctrl-C, timeouts for blocking calls |
-//! | `env.rs` | `NetworkEnvironment`, `ResultPartition`, metrics → dicts |
+//! | `env.rs` | `NetworkEnvironment`, `ResultPartition` |
+//! | `metrics.rs` | metrics snapshots → dicts keyed by the Rust field names |
 //! | `logs.rs` | Rust `log` records → a queue → Python `logging` (`creditflow.logs`) |
 //! | `io.rs` | `RecordWriter`, `InputGate`, `ChannelSpec`, partitioners, Arrow in/out |
 //! | `tls.rs` | `TLSConfig` |
+//! | `settings.rs` | `settings()`: the core's table of environment settings |
+//!
+//! The module imports nothing from the `creditflow` package: Python drives it (the package
+//! registers its exception classes, starts log forwarding and `/metrics` servers).
 
 mod blocking;
 mod env;
 mod error;
 mod io;
 mod logs;
+mod metrics;
+mod settings;
 mod tls;
 
 use pyo3::prelude::*;
@@ -37,6 +44,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<io::RoundRobinPartitioner>()?;
     m.add_class::<io::BroadcastPartitioner>()?;
     m.add_class::<io::ForwardPartitioner>()?;
+    m.add_class::<settings::Setting>()?;
+    m.add_function(wrap_pyfunction!(settings::settings, m)?)?;
+    m.add_function(wrap_pyfunction!(error::_register_errors, m)?)?;
     m.add_function(wrap_pyfunction!(env::parse_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(logs::_drain_logs, m)?)?;
     m.add_function(wrap_pyfunction!(logs::_set_log_level, m)?)?;

@@ -1,0 +1,258 @@
+"""The types of ``metrics()`` results: plain dicts, typed as :class:`~typing.TypedDict`.
+
+Each type is named after the Rust struct it mirrors, with the same keys and nesting
+(``rust/python/src/metrics.rs`` writes every key from the struct's field name), so a name
+read in Python is the name in the Rust source. On top of the fields, a few values the core
+computes are included under the name of the Rust method that computes them
+(``PoolStats.usage``, ``PartitionMetrics.out_pool_usage`` / ``level`` /
+``busy_ms_per_second``, ``GateMetrics.busy_ms_per_second``).
+
+Conventions: durations are seconds (``float``; ``backpressured_total``, ``idle_total``);
+``..._ms_per_second`` is milliseconds of the last second; counters (``..._written``,
+``..._received``, ``..._sent``, ``..._out``) only grow; a part that does not apply is
+``None`` (``remote`` of a local channel, ``debloat`` with debloating off).
+
+``env.metrics()`` returns :class:`EnvMetrics`, ``partition.metrics()`` and
+``writer.metrics()`` :class:`PartitionMetrics`, ``gate.metrics()`` :class:`GateMetrics`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+__all__ = [
+    "ChannelMetrics",
+    "ChannelSpecFields",
+    "DebloatMetrics",
+    "EnvMetrics",
+    "GateMetrics",
+    "PartitionMetrics",
+    "PoolStats",
+    "RemoteChannelStats",
+    "RemoteReaderMetrics",
+    "RemoteStats",
+    "SubpartitionMetrics",
+]
+
+
+class PoolStats(TypedDict):
+    """A local buffer pool (``PoolStats``), in segments."""
+
+    #: Guaranteed minimum.
+    min: int
+    #: Upper bound on the share; None: unbounded.
+    max: int | None
+    #: Current share: how many segments this pool may hold.
+    share: int
+    #: Segments taken from the global pool (free here + in use).
+    held: int
+    #: Segments in use (handed out and not yet recycled).
+    in_use: int
+    #: ``in_use / share`` (Flink's in/out pool usage); can exceed 1 briefly.
+    usage: float
+
+
+class RemoteReaderMetrics(TypedDict):
+    """What the sender side did for a subpartition's remote reader (``RemoteReaderMetrics``)."""
+
+    #: The consumer's connection address.
+    peer: str
+    #: Buffers the sender may still send (the receiver's credit).
+    credit: int
+    #: Data buffers written to the connection.
+    buffers_sent: int
+    #: Payload bytes written to the connection.
+    bytes_sent: int
+
+
+class SubpartitionMetrics(TypedDict):
+    """One subpartition (``SubpartitionMetrics``)."""
+
+    #: Index in the partition.
+    index: int
+    #: Finished buffers/batches waiting for the reader.
+    backlog: int
+    #: Whether a reader attached.
+    consumed: bool
+    #: Buffers the reader took.
+    buffers_out: int
+    #: Bytes the reader took.
+    bytes_out: int
+    #: The remote reader's view; None when the reader is local or there is none yet.
+    remote: RemoteReaderMetrics | None
+
+
+class PartitionMetrics(TypedDict):
+    """A partition (``PartitionMetrics``)."""
+
+    #: Partition id.
+    id: str
+    #: Number of subpartitions.
+    num_subpartitions: int
+    #: The partition's (output) pool.
+    pool: PoolStats
+    #: Finished buffers/batches waiting, per subpartition.
+    backlog: list[int]
+    #: Batches written (a hash split counts each piece).
+    batches_written: int
+    #: Buffers (segments filled or batches handed off) published.
+    buffers_written: int
+    #: Arrow payload bytes written.
+    bytes_written: int
+    #: Rows written.
+    rows_written: int
+    #: Milliseconds writers spent blocked on a buffer, over the last second.
+    backpressured_ms_per_second: float
+    #: Seconds writers spent blocked on a buffer since the partition was created.
+    backpressured_total: float
+    #: Whether end-of-partition was sent.
+    finished: bool
+    #: Per-subpartition detail, by index.
+    subpartitions: list[SubpartitionMetrics]
+    #: Output pool usage: segments in use / pool share.
+    out_pool_usage: float
+    #: Backpressure level from ``backpressured_ms_per_second``: OK <= 100, LOW <= 500, HIGH.
+    level: Literal["OK", "LOW", "HIGH"]
+    #: Milliseconds of the last second writers were not blocked on a buffer.
+    busy_ms_per_second: float
+
+
+class RemoteStats(TypedDict):
+    """A gate's remote buffers and credit (``RemoteStats``)."""
+
+    #: Remote channels opened by the gate.
+    remote_channels: int
+    #: Exclusive buffers of channels still open.
+    exclusive_total: int
+    #: Exclusive buffers holding received data not yet read.
+    exclusive_in_use: int
+    #: Floating buffers of the gate.
+    floating_total: int
+    #: Floating buffers assigned to channels.
+    floating_in_use: int
+    #: Empty buffers announced to senders (their credit, in flight included).
+    credit_announced: int
+    #: Empty buffers not yet announced.
+    credit_unannounced: int
+    #: Received buffers waiting to be read.
+    queued_buffers: int
+
+
+class DebloatMetrics(TypedDict):
+    """What a gate's buffer debloating measured and announced (``DebloatMetrics``)."""
+
+    #: The buffer size last announced to the producers, in bytes.
+    buffer_size: int
+    #: The buffer size the last sample computed, announced or not.
+    desired_buffer_size: int
+    #: Smoothed bytes consumed per second of time not spent waiting for data.
+    throughput: float
+    #: Buffers that can be in flight to the gate (the divisor of the size).
+    buffers: int
+
+
+class ChannelSpecFields(TypedDict):
+    """Where a channel reads from (``ChannelSpec``'s fields)."""
+
+    #: Address of the environment owning the partition.
+    address: str
+    #: Partition id.
+    partition_id: str
+    #: Subpartition index.
+    subpartition: int
+
+
+class RemoteChannelStats(TypedDict):
+    """A remote channel's buffers and credit (``RemoteChannelStats``)."""
+
+    #: Exclusive buffers holding received data not yet read.
+    exclusive_in_use: int
+    #: Floating buffers assigned to the channel.
+    floating_in_use: int
+    #: Empty buffers announced to the sender (its credit, in flight included).
+    credit_announced: int
+    #: Empty buffers not yet announced.
+    credit_unannounced: int
+    #: The sender's last announced backlog plus the exclusive buffers (buffers wanted).
+    required: int
+    #: Received buffers waiting to be read.
+    queued_buffers: int
+
+
+class ChannelMetrics(TypedDict):
+    """One channel of a gate (``ChannelMetrics``)."""
+
+    #: Index in the gate.
+    index: int
+    #: Which subpartition it reads, and where.
+    spec: ChannelSpecFields
+    #: How it reads now.
+    kind: Literal["pending", "local", "remote", "ended"]
+    #: Batches received.
+    batches_received: int
+    #: Buffers received.
+    buffers_received: int
+    #: Arrow bytes received.
+    bytes_received: int
+    #: Rows received.
+    rows_received: int
+    #: Buffers and credit, for a remote channel; None otherwise.
+    remote: RemoteChannelStats | None
+
+
+class GateMetrics(TypedDict):
+    """An input gate (``GateMetrics``)."""
+
+    #: Gate name.
+    name: str
+    #: Number of channels.
+    num_channels: int
+    #: Channels that reached the end.
+    ended_channels: int
+    #: The gate's (input) pool: exclusive + floating buffers of remote channels.
+    pool: PoolStats
+    #: Batches (and events, barriers) decoded but not yet returned.
+    queued_batches: int
+    #: Checkpoint barriers ignored as stale.
+    stale_barriers: int
+    #: Batches received.
+    batches_received: int
+    #: Buffers (serialized buffers or handed-off batches) received.
+    buffers_received: int
+    #: Arrow bytes received.
+    bytes_received: int
+    #: Rows received.
+    rows_received: int
+    #: Milliseconds the reader waited for data, over the last second.
+    idle_ms_per_second: float
+    #: Seconds the reader waited for data since the gate was created.
+    idle_total: float
+    #: Buffers and credit of the remote channels; None without remote channels.
+    remote: RemoteStats | None
+    #: Buffer debloating; None when it is off.
+    debloat: DebloatMetrics | None
+    #: Per-channel detail, by index.
+    channels: list[ChannelMetrics]
+    #: Milliseconds of the last second the reader was not waiting for data.
+    busy_ms_per_second: float
+
+
+class EnvMetrics(TypedDict):
+    """An environment, its partitions and gates (``EnvMetrics``)."""
+
+    #: ``env.address``.
+    address: str
+    #: Bytes per segment.
+    segment_size: int
+    #: The global pool's cap.
+    segments_total: int
+    #: Segments not held by any local pool.
+    segments_available: int
+    #: Segments allocated so far (lazily).
+    segments_allocated: int
+    #: Sum of local pools' guaranteed minimums.
+    segments_reserved: int
+    #: Registered partitions, by id.
+    partitions: dict[str, PartitionMetrics]
+    #: Open gates, by name.
+    gates: dict[str, GateMetrics]

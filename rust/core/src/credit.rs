@@ -105,7 +105,7 @@ use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::hash::Hash;
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// Exclusive buffers per remote channel unless configured otherwise (Flink:
 /// `taskmanager.network.memory.buffers-per-channel`).

@@ -21,76 +21,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
-
-/// Settings of the calculator. See the Python `NetworkEnvironment` for the user-facing docs.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DebloatConfig {
-    /// How long the data in flight to a gate should take to drain (Flink's
-    /// `buffer-debloat.target`, default 1 s).
-    pub target: Duration,
-    /// Smallest buffer size announced, in bytes (default 256).
-    pub min_buffer: usize,
-    /// Largest buffer size: the segment size.
-    pub max_buffer: usize,
-    /// Time between throughput samples (Flink's `buffer-debloat.period`, 200 ms).
-    pub period: Duration,
-    /// Samples the throughput average spans (Flink's `buffer-debloat.samples`, 20).
-    pub samples: u32,
-    /// Relative change of the size below which nothing is announced (0.25: 25%).
-    pub threshold: f64,
-}
-
-/// Smallest buffer size by default, in bytes.
-pub const DEFAULT_MIN_BUFFER: usize = 256;
-/// Time between throughput samples by default.
-pub const DEFAULT_PERIOD: Duration = Duration::from_millis(200);
-/// Samples of the moving average by default.
-pub const DEFAULT_SAMPLES: u32 = 20;
-/// Relative change announced by default.
-pub const DEFAULT_THRESHOLD: f64 = 0.25;
-
-impl DebloatConfig {
-    /// Flink's defaults (1 s target, 256-byte minimum, 200 ms period, 20 samples, 25%) for
-    /// buffers of at most `segment_size` bytes.
-    pub fn new(segment_size: usize) -> DebloatConfig {
-        DebloatConfig {
-            target: Duration::from_secs(1),
-            min_buffer: DEFAULT_MIN_BUFFER,
-            max_buffer: segment_size,
-            period: DEFAULT_PERIOD,
-            samples: DEFAULT_SAMPLES,
-            threshold: DEFAULT_THRESHOLD,
-        }
-    }
-
-    /// Fails with [`Error::InvalidArgument`] naming the setting when one is out of range.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |msg: String| Err(Error::InvalidArgument(msg));
-        if self.target.is_zero() {
-            return bad("debloat_target must be a positive number of seconds".into());
-        }
-        if self.min_buffer == 0 || self.min_buffer > self.max_buffer {
-            return bad(format!(
-                "debloat_min_buffer must be between 1 and the segment size ({} bytes), got {}",
-                self.max_buffer, self.min_buffer
-            ));
-        }
-        if self.period.is_zero() {
-            return bad("the debloat period must be positive".into());
-        }
-        if self.samples == 0 {
-            return bad("the debloat average needs at least one sample".into());
-        }
-        if !(self.threshold.is_finite() && self.threshold >= 0.0) {
-            return bad(format!(
-                "the debloat threshold must be a non-negative fraction, got {}",
-                self.threshold
-            ));
-        }
-        Ok(())
-    }
-}
+use crate::base::config::DebloatConfig;
 
 /// The buffer size for which `buffers` buffers hold `throughput × target` bytes, clamped to
 /// `[min, max]` (`min <= max`). Monotone non-decreasing in `throughput`; `buffers == 0`
@@ -197,6 +128,8 @@ impl Debloater {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::base::config::{DEFAULT_DEBLOAT_MIN_BUFFER, DEFAULT_DEBLOAT_PERIOD};
+    use crate::base::error::Error;
     use proptest::prelude::*;
 
     const SEG: usize = 32 << 10;
@@ -267,7 +200,10 @@ mod tests {
     fn sizes_are_clamped_to_the_minimum_and_the_segment() {
         let t = clock();
         let mut d = Debloater::new(config(), t(0));
-        assert_eq!(d.update(t(200), 10, Duration::ZERO, 16), Some(DEFAULT_MIN_BUFFER));
+        assert_eq!(
+            d.update(t(200), 10, Duration::ZERO, 16),
+            Some(DEFAULT_DEBLOAT_MIN_BUFFER)
+        );
         // A fast gate goes back to whole segments.
         assert_eq!(d.update(t(400), 10 + (1 << 30), Duration::ZERO, 16), Some(SEG));
         assert_eq!(d.update(t(600), 20 + (2 << 30), Duration::ZERO, 16), None);
@@ -323,7 +259,7 @@ mod tests {
                 target: Duration::from_millis(target_ms),
                 min_buffer: min,
                 max_buffer: min + extra,
-                period: DEFAULT_PERIOD,
+                period: DEFAULT_DEBLOAT_PERIOD,
                 samples,
                 threshold,
             },

@@ -12,22 +12,13 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::debloat::DebloatConfig;
-use crate::error::{Error, Result};
-use crate::gate::{Backoff, ChannelSpec, DebloatSetup, GateHandle, GateMetrics, InputGate, RemoteSetup};
+use crate::base::config::{Backoff, ChannelSpec, DebloatConfig, FlowControl, Limits, TlsSettings};
+use crate::base::error::{Error, Result};
+use crate::gate::{DebloatSetup, GateHandle, GateMetrics, InputGate, RemoteSetup};
 use crate::memory::GlobalPool;
 use crate::partition::{Handoff, PartitionMetrics, Registry, ResultPartition};
 use crate::serde::RECORD_HEADER_LEN;
-use crate::transport::{Limits, Tls, TlsSettings, Transport, TransportConfig};
-
-/// Flow control between environments.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FlowControl {
-    /// Flink ≥ 1.5: senders send only with the receiver's credit.
-    Credit,
-    /// Flink ≤ 1.4: no credit, TCP's window pushes back (comparison mode).
-    Tcp,
-}
+use crate::transport::{Tls, Transport, TransportConfig};
 
 /// Settings of an environment. See the Python `NetworkEnvironment` for the user-facing docs.
 #[derive(Debug, Clone)]
@@ -113,7 +104,7 @@ impl Default for EnvConfig {
             peer_timeout: Duration::from_secs(30),
             debloat: false,
             debloat_target: Duration::from_secs(1),
-            debloat_min_buffer: crate::debloat::DEFAULT_MIN_BUFFER,
+            debloat_min_buffer: crate::base::config::DEFAULT_DEBLOAT_MIN_BUFFER,
         }
     }
 }

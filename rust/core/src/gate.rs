@@ -19,29 +19,20 @@ use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 
+use crate::base::config::{Backoff, ChannelSpec, DebloatConfig};
+use crate::base::error::{Error, Result};
+use crate::base::event::Event;
+use crate::base::metrics::{Counter, TimeMeter};
+use crate::base::wait::Wait;
 use crate::checkpoint::{Action, Aligner, InFlight};
-use crate::debloat::{DebloatConfig, Debloater};
-use crate::error::{Error, Result};
+use crate::debloat::Debloater;
 use crate::memory::{LocalPool, PoolStats};
-use crate::metrics::{Counter, TimeMeter};
-use crate::partition::subpartition::{Event, Polled, Subpartition, Token};
+use crate::partition::subpartition::{Polled, Subpartition, Token};
 use crate::partition::{Registry, ResultPartition};
 use crate::serde::RecordDeserializer;
 use crate::transport::{
     recycle_all, Inbound, RemoteChannel, RemoteChannelStats, RemoteGate, RemoteStats, Transport,
 };
-use crate::wait::Wait;
-
-/// Which subpartition of which partition, where.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ChannelSpec {
-    /// Address of the environment owning the partition (`env.address`).
-    pub address: String,
-    /// Partition id.
-    pub partition_id: String,
-    /// Subpartition index.
-    pub subpartition: usize,
-}
 
 /// What [`InputGate::next_item`] yields.
 #[derive(Debug)]
@@ -96,24 +87,6 @@ enum Queued {
     Position(usize, u64),
     /// A channel ended (not yielded).
     Ended(usize),
-}
-
-/// Backoff for partition requests (Flink's `taskmanager.network.request-backoff.*`).
-#[derive(Debug, Clone, Copy)]
-pub struct Backoff {
-    /// First retry delay.
-    pub initial: Duration,
-    /// Largest delay; after a retry at this delay fails, the request fails.
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(10),
-        }
-    }
 }
 
 /// Wake-up side of the gate, shared with the subpartitions' listeners.
@@ -1016,7 +989,7 @@ impl InputGate {
                 }
                 Inbound::Event(ev) => {
                     let at_boundary = de.is_at_record_boundary();
-                    match Event::from(ev) {
+                    match ev {
                         Event::EndOfPartition if !at_boundary => {
                             end = Some(Err(Error::Protocol(format!(
                                 "channel {:?} ended in the middle of a record",

@@ -61,7 +61,7 @@ use arrow_array::{Array, ArrowPrimitiveType, GenericByteArray, GenericByteViewAr
 use arrow_buffer::{i256, ArrowNativeType, BooleanBuffer, NullBuffer};
 use arrow_schema::{DataType, IntervalUnit, TimeUnit};
 
-use crate::error::Error;
+use crate::base::error::Error;
 
 /// The seed Spark's `hash()` and `HashPartitioning` start from.
 pub const SPARK_HASH_SEED: i32 = 42;

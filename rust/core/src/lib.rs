@@ -20,39 +20,36 @@
 //! | buffer size from the gate's throughput (no I/O) | [`debloat`] | `BufferDebloater`, `ThroughputCalculator` |
 //! | credit, backlog, sequence numbers (no I/O) | [`credit`] | `CreditBasedPartitionRequestClientHandler` state |
 //! | wire protocol: frames ⇄ messages (no I/O) | [`transport`] | `NettyMessage`, `NettyMessageClientDecoderDelegate` |
-//! | counters, meters, OK/LOW/HIGH | [`metrics`] | `BackPressureStatsTracker`, `TimerGauge` |
+//! | counters, meters, OK/LOW/HIGH | [`base::metrics`] | `BackPressureStatsTracker`, `TimerGauge` |
 //! | one per process: pools, partitions, gates, flusher | [`mod@env`] | `NettyShuffleEnvironment` |
 //!
-//! Blocking calls take a [`wait::Wait`]: an optional deadline and an interrupt check that
+//! Blocking calls take a [`base::wait::Wait`]: an optional deadline and an interrupt check that
 //! the Python layer uses for Ctrl-C, so no call can block forever without a way out.
 
+pub mod base;
 pub mod checkpoint;
 pub mod credit;
 pub mod debloat;
 #[cfg(not(loom))]
 pub mod env;
-pub mod error;
 #[doc(hidden)]
 pub mod fuzz;
 #[cfg(not(loom))]
 pub mod gate;
 pub mod hash;
 pub mod memory;
-pub mod metrics;
 pub mod partition;
 pub mod partitioner;
 pub mod serde;
-pub(crate) mod sync;
 pub mod transport;
-pub mod units;
-pub mod wait;
 pub mod writer;
 
+pub use base::config::{ChannelSpec, FlowControl};
+pub use base::error::{Error, Result};
 #[cfg(not(loom))]
-pub use env::{EnvConfig, FlowControl, NetworkEnvironment};
-pub use error::{Error, Result};
+pub use env::{EnvConfig, NetworkEnvironment};
 #[cfg(not(loom))]
-pub use gate::{ChannelSpec, GateItem, InputGate};
+pub use gate::{GateItem, InputGate};
 pub use partition::ResultPartition;
 pub use partitioner::Partitioner;
 pub use writer::RecordWriter;

@@ -9,7 +9,7 @@ use arrow_data::ArrayData;
 use arrow_schema::{DataType, Schema};
 use arrow_select::take::take;
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 use crate::hash::{check_key_type, spark_partition_ids};
 
 /// How a [`crate::RecordWriter`] distributes batches over subpartitions.

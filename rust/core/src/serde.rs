@@ -28,7 +28,7 @@ use arrow_ipc::writer::StreamEncoder;
 use arrow_ipc::{Block, MessageHeader};
 use arrow_schema::{ArrowError, DataType, Schema};
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// Starts every IPC message of the stream format.
 const CONTINUATION_MARKER: [u8; 4] = [0xff; 4];

@@ -4,12 +4,12 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 
-use crate::error::{Error, Result};
-use crate::partition::subpartition::{Event, Token};
+use crate::base::error::{Error, Result};
+use crate::base::event::{Event, MAX_EVENT_PAYLOAD_LEN};
+use crate::base::wait::Wait;
+use crate::partition::subpartition::Token;
 use crate::partition::ResultPartition;
 use crate::partitioner::{Partitioner, Splitter};
-use crate::transport::codec::MAX_EVENT_PAYLOAD_LEN;
-use crate::wait::Wait;
 
 /// Writes batches into one partition through a partitioner.
 pub struct RecordWriter {

@@ -97,12 +97,12 @@ mod transport {
     fn payload() -> impl Strategy<Value = Payload<'static>> {
         prop_oneof![
             prop::collection::vec(any::<u8>(), 0..300).prop_map(|v| Payload::Data(Cow::Owned(v))),
-            Just(Payload::Event(EventKind::EndOfPartition)),
-            text(MAX_MESSAGE_LEN).prop_map(|m| Payload::Event(EventKind::ProducerFailed(m))),
-            prop::collection::vec(any::<u8>(), 0..300).prop_map(|v| Payload::Event(EventKind::User(v))),
+            Just(Payload::Event(Event::EndOfPartition)),
+            text(MAX_MESSAGE_LEN).prop_map(|m| Payload::Event(Event::ProducerFailed(m))),
+            prop::collection::vec(any::<u8>(), 0..300).prop_map(|v| Payload::Event(Event::User(v))),
             (any::<u64>(), any::<bool>())
-                .prop_map(|(id, unaligned)| Payload::Event(EventKind::Barrier { id, unaligned })),
-            any::<u64>().prop_map(|id| Payload::Event(EventKind::BarrierPosition(id))),
+                .prop_map(|(id, unaligned)| Payload::Event(Event::Barrier { id, unaligned })),
+            any::<u64>().prop_map(|id| Payload::Event(Event::BarrierPosition(id))),
         ]
     }
 
@@ -270,7 +270,7 @@ mod transport {
         let stream = encode_all(&[
             Message::CloseRequest,
             Message::error_response(None, ErrorKind::Internal, "x"),
-            Message::event(ReceiverId(1), 0, 0, EventKind::EndOfPartition),
+            Message::event(ReceiverId(1), 0, 0, Event::EndOfPartition),
         ]);
         for end in 0..=stream.len() {
             let (result, bytes) = allocated_by(|| check(&stream[..end], LIMIT));
@@ -360,7 +360,7 @@ mod transport {
                 backlog: 0,
                 payload: Payload::Data(Cow::Owned(Vec::new())),
             }),
-            Message::event(ReceiverId(5), 2, 0, EventKind::EndOfPartition),
+            Message::event(ReceiverId(5), 2, 0, Event::EndOfPartition),
             Message::CloseRequest,
         ];
         let stream = encode_all(&msgs);

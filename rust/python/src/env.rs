@@ -4,12 +4,12 @@ use std::net::ToSocketAddrs;
 use std::sync::Arc;
 use std::time::Duration;
 
+use creditflow_core::base::config::{Backoff, Limits};
 use creditflow_core::env::EnvMetrics;
-use creditflow_core::gate::{Backoff, GateMetrics};
+use creditflow_core::gate::GateMetrics;
 use creditflow_core::memory::PoolStats;
 use creditflow_core::partition::PartitionMetrics;
-use creditflow_core::transport::Limits;
-use creditflow_core::{units, EnvConfig, FlowControl};
+use creditflow_core::{base::units, EnvConfig, FlowControl};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyList, PyString};

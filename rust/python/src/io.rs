@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use arrow_array::{RecordBatch, StructArray};
 use arrow_schema::Field;
-use creditflow_core::gate::{ChannelSpec as CoreSpec, GateItem, GateMetricsReader};
+use creditflow_core::base::config::ChannelSpec as CoreSpec;
+use creditflow_core::gate::{GateItem, GateMetricsReader};
 use creditflow_core::partition::subpartition::Token;
 use creditflow_core::Partitioner;
 use pyo3::exceptions::{PyTypeError, PyValueError};

@@ -13,7 +13,7 @@
 use std::borrow::Cow;
 
 use super::Bytes;
-use crate::error::Error;
+use crate::base::error::Error;
 use crate::transport::codec::{
     encode, max_frame_size, BufferResponse, Decoder, Frame, Message, Payload, MAX_CONTROL_FRAME_LEN,
 };

@@ -16,10 +16,10 @@
 
 use std::collections::HashMap;
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
+use crate::base::sync::{Arc, AtomicUsize, Condvar, Mutex, Ordering};
+use crate::base::wait::Wait;
 use crate::memory::segment::Segment;
-use crate::sync::{Arc, AtomicUsize, Condvar, Mutex, Ordering};
-use crate::wait::Wait;
 
 /// The process-wide (per environment) pool with a hard cap on segments.
 pub struct GlobalPool {

@@ -20,14 +20,15 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
+use crate::base::event::Event;
+use crate::base::metrics::{BackpressureLevel, Counter, TimeMeter};
+use crate::base::wait::Wait;
 use crate::memory::{LocalPool, PoolStats, PooledSegment};
-use crate::metrics::{BackpressureLevel, Counter, TimeMeter};
 use crate::partitioner::Piece;
 use crate::serde::BatchEncoder;
-use crate::wait::Wait;
 use buffer::{new_buffer_limited, BufferBuilder};
-use subpartition::{Entry, Event, LocalBatch, Subpartition, Token};
+use subpartition::{Entry, LocalBatch, Subpartition, Token};
 
 /// Where partitions are registered, so that they can unregister when done.
 pub(crate) type Registry = Mutex<std::collections::HashMap<String, Arc<ResultPartition>>>;

@@ -9,7 +9,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
 use super::codec::{AuthTag, Nonce};
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// Who computes the tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -39,15 +39,15 @@ use tokio::sync::Notify;
 
 use arrow_buffer::Buffer;
 
-use super::codec::{self, ErrorKind, EventKind, Message, Payload, ReceiverId};
+use super::codec::{self, ErrorKind, Message, Payload, ReceiverId};
 use super::io::{self, FrameReader, FrameSource, InFrame};
+use crate::base::config::{Backoff, ChannelSpec, FlowControl};
+use crate::base::error::{Error, Result};
+use crate::base::event::Event;
 use crate::credit::{
     BufferLease, ChannelCreditStats, ChannelId, Credit, Delivery, GateCredit, GateCreditConfig,
     ReceiverAction,
 };
-use crate::env::FlowControl;
-use crate::error::{Error, Result};
-use crate::gate::{Backoff, ChannelSpec};
 use crate::memory::PooledSegment;
 use crate::partition::subpartition::Listener;
 use crate::serde::RecordAssembler;
@@ -96,7 +96,7 @@ pub(crate) enum Inbound {
     /// A data buffer.
     Data(Received),
     /// An event (end of partition, producer failed, user event, checkpoint barrier).
-    Event(EventKind),
+    Event(Event),
     /// The channel failed (connection lost, partition not found, remote error).
     Failed(Error),
 }
@@ -106,7 +106,7 @@ impl Inbound {
     fn is_last(&self) -> bool {
         match self {
             Inbound::Data(_) => false,
-            Inbound::Event(ev) => matches!(ev, EventKind::EndOfPartition | EventKind::ProducerFailed(_)),
+            Inbound::Event(ev) => matches!(ev, Event::EndOfPartition | Event::ProducerFailed(_)),
             Inbound::Failed(_) => true,
         }
     }
@@ -1044,7 +1044,7 @@ async fn read_loop<R: FrameSource>(conn: &Arc<ClientConn>, reader: &mut FrameRea
                 let header = br.header();
                 ch.gate.on_event(&ch, header)?;
                 if let Payload::Event(ev) = br.payload {
-                    if matches!(ev, EventKind::Barrier { unaligned: true, .. }) {
+                    if matches!(ev, Event::Barrier { unaligned: true, .. }) {
                         // Set before the push's wake-up, so the gate sees it with the item.
                         ch.gate.priority.store(true, Ordering::Release);
                     }
@@ -1057,7 +1057,7 @@ async fn read_loop<R: FrameSource>(conn: &Arc<ClientConn>, reader: &mut FrameRea
                     if !item.is_last() {
                         // An aligned barrier comes between records; an unaligned one and a
                         // user event may come anywhere (the record completes after them).
-                        if matches!(item, Inbound::Event(EventKind::Barrier { unaligned: false, .. }))
+                        if matches!(item, Inbound::Event(Event::Barrier { unaligned: false, .. }))
                             && mid_record()
                         {
                             conn.remove(br.receiver);
@@ -1074,7 +1074,7 @@ async fn read_loop<R: FrameSource>(conn: &Arc<ClientConn>, reader: &mut FrameRea
                     let partial = mid_record();
                     conn.remove(br.receiver);
                     assemblies.remove(&br.receiver);
-                    if partial && matches!(item, Inbound::Event(EventKind::EndOfPartition)) {
+                    if partial && matches!(item, Inbound::Event(Event::EndOfPartition)) {
                         ch.fail(Error::Protocol(format!(
                             "channel {:?} ended in the middle of a record",
                             ch.spec

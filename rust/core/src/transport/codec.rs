@@ -4,9 +4,9 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use crate::base::error::{Error, Result};
+pub use crate::base::event::{Event, MAX_EVENT_PAYLOAD_LEN};
 use crate::credit::{BufferHeader, Credit, DataType};
-use crate::error::{Error, Result};
-use crate::partition::subpartition::Event;
 
 // ---------------------------------------------------------------------------------------------
 // Constants
@@ -29,13 +29,8 @@ pub const MAX_PARTITION_ID_LEN: usize = 1024;
 
 /// Longest message an ErrorResponse or a ProducerFailed event may carry, in UTF-8 bytes.
 /// Longer messages are cut at a character boundary by [`Message::error_response`] and
-/// [`EventKind::producer_failed`].
+/// [`Event::producer_failed`].
 pub const MAX_MESSAGE_LEN: usize = 2048;
-
-/// Longest payload of a user event ([`EventKind::User`]), in bytes. An event travels as one
-/// frame, so this also bounds the frame limit of a connection with small segments (16 KiB
-/// keeps the limit of the default 32 KiB segments unchanged).
-pub const MAX_EVENT_PAYLOAD_LEN: usize = 16 * 1024;
 
 /// Bytes of a nonce in Hello / HelloAck.
 pub const NONCE_LEN: usize = 32;
@@ -279,28 +274,6 @@ impl ErrorKind {
     }
 }
 
-/// An in-band event: the typed payload of a BufferResponse whose data type is
-/// [`DataType::Event`].
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum EventKind {
-    /// Nothing follows on this channel.
-    EndOfPartition,
-    /// The producer failed; the receiver fails the channel with this message
-    /// (at most [`MAX_MESSAGE_LEN`] bytes).
-    ProducerFailed(String),
-    /// A user event's bytes (at most [`MAX_EVENT_PAYLOAD_LEN`]).
-    User(Vec<u8>),
-    /// Checkpoint barrier `id`; `unaligned` when it overtook the data queued before it.
-    Barrier {
-        /// The checkpoint id.
-        id: u64,
-        /// Whether it overtook the queued data.
-        unaligned: bool,
-    },
-    /// The original place of unaligned barrier `id` in the channel's data.
-    BarrierPosition(u64),
-}
-
 const EVENT_END_OF_PARTITION: u8 = 0;
 const EVENT_PRODUCER_FAILED: u8 = 1;
 const EVENT_USER: u8 = 2;
@@ -308,20 +281,31 @@ const EVENT_BARRIER: u8 = 3;
 const EVENT_BARRIER_POSITION: u8 = 4;
 const BARRIER_UNALIGNED: u8 = 1;
 
-impl EventKind {
+/// The byte form of an event: the payload of a BufferResponse whose data type is
+/// [`DataType::Event`].
+impl Event {
     /// A ProducerFailed event, its message cut to [`MAX_MESSAGE_LEN`] bytes.
-    pub fn producer_failed(message: &str) -> EventKind {
-        EventKind::ProducerFailed(truncate_utf8(message, MAX_MESSAGE_LEN).to_owned())
+    pub fn producer_failed(message: &str) -> Event {
+        Event::ProducerFailed(truncate_utf8(message, MAX_MESSAGE_LEN).to_owned())
+    }
+
+    /// The event as it goes on the wire: a ProducerFailed message cut to [`MAX_MESSAGE_LEN`]
+    /// bytes at a character boundary.
+    pub fn to_wire(&self) -> Event {
+        match self {
+            Event::ProducerFailed(msg) => Event::producer_failed(msg),
+            other => other.clone(),
+        }
     }
 
     /// Bytes of the encoded event.
     pub fn encoded_len(&self) -> usize {
         match self {
-            EventKind::EndOfPartition => 1,
-            EventKind::ProducerFailed(msg) => 1 + 4 + msg.len(),
-            EventKind::User(bytes) => 1 + 4 + bytes.len(),
-            EventKind::Barrier { .. } => 1 + 8 + 1,
-            EventKind::BarrierPosition(_) => 1 + 8,
+            Event::EndOfPartition => 1,
+            Event::ProducerFailed(msg) => 1 + 4 + msg.len(),
+            Event::User(bytes) => 1 + 4 + bytes.len(),
+            Event::Barrier { .. } => 1 + 8 + 1,
+            Event::BarrierPosition(_) => 1 + 8,
         }
     }
 
@@ -329,13 +313,13 @@ impl EventKind {
     /// [`Error::InvalidArgument`], appending nothing, if a message is over [`MAX_MESSAGE_LEN`].
     pub fn encode(&self, out: &mut Vec<u8>) -> Result<()> {
         match self {
-            EventKind::EndOfPartition => out.push(EVENT_END_OF_PARTITION),
-            EventKind::ProducerFailed(msg) => {
+            Event::EndOfPartition => out.push(EVENT_END_OF_PARTITION),
+            Event::ProducerFailed(msg) => {
                 check_string_len(msg, MAX_MESSAGE_LEN, "ProducerFailed message")?;
                 out.push(EVENT_PRODUCER_FAILED);
                 put_string(out, msg);
             }
-            EventKind::User(bytes) => {
+            Event::User(bytes) => {
                 if bytes.len() > MAX_EVENT_PAYLOAD_LEN {
                     return Err(Error::InvalidArgument(format!(
                         "an event payload is at most {MAX_EVENT_PAYLOAD_LEN} bytes, got {}",
@@ -346,12 +330,12 @@ impl EventKind {
                 put_u32(out, bytes.len() as u32);
                 out.extend_from_slice(bytes);
             }
-            EventKind::Barrier { id, unaligned } => {
+            Event::Barrier { id, unaligned } => {
                 out.push(EVENT_BARRIER);
                 put_u64(out, *id);
                 out.push(if *unaligned { BARRIER_UNALIGNED } else { 0 });
             }
-            EventKind::BarrierPosition(id) => {
+            Event::BarrierPosition(id) => {
                 out.push(EVENT_BARRIER_POSITION);
                 put_u64(out, *id);
             }
@@ -360,12 +344,12 @@ impl EventKind {
     }
 
     /// Parses an event payload; the whole payload must be one event.
-    pub fn decode(payload: &[u8]) -> Result<EventKind> {
+    pub fn decode(payload: &[u8]) -> Result<Event> {
         let mut r = Reader::new(payload, "event payload");
         let event = match r.u8()? {
-            EVENT_END_OF_PARTITION => EventKind::EndOfPartition,
+            EVENT_END_OF_PARTITION => Event::EndOfPartition,
             EVENT_PRODUCER_FAILED => {
-                EventKind::ProducerFailed(r.string(MAX_MESSAGE_LEN, "ProducerFailed message")?)
+                Event::ProducerFailed(r.string(MAX_MESSAGE_LEN, "ProducerFailed message")?)
             }
             EVENT_USER => {
                 let len = r.u32()? as usize;
@@ -374,7 +358,7 @@ impl EventKind {
                         "user event of {len} bytes exceeds {MAX_EVENT_PAYLOAD_LEN}"
                     )));
                 }
-                EventKind::User(r.take(len)?.to_vec())
+                Event::User(r.take(len)?.to_vec())
             }
             EVENT_BARRIER => {
                 let id = r.u64()?;
@@ -383,40 +367,13 @@ impl EventKind {
                     BARRIER_UNALIGNED => true,
                     f => return Err(protocol(format!("unknown barrier flags {f}"))),
                 };
-                EventKind::Barrier { id, unaligned }
+                Event::Barrier { id, unaligned }
             }
-            EVENT_BARRIER_POSITION => EventKind::BarrierPosition(r.u64()?),
+            EVENT_BARRIER_POSITION => Event::BarrierPosition(r.u64()?),
             tag => return Err(protocol(format!("unknown event tag {tag}"))),
         };
         r.finish()?;
         Ok(event)
-    }
-}
-
-impl From<&Event> for EventKind {
-    fn from(event: &Event) -> EventKind {
-        match event {
-            Event::EndOfPartition => EventKind::EndOfPartition,
-            Event::ProducerFailed(msg) => EventKind::producer_failed(msg),
-            Event::User(bytes) => EventKind::User(bytes.clone()),
-            Event::Barrier { id, unaligned } => EventKind::Barrier {
-                id: *id,
-                unaligned: *unaligned,
-            },
-            Event::BarrierPosition(id) => EventKind::BarrierPosition(*id),
-        }
-    }
-}
-
-impl From<EventKind> for Event {
-    fn from(event: EventKind) -> Event {
-        match event {
-            EventKind::EndOfPartition => Event::EndOfPartition,
-            EventKind::ProducerFailed(msg) => Event::ProducerFailed(msg),
-            EventKind::User(bytes) => Event::User(bytes),
-            EventKind::Barrier { id, unaligned } => Event::Barrier { id, unaligned },
-            EventKind::BarrierPosition(id) => Event::BarrierPosition(id),
-        }
     }
 }
 
@@ -426,7 +383,7 @@ pub enum Payload<'a> {
     /// Serialized records, usually borrowed from the frame that was decoded.
     Data(Cow<'a, [u8]>),
     /// An event, parsed.
-    Event(EventKind),
+    Event(Event),
 }
 
 impl Payload<'_> {
@@ -666,7 +623,7 @@ impl Message<'static> {
     }
 
     /// A BufferResponse carrying `event`.
-    pub fn event(receiver: ReceiverId, sequence_number: u64, backlog: u32, event: EventKind) -> Self {
+    pub fn event(receiver: ReceiverId, sequence_number: u64, backlog: u32, event: Event) -> Self {
         Message::BufferResponse(BufferResponse {
             receiver,
             sequence_number,
@@ -855,7 +812,7 @@ fn put_buffer_response_fields(out: &mut Vec<u8>, header: &BufferResponseHeader, 
 /// The frame header and fixed fields of a BufferResponse whose `payload_len` bytes of payload
 /// the caller writes right after it (one vectored write of header + segment slices), so the
 /// payload is never copied. With [`DataType::Event`] the payload must be an encoded
-/// [`EventKind`].
+/// [`Event`].
 ///
 /// Fails with [`Error::InvalidArgument`] if the frame would not fit a `u32` length; the
 /// receiver's frame limit (see [`max_frame_size`]) is the caller's to respect.
@@ -1141,7 +1098,7 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>> {
         let payload = &frame[BUFFER_RESPONSE_HEADER_LEN..];
         let payload = match header.data_type {
             DataType::Data => Payload::Data(Cow::Borrowed(payload)),
-            DataType::Event => Payload::Event(EventKind::decode(payload)?),
+            DataType::Event => Payload::Event(Event::decode(payload)?),
         };
         return Ok(Message::BufferResponse(BufferResponse {
             receiver: header.receiver,
@@ -1510,21 +1467,21 @@ mod tests {
                 backlog: 4,
                 payload: Payload::Data(Cow::Owned(b"arrow ipc bytes".to_vec())),
             }),
-            Message::event(r, 0, 0, EventKind::EndOfPartition),
-            Message::event(r, 1, 2, EventKind::producer_failed("writer interrupted")),
+            Message::event(r, 0, 0, Event::EndOfPartition),
+            Message::event(r, 1, 2, Event::producer_failed("writer interrupted")),
             Message::error_response(Some(r), ErrorKind::ProducerFailed, "boom"),
             Message::error_response(None, ErrorKind::Authentication, "bad HMAC"),
             Message::CancelPartitionRequest { receiver: r },
             Message::CloseRequest,
             Message::PartitionNotFound { receiver: r },
             Message::ResumeConsumption { receiver: r },
-            Message::event(r, 2, 0, EventKind::User(b"watermark 17".to_vec())),
-            Message::event(r, 3, 0, EventKind::User(vec![7; MAX_EVENT_PAYLOAD_LEN])),
+            Message::event(r, 2, 0, Event::User(b"watermark 17".to_vec())),
+            Message::event(r, 3, 0, Event::User(vec![7; MAX_EVENT_PAYLOAD_LEN])),
             Message::event(
                 r,
                 4,
                 1,
-                EventKind::Barrier {
+                Event::Barrier {
                     id: 9,
                     unaligned: false,
                 },
@@ -1533,12 +1490,12 @@ mod tests {
                 r,
                 5,
                 1,
-                EventKind::Barrier {
+                Event::Barrier {
                     id: u64::MAX,
                     unaligned: true,
                 },
             ),
-            Message::event(r, 6, 0, EventKind::BarrierPosition(u64::MAX)),
+            Message::event(r, 6, 0, Event::BarrierPosition(u64::MAX)),
             Message::NewBufferSize {
                 receiver: r,
                 size: 4096,
@@ -1724,7 +1681,7 @@ mod tests {
         let mut bytes = encoded(&one_of_each()[6]);
         bytes[HEADER_LEN + 20] = 5;
         assert!(protocol_message(decode(&bytes)).contains("data type 5"));
-        let mut bytes = encoded(&Message::event(ReceiverId(1), 0, 0, EventKind::EndOfPartition));
+        let mut bytes = encoded(&Message::event(ReceiverId(1), 0, 0, Event::EndOfPartition));
         *bytes.last_mut().unwrap() = 9;
         assert!(protocol_message(decode(&bytes)).contains("unknown event tag 9"));
     }
@@ -1794,7 +1751,7 @@ mod tests {
             unreachable!()
         };
         assert_eq!(message.len(), MAX_MESSAGE_LEN);
-        let EventKind::ProducerFailed(m) = EventKind::producer_failed(&format!("x{long}")) else {
+        let Event::ProducerFailed(m) = Event::producer_failed(&format!("x{long}")) else {
             unreachable!()
         };
         assert_eq!(m.len(), MAX_MESSAGE_LEN - 1);
@@ -1805,7 +1762,7 @@ mod tests {
         let big = "x".repeat(MAX_MESSAGE_LEN);
         for msg in [
             Message::error_response(Some(ReceiverId(1)), ErrorKind::Internal, &big),
-            Message::event(ReceiverId(1), 0, 0, EventKind::producer_failed(&big)),
+            Message::event(ReceiverId(1), 0, 0, Event::producer_failed(&big)),
             Message::PartitionRequest {
                 partition_id: "p".repeat(MAX_PARTITION_ID_LEN),
                 subpartition: 0,
@@ -1821,10 +1778,16 @@ mod tests {
     }
 
     #[test]
-    fn event_kinds_convert_to_and_from_subpartition_events() {
+    fn events_go_on_the_wire_as_they_are_but_a_long_failure_message_is_cut() {
         for event in [Event::EndOfPartition, Event::ProducerFailed("x".into())] {
-            assert_eq!(Event::from(EventKind::from(&event)), event);
+            assert_eq!(event.to_wire(), event);
         }
+        let long = "é".repeat(MAX_MESSAGE_LEN);
+        let Event::ProducerFailed(cut) = Event::ProducerFailed(long.clone()).to_wire() else {
+            panic!("still a ProducerFailed")
+        };
+        assert_eq!(cut.len(), MAX_MESSAGE_LEN);
+        assert!(long.starts_with(&cut));
     }
 
     #[test]
@@ -1903,7 +1866,7 @@ mod tests {
 
     #[test]
     fn decoder_events_come_whole_from_next_frame() {
-        let msg = Message::event(ReceiverId(1), 4, 0, EventKind::producer_failed("x"));
+        let msg = Message::event(ReceiverId(1), 4, 0, Event::producer_failed("x"));
         let mut decoder = Decoder::new(MAX_CONTROL_FRAME_LEN);
         let bytes = encoded(&msg);
         decoder.feed(&bytes[..BUFFER_RESPONSE_HEADER_LEN]);

@@ -12,7 +12,7 @@ use super::codec::{
     self, AuthMode, BufferResponseHeader, Decoder, ErrorKind, Frame, Hello, Message, MAX_CONTROL_FRAME_LEN,
     PROTOCOL_VERSION,
 };
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// Bytes read from the socket into the decoder at a time. Small, so that most of a data
 /// payload is read by the kernel straight into its segment rather than through this buffer.

@@ -13,70 +13,7 @@ use tokio::net::TcpStream;
 
 use super::codec::{ErrorKind, Message};
 use super::io;
-use crate::error::Error;
-
-/// The serving side's limits (settings of the same names on the environment).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Connections served at once, the ones still in their handshake included.
-    pub max_connections: usize,
-    /// Channels (partition requests being served) per connection.
-    pub max_channels_per_connection: usize,
-    /// Answers to one connection's requests (PartitionNotFound, errors, backlog
-    /// announcements) queued but not yet written, because the peer does not read them.
-    pub max_outstanding_requests: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_connections: 512,
-            max_channels_per_connection: 16384,
-            max_outstanding_requests: 4096,
-        }
-    }
-}
-
-impl Limits {
-    /// Fails with [`Error::InvalidArgument`] if a limit is 0.
-    pub fn validate(&self) -> crate::error::Result<()> {
-        for (name, v) in [
-            ("max_connections", self.max_connections),
-            ("max_channels_per_connection", self.max_channels_per_connection),
-            ("max_outstanding_requests", self.max_outstanding_requests),
-        ] {
-            if v == 0 {
-                return Err(Error::InvalidArgument(format!("{name} must be at least 1")));
-            }
-        }
-        Ok(())
-    }
-
-    pub(crate) fn connections_error(&self) -> Error {
-        Error::LimitExceeded(format!(
-            "the environment already serves {0} connections, its limit (max_connections={0}); \
-             retry later or raise max_connections on the serving environment",
-            self.max_connections
-        ))
-    }
-
-    pub(crate) fn channels_error(&self) -> Error {
-        Error::LimitExceeded(format!(
-            "this connection already reads {0} channels, the limit per connection \
-             (max_channels_per_connection={0} on the serving environment)",
-            self.max_channels_per_connection
-        ))
-    }
-
-    pub(crate) fn outstanding_error(&self) -> Error {
-        Error::LimitExceeded(format!(
-            "{0} answers to this connection's requests are waiting to be read, the limit \
-             (max_outstanding_requests={0} on the serving environment); the peer sends requests \
-             but does not read the answers",
-            self.max_outstanding_requests
-        ))
-    }
-}
+use crate::base::error::Error;
 
 /// Counts connections in use; a [`Slot`] gives one back when dropped.
 #[derive(Clone, Default)]

@@ -32,7 +32,7 @@
 //!
 //! An event payload (data type 1) is a tag u8: 0 EndOfPartition (nothing follows),
 //! 1 ProducerFailed (message `str`, ≤ 2048 bytes), 2 user event (u32 length + bytes,
-//! ≤ [`codec::MAX_EVENT_PAYLOAD_LEN`] = 16 KiB), 3 checkpoint barrier (id u64, flags u8:
+//! ≤ [`crate::base::event::MAX_EVENT_PAYLOAD_LEN`] = 16 KiB), 3 checkpoint barrier (id u64, flags u8:
 //! 1 = unaligned; after an aligned one the sender pauses that reader until ResumeConsumption),
 //! 4 barrier position (id u64: where an unaligned barrier was written, see
 //! [`crate::checkpoint`]). Error kinds are [`codec::ErrorKind`]: 1
@@ -109,19 +109,15 @@ pub(crate) use client::{recycle_all, Inbound, RemoteChannel, RemoteGate};
 #[cfg(not(loom))]
 pub use client::{RemoteChannelStats, RemoteStats};
 #[cfg(not(loom))]
-pub use limits::Limits;
-#[cfg(not(loom))]
 pub(crate) use net::{Transport, TransportConfig};
 #[cfg(not(loom))]
 pub(crate) use tls::Tls;
-#[cfg(not(loom))]
-pub use tls::TlsSettings;
 
 pub use codec::{
     check, decode, decode_buffer_response_header, encode, encode_buffer_response_header, max_frame_size,
-    AuthMode, BufferResponse, BufferResponseHeader, Decoder, ErrorKind, EventKind, Frame, FrameInfo, Hello,
+    AuthMode, BufferResponse, BufferResponseHeader, Decoder, ErrorKind, Event, Frame, FrameInfo, Hello,
     Message, MessageType, Payload, ReceiverId, BUFFER_RESPONSE_HEADER_LEN, HEADER_LEN, MAX_CONTROL_FRAME_LEN,
 };
 
 #[cfg(doc)]
-use crate::error::Error;
+use crate::base::error::Error;

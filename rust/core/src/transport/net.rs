@@ -9,12 +9,11 @@ use tokio::sync::watch;
 
 use super::client::{ClientConn, ClientContext, RemoteChannel, RemoteGate};
 use super::codec;
-use super::limits::{self, Limits, Slots};
+use super::limits::{self, Slots};
 use super::server::{self, ServerConn};
 use super::tls::{self, Tls, TLS_HANDSHAKE_RECORD};
-use crate::env::FlowControl;
-use crate::error::{Error, Result};
-use crate::gate::{Backoff, ChannelSpec};
+use crate::base::config::{Backoff, ChannelSpec, FlowControl, Limits};
+use crate::base::error::{Error, Result};
 use crate::partition::subpartition::Listener;
 use crate::partition::Registry;
 

@@ -22,13 +22,15 @@ use arrow_buffer::Buffer;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
-use super::codec::{self, ErrorKind, EventKind, Message, ReceiverId, BUFFER_RESPONSE_HEADER_LEN};
+use super::codec::{self, ErrorKind, Message, ReceiverId, BUFFER_RESPONSE_HEADER_LEN};
 use super::io::{self, FrameReader, FrameSource, InFrame};
-use super::limits::{self, Limits, Slot};
+use super::limits::{self, Slot};
+use crate::base::config::Limits;
+use crate::base::error::{Error, Result};
+use crate::base::event::Event;
 use crate::credit::{Credit, DataType, QueueHead, ReadyQueue, SenderCredit};
-use crate::error::{Error, Result};
 use crate::partition::buffer::BufferSlice;
-use crate::partition::subpartition::{Event, LocalBatch, Polled, Subpartition};
+use crate::partition::subpartition::{LocalBatch, Polled, Subpartition};
 use crate::partition::{Registry, ResultPartition};
 use crate::serde::{BatchEncoder, RecordFraming, RECORD_HEADER_LEN};
 
@@ -553,7 +555,7 @@ impl ServerConn {
                     };
                     let header = r.credit.on_buffer_sent(DataType::Event, r.backlog())?;
                     let mut head = Vec::with_capacity(BUFFER_RESPONSE_HEADER_LEN + 8);
-                    let ev = EventKind::from(&event);
+                    let ev = event.to_wire();
                     let msg = Message::event(rid, header.sequence_number, header.backlog, ev);
                     codec::encode(&msg, &mut head)?;
                     if event.is_end() {

@@ -19,7 +19,7 @@
 //! a creditflow ErrorResponse it can read; a plaintext listener closes on a TLS ClientHello
 //! and says so in its log, and the TLS client reports that the peer did not answer in TLS.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use rustls_pki_types::pem::PemObject;
@@ -31,7 +31,8 @@ use tokio_rustls::rustls::{self, RootCertStore};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use super::tls_record::{Direction, RecordReader, RecordWriter, Shared};
-use crate::error::{Error, Result};
+use crate::base::config::TlsSettings;
+use crate::base::error::{Error, Result};
 
 /// The first byte of a TLS record carrying a handshake message (a ClientHello).
 pub(crate) const TLS_HANDSHAKE_RECORD: u8 = 22;
@@ -125,20 +126,6 @@ async fn read_switch<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Result<()> {
 async fn write_switch<S: tokio::io::AsyncWrite + Unpin>(s: &mut S) -> Result<()> {
     s.write_all(&[SWITCH]).await.map_err(switch_error)?;
     s.flush().await.map_err(switch_error)
-}
-
-/// TLS settings of an environment: PEM files.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsSettings {
-    /// The certificate chain this environment presents (leaf first).
-    pub cert: PathBuf,
-    /// The private key of `cert` (PKCS#8, PKCS#1 or SEC1).
-    pub key: PathBuf,
-    /// The CA certificates peers' certificates must chain to.
-    pub ca: PathBuf,
-    /// Mutual TLS: a server requires a client certificate signed by `ca`, and a client
-    /// presents `cert`. Off: only servers prove themselves.
-    pub client_auth: bool,
 }
 
 /// The loaded configuration of an environment; each connection gets a copy with a key log

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// How often a blocked call wakes to run its interrupt check (Ctrl-C latency).
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(50);

@@ -1,6 +1,6 @@
 //! Byte sizes written as `"64MiB"`, `"32 KiB"`, `"1g"` or plain integers.
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// Parses a byte size: an integer with an optional unit (B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB).
 /// Decimal units (KB) are powers of 1000, binary units (KiB, K) powers of 1024.

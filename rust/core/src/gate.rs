@@ -9,7 +9,7 @@
 //!
 //! Besides batches, [`InputGate::next_item`] yields user events and checkpoint barriers,
 //! each in order with the batches of its channel; the alignment of barriers is
-//! [`crate::checkpoint`]'s. [`InputGate::next`] yields only the batches (barriers are still
+//! [`crate::protocol::checkpoint`]'s. [`InputGate::next`] yields only the batches (barriers are still
 //! aligned: a channel blocked in an alignment is not read).
 
 use std::collections::VecDeque;
@@ -24,11 +24,11 @@ use crate::base::error::{Error, Result};
 use crate::base::event::Event;
 use crate::base::metrics::{Counter, TimeMeter};
 use crate::base::wait::Wait;
-use crate::checkpoint::{Action, Aligner, InFlight};
-use crate::debloat::Debloater;
 use crate::memory::{LocalPool, PoolStats};
 use crate::partition::subpartition::{Polled, Subpartition, Token};
 use crate::partition::{Registry, ResultPartition};
+use crate::protocol::checkpoint::{Action, Aligner, InFlight};
+use crate::protocol::debloat::Debloater;
 use crate::serde::RecordDeserializer;
 use crate::transport::{
     recycle_all, Inbound, RemoteChannel, RemoteChannelStats, RemoteGate, RemoteStats, Transport,
@@ -48,7 +48,7 @@ pub enum GateItem {
         token: Option<Token>,
         /// The unaligned checkpoints this batch is in-flight data of: it was written before
         /// their barrier and reaches the reader after it (usually empty; see
-        /// [`crate::checkpoint::InFlight`]).
+        /// [`crate::protocol::checkpoint::InFlight`]).
         in_flight: Vec<u64>,
     },
     /// A user event.

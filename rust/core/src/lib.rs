@@ -17,9 +17,9 @@
 //! | row → subpartition | [`partitioner`] | `ChannelSelector` |
 //! | batch → partition | [`writer`] | `RecordWriter` |
 //! | channels → batches | [`gate`] | `SingleInputGate`, `LocalInputChannel` |
-//! | buffer size from the gate's throughput (no I/O) | [`debloat`] | `BufferDebloater`, `ThroughputCalculator` |
-//! | credit, backlog, sequence numbers (no I/O) | [`credit`] | `CreditBasedPartitionRequestClientHandler` state |
-//! | wire protocol: frames ⇄ messages (no I/O) | [`transport`] | `NettyMessage`, `NettyMessageClientDecoderDelegate` |
+//! | buffer size from the gate's throughput (no I/O) | [`protocol::debloat`] | `BufferDebloater`, `ThroughputCalculator` |
+//! | credit, backlog, sequence numbers (no I/O) | [`protocol::credit`] | `CreditBasedPartitionRequestClientHandler` state |
+//! | wire protocol: frames ⇄ messages (no I/O) | [`protocol::wire`] | `NettyMessage`, `NettyMessageClientDecoderDelegate` |
 //! | counters, meters, OK/LOW/HIGH | [`base::metrics`] | `BackPressureStatsTracker`, `TimerGauge` |
 //! | one per process: pools, partitions, gates, flusher | [`mod@env`] | `NettyShuffleEnvironment` |
 //!
@@ -27,9 +27,6 @@
 //! the Python layer uses for Ctrl-C, so no call can block forever without a way out.
 
 pub mod base;
-pub mod checkpoint;
-pub mod credit;
-pub mod debloat;
 #[cfg(not(loom))]
 pub mod env;
 #[doc(hidden)]
@@ -40,6 +37,7 @@ pub mod hash;
 pub mod memory;
 pub mod partition;
 pub mod partitioner;
+pub mod protocol;
 pub mod serde;
 pub mod transport;
 pub mod writer;

@@ -119,7 +119,7 @@ impl LengthPrefix {
 /// Where a subpartition's byte stream stands between records, without keeping its bytes:
 /// the sending side's view of what the receiver's [`RecordAssembler`] holds at the same point
 /// of the stream. It tells which buffers are *record body buffers*, which need no credit (see
-/// [`crate::credit`]): both ends decide that from the stream alone, so they agree.
+/// [`crate::protocol::credit`]): both ends decide that from the stream alone, so they agree.
 #[derive(Clone, Debug, Default)]
 pub struct RecordFraming {
     prefix: LengthPrefix,

@@ -42,9 +42,9 @@ fn allocated_by<T>(f: impl FnOnce() -> T) -> (T, usize) {
 mod transport {
     use std::borrow::Cow;
 
-    use creditflow_core::credit::Credit;
-    use creditflow_core::transport::codec::{MAX_MESSAGE_LEN, MAX_PARTITION_ID_LEN, PROTOCOL_VERSION};
-    use creditflow_core::transport::*;
+    use creditflow_core::protocol::credit::Credit;
+    use creditflow_core::protocol::wire::*;
+    use creditflow_core::protocol::wire::{MAX_MESSAGE_LEN, MAX_PARTITION_ID_LEN, PROTOCOL_VERSION};
     use creditflow_core::Error;
     use proptest::prelude::*;
 
@@ -284,10 +284,10 @@ mod transport {
         let mut stream = Vec::new();
         let head = encode_buffer_response_header(
             ReceiverId(1),
-            creditflow_core::credit::BufferHeader {
+            creditflow_core::protocol::credit::BufferHeader {
                 sequence_number: 0,
                 backlog: 0,
-                data_type: creditflow_core::credit::DataType::Data,
+                data_type: creditflow_core::protocol::credit::DataType::Data,
             },
             4096,
         )

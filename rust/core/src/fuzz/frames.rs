@@ -14,7 +14,7 @@ use std::borrow::Cow;
 
 use super::Bytes;
 use crate::base::error::Error;
-use crate::transport::codec::{
+use crate::protocol::wire::{
     encode, max_frame_size, BufferResponse, Decoder, Frame, Message, Payload, MAX_CONTROL_FRAME_LEN,
 };
 

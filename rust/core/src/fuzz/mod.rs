@@ -5,9 +5,9 @@
 //!
 //! * [`frames::run`]: the frame decoder over arbitrary bytes in arbitrary chunks, driven the
 //!   way the transport drives it, against a one-shot decode of the same bytes.
-//! * [`credit::run`]: a sender and a receiver of [`crate::credit`] connected in memory,
+//! * [`credit::run`]: a sender and a receiver of [`crate::protocol::credit`] connected in memory,
 //!   driven by an arbitrary sequence of operations, invariants checked after every step.
-//! * [`ready_queue::run`]: [`crate::credit::ReadyQueue`] against a plain reference model.
+//! * [`ready_queue::run`]: [`crate::protocol::credit::ReadyQueue`] against a plain reference model.
 
 pub mod credit;
 pub mod frames;

@@ -8,8 +8,8 @@
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use super::codec::{AuthTag, Nonce};
 use crate::base::error::{Error, Result};
+use crate::protocol::wire::{AuthTag, Nonce};
 
 /// Who computes the tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,7 @@
 //!   record's own buffer, so the reader thread gets whole records and copies nothing; length
 //!   prefixes and short pieces that the socket has not delivered yet go through the segment.
 //!   A data buffer wholly inside a record in progress that does not complete it is a *record
-//!   body buffer*: it needs no credit and takes no segment (see [`crate::credit`]), it is read
+//!   body buffer*: it needs no credit and takes no segment (see [`crate::protocol::credit`]), it is read
 //!   straight into the record. Otherwise credit follows Flink's spanning-record deserializer:
 //!   a buffer that only carried part of a record in progress is recycled at once (its bytes
 //!   already sit in the record), and a buffer that completed records holds its credit until
@@ -39,17 +39,17 @@ use tokio::sync::Notify;
 
 use arrow_buffer::Buffer;
 
-use super::codec::{self, ErrorKind, Message, Payload, ReceiverId};
 use super::io::{self, FrameReader, FrameSource, InFrame};
 use crate::base::config::{Backoff, ChannelSpec, FlowControl};
 use crate::base::error::{Error, Result};
 use crate::base::event::Event;
-use crate::credit::{
+use crate::memory::PooledSegment;
+use crate::partition::subpartition::Listener;
+use crate::protocol::credit::{
     BufferLease, ChannelCreditStats, ChannelId, Credit, Delivery, GateCredit, GateCreditConfig,
     ReceiverAction,
 };
-use crate::memory::PooledSegment;
-use crate::partition::subpartition::Listener;
+use crate::protocol::wire::{self, ErrorKind, Message, Payload, ReceiverId};
 use crate::serde::RecordAssembler;
 
 /// A snapshot of a gate's remote buffers (credit mode; in tcp mode only the totals and
@@ -307,7 +307,7 @@ impl RemoteGate {
     async fn take_buffer(
         self: &Arc<Self>,
         ch: &RemoteChannel,
-        header: codec::BufferResponseHeader,
+        header: wire::BufferResponseHeader,
         inside_record: bool,
     ) -> Result<Landing> {
         if self.flow == FlowControl::Tcp {
@@ -361,7 +361,7 @@ impl RemoteGate {
     }
 
     /// An event or a backlog announcement: sequence check / floating buffers.
-    fn on_event(&self, ch: &RemoteChannel, header: codec::BufferResponseHeader) -> Result<()> {
+    fn on_event(&self, ch: &RemoteChannel, header: wire::BufferResponseHeader) -> Result<()> {
         if self.flow == FlowControl::Tcp {
             return ch.check_sequence(header.sequence_number);
         }
@@ -665,15 +665,15 @@ impl ClientConn {
             match *msg {
                 Message::NewBufferSize { receiver, size } if limit > 0 && size as usize > limit => {
                     let size = limit.min(u32::MAX as usize) as u32;
-                    codec::encode(&Message::NewBufferSize { receiver, size }, &mut bytes)?
+                    wire::encode(&Message::NewBufferSize { receiver, size }, &mut bytes)?
                 }
-                _ => codec::encode(msg, &mut bytes)?,
+                _ => wire::encode(msg, &mut bytes)?,
             }
         }
         for rid in credit {
             let Some(ch) = self.channel(rid) else { continue };
             if let Some(credit) = ch.gate.take_credit(&ch) {
-                codec::encode(
+                wire::encode(
                     &Message::AddCredit {
                         receiver: rid,
                         credit,
@@ -683,7 +683,7 @@ impl ClientConn {
             }
         }
         if close {
-            codec::encode(&Message::CloseRequest, &mut bytes)?;
+            wire::encode(&Message::CloseRequest, &mut bytes)?;
         }
         Ok((bytes, close))
     }

@@ -1,5 +1,5 @@
 //! Bytes on a socket: reading frames (payloads straight into segments), vectored writes, and
-//! the handshake. Everything about what the bytes mean is in [`super::codec`].
+//! the handshake. Everything about what the bytes mean is in [`crate::protocol::wire`].
 
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
@@ -8,11 +8,11 @@ use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use super::auth::{self, Role};
-use super::codec::{
+use crate::base::error::{Error, Result};
+use crate::protocol::wire::{
     self, AuthMode, BufferResponseHeader, Decoder, ErrorKind, Frame, Hello, Message, MAX_CONTROL_FRAME_LEN,
     PROTOCOL_VERSION,
 };
-use crate::base::error::{Error, Result};
 
 /// Bytes read from the socket into the decoder at a time. Small, so that most of a data
 /// payload is read by the kernel straight into its segment rather than through this buffer.
@@ -217,7 +217,7 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
 /// Encodes and writes one message.
 pub(crate) async fn write_message<W: AsyncWrite + Unpin>(w: &mut W, msg: &Message<'_>) -> Result<()> {
     let mut out = Vec::with_capacity(64);
-    codec::encode(msg, &mut out)?;
+    wire::encode(msg, &mut out)?;
     w.write_all(&out).await.map_err(io_lost)?;
     w.flush().await.map_err(io_lost)
 }
@@ -233,7 +233,7 @@ fn hello(segment_size: usize, secret: Option<&[u8]>) -> Result<Hello> {
     Ok(Hello {
         version: PROTOCOL_VERSION,
         segment_size: segment_size as u32,
-        max_frame_size: codec::max_frame_size(segment_size) as u32,
+        max_frame_size: wire::max_frame_size(segment_size) as u32,
         auth: if secret.is_some() {
             AuthMode::HmacSha256
         } else {
@@ -327,7 +327,7 @@ where
         (None, AuthMode::None) => Default::default(),
     };
     write_message(w, &Message::AuthProof { tag: proof }).await?;
-    r.set_max_frame_size(codec::max_frame_size(negotiated.payload_limit));
+    r.set_max_frame_size(wire::max_frame_size(negotiated.payload_limit));
     Ok(negotiated)
 }
 
@@ -386,15 +386,15 @@ where
             return Err(Error::Authentication(msg.into()));
         }
     }
-    r.set_max_frame_size(codec::max_frame_size(negotiated.payload_limit));
+    r.set_max_frame_size(wire::max_frame_size(negotiated.payload_limit));
     Ok(negotiated)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::credit::{BufferHeader, Credit, DataType};
-    use crate::transport::codec::ReceiverId;
+    use crate::protocol::credit::{BufferHeader, Credit, DataType};
+    use crate::protocol::wire::ReceiverId;
 
     /// Data frames of random sizes between control messages, written in random pieces over a
     /// real socket and read back in random pieces: every payload byte and message arrives in
@@ -421,7 +421,7 @@ mod tests {
                 backlog: 0,
                 data_type: DataType::Data,
             };
-            stream.extend(codec::encode_buffer_response_header(ReceiverId(7), header, len).unwrap());
+            stream.extend(wire::encode_buffer_response_header(ReceiverId(7), header, len).unwrap());
             stream.extend(&payload);
             expected.push(payload);
             if next(3) == 0 {
@@ -429,7 +429,7 @@ mod tests {
                     receiver: ReceiverId(i),
                     credit: Credit::new(1),
                 };
-                codec::encode(&msg, &mut stream).unwrap();
+                wire::encode(&msg, &mut stream).unwrap();
             }
         }
         let pieces: Vec<usize> = (0..stream.len()).map(|_| 1 + next(70_000)).collect();
@@ -450,7 +450,7 @@ mod tests {
         });
         let (rd, _wr) = tokio::net::TcpStream::connect(addr).await.unwrap().into_split();
         let mut reader = FrameReader::new(rd);
-        reader.set_max_frame_size(codec::max_frame_size(SEGMENT));
+        reader.set_max_frame_size(wire::max_frame_size(SEGMENT));
         let mut credits = 0;
         for (i, payload) in expected.iter().enumerate() {
             let header = loop {

@@ -11,9 +11,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::codec::{ErrorKind, Message};
 use super::io;
 use crate::base::error::Error;
+use crate::protocol::wire::{ErrorKind, Message};
 
 /// Counts connections in use; a [`Slot`] gives one back when dropped.
 #[derive(Clone, Default)]

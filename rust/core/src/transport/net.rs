@@ -8,7 +8,6 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::client::{ClientConn, ClientContext, RemoteChannel, RemoteGate};
-use super::codec;
 use super::limits::{self, Slots};
 use super::server::{self, ServerConn};
 use super::tls::{self, Tls, TLS_HANDSHAKE_RECORD};
@@ -16,6 +15,7 @@ use crate::base::config::{Backoff, ChannelSpec, FlowControl, Limits};
 use crate::base::error::{Error, Result};
 use crate::partition::subpartition::Listener;
 use crate::partition::Registry;
+use crate::protocol::wire;
 
 /// What the transport needs from its environment.
 #[derive(Clone)]
@@ -125,7 +125,7 @@ impl Transport {
                 }
             }
         };
-        let rid = codec::ReceiverId(self.next_receiver.fetch_add(1, Ordering::Relaxed));
+        let rid = wire::ReceiverId(self.next_receiver.fetch_add(1, Ordering::Relaxed));
         conn.open_channel(rid, spec, gate, notify, self.config.backoff)
     }
 

@@ -4,7 +4,7 @@
 //! One [`ServerConn`] per accepted connection. Its reader half handles PartitionRequest,
 //! AddCredit, CancelPartitionRequest and CloseRequest; its writer half is the *sender loop*:
 //! round robin over the readers that have something to send **and** credit for it
-//! ([`SenderCredit`] and [`ReadyQueue`] from [`crate::credit`] decide), gathering up to
+//! ([`SenderCredit`] and [`ReadyQueue`] from [`crate::protocol::credit`] decide), gathering up to
 //! [`MAX_WRITE_BYTES`] of frames into one vectored write. Only that loop writes, so there is
 //! one write in flight per connection. Payloads are never copied: serialized buffers go out
 //! as slices of their segments, handed-off batches as the Arrow IPC encoder's parts, which
@@ -22,16 +22,16 @@ use arrow_buffer::Buffer;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
-use super::codec::{self, ErrorKind, Message, ReceiverId, BUFFER_RESPONSE_HEADER_LEN};
 use super::io::{self, FrameReader, FrameSource, InFrame};
 use super::limits::{self, Slot};
 use crate::base::config::Limits;
 use crate::base::error::{Error, Result};
 use crate::base::event::Event;
-use crate::credit::{Credit, DataType, QueueHead, ReadyQueue, SenderCredit};
 use crate::partition::buffer::BufferSlice;
 use crate::partition::subpartition::{LocalBatch, Polled, Subpartition};
 use crate::partition::{Registry, ResultPartition};
+use crate::protocol::credit::{Credit, DataType, QueueHead, ReadyQueue, SenderCredit};
+use crate::protocol::wire::{self, ErrorKind, Message, ReceiverId, BUFFER_RESPONSE_HEADER_LEN};
 use crate::serde::{BatchEncoder, RecordFraming, RECORD_HEADER_LEN};
 
 /// Bytes of frames gathered into one vectored write.
@@ -132,7 +132,7 @@ struct OutFrame {
 impl OutFrame {
     fn control(msg: &Message<'_>) -> Result<OutFrame> {
         let mut head = Vec::with_capacity(32);
-        codec::encode(msg, &mut head)?;
+        wire::encode(msg, &mut head)?;
         Ok(OutFrame {
             head,
             parts: Vec::new(),
@@ -156,7 +156,7 @@ struct SubReader {
     /// Encodes handed-off batches for the wire (their first record carries the schema).
     encoder: Option<BatchEncoder>,
     /// The records of the payloads sent so far: which next chunk is a record body buffer
-    /// (needs no credit, see [`crate::credit`]).
+    /// (needs no credit, see [`crate::protocol::credit`]).
     framing: RecordFraming,
     /// The last event was queued; the subpartition is read to its end.
     drained: bool,
@@ -542,7 +542,7 @@ impl ServerConn {
                         stats.count_sent(len);
                         stats.set_credit(u64::from(r.credit.credit().get()));
                     }
-                    let head = codec::encode_buffer_response_header(rid, header, len)?;
+                    let head = wire::encode_buffer_response_header(rid, header, len)?;
                     OutFrame {
                         head: head.to_vec(),
                         parts,
@@ -557,7 +557,7 @@ impl ServerConn {
                     let mut head = Vec::with_capacity(BUFFER_RESPONSE_HEADER_LEN + 8);
                     let ev = event.to_wire();
                     let msg = Message::event(rid, header.sequence_number, header.backlog, ev);
-                    codec::encode(&msg, &mut head)?;
+                    wire::encode(&msg, &mut head)?;
                     if event.is_end() {
                         // The reader is at its end: nothing more to serve.
                         let r = st.readers.remove(&rid).expect("present");

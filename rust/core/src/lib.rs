@@ -8,7 +8,7 @@
 //! | layer | module | Flink counterpart |
 //! |---|---|---|
 //! | fixed-size aligned memory blocks | [`memory::segment`] | `MemorySegment` |
-//! | global pool with a hard cap, local pools with min + elastic share | [`memory::pool`] | `NetworkBufferPool`, `LocalBufferPool` |
+//! | global pool with a hard cap, local pools with min + elastic share | [`memory`] | `NetworkBufferPool`, `LocalBufferPool` |
 //! | a segment being written while it is read | [`partition::buffer`] | `BufferBuilder` / `BufferConsumer` |
 //! | per-consumer lock-free queue with backlog | [`partition::subpartition`] | `PipelinedSubpartition` |
 //! | N subpartitions + flusher | [`partition`] | `ResultPartition`, `OutputFlusher` |

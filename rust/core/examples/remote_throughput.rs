@@ -9,8 +9,8 @@ use arrow_schema::{DataType, Field, Schema};
 use creditflow_core::base::config::ChannelSpec;
 use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
-use creditflow_core::partitioner::Partitioner;
-use creditflow_core::writer::RecordWriter;
+use creditflow_core::partition::partitioner::Partitioner;
+use creditflow_core::partition::writer::RecordWriter;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -13,9 +13,9 @@
 //! | per-consumer lock-free queue with backlog | [`partition::subpartition`] | `PipelinedSubpartition` |
 //! | N subpartitions + flusher | [`partition`] | `ResultPartition`, `OutputFlusher` |
 //! | Arrow IPC into / out of segments | [`serde`] | `SpanningRecordSerializer`, `SpillingAdaptiveSpanningRecordDeserializer` |
-//! | Spark-compatible Murmur3 | [`hash`] | (Spark's `Murmur3Hash`) |
-//! | row → subpartition | [`partitioner`] | `ChannelSelector` |
-//! | batch → partition | [`writer`] | `RecordWriter` |
+//! | Spark-compatible Murmur3 | [`partition::spark_hash`] | (Spark's `Murmur3Hash`) |
+//! | row → subpartition | [`partition::partitioner`] | `ChannelSelector` |
+//! | batch → partition | [`partition::writer`] | `RecordWriter` |
 //! | channels → batches | [`gate`] | `SingleInputGate`, `LocalInputChannel` |
 //! | buffer size from the gate's throughput (no I/O) | [`protocol::debloat`] | `BufferDebloater`, `ThroughputCalculator` |
 //! | credit, backlog, sequence numbers (no I/O) | [`protocol::credit`] | `CreditBasedPartitionRequestClientHandler` state |
@@ -33,14 +33,11 @@ pub mod env;
 pub mod fuzz;
 #[cfg(not(loom))]
 pub mod gate;
-pub mod hash;
 pub mod memory;
 pub mod partition;
-pub mod partitioner;
 pub mod protocol;
 pub mod serde;
 pub mod transport;
-pub mod writer;
 
 pub use base::config::{ChannelSpec, FlowControl};
 pub use base::error::{Error, Result};
@@ -49,5 +46,4 @@ pub use env::{EnvConfig, NetworkEnvironment};
 #[cfg(not(loom))]
 pub use gate::{GateItem, InputGate};
 pub use partition::ResultPartition;
-pub use partitioner::Partitioner;
-pub use writer::RecordWriter;
+pub use partition::{Partitioner, RecordWriter};

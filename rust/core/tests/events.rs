@@ -13,9 +13,9 @@ use creditflow_core::base::error::Error;
 use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
 use creditflow_core::gate::{GateItem, InputGate};
+use creditflow_core::partition::partitioner::Partitioner;
+use creditflow_core::partition::writer::RecordWriter;
 use creditflow_core::partition::ResultPartition;
-use creditflow_core::partitioner::Partitioner;
-use creditflow_core::writer::RecordWriter;
 
 const ROWS: usize = 500;
 

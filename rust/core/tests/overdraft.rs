@@ -11,8 +11,8 @@ use creditflow_core::base::config::ChannelSpec;
 use creditflow_core::base::error::Error;
 use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
-use creditflow_core::partitioner::Partitioner;
-use creditflow_core::writer::RecordWriter;
+use creditflow_core::partition::partitioner::Partitioner;
+use creditflow_core::partition::writer::RecordWriter;
 
 const SEGMENT: usize = 4096;
 

@@ -22,14 +22,14 @@ use creditflow_core::base::error::Error;
 use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
 use creditflow_core::gate::InputGate;
-use creditflow_core::partitioner::Partitioner;
+use creditflow_core::partition::partitioner::Partitioner;
+use creditflow_core::partition::writer::RecordWriter;
 use creditflow_core::protocol::credit::{BufferHeader, Credit, DataType};
 use creditflow_core::protocol::wire::{
     encode, encode_buffer_response_header, max_frame_size, AuthMode, BufferResponse, Decoder, ErrorKind,
     Event, Hello, Message, Payload, ReceiverId, MAX_CONTROL_FRAME_LEN, NONCE_LEN, PROTOCOL_VERSION, TAG_LEN,
 };
 use creditflow_core::serde::{BatchEncoder, RecordDeserializer};
-use creditflow_core::writer::RecordWriter;
 
 /// Segment size of every environment here (the smallest allowed): small buffers, many frames.
 const SEG: usize = 4096;

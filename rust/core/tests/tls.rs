@@ -14,8 +14,8 @@ use creditflow_core::base::config::TlsSettings;
 use creditflow_core::base::error::Error;
 use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
-use creditflow_core::partitioner::Partitioner;
-use creditflow_core::writer::RecordWriter;
+use creditflow_core::partition::partitioner::Partitioner;
+use creditflow_core::partition::writer::RecordWriter;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 
 /// A directory of its own per call, removed at the end of the process by nobody: the files

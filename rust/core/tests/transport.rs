@@ -10,8 +10,8 @@ use creditflow_core::base::config::{Backoff, ChannelSpec};
 use creditflow_core::base::error::Error;
 use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
-use creditflow_core::partitioner::Partitioner;
-use creditflow_core::writer::RecordWriter;
+use creditflow_core::partition::partitioner::Partitioner;
+use creditflow_core::partition::writer::RecordWriter;
 
 fn env(cfg: impl FnOnce(&mut EnvConfig)) -> NetworkEnvironment {
     let mut c = EnvConfig::default();

@@ -7,9 +7,9 @@ use arrow_array::RecordBatch;
 use crate::base::error::{Error, Result};
 use crate::base::event::{Event, MAX_EVENT_PAYLOAD_LEN};
 use crate::base::wait::Wait;
+use crate::partition::partitioner::{Partitioner, Splitter};
 use crate::partition::subpartition::Token;
 use crate::partition::ResultPartition;
-use crate::partitioner::{Partitioner, Splitter};
 
 /// Writes batches into one partition through a partitioner.
 pub struct RecordWriter {

@@ -10,7 +10,7 @@ use arrow_schema::{DataType, Schema};
 use arrow_select::take::take;
 
 use crate::base::error::{Error, Result};
-use crate::hash::{check_key_type, spark_partition_ids};
+use crate::partition::spark_hash::{check_key_type, spark_partition_ids};
 
 /// How a [`crate::RecordWriter`] distributes batches over subpartitions.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,9 +16,9 @@ use crate::base::config::{Backoff, ChannelSpec, DebloatConfig, FlowControl, Limi
 use crate::base::error::{Error, Result};
 use crate::gate::{DebloatSetup, GateHandle, GateMetrics, InputGate, RemoteSetup};
 use crate::memory::GlobalPool;
+use crate::net::{Tls, Transport, TransportConfig};
 use crate::partition::{Handoff, PartitionMetrics, Registry, ResultPartition};
 use crate::serde::RECORD_HEADER_LEN;
-use crate::transport::{Tls, Transport, TransportConfig};
 
 /// Settings of an environment. See the Python `NetworkEnvironment` for the user-facing docs.
 #[derive(Debug, Clone)]

@@ -25,14 +25,14 @@ use crate::base::event::Event;
 use crate::base::metrics::{Counter, TimeMeter};
 use crate::base::wait::Wait;
 use crate::memory::{LocalPool, PoolStats};
+use crate::net::{
+    recycle_all, Inbound, RemoteChannel, RemoteChannelStats, RemoteGate, RemoteStats, Transport,
+};
 use crate::partition::subpartition::{Polled, Subpartition, Token};
 use crate::partition::{Registry, ResultPartition};
 use crate::protocol::checkpoint::{Action, Aligner, InFlight};
 use crate::protocol::debloat::Debloater;
 use crate::serde::RecordDeserializer;
-use crate::transport::{
-    recycle_all, Inbound, RemoteChannel, RemoteChannelStats, RemoteGate, RemoteStats, Transport,
-};
 
 /// What [`InputGate::next_item`] yields.
 #[derive(Debug)]

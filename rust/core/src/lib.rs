@@ -34,10 +34,11 @@ pub mod fuzz;
 #[cfg(not(loom))]
 pub mod gate;
 pub mod memory;
+#[cfg(not(loom))]
+pub mod net;
 pub mod partition;
 pub mod protocol;
 pub mod serde;
-pub mod transport;
 
 pub use base::config::{ChannelSpec, FlowControl};
 pub use base::error::{Error, Result};

@@ -1,5 +1,5 @@
 //! The wire protocol between two environments, as an I/O-free codec: [`Message`] ⇄ bytes.
-//! The network layer ([`crate::transport`]) reads and writes bytes; everything about what those
+//! The network layer ([`crate::net`]) reads and writes bytes; everything about what those
 //! bytes mean is here.
 //!
 //! # Frames

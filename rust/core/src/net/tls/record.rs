@@ -1,5 +1,5 @@
 //! The TLS 1.3 record layer (RFC 8446 §5) on the keys rustls negotiated, for the data phase
-//! of a connection (see [`super::tls`] for the handshake and the switch-over).
+//! of a connection (see [`super::handshake`] for the handshake and the switch-over).
 //!
 //! Why not rustls's own: its receive path copies every byte three times in user space (the
 //! socket into its deframer in 4 KiB pieces, the decrypted record into a new buffer, that
@@ -320,7 +320,7 @@ impl<R: AsyncRead + Unpin> AsyncRead for RecordReader<R> {
     }
 }
 
-impl<R: AsyncRead + Unpin> super::io::FrameSource for RecordReader<R> {}
+impl<R: AsyncRead + Unpin> crate::net::io::FrameSource for RecordReader<R> {}
 
 /// The write half: plaintext in, records out.
 pub(crate) struct RecordWriter<W> {

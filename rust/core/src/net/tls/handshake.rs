@@ -4,7 +4,7 @@
 //! (mutual TLS unless `client_auth` is off, in which case only the server proves itself).
 //! TLS 1.3 only: both ends are creditflow.
 //!
-//! rustls does the handshake; the records after it are [`super::tls_record`]'s, on the same
+//! rustls does the handshake; the records after it are [`super::record`]'s, on the same
 //! keys (standard TLS 1.3 records, so the wire does not change). Each side switches where
 //! nothing from the peer can be in flight, else records rustls already read would be lost.
 //! The client switches as soon as its handshake is done (servers send no session tickets, and
@@ -30,7 +30,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::rustls::{self, RootCertStore};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use super::tls_record::{Direction, RecordReader, RecordWriter, Shared};
+use super::record::{Direction, RecordReader, RecordWriter, Shared};
 use crate::base::config::TlsSettings;
 use crate::base::error::{Error, Result};
 

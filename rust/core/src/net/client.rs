@@ -39,6 +39,7 @@ use tokio::sync::Notify;
 
 use arrow_buffer::Buffer;
 
+use super::handshake;
 use super::io::{self, FrameReader, FrameSource, InFrame};
 use crate::base::config::{Backoff, ChannelSpec, FlowControl};
 use crate::base::error::{Error, Result};
@@ -859,7 +860,7 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut reader = FrameReader::new(rd);
-    let hs = io::client_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref());
+    let hs = handshake::client_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref());
     let negotiated = match tokio::time::timeout(ctx.handshake_timeout, hs).await {
         Ok(r) => r?,
         Err(_) => {
@@ -1110,7 +1111,7 @@ async fn read_loop<R: FrameSource>(conn: &Arc<ClientConn>, reader: &mut FrameRea
                 receiver: None,
                 kind,
                 message,
-            }) => return Err(io::remote_error(kind, &message)),
+            }) => return Err(handshake::remote_error(kind, &message)),
             InFrame::Message(Message::CloseRequest) => {
                 return Err(Error::ConnectionLost("the peer closed the connection".into()))
             }

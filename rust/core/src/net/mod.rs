@@ -4,6 +4,7 @@
 
 mod auth;
 mod client;
+mod handshake;
 mod io;
 mod limits;
 mod liveness;

@@ -22,6 +22,7 @@ use arrow_buffer::Buffer;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
+use super::handshake;
 use super::io::{self, FrameReader, FrameSource, InFrame};
 use super::limits::{self, Slot};
 use crate::base::config::Limits;
@@ -589,7 +590,7 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut reader = FrameReader::new(rd);
-    let hs = io::server_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref());
+    let hs = handshake::server_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref());
     let negotiated = match tokio::time::timeout(ctx.handshake_timeout, hs).await {
         Ok(Ok(n)) => n,
         Ok(Err(e)) => {
@@ -717,7 +718,7 @@ async fn read_loop<R: FrameSource>(conn: &Arc<ServerConn>, reader: &mut FrameRea
                 receiver: None,
                 kind,
                 message,
-            } => return Err(io::remote_error(kind, &message)),
+            } => return Err(handshake::remote_error(kind, &message)),
             Message::ErrorResponse {
                 receiver: Some(receiver),
                 ..

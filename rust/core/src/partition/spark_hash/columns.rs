@@ -6,7 +6,9 @@ use arrow_array::types::ByteArrayType;
 use arrow_array::{Array, GenericByteArray, GenericByteViewArray};
 use arrow_buffer::{i256, ArrowNativeType, BooleanBuffer, NullBuffer};
 
-use super::murmur3::*;
+use super::murmur3::{
+    fmix, hash_big_endian_minimal, mix_h1, mix_k1, murmur3_hash_bytes, murmur3_hash_int, murmur3_hash_long,
+};
 
 /// Hashes row `i` of one column, chained on `seed`.
 pub(super) trait RowHash {

@@ -14,8 +14,8 @@ use arrow_array::{Array, ArrowPrimitiveType, OffsetSizeTrait};
 use arrow_buffer::NullBuffer;
 use arrow_schema::{DataType, IntervalUnit, TimeUnit};
 
-use super::columns::*;
-use super::murmur3::*;
+use super::columns::{drive, BigDecimalCol, BoolCol, BytesCol, Gather, IntCol, LongCol, RowHash};
+use super::murmur3::{double_key, float_key, to_micros};
 use crate::base::error::Error;
 
 /// The largest decimal precision Spark hashes as a long (`Decimal.MAX_LONG_DIGITS`).

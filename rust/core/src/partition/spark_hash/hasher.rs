@@ -9,9 +9,9 @@ use arrow_array::Array;
 use arrow_buffer::NullBuffer;
 use arrow_schema::DataType;
 
-use super::columns::*;
-use super::dispatch::*;
-use super::murmur3::*;
+use super::columns::{drive, IntCol, RowHash};
+use super::dispatch::{check_key_type, dispatch, Apply, ApplyGather};
+use super::murmur3::SPARK_HASH_SEED;
 use crate::base::error::Error;
 
 /// Reusable scratch space for hashing many batches without reallocating.

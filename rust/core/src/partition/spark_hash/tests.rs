@@ -4,9 +4,10 @@
 //! data-driven checks non-foldable columns over `range(10000)` (so Spark's generated code
 //! ran, not only constant folding). The script is quoted in `spark_data_driven_checksums`.
 
-use super::columns::*;
-use super::hasher::*;
-use super::murmur3::*;
+use super::columns::{drive, drive_generic, IntCol, LongCol};
+use super::hasher::Pmod;
+use super::murmur3::float_key;
+use super::*;
 use std::sync::Arc;
 
 use arrow_array::types::Int32Type;

@@ -29,6 +29,7 @@
 pub mod base;
 #[cfg(not(loom))]
 pub mod env;
+#[cfg(feature = "fuzz")]
 #[doc(hidden)]
 pub mod fuzz;
 #[cfg(not(loom))]

@@ -4,6 +4,9 @@
 //! Threads: exactly one, the flusher (`creditflow-flusher`), started by [`NetworkEnvironment::new`]
 //! (never at import) and stopped by [`NetworkEnvironment::close`] or drop. It flushes every
 //! partition each `buffer_timeout` and samples the time meters four times a second.
+//!
+//! The top of the library: it may use every layer (base, memory, serde, protocol, partition,
+//! net, gate).
 
 use std::collections::HashMap;
 use std::net::TcpListener;

@@ -1,27 +1,26 @@
 //! creditflow-core: Apache Flink's TaskManager network stack for Arrow record batches,
 //! in pure Rust (no Python). The pyo3 crate `rust/python` is a thin layer over this one.
 //!
-//! # Layout
+//! # Layers
 //!
-//! Each layer only uses the ones above it:
+//! One folder per layer, lowest first. A file may use its own layer and the ones above it in
+//! this table, never one below (`scripts/check_layers.py`, run by `make lint`, checks that
+//! and that no files import each other in a circle).
 //!
-//! | layer | module | Flink counterpart |
+//! | layer | owns | Flink counterpart |
 //! |---|---|---|
-//! | fixed-size aligned memory blocks | [`memory::segment`] | `MemorySegment` |
-//! | global pool with a hard cap, local pools with min + elastic share | [`memory`] | `NetworkBufferPool`, `LocalBufferPool` |
-//! | a segment being written while it is read | [`partition::buffer`] | `BufferBuilder` / `BufferConsumer` |
-//! | per-consumer lock-free queue with backlog | [`partition::subpartition`] | `PipelinedSubpartition` |
-//! | N subpartitions + flusher | [`partition`] | `ResultPartition`, `OutputFlusher` |
-//! | Arrow IPC into / out of segments | [`serde`] | `SpanningRecordSerializer`, `SpillingAdaptiveSpanningRecordDeserializer` |
-//! | Spark-compatible Murmur3 | [`partition::spark_hash`] | (Spark's `Murmur3Hash`) |
-//! | row → subpartition | [`partition::partitioner`] | `ChannelSelector` |
-//! | batch → partition | [`partition::writer`] | `RecordWriter` |
-//! | channels → batches | [`gate`] | `SingleInputGate`, `LocalInputChannel` |
-//! | buffer size from the gate's throughput (no I/O) | [`protocol::debloat`] | `BufferDebloater`, `ThroughputCalculator` |
-//! | credit, backlog, sequence numbers (no I/O) | [`protocol::credit`] | `CreditBasedPartitionRequestClientHandler` state |
-//! | wire protocol: frames ⇄ messages (no I/O) | [`protocol::wire`] | `NettyMessage`, `NettyMessageClientDecoderDelegate` |
-//! | counters, meters, OK/LOW/HIGH | [`base::metrics`] | `BackPressureStatsTracker`, `TimerGauge` |
-//! | one per process: pools, partitions, gates, flusher | [`mod@env`] | `NettyShuffleEnvironment` |
+//! | [`base`] | the error type, byte sizes, blocking-call limits ([`base::wait::Wait`]), loom-swappable sync, the one in-band [`base::event::Event`], settings types several layers read ([`base::config`]), counters and meters ([`base::metrics`]) | `BackPressureStatsTracker`, `TimerGauge` |
+//! | [`memory`] | fixed-size aligned segments; a global pool with a hard cap, local pools with a minimum and an elastic share | `MemorySegment`, `NetworkBufferPool`, `LocalBufferPool` |
+//! | [`serde`] | Arrow IPC into and out of a subpartition's byte stream: encode, framing, assemble, decode | `SpanningRecordSerializer`, `SpillingAdaptiveSpanningRecordDeserializer` |
+//! | [`protocol`] | no I/O, no tokio: the wire format ([`protocol::wire`]), credit ([`protocol::credit`]), checkpoint alignment ([`protocol::checkpoint`]), the debloating calculator ([`protocol::debloat`]) | `NettyMessage`, `CreditBasedPartitionRequestClientHandler` state, `BufferDebloater` |
+//! | [`partition`] | the producing side: a segment written while read ([`partition::buffer`]), the lock-free queue per consumer ([`partition::subpartition`]), [`ResultPartition`], [`RecordWriter`], the partitioners and Spark's Murmur3 ([`partition::spark_hash`]) | `BufferBuilder`, `PipelinedSubpartition`, `ResultPartition`, `RecordWriter`, `ChannelSelector` |
+//! | [`net`] | TCP (and TLS) between environments on a tokio runtime: the handshake, the receiving side (`client`), the sending side (`server`), limits, liveness | `PartitionRequestClient`, `PartitionRequestServerHandler`, `PartitionRequestQueue` |
+//! | [`gate`] | the consuming side: [`InputGate`] over local and remote channels, barrier alignment, metrics | `SingleInputGate`, `LocalInputChannel`, `RemoteInputChannel` |
+//! | [`mod@env`] | one per process: pools, partitions, gates, the transport, the flusher ([`NetworkEnvironment`]) | `NettyShuffleEnvironment` |
+//! | `fuzz` | (feature `fuzz` only) harnesses for the cargo-fuzz targets and property tests | |
+//!
+//! `net`, `gate` and `env` are left out of loom builds (`--cfg loom`), which model-check the
+//! lock-free parts below them.
 //!
 //! Blocking calls take a [`base::wait::Wait`]: an optional deadline and an interrupt check that
 //! the Python layer uses for Ctrl-C, so no call can block forever without a way out.
@@ -47,5 +46,4 @@ pub use base::error::{Error, Result};
 pub use env::{EnvConfig, NetworkEnvironment};
 #[cfg(not(loom))]
 pub use gate::{GateItem, InputGate};
-pub use partition::ResultPartition;
-pub use partition::{Partitioner, RecordWriter};
+pub use partition::{Partitioner, RecordWriter, ResultPartition};

@@ -2,7 +2,7 @@
 //! readers and ready queue, two wires, the gate's credit and the transport's AddCredit
 //! queue, a consumer holding received buffers), driven by a sequence of operations, with the
 //! invariants of the credit module checked after every step. The property test in
-//! `credit.rs` draws the operations with proptest, the `credit` fuzz target from bytes.
+//! `protocol/credit/tests.rs` draws the operations with proptest, the `credit` fuzz target from bytes.
 
 use std::collections::VecDeque;
 

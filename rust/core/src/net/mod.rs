@@ -1,6 +1,11 @@
 //! The network: the TCP (optionally TLS) connections between environments that carry the
-//! wire protocol of [`crate::protocol::wire`], the receiving side (`client`) and the sending
-//! side (`server`), run on one tokio runtime per environment.
+//! wire protocol of [`crate::protocol::wire`], run on one tokio runtime per environment.
+//!
+//! Rooms: `runtime` (the transport an environment owns: listener, connections, I/O thread),
+//! `io` (frames on a socket), `handshake` and `auth`, `limits` and `liveness` (what an abusive
+//! or silent peer meets), `client` (the receiving side, by role), `server` (the sending side,
+//! by role), `tls` (handshake and record layer). May use every layer below it: base, memory,
+//! serde, protocol and partition (the subpartitions it serves).
 
 mod auth;
 mod client;

@@ -197,7 +197,7 @@ impl Tls {
         };
         let mut server = server;
         // Nothing after the handshake but our records: no session tickets, and the keys
-        // handed over to `tls_record`.
+        // handed over to `record`.
         server.send_tls13_tickets = 0;
         server.enable_secret_extraction = true;
         client.enable_secret_extraction = true;

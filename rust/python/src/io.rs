@@ -15,9 +15,11 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 use pyo3_arrow::input::AnyRecordBatch;
 
+use crate::args::{check_pid, count_arg};
 use crate::blocking;
-use crate::env::{check_pid, gate_metrics_dict, partition_metrics_dict, ResultPartition};
 use crate::error::to_py;
+use crate::metrics::{gate_metrics_dict, partition_metrics_dict};
+use crate::partition::ResultPartition;
 
 /// Sends row r to subpartition ``pmod(hash(keys...), n)`` with Spark SQL's Murmur3 ``hash``,
 /// so rows land where ``df.repartition(n, *keys)`` puts them.
@@ -160,7 +162,7 @@ impl ChannelSpec {
 impl ChannelSpec {
     #[new]
     fn new(address: String, partition_id: String, subpartition: i64) -> PyResult<Self> {
-        let subpartition = crate::env::count_arg(subpartition, "subpartition")?;
+        let subpartition = count_arg(subpartition, "subpartition")?;
         Ok(ChannelSpec {
             address,
             partition_id,

@@ -3,17 +3,23 @@
 //! | file | what |
 //! |---|---|
 //! | `error.rs` | core errors → `creditflow.errors` exceptions |
+//! | `args.rs` | argument and calling-process checks shared by the classes |
 //! | `blocking.rs` | GIL release, Ctrl-C, timeouts for blocking calls |
-//! | `env.rs` | `NetworkEnvironment`, `ResultPartition`, metrics → dicts |
+//! | `metrics.rs` | metrics → dicts |
+//! | `partition.rs` | `ResultPartition` |
+//! | `env.rs` | `NetworkEnvironment` |
 //! | `logs.rs` | Rust `log` records → a queue → Python `logging` (`creditflow.logs`) |
 //! | `io.rs` | `RecordWriter`, `InputGate`, `ChannelSpec`, partitioners, Arrow in/out |
 //! | `tls.rs` | `TLSConfig` |
 
+mod args;
 mod blocking;
 mod env;
 mod error;
 mod io;
 mod logs;
+mod metrics;
+mod partition;
 mod tls;
 
 use pyo3::prelude::*;
@@ -23,7 +29,7 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<env::NetworkEnvironment>()?;
-    m.add_class::<env::ResultPartition>()?;
+    m.add_class::<partition::ResultPartition>()?;
     m.add_class::<io::RecordWriter>()?;
     m.add_class::<io::InputGate>()?;
     m.add_class::<io::ChannelSpec>()?;

@@ -4,6 +4,19 @@ use crate::base::error::{Error, Result};
 
 /// Parses a byte size: an integer with an optional unit (B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB).
 /// Decimal units (KB) are powers of 1000, binary units (KiB, K) powers of 1024.
+///
+/// ```
+/// use creditflow_core::base::units::parse_bytes;
+///
+/// assert_eq!(parse_bytes("64MiB").unwrap(), 64 << 20);
+/// assert_eq!(parse_bytes("32 KiB").unwrap(), 32 * 1024);
+/// assert_eq!(parse_bytes("1.5k").unwrap(), 1536);
+/// assert_eq!(parse_bytes("1MB").unwrap(), 1_000_000);
+/// assert_eq!(parse_bytes("65_536").unwrap(), 65_536);
+/// // Not a whole number of bytes, or no unit we know: an InvalidArgument naming the text.
+/// assert!(parse_bytes("0.5B").unwrap_err().to_string().contains("\"0.5B\""));
+/// assert!(parse_bytes("12 parsecs").is_err());
+/// ```
 pub fn parse_bytes(text: &str) -> Result<usize> {
     let s = text.trim();
     let split = s

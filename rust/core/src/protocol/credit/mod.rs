@@ -91,6 +91,44 @@
 //!   [`SenderCredit::on_record_body_sent`] for a record body buffer), write it, and
 //!   look at the reader again as above.
 //!
+//! # Example: one channel, in memory
+//!
+//! ```
+//! use creditflow_core::protocol::credit::{
+//!     DataType, Delivery, GateCredit, GateCreditConfig, QueueHead, ReceiverAction, SenderCredit,
+//! };
+//!
+//! // A gate with 2 exclusive buffers per channel and 8 floating ones, and one remote channel.
+//! let mut gate = GateCredit::new(GateCreditConfig::default()).unwrap();
+//! let channel = gate.add_channel();
+//! // Its PartitionRequest carries the exclusive buffers as initial credit.
+//! let mut sender = SenderCredit::new(gate.initial_credit());
+//!
+//! // Two data buffers use both credits; a third waits.
+//! let mut leases = Vec::new();
+//! for _ in 0..2 {
+//!     let header = sender.on_buffer_sent(DataType::Data, 0).unwrap();
+//!     match gate.on_buffer_response(channel, header).unwrap() {
+//!         Delivery::Data(lease) => leases.push(lease),
+//!         other => panic!("a credited data buffer lands in a buffer, got {other:?}"),
+//!     }
+//! }
+//! assert!(!sender.is_available(QueueHead::Data));
+//! // An event needs no credit.
+//! assert!(sender.is_available(QueueHead::Event));
+//!
+//! // The consumer is done with both buffers: one AddCredit carries both credits.
+//! for lease in leases {
+//!     gate.on_buffer_recycled(lease).unwrap();
+//! }
+//! assert_eq!(gate.poll_action(), Some(ReceiverAction::SendAddCredit { channel }));
+//! assert_eq!(gate.poll_action(), None);
+//! let credit = gate.take_unannounced_credit(channel).unwrap();
+//! assert_eq!(credit.get(), 2);
+//! sender.on_add_credit(credit).unwrap();
+//! assert!(sender.is_available(QueueHead::Data));
+//! ```
+//!
 //! # Invariants
 //!
 //! The property tests at the bottom check these after every step of random interleavings:

@@ -9,6 +9,15 @@ use crate::base::error::{Error, Result};
 ///
 /// Arithmetic is checked: a result that would overflow or go below zero is a protocol error,
 /// never a wrapped or saturated value, since it can only come from a peer that broke the rules.
+///
+/// ```
+/// use creditflow_core::protocol::credit::Credit;
+/// use creditflow_core::Error;
+///
+/// assert_eq!(Credit::new(2).checked_add(Credit::new(3)).unwrap(), Credit::new(5));
+/// assert!(matches!(Credit::new(1).checked_sub(Credit::new(2)), Err(Error::Protocol(_))));
+/// assert!(Credit::new(u32::MAX).checked_add(Credit::new(1)).is_err());
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Credit(u32);
 

@@ -77,6 +77,36 @@
 //! [`encode_buffer_response_header`]: a 35-byte array, written with the segment
 //! slices in one vectored write, so payload bytes are never copied.
 //!
+//! # Example: a round trip
+//!
+//! ```
+//! use creditflow_core::protocol::credit::Credit;
+//! use creditflow_core::protocol::wire::{
+//!     check, decode, encode, Decoder, Message, ReceiverId, MAX_CONTROL_FRAME_LEN,
+//! };
+//!
+//! let msg = Message::AddCredit { receiver: ReceiverId(7), credit: Credit::new(3) };
+//! let mut bytes = Vec::new();
+//! encode(&msg, &mut bytes).unwrap();
+//! assert_eq!(bytes.len(), 10 + 12); // header + receiver id and credit
+//!
+//! // Phase 1 says whether a whole frame is there; phase 2 parses exactly that frame.
+//! assert_eq!(check(&bytes[..9], MAX_CONTROL_FRAME_LEN).unwrap(), None);
+//! assert_eq!(check(&bytes, MAX_CONTROL_FRAME_LEN).unwrap().unwrap().frame_len, bytes.len());
+//! assert_eq!(decode(&bytes).unwrap(), msg);
+//!
+//! // The stream decoder does both over bytes as they arrive, here one at a time.
+//! let mut decoder = Decoder::new(MAX_CONTROL_FRAME_LEN);
+//! for (i, byte) in bytes.iter().enumerate() {
+//!     decoder.feed(std::slice::from_ref(byte));
+//!     let next = decoder.next_message().unwrap().map(|m| m.into_owned());
+//!     assert_eq!(next, (i == bytes.len() - 1).then(|| msg.clone()));
+//! }
+//!
+//! // A frame that is not ours fails at its first wrong byte (here the magic).
+//! assert!(check(b"\x16\0\0\0XXXX", MAX_CONTROL_FRAME_LEN).is_err());
+//! ```
+//!
 //! # Handshake (carried here, checked by the transport)
 //!
 //! The client sends Hello (its segment size, frame limit, auth mode, a random nonce); the

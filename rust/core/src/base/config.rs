@@ -82,31 +82,6 @@ impl Limits {
         }
         Ok(())
     }
-
-    pub(crate) fn connections_error(&self) -> Error {
-        Error::LimitExceeded(format!(
-            "the environment already serves {0} connections, its limit (max_connections={0}); \
-             retry later or raise max_connections on the serving environment",
-            self.max_connections
-        ))
-    }
-
-    pub(crate) fn channels_error(&self) -> Error {
-        Error::LimitExceeded(format!(
-            "this connection already reads {0} channels, the limit per connection \
-             (max_channels_per_connection={0} on the serving environment)",
-            self.max_channels_per_connection
-        ))
-    }
-
-    pub(crate) fn outstanding_error(&self) -> Error {
-        Error::LimitExceeded(format!(
-            "{0} answers to this connection's requests are waiting to be read, the limit \
-             (max_outstanding_requests={0} on the serving environment); the peer sends requests \
-             but does not read the answers",
-            self.max_outstanding_requests
-        ))
-    }
 }
 
 /// TLS settings of an environment: PEM files.

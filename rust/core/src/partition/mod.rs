@@ -17,6 +17,7 @@ pub mod writer;
 
 pub use metrics::{PartitionMetrics, RemoteReaderMetrics, SubpartitionMetrics};
 pub use partitioner::Partitioner;
+#[cfg(not(loom))] // for the network, the gates and the environment: not in loom builds
 pub(crate) use result_partition::Registry;
 pub use result_partition::{Handoff, ResultPartition};
 pub use writer::RecordWriter;

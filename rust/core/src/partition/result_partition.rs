@@ -86,6 +86,7 @@ struct Metrics {
 }
 
 impl ResultPartition {
+    #[cfg(not(loom))] // only the environment, the gates and the network call it: not in loom builds
     pub(crate) fn new(
         id: String,
         num_subpartitions: usize,
@@ -172,6 +173,7 @@ impl ResultPartition {
 
     /// A remote consumer of one of the subpartitions disappeared (its connection broke):
     /// the data written for it is lost, so the writer fails from its next write on.
+    #[cfg(not(loom))] // only the environment, the gates and the network call it: not in loom builds
     pub(crate) fn consumer_lost(&self, message: &str) {
         let mut lost = self.lost.lock().unwrap();
         if lost.is_none() {
@@ -461,6 +463,7 @@ impl ResultPartition {
     }
 
     /// A subpartition's reader reached the end or went away.
+    #[cfg(not(loom))] // only the environment, the gates and the network call it: not in loom builds
     pub(crate) fn subpartition_done(&self) {
         self.done.fetch_add(1, Ordering::SeqCst);
         self.maybe_release();
@@ -518,6 +521,7 @@ impl ResultPartition {
         Ok(())
     }
 
+    #[cfg(not(loom))] // only the environment, the gates and the network call it: not in loom builds
     pub(crate) fn tick(&self) {
         self.metrics.backpressure.tick();
     }

@@ -139,6 +139,7 @@
 //! of buffers is waiting, and then the gate has none; and once the consumer drains everything,
 //! all data is delivered in order.
 
+mod error;
 mod ready_queue;
 mod receiver;
 mod sender;
@@ -146,6 +147,7 @@ mod sender;
 mod tests;
 mod value;
 
+pub use error::CreditError;
 pub use ready_queue::ReadyQueue;
 pub use receiver::{
     BufferLease, BufferOrigin, ChannelCreditStats, Delivery, GateCredit, GateCreditConfig, ReceiverAction,

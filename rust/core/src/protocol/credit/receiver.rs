@@ -4,8 +4,9 @@
 
 use std::collections::VecDeque;
 
+use super::error::CreditError;
 use super::value::{BufferHeader, ChannelId, Credit, DataType};
-use crate::base::error::{Error, Result};
+use crate::base::error::Result;
 
 /// Exclusive buffers per remote channel unless configured otherwise (Flink:
 /// `taskmanager.network.memory.buffers-per-channel`).
@@ -182,23 +183,19 @@ pub struct GateCredit {
 impl GateCredit {
     /// A gate with no channels yet and all floating buffers available.
     ///
-    /// Fails with [`Error::InvalidArgument`] if the gate could never receive data (no
-    /// exclusive and no floating buffers) or if one channel's buffers would not fit a `u32`.
-    pub fn new(config: GateCreditConfig) -> Result<Self> {
+    /// Fails with [`CreditError::NoBuffers`] if the gate could never receive data (no
+    /// exclusive and no floating buffers), [`CreditError::TooManyBuffers`] if one channel's
+    /// buffers would not fit a `u32`.
+    pub fn new(config: GateCreditConfig) -> Result<Self, CreditError> {
         let GateCreditConfig {
             exclusive_buffers_per_channel: exclusive,
             floating_buffers: floating,
         } = config;
         if exclusive == 0 && floating == 0 {
-            return Err(Error::InvalidArgument(
-                "an input gate needs at least one floating buffer when channels have no exclusive buffers"
-                    .into(),
-            ));
+            return Err(CreditError::NoBuffers);
         }
         if exclusive.checked_add(floating).is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "too many buffers per input gate: {exclusive} exclusive + {floating} floating"
-            )));
+            return Err(CreditError::TooManyBuffers { exclusive, floating });
         }
         Ok(GateCredit {
             config,
@@ -270,7 +267,11 @@ impl GateCredit {
     /// they go back to the gate sooner) and updates the channel's needs from the backlog.
     /// Protocol errors: unknown channel, sequence gap or reorder, data without credit. On error
     /// nothing changes.
-    pub fn on_buffer_response(&mut self, channel: ChannelId, header: BufferHeader) -> Result<Delivery> {
+    pub fn on_buffer_response(
+        &mut self,
+        channel: ChannelId,
+        header: BufferHeader,
+    ) -> Result<Delivery, CreditError> {
         self.on_response(channel, header, false)
     }
 
@@ -284,7 +285,7 @@ impl GateCredit {
         &mut self,
         channel: ChannelId,
         header: BufferHeader,
-    ) -> Result<Delivery> {
+    ) -> Result<Delivery, CreditError> {
         self.on_response(channel, header, true)
     }
 
@@ -293,28 +294,32 @@ impl GateCredit {
         channel: ChannelId,
         header: BufferHeader,
         inside_record: bool,
-    ) -> Result<Delivery> {
+    ) -> Result<Delivery, CreditError> {
         let s = self
             .channels
             .get_mut(channel.0)
-            .ok_or_else(|| Error::Protocol(format!("BufferResponse for unknown {channel}")))?;
+            .ok_or(CreditError::UnknownChannel {
+                message: "BufferResponse",
+                channel: channel.0,
+            })?;
         if s.released {
             return Ok(Delivery::Discarded);
         }
         if header.sequence_number != s.expected_sequence_number {
-            return Err(Error::Protocol(format!(
-                "{channel}: buffer out of order: expected sequence number {}, got {}",
-                s.expected_sequence_number, header.sequence_number
-            )));
+            return Err(CreditError::OutOfOrder {
+                channel: channel.0,
+                expected: s.expected_sequence_number,
+                got: header.sequence_number,
+            });
         }
         let delivery = match header.data_type {
             DataType::Event => Delivery::Event,
             DataType::Data if inside_record => Delivery::Record,
             DataType::Data if s.announced() == 0 => {
-                return Err(Error::Protocol(format!(
-                    "{channel}: data buffer {} arrived without credit",
-                    header.sequence_number
-                )));
+                return Err(CreditError::ArrivedWithoutCredit {
+                    channel: channel.0,
+                    sequence_number: header.sequence_number,
+                });
             }
             DataType::Data => {
                 let origin = if s.floating_available > 0 {
@@ -336,11 +341,11 @@ impl GateCredit {
 
     /// A BacklogAnnouncement arrived: the sender has `backlog` data buffers but no credit
     /// (Flink: `RemoteInputChannel#onSenderBacklog`). Ignored for a released channel.
-    pub fn on_backlog_announcement(&mut self, channel: ChannelId, backlog: u32) -> Result<()> {
-        let s = self
-            .channels
-            .get(channel.0)
-            .ok_or_else(|| Error::Protocol(format!("BacklogAnnouncement for unknown {channel}")))?;
+    pub fn on_backlog_announcement(&mut self, channel: ChannelId, backlog: u32) -> Result<(), CreditError> {
+        let s = self.channels.get(channel.0).ok_or(CreditError::UnknownChannel {
+            message: "BacklogAnnouncement",
+            channel: channel.0,
+        })?;
         if !s.released {
             self.on_sender_backlog(channel, backlog);
         }
@@ -352,18 +357,18 @@ impl GateCredit {
     /// An exclusive buffer returns to its channel as credit, or, if the channel now holds more
     /// buffers than it needs, makes the channel hand a floating buffer back to the gate. A
     /// floating buffer goes to the first waiting channel that needs it, else to the gate.
-    /// Fails with [`Error::InvalidArgument`] for a lease from another gate.
-    pub fn on_buffer_recycled(&mut self, lease: BufferLease) -> Result<()> {
+    /// Fails with [`CreditError::ForeignLease`] for a lease from another gate.
+    pub fn on_buffer_recycled(&mut self, lease: BufferLease) -> Result<(), CreditError> {
         let BufferLease { channel, origin } = lease;
-        let foreign = || Error::InvalidArgument(format!("buffer lease of {channel} is not from this gate"));
-        let s = self.channels.get_mut(channel.0).ok_or_else(foreign)?;
+        let foreign = CreditError::ForeignLease(channel.0);
+        let s = self.channels.get_mut(channel.0).ok_or(foreign.clone())?;
         match origin {
             BufferOrigin::Floating => {
-                s.floating_in_use = s.floating_in_use.checked_sub(1).ok_or_else(foreign)?;
+                s.floating_in_use = s.floating_in_use.checked_sub(1).ok_or(foreign)?;
                 self.recycle_floating();
             }
             BufferOrigin::Exclusive => {
-                s.exclusive_in_use = s.exclusive_in_use.checked_sub(1).ok_or_else(foreign)?;
+                s.exclusive_in_use = s.exclusive_in_use.checked_sub(1).ok_or(foreign)?;
                 if s.released {
                     // The segment goes back to the memory layer; no credit for a dead channel.
                     return Ok(());
@@ -386,11 +391,11 @@ impl GateCredit {
     /// empty floating buffers go back to the gate, its empty exclusive buffers to the memory
     /// layer, and unannounced credit is dropped. Buffers still in use are returned when
     /// recycled; BufferResponses still in flight are [`Delivery::Discarded`]. Idempotent.
-    pub fn release_channel(&mut self, channel: ChannelId) -> Result<()> {
+    pub fn release_channel(&mut self, channel: ChannelId) -> Result<(), CreditError> {
         let s = self
             .channels
             .get_mut(channel.0)
-            .ok_or_else(|| Error::InvalidArgument(format!("cannot release unknown {channel}")))?;
+            .ok_or(CreditError::ReleaseUnknown(channel.0))?;
         if s.released {
             return Ok(());
         }

@@ -1,8 +1,9 @@
 //! The sending side's credit: [`SenderCredit`], one per subpartition reader (Flink's
 //! `CreditBasedSequenceNumberingViewReader`).
 
+use super::error::CreditError;
 use super::value::{BufferHeader, Credit, DataType};
-use crate::base::error::{Error, Result};
+use crate::base::error::Result;
 
 /// What a subpartition has next for its reader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,9 +54,9 @@ impl SenderCredit {
 
     /// An AddCredit arrived (Flink: `addCredit`). A zero amount or an overflow is a protocol
     /// error; on error the credit is unchanged.
-    pub fn on_add_credit(&mut self, credit: Credit) -> Result<()> {
+    pub fn on_add_credit(&mut self, credit: Credit) -> Result<(), CreditError> {
         if credit.is_zero() {
-            return Err(Error::Protocol("AddCredit with zero credit".into()));
+            return Err(CreditError::ZeroAddCredit);
         }
         self.credit = self.credit.checked_add(credit)?;
         Ok(())
@@ -80,13 +81,10 @@ impl SenderCredit {
     /// A buffer is being written; returns its header. A data buffer uses up one credit;
     /// without credit that is an error (a bug in the sender loop) and nothing changes.
     /// `backlog` is the number of data buffers left in the subpartition after this one.
-    pub fn on_buffer_sent(&mut self, data_type: DataType, backlog: u32) -> Result<BufferHeader> {
+    pub fn on_buffer_sent(&mut self, data_type: DataType, backlog: u32) -> Result<BufferHeader, CreditError> {
         if data_type == DataType::Data {
             if self.credit.is_zero() {
-                return Err(Error::Protocol(format!(
-                    "data buffer {} sent without credit",
-                    self.next_sequence_number
-                )));
+                return Err(CreditError::SentWithoutCredit(self.next_sequence_number));
             }
             self.credit = self.credit.checked_sub(Credit::ONE)?;
         }

@@ -1,10 +1,8 @@
 //! Unit and property tests of both sides of credit, driven against each other in memory
 //! through the fuzz model ([`crate::fuzz::credit`]).
 
-use std::fmt;
-
 use super::*;
-use crate::base::error::{Error, Result};
+use crate::base::error::Error;
 use crate::fuzz::credit::{self as model, Op, Pair};
 use proptest::prelude::*;
 
@@ -51,10 +49,6 @@ fn stats(gate: &GateCredit, channel: ChannelId) -> ChannelCreditStats {
     gate.channel_stats(channel).unwrap()
 }
 
-fn is_protocol_error<T: fmt::Debug>(result: Result<T>, needle: &str) -> bool {
-    matches!(result, Err(Error::Protocol(msg)) if msg.contains(needle))
-}
-
 #[test]
 fn default_config_is_two_exclusive_and_eight_floating() {
     let config = GateCreditConfig::default();
@@ -69,7 +63,7 @@ fn gate_without_any_buffers_is_rejected() {
             exclusive_buffers_per_channel: 0,
             floating_buffers: 0
         }),
-        Err(Error::InvalidArgument(_))
+        Err(CreditError::NoBuffers)
     ));
     assert!(GateCredit::new(GateCreditConfig {
         exclusive_buffers_per_channel: u32::MAX,
@@ -119,9 +113,12 @@ fn record_body_buffers_need_no_credit_and_take_no_buffer() {
     );
     assert!(actions(&mut g).is_empty(), "nothing to announce");
     // The buffer that completes the record needs credit like any other.
-    assert!(is_protocol_error(
+    assert!(matches!(
         g.on_buffer_response(ch, data(4, 0)),
-        "without credit"
+        Err(CreditError::ArrivedWithoutCredit {
+            sequence_number: 4,
+            ..
+        })
     ));
     g.on_buffer_recycled(first).unwrap();
     assert_eq!(g.take_unannounced_credit(ch), Some(Credit::ONE));
@@ -135,13 +132,13 @@ fn record_body_buffers_need_no_credit_and_take_no_buffer() {
 fn record_body_buffers_are_still_checked_and_dropped_for_a_released_channel() {
     let mut g = gate(1, 0);
     let ch = g.add_channel();
-    assert!(is_protocol_error(
+    assert!(matches!(
         g.on_buffer_response_inside_record(ch, data(1, 0)),
-        "out of order"
+        Err(CreditError::OutOfOrder { .. })
     ));
-    assert!(is_protocol_error(
+    assert!(matches!(
         g.on_buffer_response_inside_record(ChannelId(9), data(0, 0)),
-        "unknown"
+        Err(CreditError::UnknownChannel { .. })
     ));
     // Events inside a record are events.
     assert_eq!(
@@ -274,13 +271,21 @@ fn sequence_gap_is_a_protocol_error() {
     let ch = g.add_channel();
     let _l = g.on_buffer_response(ch, data(0, 0)).unwrap();
     let before = stats(&g, ch);
-    assert!(is_protocol_error(
+    assert!(matches!(
         g.on_buffer_response(ch, data(2, 0)),
-        "expected sequence number 1, got 2"
+        Err(CreditError::OutOfOrder {
+            expected: 1,
+            got: 2,
+            ..
+        })
     ));
-    assert!(is_protocol_error(
+    assert!(matches!(
         g.on_buffer_response(ch, data(0, 0)),
-        "expected sequence number 1, got 0"
+        Err(CreditError::OutOfOrder {
+            expected: 1,
+            got: 0,
+            ..
+        })
     ));
     assert_eq!(stats(&g, ch), before, "a rejected response changes nothing");
 }
@@ -290,31 +295,37 @@ fn data_without_credit_is_a_protocol_error() {
     let mut g = gate(1, 1);
     let ch = g.add_channel();
     let _l = g.on_buffer_response(ch, data(0, 0)).unwrap();
-    assert!(is_protocol_error(
+    assert!(matches!(
         g.on_buffer_response(ch, data(1, 0)),
-        "without credit"
+        Err(CreditError::ArrivedWithoutCredit {
+            sequence_number: 1,
+            ..
+        })
     ));
     // Unannounced buffers are not credit either.
     let mut g = gate(0, 1);
     let ch = g.add_channel();
     g.on_backlog_announcement(ch, 1).unwrap();
     assert_eq!(stats(&g, ch).unannounced, Credit::ONE);
-    assert!(is_protocol_error(
+    assert!(matches!(
         g.on_buffer_response(ch, data(0, 0)),
-        "without credit"
+        Err(CreditError::ArrivedWithoutCredit {
+            sequence_number: 0,
+            ..
+        })
     ));
 }
 
 #[test]
 fn unknown_channel_is_a_protocol_error() {
     let mut g = gate(2, 8);
-    assert!(is_protocol_error(
+    assert!(matches!(
         g.on_buffer_response(ChannelId(7), data(0, 0)),
-        "unknown channel 7"
+        Err(CreditError::UnknownChannel { channel: 7, .. })
     ));
-    assert!(is_protocol_error(
+    assert!(matches!(
         g.on_backlog_announcement(ChannelId(7), 1),
-        "unknown channel 7"
+        Err(CreditError::UnknownChannel { channel: 7, .. })
     ));
 }
 
@@ -349,9 +360,9 @@ fn sender_data_uses_credit_and_numbers_every_response() {
     );
     assert!(headers.iter().all(|h| h.backlog == 4));
     assert_eq!(sender.credit(), Credit::ZERO);
-    assert!(is_protocol_error(
+    assert!(matches!(
         sender.on_buffer_sent(DataType::Data, 3),
-        "without credit"
+        Err(CreditError::SentWithoutCredit(_))
     ));
     assert_eq!(
         sender.next_sequence_number(),
@@ -398,23 +409,23 @@ fn exclusive_zero_relies_on_backlog() {
 fn credit_overflow_is_protocol_error() {
     let mut sender = SenderCredit::new(Credit::new(u32::MAX - 1));
     sender.on_add_credit(Credit::ONE).unwrap();
-    assert!(is_protocol_error(
+    assert!(matches!(
         sender.on_add_credit(Credit::ONE),
-        "credit overflow"
+        Err(CreditError::Overflow { .. })
     ));
     assert_eq!(sender.credit(), Credit::new(u32::MAX));
-    assert!(is_protocol_error(
+    assert!(matches!(
         Credit::ZERO.checked_sub(Credit::ONE),
-        "credit underflow"
+        Err(CreditError::Underflow { .. })
     ));
 }
 
 #[test]
 fn zero_add_credit_is_protocol_error() {
     let mut sender = SenderCredit::new(Credit::ONE);
-    assert!(is_protocol_error(
+    assert!(matches!(
         sender.on_add_credit(Credit::ZERO),
-        "zero credit"
+        Err(CreditError::ZeroAddCredit)
     ));
 }
 
@@ -475,7 +486,7 @@ fn foreign_lease_is_rejected() {
     let ch = g1.add_channel();
     g2.add_channel();
     let l = lease(g1.on_buffer_response(ch, data(0, 0)).unwrap());
-    assert!(matches!(g2.on_buffer_recycled(l), Err(Error::InvalidArgument(_))));
+    assert_eq!(g2.on_buffer_recycled(l), Err(CreditError::ForeignLease(ch.0)));
 }
 
 #[test]
@@ -543,4 +554,26 @@ proptest! {
         prop_assert_eq!(x.checked_add(y).ok().map(Credit::get), a.checked_add(b));
         prop_assert_eq!(x.checked_sub(y).ok().map(Credit::get), a.checked_sub(b));
     }
+}
+
+#[test]
+fn credit_errors_keep_their_text_upward_as_protocol_or_invalid_argument() {
+    let broken = CreditError::OutOfOrder {
+        channel: 2,
+        expected: 1,
+        got: 3,
+    };
+    assert!(matches!(
+        Error::from(broken),
+        Error::Protocol(m) if m == "channel 2: buffer out of order: expected sequence number 1, got 3"
+    ));
+    let overflow = Credit::new(u32::MAX).checked_add(Credit::ONE).unwrap_err();
+    assert_eq!(
+        overflow.to_string(),
+        "credit overflow: 4294967295 + 1 exceeds 4294967295"
+    );
+    assert!(matches!(
+        Error::from(CreditError::ForeignLease(4)),
+        Error::InvalidArgument(m) if m == "buffer lease of channel 4 is not from this gate"
+    ));
 }

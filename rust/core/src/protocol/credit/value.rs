@@ -3,7 +3,8 @@
 
 use std::fmt;
 
-use crate::base::error::{Error, Result};
+use super::error::CreditError;
+use crate::base::error::Result;
 
 /// A number of buffers one side has promised the other: one credit is one free buffer.
 ///
@@ -11,11 +12,10 @@ use crate::base::error::{Error, Result};
 /// never a wrapped or saturated value, since it can only come from a peer that broke the rules.
 ///
 /// ```
-/// use creditflow_core::protocol::credit::Credit;
-/// use creditflow_core::Error;
+/// use creditflow_core::protocol::credit::{Credit, CreditError};
 ///
 /// assert_eq!(Credit::new(2).checked_add(Credit::new(3)).unwrap(), Credit::new(5));
-/// assert!(matches!(Credit::new(1).checked_sub(Credit::new(2)), Err(Error::Protocol(_))));
+/// assert!(matches!(Credit::new(1).checked_sub(Credit::new(2)), Err(CreditError::Underflow { .. })));
 /// assert!(Credit::new(u32::MAX).checked_add(Credit::new(1)).is_err());
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -43,19 +43,25 @@ impl Credit {
     }
 
     /// `self + other`, or a protocol error if that exceeds `u32::MAX`.
-    pub fn checked_add(self, other: Credit) -> Result<Credit> {
+    pub fn checked_add(self, other: Credit) -> Result<Credit, CreditError> {
         self.0
             .checked_add(other.0)
             .map(Credit)
-            .ok_or_else(|| Error::Protocol(format!("credit overflow: {self} + {other} exceeds {}", u32::MAX)))
+            .ok_or(CreditError::Overflow {
+                credit: self.0,
+                added: other.0,
+            })
     }
 
     /// `self - other`, or a protocol error if that is negative.
-    pub fn checked_sub(self, other: Credit) -> Result<Credit> {
+    pub fn checked_sub(self, other: Credit) -> Result<Credit, CreditError> {
         self.0
             .checked_sub(other.0)
             .map(Credit)
-            .ok_or_else(|| Error::Protocol(format!("credit underflow: {self} - {other} is negative")))
+            .ok_or(CreditError::Underflow {
+                credit: self.0,
+                taken: other.0,
+            })
     }
 }
 

@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use super::constants::*;
-use super::error::protocol;
+use super::error::WireError;
 use super::message::{
     AuthMode, BufferResponse, BufferResponseHeader, ErrorKind, Hello, Message, MessageType, Payload,
     ReceiverId,
@@ -27,57 +27,53 @@ pub struct FrameInfo {
 /// allocating: each field is checked as soon as its bytes are there, so a frame longer than
 /// `max_frame`, shorter than its type allows, with a wrong magic, version or type is rejected
 /// from its first 4 to 10 bytes. `Ok(None)`: the header is not complete yet.
-pub fn check_header(buf: &[u8], max_frame: usize) -> Result<Option<FrameInfo>> {
+pub fn check_header(buf: &[u8], max_frame: usize) -> Result<Option<FrameInfo>, WireError> {
     let Some(len_bytes) = buf.get(..4) else {
         return Ok(None);
     };
     let frame_len = u32::from_le_bytes(len_bytes.try_into().expect("4 bytes")) as usize;
     if frame_len < HEADER_LEN {
-        return Err(protocol(format!(
-            "frame length {frame_len} is shorter than the {HEADER_LEN}-byte frame header"
-        )));
+        return Err(WireError::FrameTooShort { len: frame_len });
     }
     if frame_len > max_frame {
-        return Err(protocol(format!(
-            "frame length {frame_len} exceeds the maximum frame size {max_frame}"
-        )));
+        return Err(WireError::FrameTooLong {
+            len: frame_len,
+            max: max_frame,
+        });
     }
     let magic_end = buf.len().min(8);
     if buf[4..magic_end] != MAGIC[..magic_end - 4] {
-        return Err(protocol(format!(
-            "bad magic {:02x?}, expected {:02x?} ({:?})",
-            &buf[4..magic_end],
-            &MAGIC[..magic_end - 4],
-            std::str::from_utf8(&MAGIC).unwrap_or("")
-        )));
+        return Err(WireError::BadMagic {
+            got: buf[4..magic_end].to_vec(),
+            expected: MAGIC[..magic_end - 4].to_vec(),
+        });
     }
     let Some(&version) = buf.get(8) else {
         return Ok(None);
     };
     if version != PROTOCOL_VERSION {
-        return Err(protocol(format!(
-            "unsupported protocol version {version}, this side speaks {PROTOCOL_VERSION}"
-        )));
+        return Err(WireError::UnsupportedVersion(version));
     }
     let Some(&type_byte) = buf.get(9) else {
         return Ok(None);
     };
-    let message_type = MessageType::from_u8(type_byte)
-        .ok_or_else(|| protocol(format!("unknown message type {type_byte}")))?;
+    let message_type = MessageType::from_u8(type_byte).ok_or(WireError::UnknownMessageType(type_byte))?;
     let body_len = frame_len - HEADER_LEN;
     let (min_body, max_body) = message_type.body_len_range();
     if body_len < min_body {
-        return Err(protocol(format!(
-            "{message_type} frame of {frame_len} bytes is shorter than its minimum of {}",
-            HEADER_LEN + min_body
-        )));
+        return Err(WireError::BodyTooShort {
+            ty: message_type,
+            len: frame_len,
+            min: HEADER_LEN + min_body,
+        });
     }
     if let Some(max_body) = max_body {
         if body_len > max_body {
-            return Err(protocol(format!(
-                "{message_type} frame of {frame_len} bytes is longer than its maximum of {}",
-                HEADER_LEN + max_body
-            )));
+            return Err(WireError::BodyTooLong {
+                ty: message_type,
+                len: frame_len,
+                max: HEADER_LEN + max_body,
+            });
         }
     }
     Ok(Some(FrameInfo {
@@ -89,7 +85,7 @@ pub fn check_header(buf: &[u8], max_frame: usize) -> Result<Option<FrameInfo>> {
 /// Phase 1 of decoding: validates the header at the start of `buf` (see [`check_header`]) and
 /// says whether the whole frame is buffered. Never allocates on success; `Ok(None)` means
 /// "need more bytes", an `Err` that the stream is broken.
-pub fn check(buf: &[u8], max_frame: usize) -> Result<Option<FrameInfo>> {
+pub fn check(buf: &[u8], max_frame: usize) -> Result<Option<FrameInfo>, WireError> {
     match check_header(buf, max_frame)? {
         Some(info) if buf.len() >= info.frame_len => Ok(Some(info)),
         _ => Ok(None),
@@ -99,15 +95,15 @@ pub fn check(buf: &[u8], max_frame: usize) -> Result<Option<FrameInfo>> {
 /// Header-only decode of a BufferResponse: as soon as its first [`BUFFER_RESPONSE_HEADER_LEN`]
 /// bytes are buffered, the fixed fields, so the payload can be read straight into a segment.
 /// `Ok(None)`: not enough bytes yet. Fails if the frame is not a well-formed BufferResponse.
-pub fn decode_buffer_response_header(buf: &[u8], max_frame: usize) -> Result<Option<BufferResponseHeader>> {
+pub fn decode_buffer_response_header(
+    buf: &[u8],
+    max_frame: usize,
+) -> Result<Option<BufferResponseHeader>, WireError> {
     let Some(info) = check_header(buf, max_frame)? else {
         return Ok(None);
     };
     if info.message_type != MessageType::BufferResponse {
-        return Err(protocol(format!(
-            "expected a BufferResponse, got {}",
-            info.message_type
-        )));
+        return Err(WireError::NotBufferResponse(info.message_type));
     }
     let Some(fixed) = buf.get(HEADER_LEN..BUFFER_RESPONSE_HEADER_LEN) else {
         return Ok(None);
@@ -119,20 +115,19 @@ pub fn decode_buffer_response_header(buf: &[u8], max_frame: usize) -> Result<Opt
     let data_type = match r.u8()? {
         DATA_TYPE_DATA => DataType::Data,
         DATA_TYPE_EVENT => DataType::Event,
-        other => return Err(protocol(format!("unknown BufferResponse data type {other}"))),
+        other => return Err(WireError::UnknownDataType(other)),
     };
     let payload_len = r.u32()? as usize;
     let expected = info.frame_len - BUFFER_RESPONSE_HEADER_LEN;
     if payload_len != expected {
-        return Err(protocol(format!(
-            "BufferResponse declares a {payload_len}-byte payload but its frame of {} bytes has room for {expected}",
-            info.frame_len
-        )));
+        return Err(WireError::PayloadLengthMismatch {
+            declared: payload_len,
+            frame_len: info.frame_len,
+            room: expected,
+        });
     }
     if data_type == DataType::Event && payload_len > MAX_EVENT_LEN {
-        return Err(protocol(format!(
-            "event payload of {payload_len} bytes exceeds the limit of {MAX_EVENT_LEN}"
-        )));
+        return Err(WireError::EventTooLong(payload_len));
     }
     Ok(Some(BufferResponseHeader {
         receiver,
@@ -158,68 +153,100 @@ impl<'a> Reader<'a> {
         Reader { buf, what }
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
         if self.buf.len() < n {
-            return Err(protocol(format!(
-                "truncated {}: {n} more bytes needed, {} left",
-                self.what,
-                self.buf.len()
-            )));
+            return Err(WireError::Truncated {
+                what: self.what,
+                needed: n,
+                left: self.buf.len(),
+            });
         }
         let (head, tail) = self.buf.split_at(n);
         self.buf = tail;
         Ok(head)
     }
 
-    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
         Ok(self.take(N)?.try_into().expect("N bytes"))
     }
 
-    fn u8(&mut self) -> Result<u8> {
+    fn u8(&mut self) -> Result<u8, WireError> {
         Ok(self.take(1)?[0])
     }
 
-    fn u16(&mut self) -> Result<u16> {
+    fn u16(&mut self) -> Result<u16, WireError> {
         Ok(u16::from_le_bytes(self.array()?))
     }
 
-    fn u32(&mut self) -> Result<u32> {
+    fn u32(&mut self) -> Result<u32, WireError> {
         Ok(u32::from_le_bytes(self.array()?))
     }
 
-    fn u64(&mut self) -> Result<u64> {
+    fn u64(&mut self) -> Result<u64, WireError> {
         Ok(u64::from_le_bytes(self.array()?))
     }
 
     /// A u32-length-prefixed UTF-8 string; the length is checked against `max` and what is
     /// left before anything is allocated.
-    fn string(&mut self, max: usize, field: &str) -> Result<String> {
+    fn string(&mut self, max: usize, field: &'static str) -> Result<String, WireError> {
         let len = self.u32()? as usize;
         if len > max {
-            return Err(protocol(format!(
-                "{field} of {len} bytes in {} exceeds the limit of {max} bytes",
-                self.what
-            )));
+            return Err(WireError::StringTooLong {
+                field,
+                what: self.what,
+                len,
+                max,
+            });
         }
         let bytes = self.take(len)?;
-        let s = std::str::from_utf8(bytes)
-            .map_err(|e| protocol(format!("{field} in {} is not valid UTF-8: {e}", self.what)))?;
+        let s = std::str::from_utf8(bytes).map_err(|error| WireError::InvalidUtf8 {
+            field,
+            what: self.what,
+            error,
+        })?;
         Ok(s.to_owned())
     }
 
-    fn finish(self) -> Result<()> {
+    fn finish(self) -> Result<(), WireError> {
         if !self.buf.is_empty() {
-            return Err(protocol(format!(
-                "{} trailing bytes after the {}",
-                self.buf.len(),
-                self.what
-            )));
+            return Err(WireError::TrailingBytes {
+                n: self.buf.len(),
+                what: self.what,
+            });
         }
         Ok(())
     }
 }
 
-fn read_hello(r: &mut Reader<'_>) -> Result<Hello> {
+impl AuthMode {
+    /// The mode for a Hello's auth byte.
+    fn from_u8(byte: u8) -> Result<AuthMode, WireError> {
+        match byte {
+            0 => Ok(AuthMode::None),
+            1 => Ok(AuthMode::HmacSha256),
+            _ => Err(WireError::UnknownAuthMode(byte)),
+        }
+    }
+}
+
+impl ErrorKind {
+    /// The kind for an ErrorResponse's kind field.
+    fn from_u16(code: u16) -> Result<ErrorKind, WireError> {
+        use ErrorKind::*;
+        Ok(match code {
+            1 => Internal,
+            2 => Protocol,
+            3 => Authentication,
+            4 => ProducerFailed,
+            5 => SubpartitionOutOfRange,
+            6 => AlreadyConsumed,
+            7 => LimitExceeded,
+            _ => return Err(WireError::UnknownErrorKind(code)),
+        })
+    }
+}
+
+fn read_hello(r: &mut Reader<'_>) -> Result<Hello, WireError> {
     Ok(Hello {
         version: r.u8()?,
         segment_size: r.u32()?,
@@ -251,19 +278,13 @@ fn body_name(ty: MessageType) -> &'static str {
 /// Phase 2 of decoding: parses exactly one whole frame (as delimited by [`check`]). The header
 /// is validated again, so this is safe on any input; every body byte must be used. A data
 /// payload is borrowed from `frame`.
-pub fn decode(frame: &[u8]) -> Result<Message<'_>> {
-    let info = check_header(frame, usize::MAX)?.ok_or_else(|| {
-        protocol(format!(
-            "a frame of {} bytes is shorter than the {HEADER_LEN}-byte frame header",
-            frame.len()
-        ))
-    })?;
+pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
+    let info = check_header(frame, usize::MAX)?.ok_or(WireError::ShorterThanHeader(frame.len()))?;
     if frame.len() != info.frame_len {
-        return Err(protocol(format!(
-            "frame of {} bytes declares a length of {}",
-            frame.len(),
-            info.frame_len
-        )));
+        return Err(WireError::LengthMismatch {
+            len: frame.len(),
+            declared: info.frame_len,
+        });
     }
     let ty = info.message_type;
     if ty == MessageType::BufferResponse {
@@ -304,7 +325,10 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>> {
             let receiver = ReceiverId(r.u64()?);
             let credit = Credit::new(r.u32()?);
             if credit.is_zero() {
-                return Err(protocol(format!("AddCredit of zero for {receiver}")));
+                return Err(WireError::Zero {
+                    ty: MessageType::AddCredit,
+                    receiver,
+                });
             }
             Message::AddCredit { receiver, credit }
         }
@@ -312,7 +336,10 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>> {
             let receiver = ReceiverId(r.u64()?);
             let backlog = r.u32()?;
             if backlog == 0 {
-                return Err(protocol(format!("BacklogAnnouncement of zero for {receiver}")));
+                return Err(WireError::Zero {
+                    ty: MessageType::BacklogAnnouncement,
+                    receiver,
+                });
             }
             Message::BacklogAnnouncement { receiver, backlog }
         }
@@ -321,13 +348,9 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>> {
             let id = r.u64()?;
             let receiver = match scope {
                 ERROR_SCOPE_FATAL if id == 0 => None,
-                ERROR_SCOPE_FATAL => {
-                    return Err(protocol(format!(
-                        "fatal ErrorResponse with receiver id {id}, expected 0"
-                    )))
-                }
+                ERROR_SCOPE_FATAL => return Err(WireError::FatalWithReceiver(id)),
                 ERROR_SCOPE_CHANNEL => Some(ReceiverId(id)),
-                other => return Err(protocol(format!("unknown ErrorResponse scope {other}"))),
+                other => return Err(WireError::UnknownErrorScope(other)),
             };
             let kind = ErrorKind::from_u16(r.u16()?)?;
             let message = r.string(MAX_MESSAGE_LEN, "error message")?;
@@ -351,7 +374,10 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>> {
             let receiver = ReceiverId(r.u64()?);
             let size = r.u32()?;
             if size == 0 {
-                return Err(protocol(format!("NewBufferSize of zero for {receiver}")));
+                return Err(WireError::Zero {
+                    ty: MessageType::NewBufferSize,
+                    receiver,
+                });
             }
             Message::NewBufferSize { receiver, size }
         }
@@ -363,7 +389,7 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>> {
 
 impl Event {
     /// Parses an event payload; the whole payload must be one event.
-    pub fn decode(payload: &[u8]) -> Result<Event> {
+    pub fn decode(payload: &[u8]) -> Result<Event, WireError> {
         let mut r = Reader::new(payload, "event payload");
         let event = match r.u8()? {
             EVENT_END_OF_PARTITION => Event::EndOfPartition,
@@ -373,9 +399,7 @@ impl Event {
             EVENT_USER => {
                 let len = r.u32()? as usize;
                 if len > MAX_EVENT_PAYLOAD_LEN {
-                    return Err(protocol(format!(
-                        "user event of {len} bytes exceeds {MAX_EVENT_PAYLOAD_LEN}"
-                    )));
+                    return Err(WireError::UserEventTooLong(len));
                 }
                 Event::User(r.take(len)?.to_vec())
             }
@@ -384,12 +408,12 @@ impl Event {
                 let unaligned = match r.u8()? {
                     0 => false,
                     BARRIER_UNALIGNED => true,
-                    f => return Err(protocol(format!("unknown barrier flags {f}"))),
+                    f => return Err(WireError::UnknownBarrierFlags(f)),
                 };
                 Event::Barrier { id, unaligned }
             }
             EVENT_BARRIER_POSITION => Event::BarrierPosition(r.u64()?),
-            tag => return Err(protocol(format!("unknown event tag {tag}"))),
+            tag => return Err(WireError::UnknownEventTag(tag)),
         };
         r.finish()?;
         Ok(event)

@@ -3,9 +3,9 @@
 
 use super::constants::*;
 use super::decode::{check, check_header, decode, decode_buffer_response_header};
-use super::error::protocol;
+use super::error::WireError;
 use super::message::{BufferResponseHeader, Message, MessageType};
-use crate::base::error::{Error, Result};
+use crate::base::error::Result;
 use crate::protocol::credit::DataType;
 
 /// What [`Decoder::next_frame`] yields.
@@ -46,7 +46,7 @@ pub struct Decoder {
     /// Payload bytes of the current split data frame not yet handed over.
     payload_remaining: usize,
     /// The error that broke the stream, repeated by every later call.
-    failed: Option<String>,
+    failed: Option<WireError>,
 }
 
 impl Decoder {
@@ -118,28 +118,25 @@ impl Decoder {
         self.end += n;
     }
 
-    fn fail<T>(&mut self, error: Error) -> Result<T> {
-        if let Error::Protocol(msg) = &error {
-            self.failed = Some(msg.clone());
+    fn fail<T>(&mut self, error: WireError) -> Result<T, WireError> {
+        if error.is_peer_fault() {
+            self.failed = Some(error.clone());
         }
         Err(error)
     }
 
-    fn ready(&self) -> Result<()> {
-        if let Some(msg) = &self.failed {
-            return Err(protocol(format!("stream already failed: {msg}")));
+    fn ready(&self) -> Result<(), WireError> {
+        if let Some(error) = &self.failed {
+            return Err(WireError::StreamFailed(Box::new(error.clone())));
         }
         if self.payload_remaining > 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{} payload bytes of the current BufferResponse not taken yet",
-                self.payload_remaining
-            )));
+            return Err(WireError::PayloadNotTaken(self.payload_remaining));
         }
         Ok(())
     }
 
     /// The next whole message, `Ok(None)` if more bytes are needed.
-    pub fn next_message(&mut self) -> Result<Option<Message<'_>>> {
+    pub fn next_message(&mut self) -> Result<Option<Message<'_>>, WireError> {
         self.ready()?;
         let info = match check(&self.buf[self.start..self.end], self.max_frame_size) {
             Ok(Some(info)) => info,
@@ -161,7 +158,7 @@ impl Decoder {
 
     /// The next message or data header, `Ok(None)` if more bytes are needed; see
     /// [`Frame::DataHeader`] for what to do after a data header.
-    pub fn next_frame(&mut self) -> Result<Option<Frame<'_>>> {
+    pub fn next_frame(&mut self) -> Result<Option<Frame<'_>>, WireError> {
         self.ready()?;
         let buffered = &self.buf[self.start..self.end];
         let info = match check_header(buffered, self.max_frame_size) {
@@ -217,19 +214,17 @@ impl Decoder {
 
     /// The caller read `n` payload bytes of the current data frame from the stream itself,
     /// into its segment. Only allowed once nothing is buffered (so the order is kept) and for
-    /// at most [`Decoder::payload_remaining`] bytes; otherwise [`Error::InvalidArgument`].
-    pub fn payload_read_elsewhere(&mut self, n: usize) -> Result<()> {
+    /// at most [`Decoder::payload_remaining`] bytes; otherwise [`WireError::BytesBuffered`] or
+    /// [`WireError::PayloadOverrun`].
+    pub fn payload_read_elsewhere(&mut self, n: usize) -> Result<(), WireError> {
         if self.buffered() > 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{} bytes are buffered in the decoder: take them with read_payload first",
-                self.buffered()
-            )));
+            return Err(WireError::BytesBuffered(self.buffered()));
         }
         if n > self.payload_remaining {
-            return Err(Error::InvalidArgument(format!(
-                "{n} payload bytes read but only {} remain in the frame",
-                self.payload_remaining
-            )));
+            return Err(WireError::PayloadOverrun {
+                n,
+                remaining: self.payload_remaining,
+            });
         }
         self.payload_remaining -= n;
         Ok(())

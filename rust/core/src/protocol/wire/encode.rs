@@ -2,8 +2,9 @@
 //! data path writes in front of segment slices.
 
 use super::constants::*;
+use super::error::WireError;
 use super::message::{BufferResponseHeader, Hello, Message, MessageType, Payload, ReceiverId};
-use crate::base::error::{Error, Result};
+use crate::base::error::Result;
 use crate::base::event::Event;
 use crate::protocol::credit::{BufferHeader, DataType};
 
@@ -21,12 +22,13 @@ fn put_string(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-fn check_string_len(s: &str, max: usize, what: &str) -> Result<()> {
+fn check_string_len(s: &str, max: usize, what: &'static str) -> Result<(), WireError> {
     if s.len() > max {
-        return Err(Error::InvalidArgument(format!(
-            "{what} of {} bytes exceeds the limit of {max} bytes",
-            s.len()
-        )));
+        return Err(WireError::TooLongToSend {
+            what,
+            len: s.len(),
+            max,
+        });
     }
     Ok(())
 }
@@ -46,18 +48,18 @@ fn put_hello(out: &mut Vec<u8>, hello: &Hello) {
     out.extend_from_slice(&hello.nonce);
 }
 
-fn frame_len_u32(frame_len: usize) -> Result<u32> {
-    u32::try_from(frame_len)
-        .map_err(|_| Error::InvalidArgument(format!("frame of {frame_len} bytes does not fit a u32 length")))
+fn frame_len_u32(frame_len: usize) -> Result<u32, WireError> {
+    u32::try_from(frame_len).map_err(|_| WireError::FrameOverU32(frame_len))
 }
 
 /// Appends the frame for `msg` to `out`.
 ///
-/// Fails with [`Error::InvalidArgument`], leaving `out` as it was, for a message the decoder
+/// Fails (with an error that is [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+/// upward), leaving `out` as it was, for a message the decoder
 /// would reject: a string over its limit, zero credit in AddCredit, zero backlog in
 /// BacklogAnnouncement, a zero size in NewBufferSize, a frame over 4 GiB. A data BufferResponse's payload is copied; the data
 /// path writes [`encode_buffer_response_header`] and the payload slices instead.
-pub fn encode(msg: &Message<'_>, out: &mut Vec<u8>) -> Result<()> {
+pub fn encode(msg: &Message<'_>, out: &mut Vec<u8>) -> Result<(), WireError> {
     let start = out.len();
     let result = encode_body(msg, out, start);
     if result.is_err() {
@@ -66,7 +68,7 @@ pub fn encode(msg: &Message<'_>, out: &mut Vec<u8>) -> Result<()> {
     result
 }
 
-fn encode_body(msg: &Message<'_>, out: &mut Vec<u8>, start: usize) -> Result<()> {
+fn encode_body(msg: &Message<'_>, out: &mut Vec<u8>, start: usize) -> Result<(), WireError> {
     put_header(out, 0, msg.message_type());
     match msg {
         Message::Hello(hello) => put_hello(out, hello),
@@ -89,18 +91,20 @@ fn encode_body(msg: &Message<'_>, out: &mut Vec<u8>, start: usize) -> Result<()>
         }
         Message::AddCredit { receiver, credit } => {
             if credit.is_zero() {
-                return Err(Error::InvalidArgument(format!(
-                    "AddCredit of zero for {receiver}"
-                )));
+                return Err(WireError::ZeroToSend {
+                    ty: MessageType::AddCredit,
+                    receiver: *receiver,
+                });
             }
             put_u64(out, receiver.0);
             put_u32(out, credit.get());
         }
         Message::BacklogAnnouncement { receiver, backlog } => {
             if *backlog == 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "BacklogAnnouncement of zero for {receiver}"
-                )));
+                return Err(WireError::ZeroToSend {
+                    ty: MessageType::BacklogAnnouncement,
+                    receiver: *receiver,
+                });
             }
             put_u64(out, receiver.0);
             put_u32(out, *backlog);
@@ -137,9 +141,10 @@ fn encode_body(msg: &Message<'_>, out: &mut Vec<u8>, start: usize) -> Result<()>
         | Message::ResumeConsumption { receiver } => put_u64(out, receiver.0),
         Message::NewBufferSize { receiver, size } => {
             if *size == 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "NewBufferSize of zero for {receiver}"
-                )));
+                return Err(WireError::ZeroToSend {
+                    ty: MessageType::NewBufferSize,
+                    receiver: *receiver,
+                });
             }
             put_u64(out, receiver.0);
             put_u32(out, *size);
@@ -167,13 +172,13 @@ fn put_buffer_response_fields(out: &mut Vec<u8>, header: &BufferResponseHeader, 
 /// payload is never copied. With [`DataType::Event`] the payload must be an encoded
 /// [`Event`].
 ///
-/// Fails with [`Error::InvalidArgument`] if the frame would not fit a `u32` length; the
+/// Fails with [`WireError::FrameOverU32`] if the frame would not fit a `u32` length; the
 /// receiver's frame limit (see [`max_frame_size`]) is the caller's to respect.
 pub fn encode_buffer_response_header(
     receiver: ReceiverId,
     header: BufferHeader,
     payload_len: usize,
-) -> Result<[u8; BUFFER_RESPONSE_HEADER_LEN]> {
+) -> Result<[u8; BUFFER_RESPONSE_HEADER_LEN], WireError> {
     let frame_len = frame_len_u32(BUFFER_RESPONSE_HEADER_LEN.saturating_add(payload_len))?;
     let mut out = Vec::with_capacity(BUFFER_RESPONSE_HEADER_LEN);
     put_header(&mut out, frame_len, MessageType::BufferResponse);
@@ -205,8 +210,8 @@ impl Event {
     }
 
     /// Appends the encoded event (a BufferResponse payload) to `out`. Fails with
-    /// [`Error::InvalidArgument`], appending nothing, if a message is over [`MAX_MESSAGE_LEN`].
-    pub fn encode(&self, out: &mut Vec<u8>) -> Result<()> {
+    /// [`WireError::TooLongToSend`], appending nothing, if a message is over [`MAX_MESSAGE_LEN`].
+    pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
         match self {
             Event::EndOfPartition => out.push(EVENT_END_OF_PARTITION),
             Event::ProducerFailed(msg) => {
@@ -216,10 +221,7 @@ impl Event {
             }
             Event::User(bytes) => {
                 if bytes.len() > MAX_EVENT_PAYLOAD_LEN {
-                    return Err(Error::InvalidArgument(format!(
-                        "an event payload is at most {MAX_EVENT_PAYLOAD_LEN} bytes, got {}",
-                        bytes.len()
-                    )));
+                    return Err(WireError::EventPayloadTooLong(bytes.len()));
                 }
                 out.push(EVENT_USER);
                 put_u32(out, bytes.len() as u32);

@@ -5,8 +5,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use super::constants::*;
-use super::error::protocol;
-use crate::base::error::{Error, Result};
+use crate::base::error::Error;
 use crate::base::event::Event;
 use crate::protocol::credit::{BufferHeader, Credit, DataType};
 
@@ -117,16 +116,6 @@ pub enum AuthMode {
     HmacSha256 = 1,
 }
 
-impl AuthMode {
-    pub(super) fn from_u8(byte: u8) -> Result<AuthMode> {
-        match byte {
-            0 => Ok(AuthMode::None),
-            1 => Ok(AuthMode::HmacSha256),
-            _ => Err(protocol(format!("unknown auth mode {byte}"))),
-        }
-    }
-}
-
 /// What one side offers in Hello / HelloAck.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Hello {
@@ -164,20 +153,6 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub(super) fn from_u16(code: u16) -> Result<ErrorKind> {
-        use ErrorKind::*;
-        Ok(match code {
-            1 => Internal,
-            2 => Protocol,
-            3 => Authentication,
-            4 => ProducerFailed,
-            5 => SubpartitionOutOfRange,
-            6 => AlreadyConsumed,
-            7 => LimitExceeded,
-            _ => return Err(protocol(format!("unknown error kind {code}"))),
-        })
-    }
-
     /// The kind to send for a local error.
     pub fn of(error: &Error) -> ErrorKind {
         match error {

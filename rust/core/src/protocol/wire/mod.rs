@@ -53,7 +53,7 @@
 //! over the limit or under the minimum for its type; fixed-size messages must have exactly
 //! their size. Then a wrong magic, version or message type is rejected as soon as its byte
 //! arrives; the body must be used up exactly, strings must be valid UTF-8 and within their
-//! limit (checked before the string is copied). All of these are [`Error::Protocol`] naming
+//! limit (checked before the string is copied). All of these are a [`WireError`] naming
 //! the numbers; after one, the stream has lost its framing and the connection must close.
 //!
 //! # Decoding in two phases (mini-redis `Frame::check` / `Frame::parse`)
@@ -131,6 +131,7 @@ pub use constants::{
 pub use decode::{check, check_header, decode, decode_buffer_response_header, FrameInfo};
 pub use decoder::{Decoder, Frame};
 pub use encode::{encode, encode_buffer_response_header};
+pub use error::WireError;
 pub use message::{
     truncate_utf8, AuthMode, BufferResponse, BufferResponseHeader, ErrorKind, Hello, Message, MessageType,
     Payload, ReceiverId,

@@ -89,10 +89,11 @@ fn encoded(msg: &Message<'_>) -> Vec<u8> {
     out
 }
 
-fn protocol_message(result: Result<impl fmt::Debug>) -> String {
+/// The error of a result that must have failed because the peer broke the format.
+fn peer_error(result: Result<impl fmt::Debug, WireError>) -> WireError {
     match result {
-        Err(Error::Protocol(msg)) => msg,
-        other => panic!("expected a protocol error, got {other:?}"),
+        Err(e) if e.is_peer_fault() => e,
+        other => panic!("expected the peer's error, got {other:?}"),
     }
 }
 
@@ -155,18 +156,31 @@ fn decoded_data_payload_borrows_from_the_frame() {
 
 #[test]
 fn length_over_the_limit_is_rejected_from_the_first_four_bytes() {
-    let err = protocol_message(check(&(1u32 << 31).to_le_bytes(), 32 << 10));
-    assert!(err.contains("2147483648") && err.contains("32768"), "{err}");
-    let err = protocol_message(check(&5u32.to_le_bytes(), 1 << 20));
-    assert!(err.contains("frame length 5 is shorter"), "{err}");
+    assert_eq!(
+        peer_error(check(&(1u32 << 31).to_le_bytes(), 32 << 10)),
+        WireError::FrameTooLong {
+            len: 1 << 31,
+            max: 32 << 10
+        }
+    );
+    assert_eq!(
+        peer_error(check(&5u32.to_le_bytes(), 1 << 20)),
+        WireError::FrameTooShort { len: 5 }
+    );
 }
 
 #[test]
 fn wrong_magic_is_rejected_from_its_first_byte() {
     let mut bytes = encoded(&Message::CloseRequest);
     bytes[4] = b'X';
-    assert!(protocol_message(check(&bytes[..5], 100)).contains("bad magic"));
-    assert!(protocol_message(decode(&bytes)).contains("bad magic"));
+    assert_eq!(
+        peer_error(check(&bytes[..5], 100)),
+        WireError::BadMagic {
+            got: b"X".to_vec(),
+            expected: b"C".to_vec()
+        }
+    );
+    assert!(matches!(peer_error(decode(&bytes)), WireError::BadMagic { .. }));
 }
 
 #[test]
@@ -175,12 +189,14 @@ fn unknown_version_and_type_are_rejected() {
     // Version 1 peers count credit differently (no record body buffers).
     for version in [1, PROTOCOL_VERSION + 1] {
         bytes[8] = version;
-        let msg = protocol_message(check(&bytes[..9], 100));
-        assert!(msg.contains(&format!("version {version}")), "{msg}");
+        assert_eq!(
+            peer_error(check(&bytes[..9], 100)),
+            WireError::UnsupportedVersion(version)
+        );
     }
     bytes[8] = PROTOCOL_VERSION;
     bytes[9] = 200;
-    assert!(protocol_message(check(&bytes, 100)).contains("unknown message type 200"));
+    assert_eq!(peer_error(check(&bytes, 100)), WireError::UnknownMessageType(200));
 }
 
 #[test]
@@ -204,25 +220,40 @@ fn body_with_trailing_or_missing_bytes_is_rejected() {
     bytes.push(0);
     let len = bytes.len() as u32;
     bytes[..4].copy_from_slice(&len.to_le_bytes());
-    assert!(protocol_message(decode(&bytes)).contains("1 trailing bytes"));
+    assert!(matches!(
+        peer_error(decode(&bytes)),
+        WireError::TrailingBytes { n: 1, .. }
+    ));
     // ... and one byte shorter.
     bytes.truncate(bytes.len() - 2);
     let len = bytes.len() as u32;
     bytes[..4].copy_from_slice(&len.to_le_bytes());
-    assert!(protocol_message(decode(&bytes)).contains("truncated"));
+    assert!(matches!(peer_error(decode(&bytes)), WireError::Truncated { .. }));
     // A fixed-size message with the wrong length fails from its header.
     let mut bytes = encoded(&Message::CancelPartitionRequest {
         receiver: ReceiverId(1),
     });
     bytes[0] += 1;
-    assert!(protocol_message(check(&bytes[..HEADER_LEN], 100)).contains("longer than its maximum"));
+    assert!(matches!(
+        peer_error(check(&bytes[..HEADER_LEN], 100)),
+        WireError::BodyTooLong {
+            ty: MessageType::CancelPartitionRequest,
+            ..
+        }
+    ));
 }
 
 #[test]
 fn frame_slice_must_match_its_declared_length() {
     let mut bytes = encoded(&Message::CloseRequest);
     bytes.push(0);
-    assert!(protocol_message(decode(&bytes)).contains("declares a length of 10"));
+    assert_eq!(
+        peer_error(decode(&bytes)),
+        WireError::LengthMismatch {
+            len: 11,
+            declared: 10
+        }
+    );
 }
 
 #[test]
@@ -230,10 +261,19 @@ fn invalid_utf8_and_absurd_string_lengths_are_rejected() {
     let mut bytes = encoded(&Message::error_response(None, ErrorKind::Internal, "abc"));
     let n = bytes.len();
     bytes[n - 2] = 0xff;
-    assert!(protocol_message(decode(&bytes)).contains("not valid UTF-8"));
+    assert!(matches!(
+        peer_error(decode(&bytes)),
+        WireError::InvalidUtf8 {
+            field: "error message",
+            ..
+        }
+    ));
     let mut bytes = encoded(&Message::error_response(None, ErrorKind::Internal, "abc"));
     bytes[n - 7..n - 3].copy_from_slice(&u32::MAX.to_le_bytes());
-    assert!(protocol_message(decode(&bytes)).contains("exceeds the limit of 2048"));
+    assert!(matches!(
+        peer_error(decode(&bytes)),
+        WireError::StringTooLong { max: 2048, .. }
+    ));
 }
 
 #[test]
@@ -244,7 +284,13 @@ fn zero_credit_zero_backlog_and_bad_enums_are_rejected() {
     });
     let mut zero = bytes.clone();
     zero[18] = 0;
-    assert!(protocol_message(decode(&zero)).contains("AddCredit of zero"));
+    assert_eq!(
+        peer_error(decode(&zero)),
+        WireError::Zero {
+            ty: MessageType::AddCredit,
+            receiver: ReceiverId(1)
+        }
+    );
     assert!(matches!(
         encode(
             &Message::AddCredit {
@@ -253,17 +299,20 @@ fn zero_credit_zero_backlog_and_bad_enums_are_rejected() {
             },
             &mut Vec::new()
         ),
-        Err(Error::InvalidArgument(_))
+        Err(WireError::ZeroToSend {
+            ty: MessageType::AddCredit,
+            ..
+        })
     ));
     let mut bytes = encoded(&Message::Hello(hello(AuthMode::None)));
     bytes[HEADER_LEN + 9] = 9;
-    assert!(protocol_message(decode(&bytes)).contains("unknown auth mode 9"));
+    assert_eq!(peer_error(decode(&bytes)), WireError::UnknownAuthMode(9));
     let mut bytes = encoded(&one_of_each()[6]);
     bytes[HEADER_LEN + 20] = 5;
-    assert!(protocol_message(decode(&bytes)).contains("data type 5"));
+    assert_eq!(peer_error(decode(&bytes)), WireError::UnknownDataType(5));
     let mut bytes = encoded(&Message::event(ReceiverId(1), 0, 0, Event::EndOfPartition));
     *bytes.last_mut().unwrap() = 9;
-    assert!(protocol_message(decode(&bytes)).contains("unknown event tag 9"));
+    assert_eq!(peer_error(decode(&bytes)), WireError::UnknownEventTag(9));
 }
 
 #[test]
@@ -272,16 +321,25 @@ fn zero_buffer_size_is_rejected_both_ways() {
         receiver: ReceiverId(5),
         size: 0,
     };
-    assert!(matches!(
+    assert_eq!(
         encode(&zero, &mut Vec::new()),
-        Err(Error::InvalidArgument(_))
-    ));
+        Err(WireError::ZeroToSend {
+            ty: MessageType::NewBufferSize,
+            receiver: ReceiverId(5)
+        })
+    );
     let mut bytes = encoded(&Message::NewBufferSize {
         receiver: ReceiverId(5),
         size: 1,
     });
     bytes[HEADER_LEN + 8] = 0;
-    assert!(protocol_message(decode(&bytes)).contains("NewBufferSize of zero for receiver 5"));
+    assert_eq!(
+        peer_error(decode(&bytes)),
+        WireError::Zero {
+            ty: MessageType::NewBufferSize,
+            receiver: ReceiverId(5)
+        }
+    );
     assert_eq!(MessageType::from_u8(13), Some(MessageType::NewBufferSize));
 }
 
@@ -297,16 +355,20 @@ fn oversized_event_is_rejected_from_its_fixed_header() {
         MAX_EVENT_LEN + 1,
     )
     .unwrap();
-    let err = protocol_message(decode_buffer_response_header(&head, usize::MAX));
-    let want = format!("event payload of {} bytes", MAX_EVENT_LEN + 1);
-    assert!(err.contains(&want), "{err}");
+    assert_eq!(
+        peer_error(decode_buffer_response_header(&head, usize::MAX)),
+        WireError::EventTooLong(MAX_EVENT_LEN + 1)
+    );
 }
 
 #[test]
 fn payload_length_field_must_match_the_frame() {
     let mut bytes = encoded(&one_of_each()[6]);
     bytes[BUFFER_RESPONSE_HEADER_LEN - 4] += 1;
-    assert!(protocol_message(decode(&bytes)).contains("room for"));
+    assert!(matches!(
+        peer_error(decode(&bytes)),
+        WireError::PayloadLengthMismatch { .. }
+    ));
 }
 
 #[test]
@@ -318,7 +380,13 @@ fn oversized_strings_are_refused_by_the_encoder_without_writing() {
         receiver: ReceiverId(0),
         initial_credit: Credit::ZERO,
     };
-    assert!(matches!(encode(&msg, &mut out), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        encode(&msg, &mut out),
+        Err(WireError::TooLongToSend {
+            what: "partition id",
+            ..
+        })
+    ));
     assert_eq!(out, [1, 2, 3]);
 }
 
@@ -404,7 +472,10 @@ fn decoder_splits_data_frames_so_payload_goes_straight_to_a_segment() {
     };
     assert_eq!(header.payload_len, 100);
     assert_eq!(decoder.payload_remaining(), 100);
-    assert!(matches!(decoder.next_message(), Err(Error::InvalidArgument(_))));
+    assert_eq!(
+        decoder.next_message().map(|m| m.map(Message::into_owned)),
+        Err(WireError::PayloadNotTaken(100))
+    );
     let mut segment = [0u8; 100];
     assert_eq!(decoder.read_payload(&mut segment), 5);
     // The transport reads the rest from the socket into the segment itself.
@@ -457,9 +528,16 @@ fn decoder_events_come_whole_from_next_frame() {
 fn decoder_stays_failed_after_a_protocol_error() {
     let mut decoder = Decoder::new(100);
     decoder.feed(&(1u32 << 31).to_le_bytes());
-    assert!(protocol_message(decoder.next_message()).contains("exceeds the maximum frame size 100"));
+    let first = WireError::FrameTooLong {
+        len: 1 << 31,
+        max: 100,
+    };
+    assert_eq!(peer_error(decoder.next_message()), first);
     decoder.feed(&encoded(&Message::CloseRequest));
-    assert!(protocol_message(decoder.next_frame()).contains("already failed"));
+    assert_eq!(
+        peer_error(decoder.next_frame()),
+        WireError::StreamFailed(Box::new(first))
+    );
 }
 
 #[test]
@@ -473,4 +551,29 @@ fn decoder_reads_in_place_and_reuses_its_buffer() {
         assert_eq!(decoder.next_message().unwrap(), Some(Message::CloseRequest));
     }
     assert!(decoder.buf.len() <= 64);
+}
+
+#[test]
+fn wire_errors_keep_their_text_upward_as_protocol_or_invalid_argument() {
+    let peer = WireError::FrameTooLong { len: 200, max: 100 };
+    assert_eq!(
+        peer.to_string(),
+        "frame length 200 exceeds the maximum frame size 100"
+    );
+    assert!(
+        matches!(Error::from(peer), Error::Protocol(m) if m == "frame length 200 exceeds the maximum frame size 100")
+    );
+    let magic = WireError::BadMagic {
+        got: vec![0x58],
+        expected: vec![0x43],
+    };
+    assert_eq!(magic.to_string(), "bad magic [58], expected [43] (\"CFLW\")");
+    let caller = WireError::ZeroToSend {
+        ty: MessageType::AddCredit,
+        receiver: ReceiverId(3),
+    };
+    assert!(!caller.is_peer_fault());
+    assert!(
+        matches!(Error::from(caller), Error::InvalidArgument(m) if m == "AddCredit of zero for receiver 3")
+    );
 }

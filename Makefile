@@ -2,7 +2,9 @@
 # (.ci/run calls `make test`). `make help` lists the targets.
 #
 # Python tools come only from .venv, which `make venv` creates from requirements-dev.txt.
-# Tests run against the installed release wheel (`make build`), not against python/ in place.
+# Tests and lints run against an installed wheel, not against python/ in place: one built with
+# the `fast` cargo profile (thin LTO, 16 codegen units: minutes faster to build), while
+# `make build` makes the distributable one with the release profile (fat LTO).
 
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
@@ -17,6 +19,10 @@ VENV := .venv
 PY := $(abspath $(VENV)/bin/python)
 BIN := $(abspath $(VENV)/bin)
 WHEEL_DIR := dist
+# The wheel `make test-python` and `make lint-python` install: its cargo profile and where it goes
+# (not dist/, which only ever holds the distributable wheel).
+TEST_PROFILE ?= fast
+TEST_WHEEL_DIR := target/wheels/$(TEST_PROFILE)
 # Extra pytest arguments, e.g. make test-python PYTEST_ARGS='-m "not spark" -x'
 PYTEST_ARGS ?=
 # How long `make soak` runs, and its other options, e.g. SOAK_ARGS='--flow-control tcp'
@@ -53,17 +59,27 @@ venv: ## Create .venv and install the pinned dev tools (no-op when up to date)
 
 # ------------------------------------------------------------------------------------- building
 
-.PHONY: build
-build: venv ## Build the release abi3 wheel into dist/ and install it into .venv
-	rm -f $(WHEEL_DIR)/creditflow-*.whl
-	$(BIN)/maturin build --release --interpreter $(PY) --out $(WHEEL_DIR)
-	scripts/check-wheel.sh $(WHEEL_DIR)/creditflow-*.whl
+# $(call wheel,PROFILE,DIR): build the abi3 wheel with that cargo profile into DIR, check it,
+# and install it into .venv.
+define wheel
+	rm -f $(2)/creditflow-*.whl
+	$(BIN)/maturin build --profile $(1) --interpreter $(PY) --out $(2)
+	scripts/check-wheel.sh $(2)/creditflow-*.whl
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
-		$(WHEEL_DIR)/creditflow-*.whl
+		$(2)/creditflow-*.whl
+endef
+
+.PHONY: build
+build: venv ## Build the release abi3 wheel (fat LTO) into dist/ and install it into .venv
+	$(call wheel,release,$(WHEEL_DIR))
+
+.PHONY: build-test
+build-test: venv ## Build the wheel tests use (fast profile: thin LTO) and install it into .venv
+	$(call wheel,$(TEST_PROFILE),$(TEST_WHEEL_DIR))
 
 .PHONY: develop
-develop: venv ## Faster edit loop: maturin develop --release into .venv (skips the wheel file)
-	$(BIN)/maturin develop --release
+develop: venv ## Faster edit loop: maturin develop with the fast profile into .venv (no wheel file)
+	$(BIN)/maturin develop --profile $(TEST_PROFILE)
 
 .PHONY: demo
 demo: build ## Build, then run the PySpark demo (examples/spark_demo.py; needs Java 17)
@@ -125,7 +141,7 @@ browser-deps:
 	fi
 
 .PHONY: test-python
-test-python: build netns-deps browser-deps ## Python tests (incl. Spark) against the installed wheel
+test-python: build-test netns-deps browser-deps ## Python tests (incl. Spark) against the installed (fast) wheel
 	$(PY) -m pytest --benchmark-disable --durations=10 $(PYTEST_ARGS)
 
 .PHONY: bench
@@ -191,7 +207,12 @@ netns-table: build netns-deps ## Throughput under each impairment (veth, tbf cap
 # -------------------------------------------------------------------------------------- linting
 
 .PHONY: lint
-lint: lint-rust lint-settings lint-python ## All linters: rustfmt, clippy, settings, ruff, mypy, stubtest
+lint: lint-layers lint-settings lint-rust lint-python ## All linters: layering, settings, rustfmt, clippy, ruff, mypy, stubtest
+
+# Standard library only: needs neither the venv nor a build.
+.PHONY: lint-layers
+lint-layers: ## No import from a lower layer to a higher one, no cycle of files (scripts/check_layers.py)
+	$(BASE_PYTHON) scripts/check_layers.py
 
 .PHONY: lint-rust
 lint-rust: venv ## cargo fmt --check and clippy -D warnings
@@ -199,7 +220,7 @@ lint-rust: venv ## cargo fmt --check and clippy -D warnings
 	cargo clippy --workspace --all-targets -- -D warnings
 
 .PHONY: lint-python
-lint-python: build ## ruff check/format, mypy --strict, stubtest of _native.pyi against the built module
+lint-python: build-test ## ruff check/format, mypy --strict, stubtest of _native.pyi against the built module
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/mypy python/creditflow examples

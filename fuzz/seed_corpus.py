@@ -9,7 +9,7 @@ import hashlib
 import struct
 from pathlib import Path
 
-PROTOCOL_VERSION = 2  # creditflow_core::transport::codec::PROTOCOL_VERSION
+PROTOCOL_VERSION = 2  # creditflow_core::protocol::wire::PROTOCOL_VERSION
 
 
 def frame(msg_type: int, body: bytes) -> bytes:

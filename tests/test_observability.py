@@ -210,11 +210,11 @@ def test_a_peer_sending_garbage_is_logged_under_creditflow(caplog: pytest.LogCap
 
         def record() -> logging.LogRecord | None:
             creditflow.logs.flush()
-            return next((r for r in caplog.records if r.name.startswith("creditflow.transport")), None)
+            return next((r for r in caplog.records if r.name.startswith("creditflow.net")), None)
 
         rec = poll("a log record of the refused connection", record)
         assert rec.levelno == logging.WARNING
-        assert rec.name == "creditflow.transport.server"
+        assert rec.name == "creditflow.net.server"
         assert "refused connection from 127.0.0.1:" in rec.getMessage()
 
 

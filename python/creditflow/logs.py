@@ -1,7 +1,7 @@
 """Rust log records → Python :mod:`logging`, under the ``creditflow`` logger.
 
-The Rust core logs connection and channel events (``creditflow.transport.server``,
-``creditflow.transport.client``, ``creditflow.env``, ...). Making a record never takes the
+The Rust core logs connection and channel events (``creditflow.net.server``,
+``creditflow.net.client``, ``creditflow.net``, ``creditflow.env``, ...). Making a record never takes the
 GIL: the Rust side only puts it in a bounded queue (10,000 records; older ones are dropped
 and a warning says how many). While a :class:`~creditflow.NetworkEnvironment` of this
 process is open, a daemon thread (``creditflow-logs``) takes records out and emits them

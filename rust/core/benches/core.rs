@@ -18,11 +18,11 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
-use creditflow_core::hash::spark_partition_ids;
 use creditflow_core::memory::{GlobalPool, LocalPool};
 use creditflow_core::partition::buffer::new_buffer;
+use creditflow_core::partition::partitioner::{Partitioner, Splitter};
+use creditflow_core::partition::spark_hash::spark_partition_ids;
 use creditflow_core::partition::subpartition::{Entry, LocalBatch, Polled, Subpartition};
-use creditflow_core::partitioner::{Partitioner, Splitter};
 use creditflow_core::serde::{BatchEncoder, RecordDeserializer};
 
 const SEGMENT: usize = 32 << 10;

@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use arrow_array::{Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
+use creditflow_core::base::config::ChannelSpec;
+use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
-use creditflow_core::gate::ChannelSpec;
-use creditflow_core::partitioner::Partitioner;
-use creditflow_core::wait::Wait;
-use creditflow_core::writer::RecordWriter;
+use creditflow_core::partition::partitioner::Partitioner;
+use creditflow_core::partition::writer::RecordWriter;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

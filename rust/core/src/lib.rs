@@ -1,60 +1,49 @@
 //! creditflow-core: Apache Flink's TaskManager network stack for Arrow record batches,
 //! in pure Rust (no Python). The pyo3 crate `rust/python` is a thin layer over this one.
 //!
-//! # Layout
+//! # Layers
 //!
-//! Each layer only uses the ones above it:
+//! One folder per layer, lowest first. A file may use its own layer and the ones above it in
+//! this table, never one below (`scripts/check_layers.py`, run by `make lint`, checks that
+//! and that no files import each other in a circle).
 //!
-//! | layer | module | Flink counterpart |
+//! | layer | owns | Flink counterpart |
 //! |---|---|---|
-//! | fixed-size aligned memory blocks | [`memory::segment`] | `MemorySegment` |
-//! | global pool with a hard cap, local pools with min + elastic share | [`memory::pool`] | `NetworkBufferPool`, `LocalBufferPool` |
-//! | a segment being written while it is read | [`partition::buffer`] | `BufferBuilder` / `BufferConsumer` |
-//! | per-consumer lock-free queue with backlog | [`partition::subpartition`] | `PipelinedSubpartition` |
-//! | N subpartitions + flusher | [`partition`] | `ResultPartition`, `OutputFlusher` |
-//! | Arrow IPC into / out of segments | [`serde`] | `SpanningRecordSerializer`, `SpillingAdaptiveSpanningRecordDeserializer` |
-//! | Spark-compatible Murmur3 | [`hash`] | (Spark's `Murmur3Hash`) |
-//! | row → subpartition | [`partitioner`] | `ChannelSelector` |
-//! | batch → partition | [`writer`] | `RecordWriter` |
-//! | channels → batches | [`gate`] | `SingleInputGate`, `LocalInputChannel` |
-//! | buffer size from the gate's throughput (no I/O) | [`debloat`] | `BufferDebloater`, `ThroughputCalculator` |
-//! | credit, backlog, sequence numbers (no I/O) | [`credit`] | `CreditBasedPartitionRequestClientHandler` state |
-//! | wire protocol: frames ⇄ messages (no I/O) | [`transport`] | `NettyMessage`, `NettyMessageClientDecoderDelegate` |
-//! | counters, meters, OK/LOW/HIGH | [`metrics`] | `BackPressureStatsTracker`, `TimerGauge` |
-//! | one per process: pools, partitions, gates, flusher | [`mod@env`] | `NettyShuffleEnvironment` |
-//! | every environment setting once: name, default, unit, docs | [`settings`] | `NettyShuffleEnvironmentOptions` |
+//! | [`base`] | the error type, byte sizes, blocking-call limits ([`base::wait::Wait`]), loom-swappable sync, the one in-band [`base::event::Event`], settings types several layers read ([`base::config`]), counters and meters ([`base::metrics`]) | `BackPressureStatsTracker`, `TimerGauge` |
+//! | [`memory`] | fixed-size aligned segments; a global pool with a hard cap, local pools with a minimum and an elastic share | `MemorySegment`, `NetworkBufferPool`, `LocalBufferPool` |
+//! | [`serde`] | Arrow IPC into and out of a subpartition's byte stream: encode, framing, assemble, decode | `SpanningRecordSerializer`, `SpillingAdaptiveSpanningRecordDeserializer` |
+//! | [`protocol`] | no I/O, no tokio: the wire format ([`protocol::wire`]), credit ([`protocol::credit`]), checkpoint alignment ([`protocol::checkpoint`]), the debloating calculator ([`protocol::debloat`]) | `NettyMessage`, `CreditBasedPartitionRequestClientHandler` state, `BufferDebloater` |
+//! | [`partition`] | the producing side: a segment written while read ([`partition::buffer`]), the lock-free queue per consumer ([`partition::subpartition`]), [`ResultPartition`], [`RecordWriter`], the partitioners and Spark's Murmur3 ([`partition::spark_hash`]) | `BufferBuilder`, `PipelinedSubpartition`, `ResultPartition`, `RecordWriter`, `ChannelSelector` |
+//! | [`net`] | TCP (and TLS) between environments on a tokio runtime: the handshake, the receiving side (`client`), the sending side (`server`), limits, liveness | `PartitionRequestClient`, `PartitionRequestServerHandler`, `PartitionRequestQueue` |
+//! | [`gate`] | the consuming side: [`InputGate`] over local and remote channels, barrier alignment, metrics | `SingleInputGate`, `LocalInputChannel`, `RemoteInputChannel` |
+//! | [`mod@env`] | one per process: pools, partitions, gates, the transport, the flusher ([`NetworkEnvironment`]); every setting once, with its default, unit and doc ([`env::settings`]) | `NettyShuffleEnvironment`, `NettyShuffleEnvironmentOptions` |
+//! | `fuzz` | (feature `fuzz` only) harnesses for the cargo-fuzz targets and property tests | |
 //!
-//! Blocking calls take a [`wait::Wait`]: an optional deadline and an interrupt check that
+//! `net`, `gate` and `env` are left out of loom builds (`--cfg loom`), which model-check the
+//! lock-free parts below them.
+//!
+//! Blocking calls take a [`base::wait::Wait`]: an optional deadline and an interrupt check that
 //! the Python layer uses for Ctrl-C, so no call can block forever without a way out.
 
-pub mod checkpoint;
-pub mod credit;
-pub mod debloat;
+pub mod base;
 #[cfg(not(loom))]
 pub mod env;
-pub mod error;
+#[cfg(feature = "fuzz")]
 #[doc(hidden)]
 pub mod fuzz;
 #[cfg(not(loom))]
 pub mod gate;
-pub mod hash;
 pub mod memory;
-pub mod metrics;
+#[cfg(not(loom))]
+pub mod net;
 pub mod partition;
-pub mod partitioner;
+pub mod protocol;
 pub mod serde;
-pub mod settings;
-pub(crate) mod sync;
-pub mod transport;
-pub mod units;
-pub mod wait;
-pub mod writer;
 
+pub use base::config::{ChannelSpec, FlowControl};
+pub use base::error::{Error, Result};
 #[cfg(not(loom))]
-pub use env::{EnvConfig, FlowControl, NetworkEnvironment};
-pub use error::{Error, Result};
+pub use env::{EnvConfig, NetworkEnvironment};
 #[cfg(not(loom))]
-pub use gate::{ChannelSpec, GateItem, InputGate};
-pub use partition::ResultPartition;
-pub use partitioner::Partitioner;
-pub use writer::RecordWriter;
+pub use gate::{GateItem, InputGate};
+pub use partition::{Partitioner, RecordWriter, ResultPartition};

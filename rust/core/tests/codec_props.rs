@@ -42,10 +42,9 @@ fn allocated_by<T>(f: impl FnOnce() -> T) -> (T, usize) {
 mod transport {
     use std::borrow::Cow;
 
-    use creditflow_core::credit::Credit;
-    use creditflow_core::transport::codec::{MAX_MESSAGE_LEN, MAX_PARTITION_ID_LEN, PROTOCOL_VERSION};
-    use creditflow_core::transport::*;
-    use creditflow_core::Error;
+    use creditflow_core::protocol::credit::Credit;
+    use creditflow_core::protocol::wire::*;
+    use creditflow_core::protocol::wire::{MAX_MESSAGE_LEN, MAX_PARTITION_ID_LEN, PROTOCOL_VERSION};
     use proptest::prelude::*;
 
     use super::allocated_by;
@@ -97,12 +96,12 @@ mod transport {
     fn payload() -> impl Strategy<Value = Payload<'static>> {
         prop_oneof![
             prop::collection::vec(any::<u8>(), 0..300).prop_map(|v| Payload::Data(Cow::Owned(v))),
-            Just(Payload::Event(EventKind::EndOfPartition)),
-            text(MAX_MESSAGE_LEN).prop_map(|m| Payload::Event(EventKind::ProducerFailed(m))),
-            prop::collection::vec(any::<u8>(), 0..300).prop_map(|v| Payload::Event(EventKind::User(v))),
+            Just(Payload::Event(Event::EndOfPartition)),
+            text(MAX_MESSAGE_LEN).prop_map(|m| Payload::Event(Event::ProducerFailed(m))),
+            prop::collection::vec(any::<u8>(), 0..300).prop_map(|v| Payload::Event(Event::User(v))),
             (any::<u64>(), any::<bool>())
-                .prop_map(|(id, unaligned)| Payload::Event(EventKind::Barrier { id, unaligned })),
-            any::<u64>().prop_map(|id| Payload::Event(EventKind::BarrierPosition(id))),
+                .prop_map(|(id, unaligned)| Payload::Event(Event::Barrier { id, unaligned })),
+            any::<u64>().prop_map(|id| Payload::Event(Event::BarrierPosition(id))),
         ]
     }
 
@@ -172,7 +171,7 @@ mod transport {
         split: bool,
         pending: &mut Pending,
         out: &mut Vec<Message<'static>>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), WireError> {
         loop {
             if let Some((header, mut bytes)) = pending.take() {
                 let mut segment = vec![0u8; dec.payload_remaining()];
@@ -211,7 +210,7 @@ mod transport {
         chunks: &[usize],
         split: bool,
         max_frame: usize,
-    ) -> Result<Vec<Message<'static>>, Error> {
+    ) -> Result<Vec<Message<'static>>, WireError> {
         let mut dec = Decoder::new(max_frame);
         let mut pending = None;
         let mut out = Vec::new();
@@ -226,10 +225,10 @@ mod transport {
         Ok(out)
     }
 
-    fn assert_protocol_or_ok<T: std::fmt::Debug>(result: &Result<T, Error>) {
+    fn assert_protocol_or_ok<T: std::fmt::Debug>(result: &Result<T, WireError>) {
         assert!(
-            matches!(result, Ok(_) | Err(Error::Protocol(_))),
-            "expected messages, need-more-bytes or a protocol error, got {result:?}"
+            result.as_ref().err().is_none_or(WireError::is_peer_fault),
+            "expected messages, need-more-bytes or the peer's error, got {result:?}"
         );
     }
 
@@ -246,21 +245,23 @@ mod transport {
         let mut dec = Decoder::new(LIMIT);
         dec.read_buf(64);
         for end in 4..=header.len() {
-            // `check` allocates only the error message.
             let (result, bytes) = allocated_by(|| check(&header[..end], LIMIT));
-            let Err(Error::Protocol(msg)) = result else {
-                panic!("{result:?}")
-            };
-            assert!(
-                msg.contains("2147483648") && msg.contains(&LIMIT.to_string()),
-                "{msg}"
+            assert_eq!(
+                result,
+                Err(WireError::FrameTooLong {
+                    len: 1 << 31,
+                    max: LIMIT
+                })
             );
             assert!(bytes < 256, "{bytes} bytes allocated");
         }
         // The decoder fails as soon as the 4 length bytes are in; nothing else arrives.
         dec.feed(&header[..4]);
         let (result, bytes) = allocated_by(|| dec.next_frame().map(|f| f.is_some()));
-        assert!(matches!(result, Err(Error::Protocol(_))), "{result:?}");
+        assert!(
+            matches!(result, Err(WireError::FrameTooLong { .. })),
+            "{result:?}"
+        );
         assert!(bytes < 256, "{bytes} bytes allocated");
         assert_eq!(dec.buffered(), 4);
     }
@@ -270,7 +271,7 @@ mod transport {
         let stream = encode_all(&[
             Message::CloseRequest,
             Message::error_response(None, ErrorKind::Internal, "x"),
-            Message::event(ReceiverId(1), 0, 0, EventKind::EndOfPartition),
+            Message::event(ReceiverId(1), 0, 0, Event::EndOfPartition),
         ]);
         for end in 0..=stream.len() {
             let (result, bytes) = allocated_by(|| check(&stream[..end], LIMIT));
@@ -284,10 +285,10 @@ mod transport {
         let mut stream = Vec::new();
         let head = encode_buffer_response_header(
             ReceiverId(1),
-            creditflow_core::credit::BufferHeader {
+            creditflow_core::protocol::credit::BufferHeader {
                 sequence_number: 0,
                 backlog: 0,
-                data_type: creditflow_core::credit::DataType::Data,
+                data_type: creditflow_core::protocol::credit::DataType::Data,
             },
             4096,
         )
@@ -307,10 +308,7 @@ mod transport {
         let mut stream = encode_all(&[Message::CloseRequest]);
         stream[6] ^= 0xff;
         let result = decode_chunked(&stream, &[1], false, LIMIT);
-        assert!(
-            matches!(&result, Err(Error::Protocol(m)) if m.contains("bad magic")),
-            "{result:?}"
-        );
+        assert!(matches!(&result, Err(WireError::BadMagic { .. })), "{result:?}");
     }
 
     #[test]
@@ -360,7 +358,7 @@ mod transport {
                 backlog: 0,
                 payload: Payload::Data(Cow::Owned(Vec::new())),
             }),
-            Message::event(ReceiverId(5), 2, 0, EventKind::EndOfPartition),
+            Message::event(ReceiverId(5), 2, 0, Event::EndOfPartition),
             Message::CloseRequest,
         ];
         let stream = encode_all(&msgs);

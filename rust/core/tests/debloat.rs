@@ -14,12 +14,13 @@ use std::time::{Duration, Instant};
 
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
+use creditflow_core::base::config::ChannelSpec;
+use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
-use creditflow_core::gate::{ChannelSpec, GateMetrics};
+use creditflow_core::gate::GateMetrics;
+use creditflow_core::partition::partitioner::Partitioner;
+use creditflow_core::partition::writer::RecordWriter;
 use creditflow_core::partition::PartitionMetrics;
-use creditflow_core::partitioner::Partitioner;
-use creditflow_core::wait::Wait;
-use creditflow_core::writer::RecordWriter;
 use creditflow_core::Error;
 
 const SEG: usize = 32 << 10;

@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use arrow_array::{Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
+use creditflow_core::base::config::ChannelSpec;
+use creditflow_core::base::error::Error;
+use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
-use creditflow_core::error::Error;
-use creditflow_core::gate::{ChannelSpec, GateItem, InputGate};
+use creditflow_core::gate::{GateItem, InputGate};
+use creditflow_core::partition::partitioner::Partitioner;
+use creditflow_core::partition::writer::RecordWriter;
 use creditflow_core::partition::ResultPartition;
-use creditflow_core::partitioner::Partitioner;
-use creditflow_core::wait::Wait;
-use creditflow_core::writer::RecordWriter;
 
 const ROWS: usize = 500;
 
@@ -167,7 +168,7 @@ fn events_keep_their_order_with_batches_on_every_channel() {
 fn oversized_events_and_non_increasing_barrier_ids_are_refused() {
     let s = setup(Where::Handoff, 2, |_| {});
     let mut wr = RecordWriter::new(s.part.clone(), Partitioner::RoundRobin);
-    let max = creditflow_core::transport::codec::MAX_EVENT_PAYLOAD_LEN;
+    let max = creditflow_core::base::event::MAX_EVENT_PAYLOAD_LEN;
     wr.broadcast_event(&vec![1; max]).unwrap();
     let e = wr.broadcast_event(&vec![1; max + 1]).unwrap_err();
     assert!(

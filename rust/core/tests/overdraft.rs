@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use arrow_array::{Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
+use creditflow_core::base::config::ChannelSpec;
+use creditflow_core::base::error::Error;
+use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
-use creditflow_core::error::Error;
-use creditflow_core::gate::ChannelSpec;
-use creditflow_core::partitioner::Partitioner;
-use creditflow_core::wait::Wait;
-use creditflow_core::writer::RecordWriter;
+use creditflow_core::partition::partitioner::Partitioner;
+use creditflow_core::partition::writer::RecordWriter;
 
 const SEGMENT: usize = 4096;
 

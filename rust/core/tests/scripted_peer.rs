@@ -17,19 +17,19 @@ use std::time::{Duration, Instant};
 
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType as ArrowType, Field, Schema};
-use creditflow_core::credit::{BufferHeader, Credit, DataType};
+use creditflow_core::base::config::{Backoff, ChannelSpec};
+use creditflow_core::base::error::Error;
+use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
-use creditflow_core::error::Error;
-use creditflow_core::gate::{Backoff, ChannelSpec, InputGate};
-use creditflow_core::partitioner::Partitioner;
-use creditflow_core::serde::{BatchEncoder, RecordDeserializer};
-use creditflow_core::transport::codec::{
+use creditflow_core::gate::InputGate;
+use creditflow_core::partition::partitioner::Partitioner;
+use creditflow_core::partition::writer::RecordWriter;
+use creditflow_core::protocol::credit::{BufferHeader, Credit, DataType};
+use creditflow_core::protocol::wire::{
     encode, encode_buffer_response_header, max_frame_size, AuthMode, BufferResponse, Decoder, ErrorKind,
-    EventKind, Hello, Message, Payload, ReceiverId, MAX_CONTROL_FRAME_LEN, NONCE_LEN, PROTOCOL_VERSION,
-    TAG_LEN,
+    Event, Hello, Message, Payload, ReceiverId, MAX_CONTROL_FRAME_LEN, NONCE_LEN, PROTOCOL_VERSION, TAG_LEN,
 };
-use creditflow_core::wait::Wait;
-use creditflow_core::writer::RecordWriter;
+use creditflow_core::serde::{BatchEncoder, RecordDeserializer};
 
 /// Segment size of every environment here (the smallest allowed): small buffers, many frames.
 const SEG: usize = 4096;
@@ -296,7 +296,7 @@ fn data(msg: Message<'static>) -> Data {
 }
 
 /// An event BufferResponse: (receiver, sequence number, backlog, event).
-fn event(msg: Message<'static>) -> (u64, u64, u32, EventKind) {
+fn event(msg: Message<'static>) -> (u64, u64, u32, Event) {
     match msg {
         Message::BufferResponse(BufferResponse {
             receiver,
@@ -367,7 +367,7 @@ fn recv_to_end(p: &mut Peer, rid: u64, first_seq: u64) -> Vec<Data> {
             let (r, seq, backlog, ev) = event(msg);
             assert_eq!(
                 (r, seq, backlog, ev),
-                (rid, first_seq + got.len() as u64, 0, EventKind::EndOfPartition)
+                (rid, first_seq + got.len() as u64, 0, Event::EndOfPartition)
             );
             return got;
         }
@@ -519,7 +519,7 @@ fn a_client_with_smaller_segments_gets_buffers_of_its_size() {
 fn a_end_of_partition_needs_no_credit() {
     let env = env_with(true, |_| {});
     let (mut p, _) = request_written(&env, 0, 0, 0);
-    assert_eq!(event(p.recv()), (1, 0, 0, EventKind::EndOfPartition));
+    assert_eq!(event(p.recv()), (1, 0, 0, Event::EndOfPartition));
     p.assert_quiet();
 }
 
@@ -626,7 +626,7 @@ fn a_cancel_stops_the_stream_and_the_writer_keeps_serving_other_subpartitions() 
         assert_eq!((d.receiver, d.seq), (2, seq));
     }
     w.close().unwrap();
-    assert_eq!(event(p.recv()), (2, 4, 0, EventKind::EndOfPartition));
+    assert_eq!(event(p.recv()), (2, 4, 0, Event::EndOfPartition));
     p.assert_quiet();
 }
 
@@ -881,7 +881,7 @@ fn a_channel_over_max_channels_per_connection_is_refused_and_the_others_are_serv
                 kind: ErrorKind::LimitExceeded,
                 message,
             } => refused = Some(message),
-            Message::BufferResponse(b) if matches!(b.payload, Payload::Event(EventKind::EndOfPartition)) => {
+            Message::BufferResponse(b) if matches!(b.payload, Payload::Event(Event::EndOfPartition)) => {
                 ended.push(b.receiver.0)
             }
             Message::BufferResponse(b) => assert!([1, 2].contains(&b.receiver.0), "{b:?}"),
@@ -1047,7 +1047,7 @@ impl Scripted {
 
     fn send_end(&mut self, seq: u64) {
         self.peer
-            .send(&[Message::event(self.rid, seq, 0, EventKind::EndOfPartition)]);
+            .send(&[Message::event(self.rid, seq, 0, Event::EndOfPartition)]);
     }
 
     /// AddCredits for our receiver until they sum to `total`, then nothing more.
@@ -1312,7 +1312,7 @@ fn b_producer_failed_event_comes_after_the_data_before_it() {
     let mut s = scripted(|_| {});
     let b = batch(0, 10);
     let seq = s.send_batches(std::slice::from_ref(&b), 0);
-    let failed = EventKind::producer_failed("writer died");
+    let failed = Event::producer_failed("writer died");
     s.peer.send(&[Message::event(s.rid, seq, 0, failed)]);
     assert_eq!(s.gate.next(&mut wait()).unwrap(), Some(b));
     s.assert_gate_fails(|e| matches!(e, Error::ProducerFailed(m) if m == "writer died"));

@@ -5,12 +5,13 @@ use std::time::{Duration, Instant};
 
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
-use creditflow_core::env::{EnvConfig, FlowControl, NetworkEnvironment};
-use creditflow_core::error::Error;
-use creditflow_core::gate::{Backoff, ChannelSpec};
-use creditflow_core::partitioner::Partitioner;
-use creditflow_core::wait::Wait;
-use creditflow_core::writer::RecordWriter;
+use creditflow_core::base::config::FlowControl;
+use creditflow_core::base::config::{Backoff, ChannelSpec};
+use creditflow_core::base::error::Error;
+use creditflow_core::base::wait::Wait;
+use creditflow_core::env::{EnvConfig, NetworkEnvironment};
+use creditflow_core::partition::partitioner::Partitioner;
+use creditflow_core::partition::writer::RecordWriter;
 
 fn env(cfg: impl FnOnce(&mut EnvConfig)) -> NetworkEnvironment {
     let mut c = EnvConfig::default();

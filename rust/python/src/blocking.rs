@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use creditflow_core::wait::Wait;
+use creditflow_core::base::wait::Wait;
 use creditflow_core::Error;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

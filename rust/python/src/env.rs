@@ -1,18 +1,19 @@
-//! `NetworkEnvironment` and `ResultPartition` (their metrics become dicts in `metrics.rs`).
+//! `NetworkEnvironment`: its settings, partitions, gates and metrics (the native half of
+//! `creditflow.NetworkEnvironment`; metrics become dicts in `metrics.rs`).
 
 use std::net::ToSocketAddrs;
-use std::sync::Arc;
 use std::time::Duration;
 
-use creditflow_core::gate::Backoff;
-use creditflow_core::transport::Limits;
-use creditflow_core::{units, EnvConfig, FlowControl};
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use creditflow_core::base::config::{Backoff, Limits};
+use creditflow_core::{base::units, EnvConfig, FlowControl};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyString};
 
+use crate::args::{check_pid, count_arg};
 use crate::error::IntoPyResult;
 use crate::io::{ChannelSpec, InputGate};
+use crate::partition::ResultPartition;
 use crate::tls::TlsConfig;
 
 /// Reads a byte size given as an int or a string with a unit.
@@ -31,11 +32,6 @@ fn bytes_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     )))
 }
 
-/// A non-negative count; a negative one is a `ValueError` (not pyo3's `OverflowError`).
-pub(crate) fn count_arg(value: i64, name: &str) -> PyResult<usize> {
-    usize::try_from(value).map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, got {value}")))
-}
-
 /// Parses a byte size such as ``"64MiB"``, ``"32 KiB"`` or ``65536`` into bytes.
 #[pyfunction]
 pub fn parse_bytes(value: &Bound<'_, PyAny>) -> PyResult<usize> {
@@ -50,18 +46,6 @@ fn is_loopback(bind: &str) -> bool {
         }
         Err(_) => false,
     }
-}
-
-/// Fails if used in a process other than the one that created the object (after fork).
-pub(crate) fn check_pid(pid: u32, what: &str) -> PyResult<()> {
-    let now = std::process::id();
-    if now != pid {
-        return Err(PyRuntimeError::new_err(format!(
-            "this {what} was created in process {pid} and cannot be used in process {now} (after fork); \
-             create a new NetworkEnvironment in this process"
-        )));
-    }
-    Ok(())
 }
 
 /// One per process: the buffer pool, partitions, gates, the listener and connections.
@@ -293,88 +277,6 @@ impl NetworkEnvironment {
             m.segments_total,
             m.segment_size,
             if self.inner.is_closed() { ", closed" } else { "" }
-        )
-    }
-}
-
-/// A partition: N subpartitions filled by a :class:`RecordWriter`.
-#[pyclass(module = "creditflow._native", frozen)]
-pub struct ResultPartition {
-    pub(crate) inner: Arc<creditflow_core::ResultPartition>,
-    pub(crate) pid: u32,
-}
-
-#[pymethods]
-impl ResultPartition {
-    /// The partition id.
-    #[getter]
-    fn id(&self) -> &str {
-        self.inner.id()
-    }
-
-    /// Number of subpartitions.
-    #[getter]
-    fn num_subpartitions(&self) -> usize {
-        self.inner.num_subpartitions()
-    }
-
-    /// Schema of the first batch written (``pyarrow.Schema``), or None.
-    #[getter]
-    fn schema<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        match self.inner.schema() {
-            None => Ok(None),
-            Some(s) => Ok(Some(pyo3_arrow::PySchema::new(s).into_pyarrow(py)?)),
-        }
-    }
-
-    /// Whether end-of-partition was sent.
-    #[getter]
-    fn finished(&self) -> bool {
-        self.inner.is_finished()
-    }
-
-    /// Whether the partition was released (all readers done, or released explicitly).
-    #[getter]
-    fn released(&self) -> bool {
-        self.inner.is_released()
-    }
-
-    /// Makes partly filled buffers readable now.
-    fn flush(&self) -> PyResult<()> {
-        check_pid(self.pid, "ResultPartition")?;
-        self.inner.flush();
-        Ok(())
-    }
-
-    /// Drops queued data, returns the memory and unregisters the partition.
-    fn release(&self, py: Python<'_>) {
-        py.detach(|| self.inner.release());
-    }
-
-    /// Blocks until every reader received everything up to end-of-partition (the partition
-    /// is then released). ``timeout`` in seconds; raises :class:`TimeoutError` when it runs
-    /// out. The GIL is released and Ctrl-C interrupts.
-    #[pyo3(signature = (timeout=None))]
-    fn wait_consumed(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
-        let inner = self.inner.clone();
-        crate::blocking::run(
-            py,
-            crate::blocking::timeout(timeout)?,
-            "waiting for the consumers to read everything",
-            move |w| inner.wait_consumed(w),
-        )
-    }
-
-    /// This partition's metrics (``creditflow.metrics.PartitionMetrics``).
-    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        crate::metrics::partition(py, &self.inner.metrics())
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "ResultPartition(id={:?}, num_subpartitions={})",
-            self.inner.id(),
-            self.inner.num_subpartitions()
         )
     }
 }

@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use arrow_array::{RecordBatch, StructArray};
 use arrow_schema::Field;
-use creditflow_core::gate::{ChannelSpec as CoreSpec, GateItem, GateMetricsReader};
+use creditflow_core::base::config::ChannelSpec as CoreSpec;
+use creditflow_core::gate::{GateItem, GateMetricsReader};
 use creditflow_core::partition::subpartition::Token;
 use creditflow_core::Partitioner;
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -14,9 +15,10 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 use pyo3_arrow::input::AnyRecordBatch;
 
+use crate::args::{check_pid, count_arg};
 use crate::blocking;
-use crate::env::{check_pid, ResultPartition};
 use crate::error::to_py;
+use crate::partition::ResultPartition;
 
 /// Sends row r to subpartition ``pmod(hash(keys...), n)`` with Spark SQL's Murmur3 ``hash``,
 /// so rows land where ``df.repartition(n, *keys)`` puts them.
@@ -159,7 +161,7 @@ impl ChannelSpec {
 impl ChannelSpec {
     #[new]
     fn new(address: String, partition_id: String, subpartition: i64) -> PyResult<Self> {
-        let subpartition = crate::env::count_arg(subpartition, "subpartition")?;
+        let subpartition = count_arg(subpartition, "subpartition")?;
         Ok(ChannelSpec {
             address,
             partition_id,

@@ -3,9 +3,11 @@
 //! | file | what |
 //! |---|---|
 //! | `error.rs` | core errors → the exception classes `creditflow.errors` registers |
+//! | `args.rs` | argument and calling-process checks shared by the classes |
 //! | `blocking.rs` | GIL release, Ctrl-C, timeouts for blocking calls |
-//! | `env.rs` | `NetworkEnvironment`, `ResultPartition` |
 //! | `metrics.rs` | metrics snapshots → dicts keyed by the Rust field names |
+//! | `partition.rs` | `ResultPartition` |
+//! | `env.rs` | `NetworkEnvironment` |
 //! | `logs.rs` | Rust `log` records → a queue → Python `logging` (`creditflow.logs`) |
 //! | `io.rs` | `RecordWriter`, `InputGate`, `ChannelSpec`, partitioners, Arrow in/out |
 //! | `tls.rs` | `TLSConfig` |
@@ -14,12 +16,14 @@
 //! The module imports nothing from the `creditflow` package: Python drives it (the package
 //! registers its exception classes, starts log forwarding and `/metrics` servers).
 
+mod args;
 mod blocking;
 mod env;
 mod error;
 mod io;
 mod logs;
 mod metrics;
+mod partition;
 mod settings;
 mod tls;
 
@@ -30,7 +34,7 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<env::NetworkEnvironment>()?;
-    m.add_class::<env::ResultPartition>()?;
+    m.add_class::<partition::ResultPartition>()?;
     m.add_class::<io::RecordWriter>()?;
     m.add_class::<io::InputGate>()?;
     m.add_class::<io::ChannelSpec>()?;

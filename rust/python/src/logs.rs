@@ -6,7 +6,7 @@
 //! shutdown. So [`QueueLogger`] only formats the record into a bounded queue; a Python
 //! daemon thread (`creditflow.logs`, started with the first environment) takes them out
 //! with [`drain_logs`] (GIL released while it waits) and emits them with `logging`.
-//! Loggers are named after the Rust module under `creditflow.` (`creditflow.transport.server`).
+//! Loggers are named after the Rust layer and room under `creditflow.` (`creditflow.net.server`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -48,11 +48,17 @@ fn python_level(level: log::Level) -> u8 {
     }
 }
 
-/// `creditflow_core::transport::server` → `creditflow.transport.server`.
+/// A logger per room, not per file: `creditflow_core::net::server::serve` →
+/// `creditflow.net.server`, `creditflow_core::net::runtime` → `creditflow.net`,
+/// `creditflow_core::env` → `creditflow.env`. The crate becomes `creditflow` and the last
+/// module (the file) is dropped below a layer, so splitting a file renames no logger.
 fn logger_name(target: &str) -> String {
     let mut parts = target.split("::");
     let _crate = parts.next();
-    let rest: Vec<&str> = parts.collect();
+    let mut rest: Vec<&str> = parts.collect();
+    if rest.len() > 1 {
+        rest.pop();
+    }
     if rest.is_empty() {
         "creditflow".to_string()
     } else {
@@ -154,9 +160,11 @@ mod tests {
     #[test]
     fn names_loggers_under_creditflow() {
         assert_eq!(
-            logger_name("creditflow_core::transport::server"),
-            "creditflow.transport.server"
+            logger_name("creditflow_core::net::server::serve"),
+            "creditflow.net.server"
         );
+        assert_eq!(logger_name("creditflow_core::net::runtime"), "creditflow.net");
+        assert_eq!(logger_name("creditflow_core::env"), "creditflow.env");
         assert_eq!(logger_name("creditflow_core"), "creditflow");
     }
 }

@@ -11,10 +11,11 @@
 //! or `None`; the environment's partitions and gates are dicts keyed by id and name.
 
 use creditflow_core::env::EnvMetrics;
-use creditflow_core::gate::{ChannelMetrics, ChannelSpec, DebloatMetrics, GateMetrics};
+use creditflow_core::base::config::ChannelSpec;
+use creditflow_core::gate::{ChannelMetrics, DebloatMetrics, GateMetrics};
 use creditflow_core::memory::PoolStats;
 use creditflow_core::partition::{PartitionMetrics, RemoteReaderMetrics, SubpartitionMetrics};
-use creditflow_core::transport::{RemoteChannelStats, RemoteStats};
+use creditflow_core::net::{RemoteChannelStats, RemoteStats};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 

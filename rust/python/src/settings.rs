@@ -1,7 +1,7 @@
-//! `settings()`: the core's table of environment settings (`creditflow_core::settings`), for
+//! `settings()`: the core's table of environment settings (`creditflow_core::env::settings`), for
 //! the tests and tools that check the constructor, the stub and the docs against it.
 
-use creditflow_core::settings::{Setting as CoreSetting, SETTINGS};
+use creditflow_core::env::settings::{Setting as CoreSetting, SETTINGS};
 use pyo3::prelude::*;
 
 /// One setting of ``NetworkEnvironment(...)``: its name, default, unit and docs.

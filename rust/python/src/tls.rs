@@ -1,8 +1,8 @@
-//! `TLSConfig`: the PEM files of an environment's TLS (see `creditflow_core::transport::TlsSettings`).
+//! `TLSConfig`: the PEM files of an environment's TLS (see `creditflow_core::base::config::TlsSettings`).
 
 use std::path::PathBuf;
 
-use creditflow_core::transport::TlsSettings;
+use creditflow_core::base::config::TlsSettings;
 use pyo3::prelude::*;
 
 /// TLS for every connection of a ``NetworkEnvironment`` (rustls): ``cert`` and ``key`` are

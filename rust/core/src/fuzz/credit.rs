@@ -1,13 +1,13 @@
-//! A sender and a receiver of [`crate::credit`] connected in memory (the sender loop with its
+//! A sender and a receiver of [`crate::protocol::credit`] connected in memory (the sender loop with its
 //! readers and ready queue, two wires, the gate's credit and the transport's AddCredit
 //! queue, a consumer holding received buffers), driven by a sequence of operations, with the
 //! invariants of the credit module checked after every step. The property test in
-//! `credit.rs` draws the operations with proptest, the `credit` fuzz target from bytes.
+//! `protocol/credit/tests.rs` draws the operations with proptest, the `credit` fuzz target from bytes.
 
 use std::collections::VecDeque;
 
 use super::Bytes;
-use crate::credit::{
+use crate::protocol::credit::{
     BufferHeader, BufferLease, ChannelCreditStats, ChannelId, Credit, DataType, Delivery, GateCredit,
     GateCreditConfig, QueueHead, ReadyQueue, ReceiverAction, SenderCredit,
 };
@@ -305,7 +305,7 @@ impl Pair {
         true
     }
 
-    /// Panics unless every invariant of the module docs of [`crate::credit`] holds.
+    /// Panics unless every invariant of the module docs of [`crate::protocol::credit`] holds.
     pub fn check_invariants(&self) {
         let config = self.gate.config();
         let mut floating_held = 0;

@@ -6,16 +6,17 @@
 //! them), a count byte and that many chunk sizes (u16, cycled; 0 means 1), then the stream.
 //!
 //! Checked: the chunked decode gives exactly the messages of a one-shot decode of the whole
-//! stream, in order, and fails where it fails; every error is [`Error::Protocol`]; the
+//! stream, in order, and fails where it fails; every error is the peer's
+//! ([`WireError::is_peer_fault`]); the
 //! messages re-encode to exactly the bytes they came from (the encoding is canonical); no
 //! frame over the limit is accepted.
 
 use std::borrow::Cow;
 
 use super::Bytes;
-use crate::error::Error;
-use crate::transport::codec::{
-    encode, max_frame_size, BufferResponse, Decoder, Frame, Message, Payload, MAX_CONTROL_FRAME_LEN,
+use crate::protocol::wire::{
+    encode, max_frame_size, BufferResponse, Decoder, Frame, Message, Payload, WireError,
+    MAX_CONTROL_FRAME_LEN,
 };
 
 /// Segment size after the "handshake".
@@ -36,11 +37,8 @@ struct Reference {
     incomplete: bool,
 }
 
-fn protocol_only(e: Error) -> bool {
-    assert!(
-        matches!(e, Error::Protocol(_)),
-        "a decoder error that is not a protocol error: {e:?}"
-    );
+fn protocol_only(e: WireError) -> bool {
+    assert!(e.is_peer_fault(), "a decoder error that is not the peer's: {e:?}");
     true
 }
 

@@ -1,13 +1,14 @@
 //! Harnesses shared by the cargo-fuzz targets (`fuzz/`), the corpus replay test
 //! (`tests/fuzz_corpus.rs`) and the property tests: each takes arbitrary bytes, reads them as
 //! a scenario (a chunked byte stream, a sequence of operations) and panics if an invariant
-//! breaks. Not part of the public API.
+//! breaks. Not part of the public API: compiled only with the cargo feature `fuzz`, and the
+//! top layer (it may use every other).
 //!
 //! * [`frames::run`]: the frame decoder over arbitrary bytes in arbitrary chunks, driven the
 //!   way the transport drives it, against a one-shot decode of the same bytes.
-//! * [`credit::run`]: a sender and a receiver of [`crate::credit`] connected in memory,
+//! * [`credit::run`]: a sender and a receiver of [`crate::protocol::credit`] connected in memory,
 //!   driven by an arbitrary sequence of operations, invariants checked after every step.
-//! * [`ready_queue::run`]: [`crate::credit::ReadyQueue`] against a plain reference model.
+//! * [`ready_queue::run`]: [`crate::protocol::credit::ReadyQueue`] against a plain reference model.
 
 pub mod credit;
 pub mod frames;

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use super::Bytes;
-use crate::credit::ReadyQueue;
+use crate::protocol::credit::ReadyQueue;
 
 /// Most operations one scenario runs.
 const MAX_OPS: usize = 8192;

@@ -7,8 +7,8 @@
 //! store; the consumer acquires the word and reads only below it. The two never touch the
 //! same bytes at the same time.
 
+use crate::base::sync::{Arc, AtomicUsize, Ordering};
 use crate::memory::PooledSegment;
-use crate::sync::{Arc, AtomicUsize, Ordering};
 
 const FINISHED: usize = 1 << (usize::BITS - 1);
 
@@ -209,8 +209,8 @@ impl std::fmt::Debug for BufferSlice {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::base::wait::Wait;
     use crate::memory::GlobalPool;
-    use crate::wait::Wait;
 
     #[test]
     fn consumer_reads_committed_bytes_before_finish() {

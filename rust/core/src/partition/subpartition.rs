@@ -24,45 +24,13 @@ use std::sync::OnceLock;
 use arrow_array::RecordBatch;
 
 use super::buffer::{BufferConsumer, BufferSlice};
+use crate::base::event::Event;
+use crate::base::metrics::Counter;
+use crate::base::sync::{AtomicBool, AtomicUsize, Ordering, Queue};
 use crate::memory::Reservation;
-use crate::metrics::Counter;
-use crate::sync::{AtomicBool, AtomicUsize, Ordering, Queue};
 
 /// Called by the writer side when a waiting reader has something new to read.
 pub type Listener = std::sync::Arc<dyn Fn() + Send + Sync>;
-
-/// In-band events. They carry no data and need no credit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    /// The writer closed the partition: nothing follows on this subpartition.
-    EndOfPartition,
-    /// The writer failed mid-batch (interrupted or timed out while a batch was half
-    /// serialized); the reader must fail with this message.
-    ProducerFailed(String),
-    /// A user event: opaque bytes (at most
-    /// [`MAX_EVENT_PAYLOAD_LEN`](crate::transport::codec::MAX_EVENT_PAYLOAD_LEN)), in order
-    /// with the batches around it.
-    User(Vec<u8>),
-    /// Checkpoint barrier `id`. An aligned one is in order with the data; an unaligned one
-    /// was put in front of the queued data (see [`Subpartition::add_priority`]) and is
-    /// followed, at its original place, by [`Event::BarrierPosition`] with the same id.
-    Barrier {
-        /// The checkpoint id.
-        id: u64,
-        /// Whether it overtook the queued data.
-        unaligned: bool,
-    },
-    /// Where unaligned barrier `id` was written: the data between the barrier and this
-    /// marker is what the barrier overtook.
-    BarrierPosition(u64),
-}
-
-impl Event {
-    /// Whether nothing follows this event on its subpartition (end or failure).
-    pub fn is_end(&self) -> bool {
-        matches!(self, Event::EndOfPartition | Event::ProducerFailed(_))
-    }
-}
 
 /// An opaque value that travels with a handed-off batch (see `RecordWriter::write_with_token`).
 pub type Token = std::sync::Arc<dyn std::any::Any + Send + Sync>;
@@ -449,9 +417,9 @@ impl std::fmt::Debug for Subpartition {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::base::wait::Wait;
     use crate::memory::GlobalPool;
     use crate::partition::buffer::new_buffer;
-    use crate::wait::Wait;
     use std::sync::Arc;
 
     /// The reader drains a finished buffer before the writer has counted it: the backlog
@@ -478,9 +446,9 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
+    use crate::base::wait::Wait;
     use crate::memory::GlobalPool;
     use crate::partition::buffer::new_buffer;
-    use crate::wait::Wait;
     use loom::sync::Notify;
     use std::sync::Arc;
 

@@ -1,0 +1,314 @@
+//! The remote half of an input gate ([`RemoteGate`]): its exclusive and floating segments,
+//! held for the gate's life, and the credit state that says which one a received buffer goes
+//! into; and the received buffers ([`Received`]) that give their segment back when dropped.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use arrow_buffer::Buffer;
+use tokio::sync::Notify;
+
+use super::state::{GateBuffers, Received, RemoteChannel, RemoteGate};
+use super::stats::{RemoteChannelStats, RemoteStats};
+use crate::base::config::{ChannelSpec, FlowControl};
+use crate::base::error::{Error, Result};
+use crate::memory::PooledSegment;
+use crate::protocol::credit::{
+    BufferLease, ChannelCreditStats, ChannelId, Credit, Delivery, GateCredit, GateCreditConfig,
+    ReceiverAction,
+};
+use crate::protocol::wire;
+
+impl Received {
+    /// The records this buffer completed, in order (taken once).
+    pub(crate) fn take_records(&mut self) -> Vec<Buffer> {
+        std::mem::take(&mut self.records)
+    }
+
+    /// Network buffers this stands for (for the gate's buffer counters).
+    pub(crate) fn buffers(&self) -> usize {
+        self.buffers
+    }
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        if let Some(seg) = self.segment.take() {
+            self.gate.recycle(std::iter::once((seg, self.lease.take())));
+        }
+    }
+}
+
+/// Hands back many received buffers at once: one lock, and one AddCredit per channel for
+/// the whole burst rather than one per buffer.
+pub(crate) fn recycle_all(received: Vec<Received>) {
+    let Some(gate) = received.first().map(|r| r.gate.clone()) else {
+        return;
+    };
+    gate.recycle(
+        received
+            .into_iter()
+            .filter_map(|mut r| r.segment.take().map(|seg| (seg, r.lease.take()))),
+    );
+}
+
+impl RemoteGate {
+    /// Whether an unaligned barrier arrived since the last call (and clears the flag).
+    pub(crate) fn take_priority(&self) -> bool {
+        self.priority.load(Ordering::Relaxed) && self.priority.swap(false, Ordering::AcqRel)
+    }
+
+    /// A gate's remote half over `segments` (exclusive ones for every channel, then floating).
+    pub(crate) fn new(
+        flow: FlowControl,
+        exclusive_per_channel: usize,
+        floating: usize,
+        segments: Vec<PooledSegment>,
+        max_record: usize,
+    ) -> Result<Arc<RemoteGate>> {
+        let credit = GateCredit::new(GateCreditConfig {
+            exclusive_buffers_per_channel: exclusive_per_channel as u32,
+            floating_buffers: floating as u32,
+        })?;
+        Ok(Arc::new(RemoteGate {
+            priority: AtomicBool::new(false),
+            flow,
+            max_record,
+            bufs: Mutex::new(GateBuffers {
+                credit,
+                free: segments,
+                channels: Vec::new(),
+                closed: false,
+            }),
+            recycled: Notify::new(),
+        }))
+    }
+
+    /// Buffers and credit of the remote channels, for metrics.
+    pub(crate) fn stats(&self) -> RemoteStats {
+        let b = self.bufs.lock().unwrap();
+        let cfg = b.credit.config();
+        let mut s = RemoteStats {
+            remote_channels: b.credit.num_channels(),
+            floating_total: cfg.floating_buffers as usize,
+            ..RemoteStats::default()
+        };
+        for i in 0..b.credit.num_channels() {
+            let Some(c) = b.credit.channel_stats(ChannelId(i)) else {
+                continue;
+            };
+            if c.released {
+                continue;
+            }
+            s.exclusive_total += cfg.exclusive_buffers_per_channel as usize;
+            s.exclusive_in_use += c.exclusive_in_use as usize;
+            s.floating_in_use += (c.floating_in_use + c.floating_available) as usize;
+            s.credit_announced += c.announced.get() as usize;
+            s.credit_unannounced += c.unannounced.get() as usize;
+        }
+        let channels: Vec<Arc<RemoteChannel>> = b.channels.iter().filter_map(Weak::upgrade).collect();
+        drop(b);
+        s.queued_buffers = channels.iter().map(|c| c.queued()).sum();
+        s
+    }
+
+    /// Buffers and credit per remote channel, by the channel's spec, for metrics.
+    pub(crate) fn channel_stats(&self) -> HashMap<ChannelSpec, RemoteChannelStats> {
+        let b = self.bufs.lock().unwrap();
+        let channels: Vec<(Arc<RemoteChannel>, ChannelCreditStats)> = b
+            .channels
+            .iter()
+            .filter_map(|w| {
+                let ch = w.upgrade()?;
+                let stats = b.credit.channel_stats(ch.cid)?;
+                Some((ch, stats))
+            })
+            .collect();
+        drop(b);
+        channels
+            .into_iter()
+            .map(|(ch, c)| {
+                let stats = RemoteChannelStats {
+                    exclusive_in_use: c.exclusive_in_use as usize,
+                    floating_in_use: (c.floating_in_use + c.floating_available) as usize,
+                    credit_announced: c.announced.get() as usize,
+                    credit_unannounced: c.unannounced.get() as usize,
+                    required: c.required as usize,
+                    queued_buffers: ch.queued(),
+                };
+                (ch.spec.clone(), stats)
+            })
+            .collect()
+    }
+
+    pub(super) fn recycle(&self, buffers: impl Iterator<Item = (PooledSegment, Option<BufferLease>)>) {
+        let wake = {
+            let mut b = self.bufs.lock().unwrap();
+            if b.closed {
+                return;
+            }
+            for (seg, lease) in buffers {
+                b.free.push(seg);
+                if let Some(lease) = lease {
+                    if let Err(e) = b.credit.on_buffer_recycled(lease) {
+                        log::error!("creditflow: recycling a buffer: {e}");
+                    }
+                }
+            }
+            drain_actions(&mut b)
+        };
+        for ch in wake {
+            ch.conn.request_credit(ch.rid);
+        }
+        if self.flow == FlowControl::Tcp {
+            self.recycled.notify_waiters();
+        }
+    }
+
+    /// The gate closed: later recycled segments go back to the memory layer.
+    pub(crate) fn close(&self) {
+        let mut b = self.bufs.lock().unwrap();
+        b.closed = true;
+        b.free.clear();
+        drop(b);
+        self.recycled.notify_waiters();
+    }
+
+    /// Where a data BufferResponse's payload goes (credit mode: as the credit state says;
+    /// tcp mode: into any free segment, waiting for a recycled one). `inside_record`: the
+    /// payload lies wholly inside the channel's record in progress without completing it.
+    pub(super) async fn take_buffer(
+        self: &Arc<Self>,
+        ch: &RemoteChannel,
+        header: wire::BufferResponseHeader,
+        inside_record: bool,
+    ) -> Result<Landing> {
+        if self.flow == FlowControl::Tcp {
+            ch.check_sequence(header.sequence_number)?;
+            loop {
+                let notified = self.recycled.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                {
+                    let mut b = self.bufs.lock().unwrap();
+                    if b.closed || ch.released.load(Ordering::SeqCst) {
+                        return Ok(Landing::Drop);
+                    }
+                    if let Some(seg) = b.free.pop() {
+                        return Ok(Landing::Segment(seg, None));
+                    }
+                }
+                // No free segment: stop reading the socket until one is recycled.
+                notified.await;
+            }
+        }
+        let (delivery, wake) = {
+            let mut b = self.bufs.lock().unwrap();
+            let delivery = if inside_record {
+                b.credit
+                    .on_buffer_response_inside_record(ch.cid, header.credit_header())?
+            } else {
+                b.credit.on_buffer_response(ch.cid, header.credit_header())?
+            };
+            let wake = drain_actions(&mut b);
+            let out = match delivery {
+                Delivery::Record => Landing::Record,
+                Delivery::Data(lease) => match b.free.pop() {
+                    Some(seg) => Landing::Segment(seg, Some(lease)),
+                    None if b.closed => Landing::Drop,
+                    None => {
+                        return Err(Error::Protocol(format!(
+                            "{}: a credited buffer arrived but the gate has no free segment",
+                            header.receiver
+                        )))
+                    }
+                },
+                Delivery::Event | Delivery::Discarded => Landing::Drop,
+            };
+            (out, wake)
+        };
+        for c in wake {
+            c.conn.request_credit(c.rid);
+        }
+        Ok(delivery)
+    }
+
+    /// An event or a backlog announcement: sequence check / floating buffers.
+    pub(super) fn on_event(&self, ch: &RemoteChannel, header: wire::BufferResponseHeader) -> Result<()> {
+        if self.flow == FlowControl::Tcp {
+            return ch.check_sequence(header.sequence_number);
+        }
+        let wake = {
+            let mut b = self.bufs.lock().unwrap();
+            let delivery = b.credit.on_buffer_response(ch.cid, header.credit_header())?;
+            debug_assert!(matches!(delivery, Delivery::Event | Delivery::Discarded));
+            drain_actions(&mut b)
+        };
+        for c in wake {
+            c.conn.request_credit(c.rid);
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_backlog(&self, ch: &RemoteChannel, backlog: u32) -> Result<()> {
+        if self.flow == FlowControl::Tcp {
+            return Ok(());
+        }
+        let wake = {
+            let mut b = self.bufs.lock().unwrap();
+            b.credit.on_backlog_announcement(ch.cid, backlog)?;
+            drain_actions(&mut b)
+        };
+        for c in wake {
+            c.conn.request_credit(c.rid);
+        }
+        Ok(())
+    }
+
+    pub(super) fn release(&self, ch: &RemoteChannel) {
+        if self.flow == FlowControl::Tcp {
+            return;
+        }
+        let wake = {
+            let mut b = self.bufs.lock().unwrap();
+            let _ = b.credit.release_channel(ch.cid);
+            drain_actions(&mut b)
+        };
+        for c in wake {
+            c.conn.request_credit(c.rid);
+        }
+    }
+
+    /// Whether `ch`'s AddCredit is due now (see [`GateCredit::announcement_due`]). Credit
+    /// pending means the AddCredit is already queued for the writer (the credit state asks
+    /// for one when unannounced credit leaves zero), so the caller need only let it run.
+    pub(super) fn credit_running_low(&self, ch: &RemoteChannel) -> bool {
+        self.bufs.lock().unwrap().credit.announcement_due(ch.cid)
+    }
+
+    pub(super) fn take_credit(&self, ch: &RemoteChannel) -> Option<Credit> {
+        self.bufs.lock().unwrap().credit.take_unannounced_credit(ch.cid)
+    }
+}
+
+/// Where the payload of a data BufferResponse goes, from [`RemoteGate::take_buffer`].
+pub(super) enum Landing {
+    /// Into this segment (with its claim on the credit state in credit mode), then into the
+    /// channel's records.
+    Segment(PooledSegment, Option<BufferLease>),
+    /// Straight into the channel's record in progress, credited against its memory.
+    Record,
+    /// Nowhere: the channel was released or the gate closed; skip the payload.
+    Drop,
+}
+
+fn drain_actions(b: &mut GateBuffers) -> Vec<Arc<RemoteChannel>> {
+    let mut out = Vec::new();
+    while let Some(ReceiverAction::SendAddCredit { channel }) = b.credit.poll_action() {
+        if let Some(ch) = b.channels.get(channel.0).and_then(Weak::upgrade) {
+            out.push(ch);
+        }
+    }
+    out
+}

@@ -1,0 +1,40 @@
+//! What a gate's remote channels report for metrics.
+
+/// A snapshot of a gate's remote buffers (credit mode; in tcp mode only the totals and
+/// queued buffers mean anything).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RemoteStats {
+    /// Remote channels opened by the gate.
+    pub remote_channels: usize,
+    /// Exclusive buffers of channels still open.
+    pub exclusive_total: usize,
+    /// Exclusive buffers holding received data not yet read.
+    pub exclusive_in_use: usize,
+    /// Floating buffers of the gate.
+    pub floating_total: usize,
+    /// Floating buffers assigned to channels (holding data or promised to a sender).
+    pub floating_in_use: usize,
+    /// Empty buffers announced to senders (their credit, in flight included).
+    pub credit_announced: usize,
+    /// Empty buffers not yet announced.
+    pub credit_unannounced: usize,
+    /// Received buffers waiting to be read.
+    pub queued_buffers: usize,
+}
+
+/// Buffers and credit of one remote channel, for metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RemoteChannelStats {
+    /// Exclusive buffers holding received data not yet read.
+    pub exclusive_in_use: usize,
+    /// Floating buffers assigned to the channel (holding data or promised to the sender).
+    pub floating_in_use: usize,
+    /// Empty buffers announced to the sender (its credit, in flight included).
+    pub credit_announced: usize,
+    /// Empty buffers not yet announced.
+    pub credit_unannounced: usize,
+    /// The sender's last announced backlog plus the exclusive buffers (buffers wanted).
+    pub required: usize,
+    /// Received buffers waiting to be read.
+    pub queued_buffers: usize,
+}

@@ -1,0 +1,342 @@
+//! [`ServerConn`]: one accepted connection, serving the subpartitions its peer requested:
+//! PartitionRequest, AddCredit, cancellation and the round-robin gathering of frames into one
+//! vectored write.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::sync::Notify;
+
+use super::frames::{Item, OutFrame, MAX_WRITE_BYTES, MAX_WRITE_FRAMES};
+use super::reader::SubReader;
+use crate::base::config::Limits;
+use crate::base::error::{Error, Result};
+use crate::partition::Registry;
+use crate::protocol::credit::{Credit, DataType, QueueHead, ReadyQueue, SenderCredit};
+use crate::protocol::wire::{self, ErrorKind, Message, ReceiverId, BUFFER_RESPONSE_HEADER_LEN};
+use crate::serde::RecordFraming;
+
+#[derive(Default)]
+pub(super) struct ServerState {
+    pub(super) readers: HashMap<ReceiverId, SubReader>,
+    pub(super) ready: ReadyQueue<ReceiverId>,
+    pub(super) control: VecDeque<Message<'static>>,
+}
+
+/// One accepted connection.
+pub(crate) struct ServerConn {
+    pub(super) peer: String,
+    pub(super) payload_limit: usize,
+    pub(super) limits: Limits,
+    pub(super) registry: Weak<Registry>,
+    pub(super) state: Mutex<ServerState>,
+    /// Readers whose subpartition has new data (pushed by the producers' listeners).
+    pub(super) signalled: Mutex<Vec<ReceiverId>>,
+    pub(super) wake: Notify,
+    /// The environment closes: the writer stops once it has nothing left to write.
+    pub(super) closing: std::sync::atomic::AtomicBool,
+}
+
+impl ServerConn {
+    /// Whether a reader of a finished partition still has buffers or its end-of-partition
+    /// to send (see `Transport::drain`).
+    pub(crate) fn has_undrained_readers(&self) -> bool {
+        self.state
+            .lock()
+            .unwrap()
+            .readers
+            .values()
+            .any(|r| r.partition.is_finished())
+    }
+
+    /// Answers queued for the peer and not yet collected by the writer.
+    pub(super) fn outstanding(&self) -> usize {
+        self.state.lock().unwrap().control.len()
+    }
+
+    pub(super) fn signal(&self, rid: ReceiverId) {
+        let first = {
+            let mut s = self.signalled.lock().unwrap();
+            s.push(rid);
+            s.len() == 1
+        };
+        // Later signals find the loop already woken and not yet collected.
+        if first {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Puts the reader in the ready queue if it can send, or queues a backlog announcement.
+    pub(super) fn refresh(&self, st: &mut ServerState, rid: ReceiverId) -> Result<()> {
+        let Some(r) = st.readers.get_mut(&rid) else {
+            return Ok(());
+        };
+        r.fill(self.payload_limit)?;
+        let head = r.head();
+        if r.credit.is_available(head) {
+            st.ready.enqueue(rid);
+        } else {
+            let backlog = r.backlog();
+            if r.credit.needs_backlog_announcement(backlog) {
+                r.credit.on_backlog_announced(backlog);
+                st.control.push_back(Message::BacklogAnnouncement {
+                    receiver: rid,
+                    backlog,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_partition_request(
+        self: &Arc<Self>,
+        partition_id: String,
+        subpartition: u32,
+        receiver: ReceiverId,
+        initial_credit: Credit,
+    ) -> Result<()> {
+        let mut st = self.state.lock().unwrap();
+        if st.readers.contains_key(&receiver) {
+            return Err(Error::Protocol(format!("{receiver} requested twice")));
+        }
+        if st.control.len() >= self.limits.max_outstanding_requests {
+            return Err(self.limits.outstanding_error());
+        }
+        if st.readers.len() >= self.limits.max_channels_per_connection {
+            let e = self.limits.channels_error();
+            log::warn!("creditflow: {}: refused {receiver}: {e}", self.peer);
+            st.control.push_back(Message::error_response(
+                Some(receiver),
+                ErrorKind::of(&e),
+                &e.to_string(),
+            ));
+            self.wake.notify_one();
+            return Ok(());
+        }
+        let partition = self
+            .registry
+            .upgrade()
+            .and_then(|r| r.lock().unwrap().get(&partition_id).cloned());
+        let Some(partition) = partition else {
+            st.control.push_back(Message::PartitionNotFound { receiver });
+            self.wake.notify_one();
+            return Ok(());
+        };
+        let attached = partition
+            .subpartition(subpartition as usize)
+            .cloned()
+            .and_then(|sub| {
+                let weak = Arc::downgrade(self);
+                let listener: crate::partition::subpartition::Listener = Arc::new(move || {
+                    if let Some(c) = weak.upgrade() {
+                        c.signal(receiver);
+                    }
+                });
+                if sub.attach_reader(listener) {
+                    sub.set_remote_reader(&self.peer)
+                        .set_credit(u64::from(initial_credit.get()));
+                    Ok(sub)
+                } else {
+                    Err(Error::AlreadyConsumed {
+                        partition: partition_id.clone(),
+                        index: subpartition as usize,
+                    })
+                }
+            });
+        match attached {
+            Ok(sub) => {
+                log::debug!(
+                    "{}: serving {partition_id:?}[{subpartition}] to {receiver}",
+                    self.peer
+                );
+                st.readers.insert(
+                    receiver,
+                    SubReader {
+                        partition,
+                        sub,
+                        credit: SenderCredit::new(initial_credit),
+                        queue: VecDeque::new(),
+                        chunks: 0,
+                        encoder: None,
+                        framing: RecordFraming::default(),
+                        drained: false,
+                        paused: false,
+                    },
+                );
+                self.refresh(&mut st, receiver)?;
+            }
+            Err(e) => {
+                let kind = ErrorKind::of(&e);
+                st.control
+                    .push_back(Message::error_response(Some(receiver), kind, &e.to_string()));
+            }
+        }
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    pub(super) fn on_add_credit(&self, receiver: ReceiverId, credit: Credit) -> Result<()> {
+        let mut st = self.state.lock().unwrap();
+        let Some(r) = st.readers.get_mut(&receiver) else {
+            // Credit for a reader that just ended or was cancelled: harmless.
+            return Ok(());
+        };
+        let was_available = r.credit.can_send_data();
+        r.credit.on_add_credit(credit)?;
+        r.publish_credit();
+        if !was_available {
+            self.refresh(&mut st, receiver)?;
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The receiver aligned the checkpoint whose barrier paused `receiver`'s reader.
+    pub(super) fn on_resume(&self, receiver: ReceiverId) -> Result<()> {
+        let mut st = self.state.lock().unwrap();
+        let Some(r) = st.readers.get_mut(&receiver) else {
+            // The reader ended or was cancelled meanwhile: harmless.
+            return Ok(());
+        };
+        r.paused = false;
+        self.refresh(&mut st, receiver)?;
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Buffer debloating: the receiver wants `receiver`'s buffers cut at `size` bytes. A size
+    /// over the negotiated payload limit breaks the protocol (zero is refused by the codec);
+    /// a size for a reader that already ended is ignored.
+    pub(super) fn on_new_buffer_size(&self, receiver: ReceiverId, size: u32) -> Result<()> {
+        let size = size as usize;
+        if size > self.payload_limit {
+            return Err(Error::Protocol(format!(
+                "NewBufferSize of {size} bytes for {receiver} exceeds the segment size of {} bytes",
+                self.payload_limit
+            )));
+        }
+        if let Some(r) = self.state.lock().unwrap().readers.get(&receiver) {
+            log::debug!("{}: {receiver} buffers cut at {size} bytes", self.peer);
+            r.sub.set_buffer_size(size);
+        }
+        Ok(())
+    }
+
+    pub(super) fn cancel(&self, receiver: ReceiverId) {
+        let mut st = self.state.lock().unwrap();
+        st.ready.remove(receiver);
+        if let Some(r) = st.readers.remove(&receiver) {
+            log::debug!("{}: {receiver} cancelled", self.peer);
+            r.sub.release();
+            r.partition.subpartition_done();
+        }
+    }
+
+    /// The connection ended. Readers not at their end lost their consumer: their
+    /// partitions fail their writers (when `lost`) and their segments go back to the pools.
+    pub(super) fn shutdown(&self, lost: Option<&Error>) {
+        let readers: Vec<SubReader> = {
+            let mut st = self.state.lock().unwrap();
+            st.ready = ReadyQueue::new();
+            st.control.clear();
+            st.readers.drain().map(|(_, r)| r).collect()
+        };
+        for r in readers {
+            r.sub.release();
+            if let Some(e) = lost {
+                r.partition.consumer_lost(&format!(
+                    "the consumer of subpartition {} at {} went away: {e}",
+                    r.sub.index(),
+                    self.peer
+                ));
+            }
+            r.partition.subpartition_done();
+        }
+    }
+
+    /// Gathers the next frames to write: control messages first, then data round robin.
+    pub(super) fn collect(&self) -> Result<Vec<OutFrame>> {
+        let signalled = std::mem::take(&mut *self.signalled.lock().unwrap());
+        let mut st = self.state.lock().unwrap();
+        for rid in signalled {
+            self.refresh(&mut st, rid)?;
+        }
+        let mut frames = Vec::new();
+        let mut bytes = 0;
+        while let Some(msg) = st.control.pop_front() {
+            let f = OutFrame::control(&msg)?;
+            bytes += f.len();
+            frames.push(f);
+        }
+        while bytes < MAX_WRITE_BYTES && frames.len() < MAX_WRITE_FRAMES {
+            let Some(rid) = st.ready.dequeue() else { break };
+            let Some(r) = st.readers.get_mut(&rid) else {
+                continue;
+            };
+            let queue_head = r.head();
+            if !r.credit.is_available(queue_head) {
+                continue;
+            }
+            let frame = match r.queue.front_mut().expect("available means non-empty") {
+                Item::Data(cursor) => {
+                    let (parts, len) = cursor.take();
+                    for part in &parts {
+                        r.framing.advance(part.bytes());
+                    }
+                    let hold = if cursor.remaining == 0 {
+                        cursor.hold.take()
+                    } else {
+                        None
+                    };
+                    if cursor.remaining == 0 {
+                        r.queue.pop_front();
+                    }
+                    r.chunks -= 1;
+                    let header = if queue_head == QueueHead::RecordBody {
+                        r.credit.on_record_body_sent(r.backlog())
+                    } else {
+                        r.credit.on_buffer_sent(DataType::Data, r.backlog())?
+                    };
+                    if let Some(stats) = r.sub.remote_reader() {
+                        stats.count_sent(len);
+                        stats.set_credit(u64::from(r.credit.credit().get()));
+                    }
+                    let head = wire::encode_buffer_response_header(rid, header, len)?;
+                    OutFrame {
+                        head: head.to_vec(),
+                        parts,
+                        _hold: hold,
+                    }
+                }
+                Item::Event(_) => {
+                    let Some(Item::Event(event)) = r.queue.pop_front() else {
+                        unreachable!()
+                    };
+                    let header = r.credit.on_buffer_sent(DataType::Event, r.backlog())?;
+                    let mut head = Vec::with_capacity(BUFFER_RESPONSE_HEADER_LEN + 8);
+                    let ev = event.to_wire();
+                    let msg = Message::event(rid, header.sequence_number, header.backlog, ev);
+                    wire::encode(&msg, &mut head)?;
+                    if event.is_end() {
+                        // The reader is at its end: nothing more to serve.
+                        let r = st.readers.remove(&rid).expect("present");
+                        r.partition.subpartition_done();
+                    }
+                    OutFrame {
+                        head,
+                        parts: Vec::new(),
+                        _hold: None,
+                    }
+                }
+            };
+            bytes += frame.len();
+            frames.push(frame);
+            self.refresh(&mut st, rid)?;
+        }
+        // Backlog announcements queued by the refreshes above go out in this write too.
+        while let Some(msg) = st.control.pop_front() {
+            frames.push(OutFrame::control(&msg)?);
+        }
+        Ok(frames)
+    }
+}

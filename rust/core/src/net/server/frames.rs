@@ -1,0 +1,124 @@
+//! What the sender loop writes: [`OutFrame`]s made of a header and payload [`Part`]s that
+//! point into segments or Arrow buffers (never a copy of data bytes), and the [`Cursor`] that
+//! cuts a polled item into payloads.
+
+use std::collections::VecDeque;
+
+use arrow_buffer::Buffer;
+
+use crate::base::error::Result;
+use crate::base::event::Event;
+use crate::partition::buffer::BufferSlice;
+use crate::partition::subpartition::LocalBatch;
+use crate::protocol::wire::{self, Message};
+
+/// Bytes of frames gathered into one vectored write.
+pub(super) const MAX_WRITE_BYTES: usize = 1 << 20;
+/// Frames gathered into one vectored write (stays well under `IOV_MAX`).
+pub(super) const MAX_WRITE_FRAMES: usize = 128;
+
+/// A piece of an outgoing payload; never a copy of data bytes.
+#[derive(Clone)]
+pub(super) enum Part {
+    Slice(BufferSlice),
+    Arrow(Buffer),
+    Bytes(Vec<u8>),
+}
+
+impl Part {
+    pub(super) fn bytes(&self) -> &[u8] {
+        match self {
+            Part::Slice(s) => s.as_slice(),
+            Part::Arrow(b) => b.as_slice(),
+            Part::Bytes(v) => v,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    pub(super) fn split(self, at: usize) -> (Part, Part) {
+        match self {
+            Part::Slice(s) => (Part::Slice(s.sub(0..at)), Part::Slice(s.sub(at..s.len()))),
+            Part::Arrow(b) => (Part::Arrow(b.slice_with_length(0, at)), Part::Arrow(b.slice(at))),
+            Part::Bytes(mut v) => {
+                let tail = v.split_off(at);
+                (Part::Bytes(v), Part::Bytes(tail))
+            }
+        }
+    }
+}
+
+/// Stream bytes still to send from one polled item, cut into payloads of at most `limit`
+/// bytes: the negotiated size, or the buffer size the reader's gate announced when the item
+/// was queued (buffer debloating).
+pub(super) struct Cursor {
+    pub(super) parts: VecDeque<Part>,
+    pub(super) remaining: usize,
+    pub(super) limit: usize,
+    /// The handed-off batch whose segments account for the bytes; released with the last chunk.
+    pub(super) hold: Option<LocalBatch>,
+}
+
+impl Cursor {
+    pub(super) fn chunks(&self) -> usize {
+        self.remaining.div_ceil(self.limit)
+    }
+
+    /// Bytes of the next chunk [`Cursor::take`] hands out.
+    pub(super) fn next_len(&self) -> usize {
+        self.remaining.min(self.limit)
+    }
+
+    pub(super) fn take(&mut self) -> (Vec<Part>, usize) {
+        let limit = self.limit;
+        let mut out = Vec::new();
+        let mut n = 0;
+        while n < limit {
+            let Some(front) = self.parts.pop_front() else {
+                break;
+            };
+            let len = front.len();
+            if n + len <= limit {
+                n += len;
+                out.push(front);
+            } else {
+                let (head, tail) = front.split(limit - n);
+                n = limit;
+                out.push(head);
+                self.parts.push_front(tail);
+            }
+        }
+        self.remaining -= n;
+        (out, n)
+    }
+}
+
+pub(super) enum Item {
+    Data(Cursor),
+    Event(Event),
+}
+
+/// One frame ready to write.
+pub(super) struct OutFrame {
+    pub(super) head: Vec<u8>,
+    pub(super) parts: Vec<Part>,
+    pub(super) _hold: Option<LocalBatch>,
+}
+
+impl OutFrame {
+    pub(super) fn control(msg: &Message<'_>) -> Result<OutFrame> {
+        let mut head = Vec::with_capacity(32);
+        wire::encode(msg, &mut head)?;
+        Ok(OutFrame {
+            head,
+            parts: Vec::new(),
+            _hold: None,
+        })
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.head.len() + self.parts.iter().map(Part::len).sum::<usize>()
+    }
+}

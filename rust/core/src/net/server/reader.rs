@@ -1,0 +1,126 @@
+//! [`SubReader`]: one requested subpartition (Flink's
+//! `CreditBasedSequenceNumberingViewReader`): its queue of items to send, its credit and
+//! where its records stand.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::frames::{Cursor, Item, Part};
+use crate::base::error::Result;
+use crate::base::event::Event;
+use crate::partition::subpartition::{Polled, Subpartition};
+use crate::partition::ResultPartition;
+use crate::protocol::credit::{QueueHead, SenderCredit};
+use crate::serde::{BatchEncoder, RecordFraming, RECORD_HEADER_LEN};
+
+/// One requested subpartition (Flink: `CreditBasedSequenceNumberingViewReader`).
+pub(super) struct SubReader {
+    pub(super) partition: Arc<ResultPartition>,
+    pub(super) sub: Arc<Subpartition>,
+    pub(super) credit: SenderCredit,
+    pub(super) queue: VecDeque<Item>,
+    /// Data buffers (payload chunks) in `queue`: the backlog.
+    pub(super) chunks: usize,
+    /// Encodes handed-off batches for the wire (their first record carries the schema).
+    pub(super) encoder: Option<BatchEncoder>,
+    /// The records of the payloads sent so far: which next chunk is a record body buffer
+    /// (needs no credit, see [`crate::protocol::credit`]).
+    pub(super) framing: RecordFraming,
+    /// The last event was queued; the subpartition is read to its end.
+    pub(super) drained: bool,
+    /// An aligned checkpoint barrier was queued: the subpartition is not read until the
+    /// receiver sends ResumeConsumption (Flink's blocking upstream during alignment).
+    pub(super) paused: bool,
+}
+
+impl SubReader {
+    /// Moves everything readable from the subpartition into the queue, to be sent in
+    /// payloads of at most `limit` bytes (or the subpartition's debloated buffer size).
+    pub(super) fn fill(&mut self, limit: usize) -> Result<()> {
+        let limit = self.sub.buffer_size(limit);
+        while !self.drained && !self.paused {
+            let Some(polled) = self.sub.poll() else { break };
+            let item = match polled {
+                Polled::Data(slice) => {
+                    let remaining = slice.len();
+                    Item::Data(Cursor {
+                        parts: VecDeque::from([Part::Slice(slice)]),
+                        remaining,
+                        limit,
+                        hold: None,
+                    })
+                }
+                Polled::Batch(lb) => {
+                    let encoder = match self.encoder.as_mut() {
+                        Some(e) => e,
+                        None => self.encoder.insert(BatchEncoder::new(&lb.batch.schema())?),
+                    };
+                    let record = encoder.encode(&lb.batch)?;
+                    let (header, parts) = record.into_parts();
+                    let mut all = VecDeque::with_capacity(parts.len() + 1);
+                    all.push_back(Part::Bytes(header.to_vec()));
+                    all.extend(parts.into_iter().filter(|p| !p.is_empty()).map(Part::Arrow));
+                    let remaining = all.iter().map(Part::len).sum();
+                    debug_assert!(remaining >= RECORD_HEADER_LEN);
+                    Item::Data(Cursor {
+                        parts: all,
+                        remaining,
+                        limit,
+                        hold: Some(lb),
+                    })
+                }
+                Polled::Event(e) => {
+                    self.drained = e.is_end();
+                    match e {
+                        Event::Barrier { unaligned: false, .. } => self.paused = true,
+                        Event::Barrier { unaligned: true, .. } => {
+                            // It overtakes everything queued here too (it needs no credit;
+                            // between two chunks of a record is fine, the payload is a stream),
+                            // but not an earlier unaligned barrier still waiting to go.
+                            let at = self
+                                .queue
+                                .iter()
+                                .position(|i| {
+                                    !matches!(i, Item::Event(Event::Barrier { unaligned: true, .. }))
+                                })
+                                .unwrap_or(self.queue.len());
+                            self.queue.insert(at, Item::Event(e));
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    Item::Event(e)
+                }
+            };
+            if let Item::Data(c) = &item {
+                self.chunks += c.chunks();
+            }
+            self.queue.push_back(item);
+        }
+        Ok(())
+    }
+
+    pub(super) fn head(&self) -> QueueHead {
+        match self.queue.front() {
+            None => QueueHead::Empty,
+            Some(Item::Data(c)) if self.framing.is_record_body(c.next_len()) => QueueHead::RecordBody,
+            Some(Item::Data(_)) => QueueHead::Data,
+            Some(Item::Event(_)) => QueueHead::Event,
+        }
+    }
+
+    /// Shows the sender's credit in the subpartition's metrics.
+    pub(super) fn publish_credit(&self) {
+        if let Some(stats) = self.sub.remote_reader() {
+            stats.set_credit(u64::from(self.credit.credit().get()));
+        }
+    }
+
+    /// Data buffers to announce. While paused after an aligned barrier, what waits in the
+    /// subpartition is not announced: the receiver must not lend this channel floating
+    /// buffers that the channels it still waits for need to deliver their barriers.
+    pub(super) fn backlog(&self) -> u32 {
+        let waiting = if self.paused { 0 } else { self.sub.backlog() };
+        self.chunks.saturating_add(waiting).min(u32::MAX as usize) as u32
+    }
+}

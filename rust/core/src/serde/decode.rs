@@ -1,0 +1,245 @@
+//! [`RecordDeserializer`]: a gathered record's IPC messages decoded zero-copy over its
+//! buffer, and the checks that make a batch from a peer safe to use.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_buffer::{ArrowNativeType, Buffer};
+use arrow_data::ArrayData;
+use arrow_ipc::reader::FileDecoder;
+use arrow_ipc::{Block, MessageHeader};
+use arrow_schema::{ArrowError, DataType};
+
+use super::assemble::RecordAssembler;
+use crate::base::error::{Error, Result};
+
+/// Starts every IPC message of the stream format.
+const CONTINUATION_MARKER: [u8; 4] = [0xff; 4];
+
+/// Reassembles records from stream bytes and decodes them.
+pub struct RecordDeserializer {
+    assembler: RecordAssembler,
+    /// Set by the schema message at the start of the stream.
+    decoder: Option<FileDecoder>,
+}
+
+impl RecordDeserializer {
+    /// A deserializer accepting records up to `max_record` bytes.
+    pub fn new(max_record: usize) -> RecordDeserializer {
+        RecordDeserializer {
+            assembler: RecordAssembler::new(max_record),
+            decoder: None,
+        }
+    }
+
+    /// True when no record is partly gathered.
+    pub fn is_at_record_boundary(&self) -> bool {
+        self.assembler.is_at_record_boundary()
+    }
+
+    /// Feeds stream bytes; complete batches are appended to `out` in order.
+    pub fn push(&mut self, bytes: &[u8], out: &mut VecDeque<RecordBatch>) -> Result<()> {
+        let RecordDeserializer { assembler, decoder } = self;
+        assembler.push(bytes, |record| decode_record(decoder, record, out))
+    }
+
+    /// Decodes one whole record (its body, without the length prefix), gathered elsewhere by
+    /// a [`RecordAssembler`]; its batch is appended to `out`.
+    pub fn push_record(&mut self, record: Buffer, out: &mut VecDeque<RecordBatch>) -> Result<()> {
+        decode_record(&mut self.decoder, record, out)
+    }
+}
+
+/// Decodes the IPC messages of one record: the schema (first record only, which creates
+/// `decoder`), dictionaries, then one record batch. Each message is `0xFFFFFFFF`, an i32
+/// metadata length, the flatbuffer metadata, then the body the metadata declares.
+fn decode_record(
+    decoder_slot: &mut Option<FileDecoder>,
+    buf: Buffer,
+    out: &mut VecDeque<RecordBatch>,
+) -> Result<()> {
+    let bad = |what: String| Error::Protocol(format!("invalid Arrow IPC data: {what}"));
+    let mut produced = false;
+    let mut pos = 0usize;
+    while pos < buf.len() {
+        let prefix = buf
+            .get(pos..pos + 8)
+            .ok_or_else(|| bad("a record ends inside a message prefix".into()))?;
+        if prefix[..4] != CONTINUATION_MARKER {
+            return Err(bad("missing continuation marker".into()));
+        }
+        let meta_len = i32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes"));
+        let meta_len = usize::try_from(meta_len)
+            .ok()
+            .filter(|&n| n > 0 && pos + 8 + n <= buf.len())
+            .ok_or_else(|| bad(format!("metadata length {meta_len} out of range")))?;
+        let meta = &buf[pos + 8..pos + 8 + meta_len];
+        let message = arrow_ipc::root_as_message(meta).map_err(|e| bad(format!("bad message: {e}")))?;
+        let body_len = usize::try_from(message.bodyLength())
+            .ok()
+            .filter(|&n| n <= buf.len() - pos - 8 - meta_len)
+            .ok_or_else(|| bad(format!("body length {} out of range", message.bodyLength())))?;
+        let total = 8 + meta_len + body_len;
+        let block = Block::new(0, (8 + meta_len) as i32, body_len as i64);
+        let message_buf = buf.slice_with_length(pos, total);
+        match message.header_type() {
+            MessageHeader::Schema => {
+                if decoder_slot.is_some() {
+                    return Err(bad("a second schema message".into()));
+                }
+                let schema = message
+                    .header_as_schema()
+                    .ok_or_else(|| bad("schema message without a schema".into()))?;
+                let schema = guarded(|| Ok(arrow_ipc::convert::fb_to_schema(schema)))?;
+                let decoder = FileDecoder::new(Arc::new(schema), message.version());
+                // SAFETY: every batch this decoder produces goes through `validate_batch`,
+                // which checks what Arrow's validation would (see there), before use.
+                *decoder_slot = Some(unsafe { decoder.with_skip_validation(true) });
+            }
+            MessageHeader::DictionaryBatch => {
+                let decoder = decoder_slot
+                    .as_mut()
+                    .ok_or_else(|| bad("dictionary before schema".into()))?;
+                guarded(|| decoder.read_dictionary(&block, &message_buf))?;
+            }
+            MessageHeader::RecordBatch => {
+                let decoder = decoder_slot
+                    .as_ref()
+                    .ok_or_else(|| bad("batch before schema".into()))?;
+                let batch = guarded(|| decoder.read_record_batch(&block, &message_buf))?
+                    .ok_or_else(|| bad("empty record batch message".into()))?;
+                validate_batch(&batch)?;
+                out.push_back(batch);
+                produced = true;
+            }
+            other => return Err(bad(format!("unexpected message {other:?}"))),
+        }
+        pos += total;
+    }
+    if !produced {
+        return Err(Error::Protocol("a record held no record batch".into()));
+    }
+    Ok(())
+}
+
+/// Runs an arrow-ipc decoding step, turning its errors and its panics into protocol errors:
+/// the reader asserts on some malformed inputs (buffer slices past the end, short validity
+/// bitmaps) instead of returning an error, and a peer's bytes must never take the process
+/// down. The channel fails after an error; the decoder is not used again.
+fn guarded<T>(f: impl FnOnce() -> std::result::Result<T, ArrowError>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(|e| Error::Protocol(format!("invalid Arrow IPC data: {e}"))),
+        Err(_) => Err(Error::Protocol(
+            "malformed Arrow IPC message (the decoder rejected it)".into(),
+        )),
+    }
+}
+
+/// Checks a batch decoded without Arrow's validation as strictly as Arrow would have:
+/// `RecordBatch::try_new`'s checks (column count, types, lengths, no nulls in non-nullable
+/// columns) and `ArrayData::validate_full` of every column — except that the values check of
+/// flat string and binary columns, which Arrow does with a slow per-offset iterator and which
+/// dominates decoding, is done here in one pass (offsets in range and non-decreasing; for
+/// strings, valid UTF-8 and every offset on a character boundary).
+fn validate_batch(batch: &RecordBatch) -> Result<()> {
+    let schema = batch.schema();
+    let bad = |what: String| Err(Error::Protocol(format!("invalid record batch: {what}")));
+    if batch.num_columns() != schema.fields().len() {
+        return bad(format!(
+            "{} columns for {} fields",
+            batch.num_columns(),
+            schema.fields().len()
+        ));
+    }
+    for (col, field) in batch.columns().iter().zip(schema.fields()) {
+        if col.data_type() != field.data_type() {
+            return bad(format!(
+                "column {:?} is {} but the schema says {}",
+                field.name(),
+                col.data_type(),
+                field.data_type()
+            ));
+        }
+        if col.len() != batch.num_rows() {
+            return bad(format!(
+                "column {:?} has {} rows, the batch {}",
+                field.name(),
+                col.len(),
+                batch.num_rows()
+            ));
+        }
+        if !field.is_nullable() && col.null_count() > 0 {
+            return bad(format!("non-nullable column {:?} has nulls", field.name()));
+        }
+        if let Err(e) = validate_array(&col.to_data()) {
+            return bad(format!("column {:?}: {e}", field.name()));
+        }
+    }
+    Ok(())
+}
+
+fn validate_array(d: &ArrayData) -> std::result::Result<(), ArrowError> {
+    let (utf8, wide) = match d.data_type() {
+        DataType::Utf8 => (true, false),
+        DataType::LargeUtf8 => (true, true),
+        DataType::Binary => (false, false),
+        DataType::LargeBinary => (false, true),
+        _ => return d.validate_full(),
+    };
+    d.validate()?;
+    d.validate_nulls()?;
+    let values = d.buffers()[1].as_slice();
+    if wide {
+        check_offsets(offsets::<i64>(d)?, values, utf8)
+    } else {
+        check_offsets(offsets::<i32>(d)?, values, utf8)
+    }
+}
+
+/// The `len + 1` offsets of a variable-size array (already checked to fit by `validate`).
+fn offsets<O: ArrowNativeType>(d: &ArrayData) -> std::result::Result<&[O], ArrowError> {
+    let all: &[O] = d.buffers()[0].typed_data();
+    all.get(d.offset()..d.offset() + d.len() + 1)
+        .ok_or_else(|| ArrowError::InvalidArgumentError("offsets buffer too short".into()))
+}
+
+fn check_offsets<O: ArrowNativeType>(
+    offsets: &[O],
+    values: &[u8],
+    utf8: bool,
+) -> std::result::Result<(), ArrowError> {
+    let err = |m: &str| Err(ArrowError::InvalidArgumentError(m.into()));
+    let (Some(&first), Some(&last)) = (offsets.first(), offsets.last()) else {
+        return err("no offsets");
+    };
+    let (first, last) = (first.to_i64().unwrap_or(-1), last.to_i64().unwrap_or(-1));
+    if first < 0 || last < first || last as u64 > values.len() as u64 {
+        return err("offsets out of range of the values buffer");
+    }
+    let mut monotonic = true;
+    for w in offsets.windows(2) {
+        monotonic &= w[0] <= w[1];
+    }
+    if !monotonic {
+        return err("offsets are not non-decreasing");
+    }
+    if utf8 {
+        let used = &values[first as usize..last as usize];
+        if std::str::from_utf8(used).is_err() {
+            return err("invalid UTF-8 in a string column");
+        }
+        // Every offset inside the values must start a character (not a continuation byte).
+        let mut boundaries = true;
+        for &o in offsets {
+            let i = o.as_usize();
+            if i < values.len() {
+                boundaries &= (values[i] as i8) >= -0x40;
+            }
+        }
+        if !boundaries {
+            return err("a string offset splits a UTF-8 character");
+        }
+    }
+    Ok(())
+}

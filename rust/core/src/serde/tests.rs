@@ -1,0 +1,295 @@
+//! Tests of the serialization: round trips of every Arrow type, records cut anywhere,
+//! framing against the assembler, corrupt input.
+
+use std::collections::VecDeque;
+
+use arrow_array::RecordBatch;
+
+use super::*;
+use crate::base::error::Error;
+use arrow_array::types::Int32Type;
+use arrow_array::{ArrayRef, DictionaryArray, Int64Array, StringArray};
+use std::sync::Arc;
+
+proptest::proptest! {
+    /// The sending side's framing and the receiving side's assembler agree on the record
+    /// in progress at every point of any stream cut into any pieces: that is what lets both
+    /// ends tell record body buffers apart without a word about them.
+    #[test]
+    fn framing_agrees_with_the_assembler_at_every_cut(
+        lens in proptest::collection::vec(1usize..3000, 1..12),
+        cuts in proptest::collection::vec(1usize..700, 1..64),
+    ) {
+        let mut stream = Vec::new();
+        for (i, len) in lens.iter().enumerate() {
+            stream.extend_from_slice(&(*len as u64).to_le_bytes());
+            stream.extend(std::iter::repeat_n(i as u8, *len));
+        }
+        let mut framing = RecordFraming::default();
+        let mut assembler = RecordAssembler::new(1 << 20);
+        let mut done = 0;
+        let mut rest = &stream[..];
+        for cut in cuts.iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let n = (*cut).min(rest.len());
+            proptest::prop_assert_eq!(framing.is_record_body(n), n < assembler.body_missing());
+            framing.advance(&rest[..n]);
+            assembler.push(&rest[..n], |_| { done += 1; Ok(()) }).unwrap();
+            rest = &rest[n..];
+            proptest::prop_assert_eq!(framing.body_missing(), assembler.body_missing() as u64);
+        }
+        proptest::prop_assert_eq!(done, lens.len());
+        proptest::prop_assert_eq!(framing.body_missing(), 0);
+    }
+}
+
+fn batch(start: i64, n: i64) -> RecordBatch {
+    let a: ArrayRef = Arc::new(Int64Array::from_iter_values(start..start + n));
+    let s: ArrayRef = Arc::new(StringArray::from_iter_values(
+        (start..start + n).map(|i| format!("v{i}")),
+    ));
+    let d: ArrayRef = Arc::new(
+        (start..start + n)
+            .map(|i| if i % 2 == 0 { "even" } else { "odd" })
+            .collect::<DictionaryArray<Int32Type>>(),
+    );
+    RecordBatch::try_from_iter([("a", a), ("s", s), ("d", d)]).unwrap()
+}
+
+#[test]
+fn records_round_trip_across_arbitrary_chunking() {
+    let batches: Vec<RecordBatch> = (0..5).map(|i| batch(i * 100, 37 + i)).collect();
+    let mut enc = BatchEncoder::new(&batches[0].schema()).unwrap();
+    let mut stream = Vec::new();
+    for b in &batches {
+        let rec = enc.encode(b).unwrap();
+        let before = stream.len();
+        for c in rec.chunks() {
+            stream.extend_from_slice(c);
+        }
+        assert_eq!(stream.len() - before, rec.len());
+    }
+    for chunk in [1usize, 3, 7, 64, 4096, stream.len()] {
+        let mut de = RecordDeserializer::new(1 << 20);
+        let mut out = VecDeque::new();
+        for piece in stream.chunks(chunk) {
+            de.push(piece, &mut out).unwrap();
+        }
+        assert!(de.is_at_record_boundary());
+        assert_eq!(out.len(), batches.len());
+        for (got, want) in out.iter().zip(&batches) {
+            assert_eq!(got, want);
+        }
+    }
+}
+
+#[test]
+fn batches_with_an_empty_ipc_body_round_trip() {
+    let empty: ArrayRef = Arc::new(Int64Array::from(Vec::<i64>::new()));
+    let nulls: ArrayRef = Arc::new(arrow_array::NullArray::new(3));
+    for b in [
+        RecordBatch::try_from_iter([("e", empty)]).unwrap(),
+        RecordBatch::try_from_iter([("n", nulls)]).unwrap(),
+    ] {
+        let mut enc = BatchEncoder::new(&b.schema()).unwrap();
+        let mut de = RecordDeserializer::new(1 << 20);
+        let mut out = VecDeque::new();
+        for _ in 0..3 {
+            let rec = enc.encode(&b).unwrap();
+            for c in rec.chunks() {
+                de.push(c, &mut out).unwrap();
+            }
+        }
+        assert_eq!(out.len(), 3);
+        assert!(out.iter().all(|got| got == &b));
+    }
+}
+
+#[test]
+fn oversized_or_zero_length_records_are_protocol_errors() {
+    let mut de = RecordDeserializer::new(100);
+    let err = de.push(&1000u64.to_le_bytes(), &mut VecDeque::new()).unwrap_err();
+    assert!(matches!(err, Error::Protocol(_)));
+    let mut de = RecordDeserializer::new(100);
+    assert!(de.push(&0u64.to_le_bytes(), &mut VecDeque::new()).is_err());
+}
+
+#[test]
+fn garbage_records_are_errors_not_panics() {
+    let mut de = RecordDeserializer::new(1 << 20);
+    let mut bytes = 16u64.to_le_bytes().to_vec();
+    bytes.extend_from_slice(&[0xAB; 16]);
+    assert!(de.push(&bytes, &mut VecDeque::new()).is_err());
+}
+
+/// Every flat variable-width type the fast validator handles, with nulls, multi-byte
+/// characters and a sliced column.
+fn variable_width_batch(n: usize) -> RecordBatch {
+    use arrow_array::{BinaryArray, LargeBinaryArray, LargeStringArray};
+    let text = |i: usize| (!i.is_multiple_of(5)).then(|| format!("é{i}ü"));
+    let s: ArrayRef = Arc::new(LargeStringArray::from_iter((0..n).map(text)));
+    let b: ArrayRef = Arc::new(BinaryArray::from_iter(
+        (0..n).map(|i| text(i).map(String::into_bytes)),
+    ));
+    let lb: ArrayRef = Arc::new(LargeBinaryArray::from_iter_values(
+        (0..n).map(|i| vec![i as u8; i % 4]),
+    ));
+    let sliced: ArrayRef = Arc::new(StringArray::from_iter((0..n + 7).map(text)).slice(7, n));
+    RecordBatch::try_from_iter([("s", s), ("b", b), ("lb", lb), ("sliced", sliced)]).unwrap()
+}
+
+#[test]
+fn variable_width_columns_round_trip() {
+    let b = variable_width_batch(100);
+    let mut out = VecDeque::new();
+    RecordDeserializer::new(1 << 20)
+        .push(&record_bytes(&b), &mut out)
+        .unwrap();
+    assert_eq!(out.pop_front().unwrap(), b);
+}
+
+fn record_bytes(b: &RecordBatch) -> Vec<u8> {
+    let mut enc = BatchEncoder::new(&b.schema()).unwrap();
+    enc.encode(b).unwrap().chunks().flatten().copied().collect()
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> usize {
+    hay.windows(needle.len())
+        .position(|w| w == needle)
+        .expect("pattern in the record")
+}
+
+#[test]
+fn invalid_utf8_and_offsets_are_protocol_errors() {
+    let b = batch(0, 40);
+    let good = record_bytes(&b);
+    // A string value byte made invalid UTF-8.
+    let mut bad = good.clone();
+    let at = find(&bad, b"v12");
+    bad[at + 1] = 0xFF;
+    let err = RecordDeserializer::new(1 << 20)
+        .push(&bad, &mut VecDeque::new())
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Protocol(_)) && err.to_string().contains("UTF-8"),
+        "{err}"
+    );
+    // Offsets 0, 2, 4, ... of column s: make one go backwards.
+    let mut bad = good.clone();
+    let offs: Vec<u8> = [0i32, 2, 4, 6].iter().flat_map(|o| o.to_le_bytes()).collect();
+    let at = find(&bad, &offs);
+    bad[at + 8..at + 12].copy_from_slice(&1i32.to_le_bytes());
+    let err = RecordDeserializer::new(1 << 20)
+        .push(&bad, &mut VecDeque::new())
+        .unwrap_err();
+    assert!(matches!(err, Error::Protocol(_)), "{err}");
+    // An offset past the values buffer.
+    let mut bad = good;
+    bad[at + 8..at + 12].copy_from_slice(&100_000i32.to_le_bytes());
+    assert!(RecordDeserializer::new(1 << 20)
+        .push(&bad, &mut VecDeque::new())
+        .is_err());
+}
+
+#[test]
+fn a_direct_write_completes_the_record_and_the_boundary_is_tracked() {
+    let b = batch(0, 20);
+    let bytes = record_bytes(&b);
+    let mut asm = RecordAssembler::new(1 << 20);
+    assert!(asm.is_at_record_boundary());
+    assert_eq!((asm.header_missing(), asm.body_missing()), (RECORD_HEADER_LEN, 0));
+    assert!(asm.body_spare().is_empty());
+    asm.push(&bytes[..3], |_| unreachable!()).unwrap();
+    assert!(!asm.is_at_record_boundary());
+    assert_eq!(asm.header_missing(), RECORD_HEADER_LEN - 3);
+    asm.push(&bytes[3..RECORD_HEADER_LEN], |_| unreachable!())
+        .unwrap();
+    let body = &bytes[RECORD_HEADER_LEN..];
+    assert_eq!((asm.header_missing(), asm.body_missing()), (0, body.len()));
+    let spare = asm.body_spare();
+    assert_eq!(spare.len(), body.len());
+    for (d, s) in spare.iter_mut().zip(body) {
+        d.write(*s);
+    }
+    // SAFETY: all of the spare bytes were written just above.
+    let record = unsafe { asm.commit_body(body.len()) }.expect("the record is complete");
+    assert!(asm.is_at_record_boundary());
+    let mut out = VecDeque::new();
+    RecordDeserializer::new(1 << 20)
+        .push_record(record, &mut out)
+        .unwrap();
+    assert_eq!(out.pop_front(), Some(b));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+    /// Records gathered from any mix of copied pieces and direct body writes, cut
+    /// anywhere, decode to the batches that were encoded.
+    #[test]
+    fn copied_and_direct_pieces_assemble_the_same_records(
+        cuts in proptest::collection::vec((1usize..3000, proptest::prelude::any::<bool>()), 1..64),
+    ) {
+        let batches: Vec<RecordBatch> = (0..4).map(|i| batch(i * 100, 37 + 50 * i)).collect();
+        let mut enc = BatchEncoder::new(&batches[0].schema()).unwrap();
+        let stream: Vec<u8> =
+            batches.iter().flat_map(|b| enc.encode(b).unwrap().chunks().flatten().copied().collect::<Vec<u8>>()).collect();
+        let mut asm = RecordAssembler::new(1 << 20);
+        let mut de = RecordDeserializer::new(1 << 20);
+        let mut out = VecDeque::new();
+        let (mut pos, mut i) = (0, 0);
+        while pos < stream.len() {
+            let (len, direct) = cuts[i % cuts.len()];
+            i += 1;
+            let piece = &stream[pos..(pos + len).min(stream.len())];
+            if direct && asm.body_missing() > 0 {
+                let m = piece.len().min(asm.body_missing());
+                for (d, s) in asm.body_spare()[..m].iter_mut().zip(piece) {
+                    d.write(*s);
+                }
+                // SAFETY: these `m` bytes were written just above.
+                if let Some(record) = unsafe { asm.commit_body(m) } {
+                    de.push_record(record, &mut out).unwrap();
+                }
+                pos += m;
+            } else {
+                asm.push(piece, |record| de.push_record(record, &mut out)).unwrap();
+                pos += piece.len();
+            }
+        }
+        proptest::prop_assert!(asm.is_at_record_boundary());
+        proptest::prop_assert_eq!(out.len(), batches.len());
+        for (got, want) in out.iter().zip(&batches) {
+            proptest::prop_assert_eq!(got, want);
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
+
+    /// Whatever bytes are flipped, the deserializer never accepts a batch that Arrow's
+    /// own full validation rejects (and never panics).
+    #[test]
+    fn corrupted_records_never_pass_as_invalid_batches(
+        flips in proptest::collection::vec((0usize..10_000, proptest::prelude::any::<u8>()), 1..4),
+        wide in proptest::prelude::any::<bool>(),
+    ) {
+        let b = if wide { variable_width_batch(48) } else { batch(0, 64) };
+        let mut bytes = record_bytes(&b);
+        for (pos, val) in flips {
+            let i = RECORD_HEADER_LEN + pos % (bytes.len() - RECORD_HEADER_LEN);
+            bytes[i] = val;
+        }
+        let mut out = VecDeque::new();
+        if RecordDeserializer::new(1 << 20).push(&bytes, &mut out).is_ok() {
+            for got in &out {
+                for col in got.columns() {
+                    proptest::prop_assert!(col.to_data().validate_full().is_ok());
+                }
+            }
+        }
+    }
+}

@@ -10,12 +10,12 @@
 //! unbounded `max` (`usize::MAX`) → `None`, enums → their `as_str` names, `Option` → the dict
 //! or `None`; the environment's partitions and gates are dicts keyed by id and name.
 
-use creditflow_core::env::EnvMetrics;
 use creditflow_core::base::config::ChannelSpec;
+use creditflow_core::env::EnvMetrics;
 use creditflow_core::gate::{ChannelMetrics, DebloatMetrics, GateMetrics};
 use creditflow_core::memory::PoolStats;
-use creditflow_core::partition::{PartitionMetrics, RemoteReaderMetrics, SubpartitionMetrics};
 use creditflow_core::net::{RemoteChannelStats, RemoteStats};
+use creditflow_core::partition::{PartitionMetrics, RemoteReaderMetrics, SubpartitionMetrics};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 

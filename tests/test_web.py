@@ -51,12 +51,12 @@ def partition(written: float, bp: float, pool: float = 0.5) -> dict[str, Any]:
     second backpressured."""
     return {
         "out_pool_usage": pool,
-        "out_pool": {"in_use": 10},
+        "pool": {"in_use": 10, "usage": pool},
         "backlog": [3],
         "bytes_written": written,
         "rows_written": written / 10,
         "backpressured_ms_per_second": 1000 * bp,
-        "busy_time_ms_per_second": 1000 * (1 - bp),
+        "busy_ms_per_second": 1000 * (1 - bp),
         "level": level_of(bp),
         "subpartitions": [],
     }
@@ -66,18 +66,15 @@ def gate(idle: float, channels: Sequence[tuple[str, str, float]], pool: float = 
     """A gate's metrics: ``idle`` of the last second waiting, and its channels as
     ``(peer address, partition, bytes received so far)``."""
     return {
-        "in_pool_usage": pool,
-        "in_pool": {"in_use": 4},
+        "pool": {"in_use": 4, "usage": pool},
         "bytes_received": sum(c[2] for c in channels),
         "rows_received": sum(c[2] for c in channels) / 10,
         "idle_ms_per_second": 1000 * idle,
-        "busy_time_ms_per_second": 1000 * (1 - idle),
+        "busy_ms_per_second": 1000 * (1 - idle),
         "channels": [
             {
                 "index": i,
-                "address": peer,
-                "partition_id": pid,
-                "subpartition": 0,
+                "spec": {"address": peer, "partition_id": pid, "subpartition": 0},
                 "bytes_received": received,
                 "rows_received": received / 10,
             }

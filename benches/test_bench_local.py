@@ -1,6 +1,6 @@
 """Local (same-environment) exchange benchmarks of creditflow, with pytest-benchmark.
 
-Run with ``make bench``, or ``pytest benches/ --benchmark-only``; see benches/README.md.
+Run with ``make bench``, or ``pytest benches/ --benchmark-only``; see docs/benchmarks.md.
 Each benchmark checks its result first, then times; headline figures (GB/s, µs per batch,
 speed-up over numpy) go to ``benchmark.extra_info`` and the end-of-session table.
 """

@@ -6,7 +6,7 @@ twice, once with the scraper and once without, alternating which goes first; the
 the ratio of the median throughputs (with / without), to be within 2 % of 1. The scraper
 is another process, as Prometheus would be; the HTTP server runs in the benchmark's own
 process, as it would in a task that serves its metrics, so rendering the page competes
-with the exchange for the GIL and the cores. See benches/README.md.
+with the exchange for the GIL and the cores. See docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Flight and raw TCP on the same machine.
 Every side runs in its own OS process (``benches/remote.py`` holds the workers); figures are
 medians of the rounds, each measured inside the round, transfer only (process start-up,
 connection and a warm-up batch are not timed; pytest-benchmark's own time column includes
-them). See benches/README.md for what each benchmark measures.
+them). See docs/benchmarks.md for what each benchmark measures.
 
 Settings (environment variables):
 

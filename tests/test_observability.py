@@ -134,11 +134,11 @@ def test_metrics_endpoint_parses_and_has_every_documented_family() -> None:
         for url in (server.url, cons_server.url):
             text = urllib.request.urlopen(url, timeout=5).read().decode()
             names |= {f.name for f in text_string_to_metric_families(text)}
-        readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+        readme = (Path(__file__).resolve().parents[1] / "docs" / "observability.md").read_text()
         for f in FAMILIES:
             assert f.name in names, f.name
             shown = f.name + ("_total" if f.kind == "counter" else "")
-            assert f"`{shown}`" in readme, f"{shown} is not documented in README.md"
+            assert f"`{shown}`" in readme, f"{shown} is not documented in docs/observability.md"
         text = urllib.request.urlopen(cons_server.url, timeout=5).read().decode()
         assert f'peer="{prod.address}"' in text
         assert 'partition="p"' in text

@@ -66,7 +66,8 @@ _DNS = re.compile(rf"^(\*\.)?({_LABEL}\.)*{_LABEL}$")
 
 def parse_node(spec: str) -> Node:
     """A node from ``HOST[,HOST...]`` or ``NAME=HOST[,HOST...]``; without a name, the first
-    host names the files (``:`` of an IPv6 address becoming ``-``)."""
+    host names the files (other characters than letters, digits, ``.``, ``_`` and ``-`` becoming
+    ``-``, ``*`` ``wildcard``)."""
     name, sep, hosts_part = spec.partition("=")
     if not sep:
         name, hosts_part = "", spec
@@ -75,7 +76,7 @@ def parse_node(spec: str) -> Node:
         raise CertsError(f"{spec!r}: no host (give HOST[,HOST...] or NAME=HOST[,HOST...])")
     for h in hosts:
         _check_host(h)
-    name = name.strip() or hosts[0].replace(":", "-").replace("*", "wildcard")
+    name = name.strip() or re.sub(r"[^A-Za-z0-9._-]+", "-", hosts[0].replace("*", "wildcard")).strip("-._")
     if not _NAME.match(name):
         raise CertsError(f"{name!r} is not a usable file name (letters, digits, '.', '_', '-')")
     return Node(name, hosts)
@@ -157,9 +158,7 @@ def _load_or_make_ca(
         have, missing = (cert_path, key_path) if cert_path.exists() else (key_path, cert_path)
         raise CertsError(f"{have} exists but {missing} does not: remove it, or give another --out")
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name(
-        [x509.NameAttribute(NameOID.COMMON_NAME, f"creditflow CA {now:%Y-%m-%d %H:%M:%S}")]
-    )
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"creditflow CA {now:%Y-%m-%d %H:%M:%S}")])
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -221,7 +220,8 @@ def make_certs(
             str(p) for n in parsed for p in (out / f"{n.name}.pem", out / f"{n.name}-key.pem") if p.exists()
         ]
         if existing:
-            raise CertsError(f"{', '.join(existing)} already exist: give --force to overwrite")
+            verb = "exists" if len(existing) == 1 else "exist"
+            raise CertsError(f"{', '.join(existing)} already {verb}: give --force to overwrite")
     now = _utcnow()
     ca_cert, ca_key, made = _load_or_make_ca(out, ca_days, now)
     aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())

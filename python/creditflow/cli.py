@@ -172,7 +172,7 @@ def certs(out: str, nodes: Sequence[str], days: int, force: bool) -> int:
     except ImportError:
         print("creditflow certs needs cryptography: pip install 'creditflow[tls]'", file=sys.stderr)
         return 2
-    from creditflow.certs import CA_CERT, CertsError, make_certs
+    from creditflow.certs import CA_CERT, CA_KEY, CertsError, make_certs
 
     try:
         written, made = make_certs(out, nodes, days=days, force=force)
@@ -180,10 +180,11 @@ def certs(out: str, nodes: Sequence[str], days: int, force: bool) -> int:
         print(f"creditflow certs: {e}", file=sys.stderr)
         return 1
     ca = written[0].ca
-    print(f"{'wrote the CA' if made else 'signed with the existing CA'} {ca} (its key: {ca.parent / 'ca-key.pem'})")
+    what = "wrote the CA" if made else "signed with the existing CA"
+    print(f"{what} {ca} (its key: {ca.parent / CA_KEY})")
     for f in written:
         print(f"{f.name}: TLSConfig(cert={str(f.cert)!r}, key={str(f.key)!r}, ca={str(f.ca)!r})")
-    print(f"Copy each node's two files and {CA_CERT} to it; keep ca-key.pem to add nodes later, and private.")
+    print(f"Copy each node's two files and {CA_CERT} to it; keep {CA_KEY} private (it adds nodes later).")
     return 0
 
 
@@ -236,8 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "nodes",
         nargs="+",
         metavar="[NAME=]HOST[,HOST...]",
-        help="a node and the DNS names and IP addresses peers reach it by, e.g. worker1=node1.example,10.0.0.5; "
-        "NAME (default: the first host) names its files",
+        help="a node and the DNS names and IP addresses peers reach it by, e.g. "
+        "worker1=node1.example,10.0.0.5; NAME (default: the first host) names its files",
     )
     p_certs.add_argument("--out", default=".", help="directory of the CA and the node files (default: .)")
     p_certs.add_argument("--days", type=int, default=825, help="validity of node certificates (default 825)")

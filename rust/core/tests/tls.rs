@@ -111,6 +111,8 @@ fn refusal(producer: &NetworkEnvironment, consumer: &NetworkEnvironment) -> Stri
     for debug in ["OtherError", "Other(", "InvalidCertificate", "Context {"] {
         assert!(!m.contains(debug), "rustls debug formatting in {m:?}");
     }
+    // Shown with --no-capture: the messages as a user reads them.
+    eprintln!("refused: {m}");
     m.clone()
 }
 

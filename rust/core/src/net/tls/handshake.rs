@@ -282,6 +282,20 @@ impl Tls {
             Ok(SWITCH) => {}
             Ok(b) => return Err(switch_error(format!("unexpected byte {b:#x}"))),
             Err(e) if alert_of(&e).is_some() => return Err(self.handshake_error(&e, Peer::Server(addr))),
+            // The alert lost to a reset: perhaps a refusal, perhaps the server went away (so
+            // still a lost connection, which callers may retry).
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::UnexpectedEof
+                ) =>
+            {
+                return Err(switch_error(format!(
+                    "{e}; if the server refused this environment's certificate (cert={}), its \
+                     log says why",
+                    self.files.cert.display()
+                )));
+            }
             Err(e) => return Err(switch_error(e)),
         }
         Ok((r, w))

@@ -13,7 +13,6 @@
 //! [`explain`] turns a rustls error of a failed handshake into a sentence that says what is
 //! wrong, with which file (`cert=...`, `ca=...`), and how to fix it.
 
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -501,11 +500,7 @@ pub(crate) fn explain(e: &rustls::Error, peer: Peer<'_>, files: &Files) -> Strin
             "{} did not answer in TLS (does it have tls=... configured?)",
             peer.who()
         ),
-        other => {
-            let mut s = String::new();
-            let _ = write!(s, "{}: {other}", peer.who());
-            s
-        }
+        other => format!("{}: {other}", peer.who()),
     }
 }
 

@@ -462,16 +462,15 @@ fn refused_ours(alert: AlertDescription, peer: Peer<'_>, files: &Files) -> Strin
         }
         AlertDescription::BadCertificate => "it is malformed or not valid for this host".to_string(),
         AlertDescription::DecryptError => {
-            "a signature on it does not verify with the CA in the peer's ca= file".to_string()
+            format!("a signature on it does not verify with the CA in the {role}'s ca= file")
         }
         AlertDescription::UnsupportedCertificate => {
             "it is not for this use (its extendedKeyUsage)".to_string()
         }
-        AlertDescription::CertificateUnknown => {
-            "it is not acceptable (for example a CA certificate that is not itself in the peer's \
+        AlertDescription::CertificateUnknown => format!(
+            "it is not acceptable (for example a CA certificate that is not itself in the {role}'s \
              ca= file)"
-                .to_string()
-        }
+        ),
         AlertDescription::AccessDenied => "access denied".to_string(),
         other => format!("TLS alert {other:?}"),
     };

@@ -1,10 +1,12 @@
 """Test certificates for TLS (``cryptography``): a CA and a certificate it signed for
-``localhost`` and ``127.0.0.1``, written as PEM files."""
+``localhost`` and ``127.0.0.1``, written as PEM files; and the self-signed certificate most
+guides make with the ``openssl`` command."""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import subprocess
 from pathlib import Path
 
 from cryptography import x509
@@ -83,3 +85,18 @@ def tls_kwargs(tls: cf.TLSConfig) -> dict[str, str | bool]:
     """The settings of ``tls`` as JSON-friendly keyword arguments of :class:`cf.TLSConfig`
     (for worker processes)."""
     return {"cert": str(tls.cert), "key": str(tls.key), "ca": str(tls.ca), "client_auth": tls.client_auth}
+
+
+# The command of the guides, word for word (issue 19).
+OPENSSL_SELF_SIGNED = (
+    "openssl req -x509 -newkey rsa:2048 -nodes -keyout k.pem -out c.pem "
+    "-subj /CN=localhost -addext subjectAltName=IP:127.0.0.1"
+)
+
+
+def openssl_self_signed(directory: Path) -> cf.TLSConfig:
+    """Runs :data:`OPENSSL_SELF_SIGNED` in ``directory`` (made if missing) and returns
+    ``TLSConfig(cert="c.pem", key="k.pem", ca="c.pem")`` there."""
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(OPENSSL_SELF_SIGNED.split(), cwd=directory, check=True, capture_output=True, timeout=120)
+    return cf.TLSConfig(directory / "c.pem", directory / "k.pem", directory / "c.pem")

@@ -236,9 +236,12 @@ Partitioner: TypeAlias = HashPartitioner | RoundRobinPartitioner | BroadcastPart
 class TLSConfig:
     """TLS for every connection of a ``NetworkEnvironment`` (rustls): ``cert`` and ``key`` are
     the PEM files of the certificate chain this environment presents and its private key;
-    ``ca`` the PEM file of the CA certificates peers' certificates must chain to. With
-    ``client_auth=True`` (default) TLS is mutual: servers also require a client certificate
-    signed by ``ca``. Certificates must be valid for the host part of the addresses peers use.
+    ``ca`` the PEM file of the certificates it trusts: CA certificates peers' certificates
+    must chain to, or peers' certificates themselves (a certificate in ``ca`` is trusted as
+    it is, so a self-signed one made by ``openssl req -x509`` works as ``cert`` and ``ca`` on
+    every side). With ``client_auth=True`` (default) TLS is mutual: servers also require a
+    client certificate ``ca`` trusts. Certificates must be valid for the host part of the
+    addresses peers use. ``creditflow certs`` makes a CA and node certificates.
     """
 
     def __new__(

@@ -9,6 +9,12 @@ Needs ``pip install 'creditflow[top]'``.
 terminal view, serves a page that draws the pipeline as a graph (see :mod:`creditflow.web`)
 at ``http://HOST:PORT/`` and its data at ``/api/pipeline``, until Ctrl-C. A URL may be given
 as ``NAME=URL`` to name its task (``source=127.0.0.1:9100``).
+
+``creditflow certs --out DIR NODE [NODE ...]`` writes a CA (``DIR/ca.pem``, ``DIR/ca-key.pem``;
+reused if there) and, per node ``[NAME=]HOST[,HOST...]``, a certificate for its DNS names and IP
+addresses with its key (``DIR/NAME.pem``, ``DIR/NAME-key.pem``, keys mode 0600) for
+``TLSConfig(cert=..., key=..., ca=...)`` (see :mod:`creditflow.certs`). Existing node files are
+kept unless ``--force``. Needs ``pip install 'creditflow[tls]'``.
 """
 
 from __future__ import annotations
@@ -159,6 +165,29 @@ def web(
     return 0
 
 
+def certs(out: str, nodes: Sequence[str], days: int, force: bool) -> int:
+    """Writes a CA and node certificates (``creditflow certs``); returns the exit code."""
+    try:
+        import cryptography  # noqa: F401 - only to tell a missing package apart
+    except ImportError:
+        print("creditflow certs needs cryptography: pip install 'creditflow[tls]'", file=sys.stderr)
+        return 2
+    from creditflow.certs import CA_CERT, CA_KEY, CertsError, make_certs
+
+    try:
+        written, made = make_certs(out, nodes, days=days, force=force)
+    except CertsError as e:
+        print(f"creditflow certs: {e}", file=sys.stderr)
+        return 1
+    ca = written[0].ca
+    what = "wrote the CA" if made else "signed with the existing CA"
+    print(f"{what} {ca} (its key: {ca.parent / CA_KEY})")
+    for f in written:
+        print(f"{f.name}: TLSConfig(cert={str(f.cert)!r}, key={str(f.key)!r}, ca={str(f.ca)!r})")
+    print(f"Copy each node's two files and {CA_CERT} to it; keep {CA_KEY} private (it adds nodes later).")
+    return 0
+
+
 def _positive(value: str) -> float:
     v = float(value)
     if not v > 0:
@@ -197,7 +226,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_top.add_argument(
         "--insecure", action="store_true", help="with --web: allow a non-loopback address without a token"
     )
+    p_certs = sub.add_parser(
+        "certs",
+        help="write a CA and a certificate per node for TLSConfig",
+        description="Writes a CA (DIR/ca.pem, DIR/ca-key.pem; reused when DIR has one) and, for each "
+        "node, a certificate for its hosts signed by it (DIR/NAME.pem) with its key (DIR/NAME-key.pem, "
+        "mode 0600). Give each node TLSConfig(cert=DIR/NAME.pem, key=DIR/NAME-key.pem, ca=DIR/ca.pem).",
+    )
+    p_certs.add_argument(
+        "nodes",
+        nargs="+",
+        metavar="[NAME=]HOST[,HOST...]",
+        help="a node and the DNS names and IP addresses peers reach it by, e.g. "
+        "worker1=node1.example,10.0.0.5; NAME (default: the first host) names its files",
+    )
+    p_certs.add_argument("--out", default=".", help="directory of the CA and the node files (default: .)")
+    p_certs.add_argument("--days", type=int, default=825, help="validity of node certificates (default 825)")
+    p_certs.add_argument("--force", action="store_true", help="overwrite existing node files")
     args = parser.parse_args(argv)
+    if args.command == "certs":
+        return certs(args.out, args.nodes, args.days, args.force)
     try:
         if args.web is not None:
             return web(args.urls, args.web, args.interval, args.token, args.insecure, args.iterations)

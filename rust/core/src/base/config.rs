@@ -91,7 +91,9 @@ pub struct TlsSettings {
     pub cert: PathBuf,
     /// The private key of `cert` (PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
-    /// The CA certificates peers' certificates must chain to.
+    /// The certificates this environment trusts: CA certificates peers' certificates must
+    /// chain to, or peers' certificates themselves (pinned: trusted as they are, with their
+    /// validity period and, for servers, the host name checked).
     pub ca: PathBuf,
     /// Mutual TLS: a server requires a client certificate signed by `ca`, and a client
     /// presents `cert`. Off: only servers prove themselves.

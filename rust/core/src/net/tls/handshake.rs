@@ -1,7 +1,9 @@
 //! TLS between environments (rustls, aws-lc-rs backend), under the creditflow handshake: the TLS
 //! handshake comes first, then Hello/HelloAck/AuthProof run inside it (with or without a
 //! shared secret). Both sides verify the other's certificate against the configured CA
-//! (mutual TLS unless `client_auth` is off, in which case only the server proves itself).
+//! (mutual TLS unless `client_auth` is off, in which case only the server proves itself);
+//! a certificate that is itself in `ca` is trusted as it is (pinning, `super::verify`), and a
+//! refused certificate is reported as a sentence naming the file and the fix.
 //! TLS 1.3 only: both ends are creditflow.
 //!
 //! rustls does the handshake; the records after it are [`super::record`]'s, on the same
@@ -31,6 +33,7 @@ use tokio_rustls::rustls::{self, RootCertStore};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use super::record::{Direction, RecordReader, RecordWriter, Shared};
+use super::verify::{alert_of, explain, ClientVerifier, Files, Peer, ServerVerifier};
 use crate::base::config::TlsSettings;
 use crate::base::error::{Error, Result};
 
@@ -133,6 +136,8 @@ async fn write_switch<S: tokio::io::AsyncWrite + Unpin>(s: &mut S) -> Result<()>
 pub(crate) struct Tls {
     server: Arc<rustls::ServerConfig>,
     client: Arc<rustls::ClientConfig>,
+    /// The files messages name.
+    files: Files,
 }
 
 fn invalid(path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
@@ -163,33 +168,43 @@ impl Tls {
         let key =
             PrivateKeyDer::from_pem_file(&s.key).map_err(|e| invalid(&s.key, "the private key (key)", e))?;
         let mut roots = RootCertStore::empty();
-        for ca in certs(&s.ca, "the CA certificates (ca)")? {
+        let pinned: Arc<[CertificateDer<'static>]> = certs(&s.ca, "the CA certificates (ca)")?.into();
+        for ca in pinned.iter() {
             roots
-                .add(ca)
+                .add(ca.clone())
                 .map_err(|e| invalid(&s.ca, "the CA certificates (ca)", e))?;
         }
         let roots = Arc::new(roots);
         let tls_error = |e: rustls::Error| Error::InvalidArgument(format!("tls: {e}"));
+        let algorithms = provider.signature_verification_algorithms;
 
         let server = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(tls_error)?;
         let server = if s.client_auth {
-            let verifier =
+            let webpki =
                 rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
                     .build()
                     .map_err(|e| Error::InvalidArgument(format!("tls: client verifier: {e}")))?;
-            server.with_client_cert_verifier(verifier)
+            server.with_client_cert_verifier(Arc::new(ClientVerifier::new(
+                pinned.clone(),
+                webpki,
+                algorithms,
+            )))
         } else {
             server.with_no_client_auth()
         }
         .with_single_cert(chain.clone(), key.clone_key())
         .map_err(tls_error)?;
 
+        let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+            .build()
+            .map_err(|e| Error::InvalidArgument(format!("tls: server verifier: {e}")))?;
         let client = rustls::ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(tls_error)?
-            .with_root_certificates(roots);
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(ServerVerifier::new(pinned, webpki, algorithms)));
         let mut client = if s.client_auth {
             client.with_client_auth_cert(chain, key).map_err(tls_error)?
         } else {
@@ -204,18 +219,41 @@ impl Tls {
         Ok(Tls {
             server: Arc::new(server),
             client: Arc::new(client),
+            files: Files {
+                cert: s.cert.clone(),
+                ca: s.ca.clone(),
+            },
         })
     }
 
-    /// The server side of the TLS handshake, then the switch to our records.
+    /// A failed handshake's error with `peer` as the error a user reads (`verify::explain`).
+    fn handshake_error(&self, e: &std::io::Error, peer: Peer<'_>) -> Error {
+        let rustls_error = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
+        let what = match (rustls_error, alert_of(e)) {
+            (Some(r), _) => explain(r, peer, &self.files),
+            (None, Some(alert)) => explain(&rustls::Error::AlertReceived(alert), peer, &self.files),
+            (None, None) => e.to_string(),
+        };
+        let with = match peer {
+            Peer::Server(a) => a.to_string(),
+            Peer::Client(a) => format!("client {a}"),
+        };
+        Error::Authentication(format!("TLS handshake with {with} failed: {what}"))
+    }
+
+    /// The server side of the TLS handshake with the client at `peer`, then the switch to
+    /// our records.
     pub(crate) async fn accept(&self, stream: TcpStream) -> Result<(TlsReader, TlsWriter)> {
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "?".to_string(), |a| a.to_string());
         let secrets = Arc::new(TrafficSecrets::default());
         let mut config = (*self.server).clone();
         config.key_log = secrets.clone();
         let mut tls = TlsAcceptor::from(Arc::new(config))
             .accept(stream)
             .await
-            .map_err(|e| Error::Authentication(format!("TLS handshake failed: {e}")))?;
+            .map_err(|e| self.handshake_error(&e, Peer::Client(&peer)))?;
         read_switch(&mut tls).await?;
         let (tcp, conn) = tls.into_inner();
         let (r, mut w) = split(tcp, conn, &secrets, false)?;
@@ -231,20 +269,35 @@ impl Tls {
         let mut config = (*self.client).clone();
         config.key_log = secrets.clone();
         let connector = TlsConnector::from(Arc::new(config));
-        let tls = connector.connect(name, stream).await.map_err(|e| {
-            let hint = if e.to_string().contains("InvalidContentType")
-                || e.to_string().contains("corrupt message")
-            {
-                " (the peer did not answer in TLS: does it have tls=... configured?)"
-            } else {
-                ""
-            };
-            Error::Authentication(format!("TLS handshake with {addr} failed: {e}{hint}"))
-        })?;
+        let tls = connector
+            .connect(name, stream)
+            .await
+            .map_err(|e| self.handshake_error(&e, Peer::Server(addr)))?;
         let (tcp, conn) = tls.into_inner();
         let (mut r, mut w) = split(tcp, conn, &secrets, true)?;
         write_switch(&mut w).await?;
-        read_switch(&mut r).await?;
+        // A server that refuses our certificate (TLS 1.3: after our side of the handshake is
+        // done) says so with an alert here.
+        match r.read_u8().await {
+            Ok(SWITCH) => {}
+            Ok(b) => return Err(switch_error(format!("unexpected byte {b:#x}"))),
+            Err(e) if alert_of(&e).is_some() => return Err(self.handshake_error(&e, Peer::Server(addr))),
+            // The alert lost to a reset: perhaps a refusal, perhaps the server went away (so
+            // still a lost connection, which callers may retry).
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::UnexpectedEof
+                ) =>
+            {
+                return Err(switch_error(format!(
+                    "{e}; if the server refused this environment's certificate (cert={}), its \
+                     log says why",
+                    self.files.cert.display()
+                )));
+            }
+            Err(e) => return Err(switch_error(e)),
+        }
         Ok((r, w))
     }
 }

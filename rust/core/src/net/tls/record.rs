@@ -53,6 +53,19 @@ fn invalid(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
+/// A fatal TLS alert from the peer (its description byte), as the inner error of the
+/// `io::Error` a reader returns: the handshake turns it into a message (`verify::explain`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeerAlert(pub(crate) u8);
+
+impl std::fmt::Display for PeerAlert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the peer sent TLS alert {}", self.0)
+    }
+}
+
+impl std::error::Error for PeerAlert {}
+
 /// One direction's keys: the traffic secret (for KeyUpdate), the AEAD key, the IV and the
 /// sequence number of the next record.
 pub(crate) struct Direction {
@@ -238,7 +251,8 @@ impl<R: AsyncRead + Unpin> RecordReader<R> {
                 if alert.len() == 2 && alert[1] == CLOSE_NOTIFY {
                     self.closed = true;
                 } else {
-                    return Err(invalid(format!("the peer sent TLS alert {alert:?}")));
+                    let description = alert.get(1).copied().unwrap_or(0);
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, PeerAlert(description)));
                 }
             }
             other => return Err(invalid(format!("TLS record of content type {other}"))),

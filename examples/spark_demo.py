@@ -458,6 +458,13 @@ class Timings:
     floor: float
     #: Spark's shuffle and its own ``groupBy`` in the JVM (no Python).
     spark_groupby: float
+    #: Every round's seconds, by field name (the spread shows the machine's noise).
+    rounds: dict[str, list[float]]
+
+    def spread(self, name: str) -> str:
+        """`` (min-max)`` of that run's rounds, or nothing for a single round."""
+        r = self.rounds[name]
+        return f" ({min(r):.1f}-{max(r):.1f})" if len(r) > 1 else ""
 
 
 def timed(run: Any) -> float:
@@ -499,23 +506,24 @@ def timings(cfg: Config, df: Any, out_dir: str) -> Timings:
                 seconds[name].append(timed(run))
     finally:
         partitioned.unpersist()
-    return Timings(**{name: statistics.median(s) for name, s in seconds.items()})
+    return Timings(**{name: statistics.median(s) for name, s in seconds.items()}, rounds=seconds)
 
 
 def timing_lines(cfg: Config, t: Timings, generate_seconds: float) -> list[str]:
     """The timings, what each includes, the exchange's own part, and which is faster and why."""
-    each = "one run each" if cfg.timing_rounds == 1 else f"median of {cfg.timing_rounds} runs each"
+    each = "one run each" if cfg.timing_rounds == 1 else f"median (min-max) of {cfg.timing_rounds} runs each"
     lines = [
         f"timings without a slow consumer ({each}) on the same {cfg.rows:,} rows, generated once by"
         f" Spark in {generate_seconds:.1f} s and cached; each run reads them and writes per-order"
         " totals to parquet:",
-        f"  {t.exchange:5.1f} s  creditflow exchange + Arrow aggregation in the task (one stage)",
-        f"  {t.shuffle_arrow:5.1f} s  Spark's shuffle (repartition) + the same Arrow aggregation"
-        " (mapInArrow)",
-        f"  {t.floor:5.1f} s  the same Arrow aggregation of the same rows, partitioned by key"
-        " beforehand: no exchange (the floor)",
-        f"  {t.spark_groupby:5.1f} s  Spark's shuffle + its own groupBy in the JVM"
-        " (no Python: different work)",
+        f"  {t.exchange:5.1f} s{t.spread('exchange')}  creditflow exchange + Arrow aggregation in the"
+        " task (one stage)",
+        f"  {t.shuffle_arrow:5.1f} s{t.spread('shuffle_arrow')}  Spark's shuffle (repartition) + the same"
+        " Arrow aggregation (mapInArrow)",
+        f"  {t.floor:5.1f} s{t.spread('floor')}  the same Arrow aggregation of the same rows, partitioned"
+        " by key beforehand: no exchange (the floor)",
+        f"  {t.spark_groupby:5.1f} s{t.spread('spark_groupby')}  Spark's shuffle + its own groupBy in"
+        " the JVM (no Python: different work)",
     ]
     own, shuffle = t.exchange - t.floor, t.shuffle_arrow - t.floor
     if own >= 0:
@@ -537,8 +545,8 @@ def timing_lines(cfg: Config, t: Timings, generate_seconds: float) -> list[str]:
         lines.append(
             "  Spark's own groupBy is faster for this workload: it aggregates in the JVM with generated"
             " code and never moves the rows to Python and back; the floor shows what the Python"
-            " aggregation alone costs. The exchange pays where the work after it runs in Python:"
-            " compare the first two lines."
+            " aggregation alone costs. Like with like, the exchange compares with Spark's shuffle:"
+            " the first two lines, the same Python work."
         )
     return lines
 

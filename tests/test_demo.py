@@ -54,7 +54,7 @@ def test_quick_demo_verifies_against_spark_and_shows_backpressure(tmp_path: Path
         r"the same Arrow aggregation of the same rows, partitioned by key beforehand: .*\(the floor\)",
         r"Spark's shuffle \+ its own groupBy in the JVM",
     ):
-        assert re.search(r"^ +[\d.]+ s  " + what, proc.stdout, re.M), (what, out)
+        assert re.search(r"^ +[\d.]+ s  " + what, proc.stdout, re.M), (what, out)  # 1 run: no spread
     assert re.search(
         r"the exchange's own part(: [\d.]+ s over the floor| does not show: [\d.]+ s under the floor)",
         proc.stdout,

@@ -39,17 +39,30 @@ import creditflow.spark as cfs  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
+@pytest.fixture(scope="module", params=["classic", "connect"])
+def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
+    """Every test here runs on a classic session, then on a Spark Connect one (a local Connect
+    server in this process). pytest groups the tests by this module-scoped parameter, so the
+    classic session is stopped before the Connect server starts: the two cannot share a
+    process (the server is a SparkContext of its own)."""
     session = cfs.local_session(
         "local[2]",
         "creditflow-test-exchange",
         {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2", "spark.driver.memory": "1g"},
+        connect=request.param == "connect",
     )
     try:
         yield session
     finally:
         session.stop()
+
+
+def num_partitions(df: DataFrame) -> int:
+    """``df.rdd.getNumPartitions()``, also on Connect (where there is no ``rdd``): the partitions
+    that hold rows."""
+    row = df.select(F.spark_partition_id().alias("p")).agg(F.max("p").alias("p")).first()
+    assert row is not None
+    return int(row["p"]) + 1
 
 
 def placement(df: DataFrame) -> dict[int, int]:
@@ -159,7 +172,7 @@ def test_func_aggregates_each_partition_without_a_second_stage(spark: SparkSessi
 def test_num_partitions_other_than_the_input_s(spark: SparkSession) -> None:
     df = spark.range(0, 5_000, numPartitions=2).select("id", (F.col("id") % 17).alias("k"))
     out = cfs.exchange(df, "k", num_partitions=1)
-    assert out.rdd.getNumPartitions() == 1
+    assert num_partitions(out) == 1
     assert sorted(r["id"] for r in out.collect()) == list(range(5_000))
 
 

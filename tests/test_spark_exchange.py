@@ -416,3 +416,51 @@ def test_pyspark_python_is_set_when_missing(monkeypatch: pytest.MonkeyPatch) -> 
     ensure_python(chosen)  # type: ignore[arg-type]
     assert os.environ["PYSPARK_PYTHON"] == "/opt/my/python"
     assert chosen.pythonExec == "python3"
+
+
+class _FakeConf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self._values = values
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self._values.get(key, default)
+
+
+class _FakeConnectSession:
+    """Stands for a Connect session: only ``conf`` (the driver needs nothing else)."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.conf = _FakeConf(values)
+
+
+@pytest.mark.parametrize(
+    ("values", "slots"),
+    [
+        ({"spark.master": "local"}, 1),
+        ({"spark.master": "local[2]"}, 2),
+        ({"spark.master": "local[4, 3]"}, 4),
+        ({"spark.master": "local[4]", "spark.task.cpus": "2"}, 2),
+        ({"spark.master": "local-cluster[2, 3, 1024]"}, 6),
+        ({"spark.master": "yarn", "spark.executor.instances": "5", "spark.executor.cores": "4"}, 20),
+        ({"spark.master": "local[*]"}, None),
+        ({"spark.master": "k8s://https://example:443"}, None),
+    ],
+)
+def test_connect_slots_come_from_the_configuration(values: dict[str, str], slots: int | None) -> None:
+    """On Connect there is no JVM to ask: slots are read from the session's configuration,
+    and None (a probe instead) where it does not say."""
+    from creditflow.spark._driver import _configured_slots
+
+    assert _configured_slots(_FakeConnectSession(values)) == slots  # type: ignore[arg-type]
+
+
+def test_connect_worker_without_creditflow_is_explained() -> None:
+    """A Connect server's workers run the server's PYSPARK_PYTHON: a failed import of
+    creditflow in the probe job becomes an error that says so and how to fix it."""
+    from creditflow.spark._driver import _explain_worker_python
+
+    with pytest.raises(RuntimeError, match="cannot import creditflow.*PYSPARK_PYTHON"):
+        _explain_worker_python(
+            Exception("PythonException: ModuleNotFoundError: No module named 'creditflow'")
+        )
+    _explain_worker_python(Exception("something else"))  # other failures pass through unchanged

@@ -15,11 +15,14 @@ import re
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark import SparkContext, TaskContext
+from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
+
+if TYPE_CHECKING:  # pyspark-client (Connect only) has no SparkContext to import
+    from pyspark import SparkContext
 
 #: How long to wait for executors to register before saying there are too few slots
 #: (a local-cluster or a real cluster registers its executors after the session starts).

@@ -12,6 +12,7 @@ import datetime as dt
 import decimal
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -464,3 +465,34 @@ def test_connect_worker_without_creditflow_is_explained() -> None:
             Exception("PythonException: ModuleNotFoundError: No module named 'creditflow'")
         )
     _explain_worker_python(Exception("something else"))  # other failures pass through unchanged
+
+
+_BARE_WORKER_SCRIPT = """
+import creditflow.spark as cfs
+spark = cfs.local_session("local[1]", "creditflow-test-bare-worker", connect=True)
+try:
+    cfs.exchange(spark.range(0, 10, numPartitions=1), "id")
+except RuntimeError as exc:
+    print("RAISED:", exc)
+finally:
+    spark.stop()
+"""
+
+
+@pytest.mark.slow
+def test_connect_server_whose_workers_lack_creditflow_says_so(tmp_path: Path) -> None:
+    """The Connect counterpart of the PYSPARK_PYTHON help: a local Connect server started with
+    a worker Python that has neither creditflow nor pyarrow (a fresh virtual environment)
+    makes exchange raise at once, saying what to fix, instead of failing in every task. In a
+    subprocess: the server is a SparkContext, which cannot live beside this module's session."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    env = {**os.environ, "PYSPARK_PYTHON": str(bare / "bin" / "python")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _BARE_WORKER_SCRIPT], env=env, capture_output=True, text=True, timeout=240
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert re.search(
+        r"RAISED: Spark's Python workers cannot import (creditflow|pyarrow): .*PYSPARK_PYTHON", out
+    ), out

@@ -89,12 +89,15 @@ def _partition_ids(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
 
 def _explain_worker_python(exc: BaseException) -> None:
     """Raises a RuntimeError saying how to fix it when ``exc`` is a worker's failed import of
-    creditflow or pyarrow (a Connect server whose ``PYSPARK_PYTHON`` is another interpreter)."""
+    creditflow or pyarrow, or a worker Python of another version (a Connect server whose
+    ``PYSPARK_PYTHON`` is another interpreter)."""
     text = str(exc)
-    for module in ("creditflow", "pyarrow"):
-        if f"No module named '{module}" in text:
+    problems = {f"cannot import {m}": f"No module named '{m}" for m in ("creditflow", "pyarrow")}
+    problems["run another Python version than this client"] = "PYTHON_VERSION_MISMATCH"
+    for problem, sign in problems.items():
+        if sign in text:
             raise RuntimeError(
-                f"Spark's Python workers cannot import {module}: the Spark Connect server starts them "
+                f"Spark's Python workers {problem}: the Spark Connect server starts them "
                 "with its own PYSPARK_PYTHON (python3 from PATH when unset), which the client cannot "
                 "change. Start the server with PYSPARK_PYTHON set to an interpreter that has creditflow "
                 "(creditflow.spark.local_session(connect=True) does for a local server), or ship "

@@ -487,7 +487,10 @@ def test_connect_server_whose_workers_lack_creditflow_says_so(tmp_path: Path) ->
     subprocess: the server is a SparkContext, which cannot live beside this module's session."""
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
-    env = {**os.environ, "PYSPARK_PYTHON": str(bare / "bin" / "python")}
+    # SPARK_TESTING: PySpark's own test mode, in which a local Connect server takes a free
+    # port (found by the client through py4j) instead of 15002, which this module's Connect
+    # session may hold at the same time.
+    env = {**os.environ, "PYSPARK_PYTHON": str(bare / "bin" / "python"), "SPARK_TESTING": "1"}
     proc = subprocess.run(
         [sys.executable, "-c", _BARE_WORKER_SCRIPT], env=env, capture_output=True, text=True, timeout=240
     )

@@ -43,7 +43,8 @@ def local_session(
     With ``connect=True`` the session is a Spark Connect one
     (``SparkSession.builder.remote(master)``): PySpark starts a local Connect server in this
     process, with these settings, and the session talks to it over gRPC like any remote
-    client; ``session.stop()`` stops the server. Needs ``pyspark[connect]``'s dependencies
+    client (on 127.0.0.1:15002: one such server per machine at a time); ``session.stop()``
+    stops the server. Needs ``pyspark[connect]``'s dependencies
     (``pip install creditflow[spark-connect]``). A classic session and a local Connect server
     do not share a process: stop one before starting the other.
     """
@@ -64,6 +65,10 @@ def local_session(
     if connect:
         # A Connect client cannot call setLogLevel: the server starts at this level instead.
         settings["spark.log.level"] = "ERROR"
+        # The server listens on loopback only (by default it takes 0.0.0.0). Its port stays
+        # PySpark's fixed 15002, which the client dials: one local Connect server at a time
+        # per machine.
+        settings["spark.connect.grpc.binding.address"] = "127.0.0.1"
     settings.update(conf or {})
     builder = SparkSession.builder.remote(master) if connect else SparkSession.builder.master(master)
     builder = builder.appName(app_name)
@@ -78,6 +83,6 @@ def local_session(
         # spark.ui.enabled take effect), then sets them again on the Connect session, where the
         # static ones are refused with a UserWarning although they are already in force.
         warnings.filterwarnings(
-            "ignore", message=r"Failed to set .*CANNOT_MODIFY_CONFIG", category=UserWarning
+            "ignore", message=r"Failed to set .*CANNOT_MODIFY_(STATIC_)?CONFIG", category=UserWarning
         )
         return builder.getOrCreate()

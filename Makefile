@@ -82,8 +82,8 @@ develop: venv ## Faster edit loop: maturin develop with the fast profile into .v
 	$(BIN)/maturin develop --profile $(TEST_PROFILE)
 
 .PHONY: demo
-demo: build ## Build, then run the PySpark demo (examples/spark_demo.py; needs Java 17)
-	$(PY) examples/spark_demo.py
+demo: build ## Build, then run the PySpark demo (examples/spark_demo.py; needs Java 17; CONNECT=1: on Spark Connect)
+	$(PY) examples/spark_demo.py $(if $(filter-out 0,$(CONNECT)),--connect)
 
 # -------------------------------------------------------------------------------------- testing
 

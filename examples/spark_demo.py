@@ -71,6 +71,8 @@ class Config:
     #: Whether to time the runs without a slow consumer (:func:`timings`), and how often.
     timing: bool = True
     timing_rounds: int = 3
+    #: A Spark Connect session (a local Connect server) instead of a classic one.
+    connect: bool = False
     #: Port of the pipeline page (0: any free port); None: no page and no /metrics.
     web_port: int | None = 0
 
@@ -106,6 +108,12 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     p.add_argument("--plain", action="store_true", help="plain lines instead of the live view")
     p.add_argument("--web-port", type=int, default=0, help="port of the pipeline page (default: any free)")
     p.add_argument("--no-serve", action="store_true", help="serve neither the page nor the tasks' /metrics")
+    p.add_argument(
+        "--connect",
+        action="store_true",
+        default=os.environ.get("CONNECT", "") not in ("", "0"),
+        help="run on a Spark Connect session (a local Connect server; default: CONNECT=1 in the environment)",
+    )
     a = p.parse_args(argv)
     rows = a.rows if a.rows is not None else (1_000_000 if a.quick else 4_000_000)
     if rows < 1:
@@ -122,6 +130,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         timing=not a.no_timing,
         timing_rounds=a.timing_rounds if a.timing_rounds is not None else (1 if a.quick else 3),
         web_port=None if a.no_serve else a.web_port,
+        connect=a.connect,
     )
     if cfg.timing_rounds < 1:
         p.error("--timing-rounds must be at least 1")
@@ -640,8 +649,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
     from creditflow.spark import local_session
 
-    print(f"starting Spark (local[2]) and generating {cfg.rows:,} lineitem rows ...", flush=True)
-    spark = local_session("local[2]", "creditflow-demo", {"spark.sql.shuffle.partitions": "2"})
+    kind = "Spark Connect, local[2]" if cfg.connect else "local[2]"
+    print(f"starting Spark ({kind}) and generating {cfg.rows:,} lineitem rows ...", flush=True)
+    spark = local_session(
+        "local[2]", "creditflow-demo", {"spark.sql.shuffle.partitions": "2"}, connect=cfg.connect
+    )
     out_dir = tempfile.mkdtemp(prefix="creditflow-demo-")
     out = os.path.join(out_dir, "exchange")
     df = lineitem(spark, cfg.rows).cache()

@@ -20,12 +20,16 @@ from pyspark.sql import functions as F  # noqa: E402
 import creditflow.spark as cfs  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[SparkSession]:
+@pytest.fixture(scope="module", params=["classic", "connect"])
+def cluster(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
+    """A classic session, then a Spark Connect one (its local server runs the local-cluster;
+    the driver reads the slots from ``local-cluster[2,1,1024]``). One at a time: pytest groups
+    the tests by this parameter."""
     session = cfs.local_session(
         "local-cluster[2,1,1024]",
         "creditflow-test-cluster",
         {"spark.sql.shuffle.partitions": "2", "spark.executor.memory": "1g"},
+        connect=request.param == "connect",
     )
     try:
         yield session

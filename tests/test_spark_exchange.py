@@ -12,6 +12,7 @@ import datetime as dt
 import decimal
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -39,17 +40,30 @@ import creditflow.spark as cfs  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
+@pytest.fixture(scope="module", params=["classic", "connect"])
+def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
+    """Every test here runs on a classic session, then on a Spark Connect one (a local Connect
+    server in this process). pytest groups the tests by this module-scoped parameter, so the
+    classic session is stopped before the Connect server starts: the two cannot share a
+    process (the server is a SparkContext of its own)."""
     session = cfs.local_session(
         "local[2]",
         "creditflow-test-exchange",
         {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2", "spark.driver.memory": "1g"},
+        connect=request.param == "connect",
     )
     try:
         yield session
     finally:
         session.stop()
+
+
+def num_partitions(df: DataFrame) -> int:
+    """``df.rdd.getNumPartitions()``, also on Connect (where there is no ``rdd``): the partitions
+    that hold rows."""
+    row = df.select(F.spark_partition_id().alias("p")).agg(F.max("p").alias("p")).first()
+    assert row is not None
+    return int(row["p"]) + 1
 
 
 def placement(df: DataFrame) -> dict[int, int]:
@@ -159,7 +173,7 @@ def test_func_aggregates_each_partition_without_a_second_stage(spark: SparkSessi
 def test_num_partitions_other_than_the_input_s(spark: SparkSession) -> None:
     df = spark.range(0, 5_000, numPartitions=2).select("id", (F.col("id") % 17).alias("k"))
     out = cfs.exchange(df, "k", num_partitions=1)
-    assert out.rdd.getNumPartitions() == 1
+    assert num_partitions(out) == 1
     assert sorted(r["id"] for r in out.collect()) == list(range(5_000))
 
 
@@ -403,3 +417,85 @@ def test_pyspark_python_is_set_when_missing(monkeypatch: pytest.MonkeyPatch) -> 
     ensure_python(chosen)  # type: ignore[arg-type]
     assert os.environ["PYSPARK_PYTHON"] == "/opt/my/python"
     assert chosen.pythonExec == "python3"
+
+
+class _FakeConf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self._values = values
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self._values.get(key, default)
+
+
+class _FakeConnectSession:
+    """Stands for a Connect session: only ``conf`` (the driver needs nothing else)."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.conf = _FakeConf(values)
+
+
+@pytest.mark.parametrize(
+    ("values", "slots"),
+    [
+        ({"spark.master": "local"}, 1),
+        ({"spark.master": "local[2]"}, 2),
+        ({"spark.master": "local[4, 3]"}, 4),
+        ({"spark.master": "local[4]", "spark.task.cpus": "2"}, 2),
+        ({"spark.master": "local-cluster[2, 3, 1024]"}, 6),
+        ({"spark.master": "yarn", "spark.executor.instances": "5", "spark.executor.cores": "4"}, 20),
+        ({"spark.master": "local[*]"}, None),
+        ({"spark.master": "k8s://https://example:443"}, None),
+    ],
+)
+def test_connect_slots_come_from_the_configuration(values: dict[str, str], slots: int | None) -> None:
+    """On Connect there is no JVM to ask: slots are read from the session's configuration,
+    and None (a probe instead) where it does not say."""
+    from creditflow.spark._driver import _configured_slots
+
+    assert _configured_slots(_FakeConnectSession(values)) == slots  # type: ignore[arg-type]
+
+
+def test_connect_worker_without_creditflow_is_explained() -> None:
+    """A Connect server's workers run the server's PYSPARK_PYTHON: a failed import of
+    creditflow in the probe job becomes an error that says so and how to fix it."""
+    from creditflow.spark._driver import _explain_worker_python
+
+    with pytest.raises(RuntimeError, match="cannot import creditflow.*PYSPARK_PYTHON"):
+        _explain_worker_python(
+            Exception("PythonException: ModuleNotFoundError: No module named 'creditflow'")
+        )
+    _explain_worker_python(Exception("something else"))  # other failures pass through unchanged
+
+
+_BARE_WORKER_SCRIPT = """
+import creditflow.spark as cfs
+spark = cfs.local_session("local[1]", "creditflow-test-bare-worker", connect=True)
+try:
+    cfs.exchange(spark.range(0, 10, numPartitions=1), "id")
+except RuntimeError as exc:
+    print("RAISED:", exc)
+finally:
+    spark.stop()
+"""
+
+
+@pytest.mark.slow
+def test_connect_server_whose_workers_lack_creditflow_says_so(tmp_path: Path) -> None:
+    """The Connect counterpart of the PYSPARK_PYTHON help: a local Connect server started with
+    a worker Python that has neither creditflow nor pyarrow (a fresh virtual environment)
+    makes exchange raise at once, saying what to fix, instead of failing in every task. In a
+    subprocess: the server is a SparkContext, which cannot live beside this module's session."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    # SPARK_TESTING: PySpark's own test mode, in which a local Connect server takes a free
+    # port (found by the client through py4j) instead of 15002, which this module's Connect
+    # session may hold at the same time.
+    env = {**os.environ, "PYSPARK_PYTHON": str(bare / "bin" / "python"), "SPARK_TESTING": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _BARE_WORKER_SCRIPT], env=env, capture_output=True, text=True, timeout=240
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert re.search(
+        r"RAISED: Spark's Python workers cannot import (creditflow|pyarrow): .*PYSPARK_PYTHON", out
+    ), out

@@ -6,6 +6,7 @@ import glob
 import os
 import shutil
 import sys
+import warnings
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -25,7 +26,11 @@ def _find_java_home() -> str | None:
 
 
 def local_session(
-    master: str = "local[2]", app_name: str = "creditflow", conf: dict[str, Any] | None = None
+    master: str = "local[2]",
+    app_name: str = "creditflow",
+    conf: dict[str, Any] | None = None,
+    *,
+    connect: bool = False,
 ) -> SparkSession:
     """A SparkSession bound to loopback, for a laptop, a test or a benchmark.
 
@@ -34,6 +39,14 @@ def local_session(
     ``SPARK_LOCAL_IP`` (loopback). The Spark UI and console progress bar are off, the session
     time zone is UTC; ``conf`` adds or overrides settings. ``master`` may be ``local[N]`` or
     ``local-cluster[W,C,M]`` (separate executor JVMs; needs nothing else installed).
+
+    With ``connect=True`` the session is a Spark Connect one
+    (``SparkSession.builder.remote(master)``): PySpark starts a local Connect server in this
+    process, with these settings, and the session talks to it over gRPC like any remote
+    client (on 127.0.0.1:15002: one such server per machine at a time); ``session.stop()``
+    stops the server. Needs ``pyspark[connect]``'s dependencies
+    (``pip install creditflow[spark-connect]``). A classic session and a local Connect server
+    do not share a process: stop one before starting the other.
     """
     if not os.environ.get("JAVA_HOME"):
         home = _find_java_home()
@@ -49,10 +62,27 @@ def local_session(
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
     }
+    if connect:
+        # A Connect client cannot call setLogLevel: the server starts at this level instead.
+        settings["spark.log.level"] = "ERROR"
+        # The server listens on loopback only (by default it takes 0.0.0.0). Its port stays
+        # PySpark's fixed 15002, which the client dials: one local Connect server at a time
+        # per machine.
+        settings["spark.connect.grpc.binding.address"] = "127.0.0.1"
     settings.update(conf or {})
-    builder = SparkSession.builder.master(master).appName(app_name)
+    builder = SparkSession.builder.remote(master) if connect else SparkSession.builder.master(master)
+    builder = builder.appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    if not connect:
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        return session
+    with warnings.catch_warnings():
+        # PySpark hands every setting to the local server's SparkConf (where static ones such as
+        # spark.ui.enabled take effect), then sets them again on the Connect session, where the
+        # static ones are refused with a UserWarning although they are already in force.
+        warnings.filterwarnings(
+            "ignore", message=r"Failed to set .*CANNOT_MODIFY_(STATIC_)?CONFIG", category=UserWarning
+        )
+        return builder.getOrCreate()

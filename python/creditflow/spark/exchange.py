@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 import creditflow as cf
-from creditflow.spark._driver import check_slots, ensure_python
+from creditflow.spark._driver import check_slots, prepare
 from creditflow.spark._process import EnvSettings, metrics_url_of, task_environment
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
 
@@ -108,16 +108,14 @@ def exchange(
         raise TypeError(f"func must be callable, got {type(func).__name__}")
     _check_key_types(df, key_list)
     spark = df.sparkSession
-    sc = spark.sparkContext
-    ensure_python(sc)
-    n = df.rdd.getNumPartitions()
+    n = prepare(df)
     if num_partitions is not None:
         if num_partitions < 1:
             raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
         if num_partitions != n:
             df = df.repartition(num_partitions)
             n = num_partitions
-    check_slots(sc, n)
+    check_slots(spark, n)
     settings = EnvSettings(
         secret=secrets.token_hex(32),
         memory=memory,
@@ -213,7 +211,9 @@ def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
     me = ctx.partitionId()
     host = ctx.getTaskInfos()[me].address.rpartition(":")[0]
     with task_environment(plan.env, host) as env:
-        part = env.create_partition(f"cf-exchange/{plan.exchange_id}/{ctx.taskAttemptId()}", plan.num_tasks)
+        # The stage's own count of tasks (the driver's plan.num_tasks, unless the plan changed).
+        tasks = len(ctx.getTaskInfos())
+        part = env.create_partition(f"cf-exchange/{plan.exchange_id}/{ctx.taskAttemptId()}", tasks)
         gate: cf.InputGate | None = None
         writer: _Writer | None = None
         received = {"rows": 0, "bytes": 0}

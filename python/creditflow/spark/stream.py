@@ -36,7 +36,7 @@ from pyspark.sql import DataFrame
 import creditflow as cf
 from creditflow.metrics import EnvMetrics
 from creditflow.spark import _messages
-from creditflow.spark._driver import ensure_python
+from creditflow.spark._driver import prepare
 from creditflow.spark._messages import Closeable
 from creditflow.spark._process import EnvSettings, host_towards, metrics_url_of, task_environment
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
@@ -122,7 +122,13 @@ class Receiver(Closeable):
     def _on_message(self, msg: _messages.Message) -> _messages.Message | None:
         kind = msg.get("kind")
         if kind == "job_failed":
-            if msg.get("job") == self._job:
+            with self._lock:
+                # A job may fail before it registers (a Connect session's probe job fails
+                # where the job would): the first job to say anything is this receiver's.
+                if self._job is None:
+                    self._job = msg.get("job")
+                mine = msg.get("job") == self._job
+            if mine:
                 self._put(_Failed(cf.ProducerFailedError(f"the Spark job failed: {msg.get('error')}")))
             return None
         with self._lock:
@@ -270,8 +276,12 @@ def send(
     plan = _SendPlan(job, address, settings, timeout, monitor.handle if monitor is not None else None)
     if via == "driver":
         return [_send_from_driver(df, plan)]
-    ensure_python(df.sparkSession.sparkContext)
-    n = df.rdd.getNumPartitions()
+    try:
+        # On Connect this runs a probe job over df, which fails where the job would.
+        n = prepare(df)
+    except BaseException as exc:
+        _messages.send(address, secret, {"kind": "job_failed", "job": job, "error": str(exc)[:2000]})
+        raise
     _register_job(plan, n)
     try:
 

@@ -182,6 +182,12 @@ impl Peer {
                 .next_message()
                 .expect("the environment sent a malformed frame");
             if let Some(m) = next {
+                if let Message::RecordAnnouncement { receiver, bytes } = m {
+                    // The scripted client grants every record at once (protocol version 3);
+                    // the record budget has tests of its own.
+                    self.send(&[Message::RecordGrant { receiver, bytes }]);
+                    continue;
+                }
                 return Got::Msg(m.into_owned());
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -1001,6 +1007,7 @@ fn scripted(cfg: impl FnOnce(&mut EnvConfig)) -> Scripted {
     }
     peer.negotiated(SEG);
     let rid = expect_request(&mut peer, &env);
+    grant_all_records(&mut peer, rid);
     Scripted {
         gate,
         peer,
@@ -1024,6 +1031,17 @@ fn expect_request(peer: &mut Peer, env: &NetworkEnvironment) -> ReceiverId {
             receiver
         }
         other => panic!("expected PartitionRequest, got {other:?}"),
+    }
+}
+
+/// Protocol version 3: asks for more record bytes than any script sends; the empty gate grants
+/// them at once (a record may start while the gate is under its budget, whatever its size).
+fn grant_all_records(peer: &mut Peer, receiver: ReceiverId) {
+    const ALL: u64 = 1 << 40;
+    peer.send(&[Message::RecordAnnouncement { receiver, bytes: ALL }]);
+    match peer.recv() {
+        Message::RecordGrant { receiver: r, bytes } => assert_eq!((r, bytes), (receiver, ALL)),
+        other => panic!("expected RecordGrant, got {other:?}"),
     }
 }
 

@@ -9,14 +9,14 @@ use std::sync::{Arc, Mutex, Weak};
 use arrow_buffer::Buffer;
 use tokio::sync::Notify;
 
-use super::state::{GateBuffers, Received, RemoteChannel, RemoteGate};
+use super::state::{GateBuffers, Received, RecordBytes, RemoteChannel, RemoteGate};
 use super::stats::{RemoteChannelStats, RemoteStats};
 use crate::base::config::{ChannelSpec, FlowControl};
 use crate::base::error::{Error, Result};
 use crate::memory::PooledSegment;
 use crate::protocol::credit::{
     BufferLease, ChannelCreditStats, ChannelId, Credit, Delivery, GateCredit, GateCreditConfig,
-    ReceiverAction,
+    ReceiverAction, RecordBudget,
 };
 use crate::protocol::wire;
 
@@ -24,6 +24,12 @@ impl Received {
     /// The records this buffer completed, in order (taken once).
     pub(crate) fn take_records(&mut self) -> Vec<Buffer> {
         std::mem::take(&mut self.records)
+    }
+
+    /// The count of those records' bytes in the gate's record budget: drop it when the
+    /// consumer has taken them.
+    pub(crate) fn take_record_bytes(&mut self) -> Option<RecordBytes> {
+        self.record_bytes.take()
     }
 
     /// Network buffers this stands for (for the gate's buffer counters).
@@ -36,6 +42,32 @@ impl Drop for Received {
     fn drop(&mut self) {
         if let Some(seg) = self.segment.take() {
             self.gate.recycle(std::iter::once((seg, self.lease.take())));
+        }
+    }
+}
+
+impl RecordBytes {
+    /// No bytes yet, of channel `cid` of `gate`.
+    pub(super) fn empty(gate: Arc<RemoteGate>, cid: ChannelId) -> RecordBytes {
+        RecordBytes { gate, cid, bytes: 0 }
+    }
+
+    /// Moves `bytes` (at most all) into a count of their own.
+    pub(super) fn split(&mut self, bytes: u64) -> RecordBytes {
+        let bytes = bytes.min(self.bytes);
+        self.bytes -= bytes;
+        RecordBytes {
+            gate: self.gate.clone(),
+            cid: self.cid,
+            bytes,
+        }
+    }
+}
+
+impl Drop for RecordBytes {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.gate.records_taken(self.cid, self.bytes);
         }
     }
 }
@@ -66,6 +98,7 @@ impl RemoteGate {
         floating: usize,
         segments: Vec<PooledSegment>,
         max_record: usize,
+        record_budget: u64,
     ) -> Result<Arc<RemoteGate>> {
         let credit = GateCredit::new(GateCreditConfig {
             exclusive_buffers_per_channel: exclusive_per_channel as u32,
@@ -77,6 +110,7 @@ impl RemoteGate {
             max_record,
             bufs: Mutex::new(GateBuffers {
                 credit,
+                records: RecordBudget::new(record_budget),
                 free: segments,
                 channels: Vec::new(),
                 closed: false,
@@ -267,17 +301,67 @@ impl RemoteGate {
     }
 
     pub(super) fn release(&self, ch: &RemoteChannel) {
-        if self.flow == FlowControl::Tcp {
-            return;
-        }
-        let wake = {
+        let (wake, grants) = {
             let mut b = self.bufs.lock().unwrap();
-            let _ = b.credit.release_channel(ch.cid);
-            drain_actions(&mut b)
+            b.records.release_channel(ch.cid);
+            if self.flow != FlowControl::Tcp {
+                let _ = b.credit.release_channel(ch.cid);
+            }
+            (drain_actions(&mut b), drain_grants(&mut b))
         };
         for c in wake {
             c.conn.request_credit(c.rid);
         }
+        send_grants(grants);
+    }
+
+    /// A RecordAnnouncement: `ch`'s next buffer starts records of `bytes` in all.
+    pub(super) fn on_record_announcement(&self, ch: &RemoteChannel, bytes: u64) -> Result<()> {
+        let grants = {
+            let mut b = self.bufs.lock().unwrap();
+            b.records.on_record_announcement(ch.cid, bytes)?;
+            drain_grants(&mut b)
+        };
+        send_grants(grants);
+        Ok(())
+    }
+
+    /// Records of `bytes` in all start on channel `cid` (their length prefixes arrived): a
+    /// protocol error beyond the channel's grant.
+    pub(super) fn records_started(&self, cid: ChannelId, bytes: u64) -> Result<()> {
+        Ok(self.bufs.lock().unwrap().records.on_records_started(cid, bytes)?)
+    }
+
+    /// Records of `bytes` in all of channel `cid` were taken by the consumer or dropped.
+    fn records_taken(&self, cid: ChannelId, bytes: u64) {
+        let grants = {
+            let mut b = self.bufs.lock().unwrap();
+            b.records.on_records_taken(cid, bytes);
+            drain_grants(&mut b)
+        };
+        send_grants(grants);
+    }
+
+    /// Record bytes of the gate: held now, the peak, the budget; and per channel by spec
+    /// (held, peak), for metrics.
+    pub(crate) fn record_stats(&self) -> (RecordStats, HashMap<ChannelSpec, (u64, u64)>) {
+        let b = self.bufs.lock().unwrap();
+        let gate = RecordStats {
+            held: b.records.held(),
+            peak: b.records.peak(),
+            granted: b.records.granted(),
+            budget: b.records.budget(),
+        };
+        let channels = b
+            .channels
+            .iter()
+            .filter_map(|w| {
+                let ch = w.upgrade()?;
+                let s = b.records.channel_stats(ch.cid)?;
+                Some((ch.spec.clone(), (s.held, s.peak)))
+            })
+            .collect();
+        (gate, channels)
     }
 
     /// Whether `ch`'s AddCredit is due now (see [`GateCredit::announcement_due`]). Credit
@@ -301,6 +385,34 @@ pub(super) enum Landing {
     Record,
     /// Nowhere: the channel was released or the gate closed; skip the payload.
     Drop,
+}
+
+/// A gate's record bytes, for metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RecordStats {
+    pub(crate) held: u64,
+    pub(crate) peak: u64,
+    pub(crate) granted: u64,
+    pub(crate) budget: u64,
+}
+
+fn drain_grants(b: &mut GateBuffers) -> Vec<(Arc<RemoteChannel>, u64)> {
+    let mut out = Vec::new();
+    while let Some((channel, bytes)) = b.records.poll_grant() {
+        if let Some(ch) = b.channels.get(channel.0).and_then(Weak::upgrade) {
+            out.push((ch, bytes));
+        }
+    }
+    out
+}
+
+fn send_grants(grants: Vec<(Arc<RemoteChannel>, u64)>) {
+    for (ch, bytes) in grants {
+        ch.conn.send(wire::Message::RecordGrant {
+            receiver: ch.rid,
+            bytes,
+        });
+    }
 }
 
 fn drain_actions(b: &mut GateBuffers) -> Vec<Arc<RemoteChannel>> {

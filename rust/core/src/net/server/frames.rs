@@ -71,6 +71,19 @@ impl Cursor {
         self.remaining.min(self.limit)
     }
 
+    /// The bytes of the next chunk [`Cursor::take`] hands out, without taking them.
+    pub(super) fn peek(&self) -> impl Iterator<Item = &[u8]> {
+        let mut left = self.next_len();
+        self.parts.iter().map_while(move |p| {
+            if left == 0 {
+                return None;
+            }
+            let n = p.len().min(left);
+            left -= n;
+            Some(&p.bytes()[..n])
+        })
+    }
+
     pub(super) fn take(&mut self) -> (Vec<Part>, usize) {
         let limit = self.limit;
         let mut out = Vec::new();

@@ -109,6 +109,22 @@ impl SubReader {
         }
     }
 
+    /// The record bytes the head buffer starts (the lengths of the records whose length
+    /// prefixes it completes): 0 unless the head is a data buffer that needs credit.
+    pub(super) fn record_starts(&self, head: QueueHead) -> u64 {
+        match (head, self.queue.front()) {
+            (QueueHead::Data, Some(Item::Data(c))) => self.framing.starts(c.peek()),
+            _ => 0,
+        }
+    }
+
+    /// Whether the reader can send its head now: credit for it, and the record bytes it
+    /// starts granted.
+    pub(super) fn is_available(&self) -> bool {
+        let head = self.head();
+        self.credit.is_available(head) && self.credit.can_start_records(self.record_starts(head))
+    }
+
     /// Shows the sender's credit in the subpartition's metrics.
     pub(super) fn publish_credit(&self) {
         if let Some(stats) = self.sub.remote_reader() {

@@ -142,6 +142,7 @@
 mod error;
 mod ready_queue;
 mod receiver;
+mod records;
 mod sender;
 #[cfg(test)]
 mod tests;
@@ -153,5 +154,6 @@ pub use receiver::{
     BufferLease, BufferOrigin, ChannelCreditStats, Delivery, GateCredit, GateCreditConfig, ReceiverAction,
     DEFAULT_EXCLUSIVE_BUFFERS, DEFAULT_FLOATING_BUFFERS,
 };
+pub use records::{ChannelRecordStats, RecordBudget, DEFAULT_RECORD_BUDGET};
 pub use sender::{QueueHead, SenderCredit};
 pub use value::{BufferHeader, ChannelId, Credit, DataType};

@@ -16,7 +16,7 @@ use crate::base::error::{Error, Result};
 use crate::memory::PooledSegment;
 use crate::protocol::credit::{
     BufferLease, ChannelCreditStats, ChannelId, Credit, Delivery, GateCredit, GateCreditConfig,
-    ReceiverAction, RecordBudget,
+    ReceiverAction, ChannelRecordStats, RecordBudget,
 };
 use crate::protocol::wire;
 
@@ -141,6 +141,10 @@ impl RemoteGate {
             s.credit_announced += c.announced.get() as usize;
             s.credit_unannounced += c.unannounced.get() as usize;
         }
+        s.record_bytes = b.records.held();
+        s.record_bytes_peak = b.records.peak();
+        s.record_bytes_granted = b.records.granted();
+        s.record_budget = b.records.budget();
         let channels: Vec<Arc<RemoteChannel>> = b.channels.iter().filter_map(Weak::upgrade).collect();
         drop(b);
         s.queued_buffers = channels.iter().map(|c| c.queued()).sum();
@@ -150,19 +154,20 @@ impl RemoteGate {
     /// Buffers and credit per remote channel, by the channel's spec, for metrics.
     pub(crate) fn channel_stats(&self) -> HashMap<ChannelSpec, RemoteChannelStats> {
         let b = self.bufs.lock().unwrap();
-        let channels: Vec<(Arc<RemoteChannel>, ChannelCreditStats)> = b
+        let channels: Vec<(Arc<RemoteChannel>, ChannelCreditStats, ChannelRecordStats)> = b
             .channels
             .iter()
             .filter_map(|w| {
                 let ch = w.upgrade()?;
                 let stats = b.credit.channel_stats(ch.cid)?;
-                Some((ch, stats))
+                let records = b.records.channel_stats(ch.cid)?;
+                Some((ch, stats, records))
             })
             .collect();
         drop(b);
         channels
             .into_iter()
-            .map(|(ch, c)| {
+            .map(|(ch, c, r)| {
                 let stats = RemoteChannelStats {
                     exclusive_in_use: c.exclusive_in_use as usize,
                     floating_in_use: (c.floating_in_use + c.floating_available) as usize,
@@ -170,6 +175,8 @@ impl RemoteGate {
                     credit_unannounced: c.unannounced.get() as usize,
                     required: c.required as usize,
                     queued_buffers: ch.queued(),
+                    record_bytes: r.held,
+                    record_bytes_peak: r.peak,
                 };
                 (ch.spec.clone(), stats)
             })
@@ -342,28 +349,6 @@ impl RemoteGate {
         send_grants(grants);
     }
 
-    /// Record bytes of the gate: held now, the peak, the budget; and per channel by spec
-    /// (held, peak), for metrics.
-    pub(crate) fn record_stats(&self) -> (RecordStats, HashMap<ChannelSpec, (u64, u64)>) {
-        let b = self.bufs.lock().unwrap();
-        let gate = RecordStats {
-            held: b.records.held(),
-            peak: b.records.peak(),
-            granted: b.records.granted(),
-            budget: b.records.budget(),
-        };
-        let channels = b
-            .channels
-            .iter()
-            .filter_map(|w| {
-                let ch = w.upgrade()?;
-                let s = b.records.channel_stats(ch.cid)?;
-                Some((ch.spec.clone(), (s.held, s.peak)))
-            })
-            .collect();
-        (gate, channels)
-    }
-
     /// Whether `ch`'s AddCredit is due now (see [`GateCredit::announcement_due`]). Credit
     /// pending means the AddCredit is already queued for the writer (the credit state asks
     /// for one when unannounced credit leaves zero), so the caller need only let it run.
@@ -385,15 +370,6 @@ pub(super) enum Landing {
     Record,
     /// Nowhere: the channel was released or the gate closed; skip the payload.
     Drop,
-}
-
-/// A gate's record bytes, for metrics.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct RecordStats {
-    pub(crate) held: u64,
-    pub(crate) peak: u64,
-    pub(crate) granted: u64,
-    pub(crate) budget: u64,
 }
 
 fn drain_grants(b: &mut GateBuffers) -> Vec<(Arc<RemoteChannel>, u64)> {

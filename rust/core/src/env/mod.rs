@@ -91,7 +91,8 @@ impl EnvConfig {
     /// most its segments can take, so that segments plus records stay within `memory` plus
     /// one batch (at least 1 byte: then records go one at a time).
     pub fn gate_record_budget(&self, remote: usize) -> u64 {
-        let segments = (remote * self.exclusive_buffers + self.floating_buffers).saturating_mul(self.segment_size);
+        let segments =
+            (remote * self.exclusive_buffers + self.floating_buffers).saturating_mul(self.segment_size);
         self.memory.saturating_sub(segments).max(1) as u64
     }
 }

@@ -556,7 +556,8 @@ impl InputGate {
             Polled::Batch(lb) => {
                 self.count_buffers(idx, 1, lb.bytes);
                 self.count_batch(idx, &lb.batch, lb.bytes);
-                self.pending.push_back(Queued::Batch(idx, lb.batch, lb.token, None));
+                self.pending
+                    .push_back(Queued::Batch(idx, lb.batch, lb.token, None));
                 // lb.segments are recycled here: the batch left the partition's budget.
             }
             Polled::Data(slice) => {

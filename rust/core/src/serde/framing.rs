@@ -83,6 +83,9 @@ impl RecordFraming {
     /// without moving on.
     pub fn starts<'a>(&self, parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
         let mut peek = self.clone();
-        parts.into_iter().map(|p| peek.advance(p)).fold(0u64, u64::saturating_add)
+        parts
+            .into_iter()
+            .map(|p| peek.advance(p))
+            .fold(0u64, u64::saturating_add)
     }
 }

@@ -15,8 +15,8 @@ use crate::base::config::{ChannelSpec, FlowControl};
 use crate::base::error::{Error, Result};
 use crate::memory::PooledSegment;
 use crate::protocol::credit::{
-    BufferLease, ChannelCreditStats, ChannelId, Credit, Delivery, GateCredit, GateCreditConfig,
-    ReceiverAction, ChannelRecordStats, RecordBudget,
+    BufferLease, ChannelCreditStats, ChannelId, ChannelRecordStats, Credit, Delivery, GateCredit,
+    GateCreditConfig, ReceiverAction, RecordBudget,
 };
 use crate::protocol::wire;
 

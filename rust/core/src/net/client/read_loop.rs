@@ -145,13 +145,14 @@ pub(super) async fn read_loop<R: FrameSource>(
                         });
                         let mut records = Vec::new();
                         let started = &mut a.bytes.bytes;
-                        let outcome = read_records(reader, &mut a.records, &mut dst[..len], &mut records, |n| {
-                            // Protocol version 3: a record starts only on record bytes granted.
-                            ch.gate.records_started(ch.cid, n)?;
-                            *started += n;
-                            Ok(())
-                        })
-                        .await?;
+                        let outcome =
+                            read_records(reader, &mut a.records, &mut dst[..len], &mut records, |n| {
+                                // Protocol version 3: a record starts only on record bytes granted.
+                                ch.gate.records_started(ch.cid, n)?;
+                                *started += n;
+                                Ok(())
+                            })
+                            .await?;
                         let completed: u64 = records.iter().map(|r| r.len() as u64).sum();
                         let received = Received {
                             segment: Some(seg),

@@ -139,11 +139,17 @@ impl RecordBudget {
         })
     }
 
-    fn channel(&mut self, channel: ChannelId, message: &'static str) -> Result<&mut ChannelRecords, CreditError> {
-        self.channels.get_mut(channel.0).ok_or(CreditError::UnknownChannel {
-            message,
-            channel: channel.0,
-        })
+    fn channel(
+        &mut self,
+        channel: ChannelId,
+        message: &'static str,
+    ) -> Result<&mut ChannelRecords, CreditError> {
+        self.channels
+            .get_mut(channel.0)
+            .ok_or(CreditError::UnknownChannel {
+                message,
+                channel: channel.0,
+            })
     }
 
     /// A RecordAnnouncement: the channel's next buffer starts records of `bytes` in all.
@@ -193,7 +199,11 @@ impl RecordBudget {
         let Some(c) = self.channels.get_mut(channel.0) else {
             return;
         };
-        debug_assert!(bytes <= c.held, "{channel}: taking {bytes} record bytes of {}", c.held);
+        debug_assert!(
+            bytes <= c.held,
+            "{channel}: taking {bytes} record bytes of {}",
+            c.held
+        );
         let bytes = bytes.min(c.held);
         c.held -= bytes;
         self.held -= bytes;

@@ -14,7 +14,10 @@ fn a_record_starts_only_on_granted_bytes() {
     let mut gate = RecordBudget::new(16 * MIB);
     let c = gate.add_channel();
     let mut sender = SenderCredit::new(Credit::new(2));
-    assert!(sender.can_start_records(0), "a buffer starting no record needs no grant");
+    assert!(
+        sender.can_start_records(0),
+        "a buffer starting no record needs no grant"
+    );
     assert!(!sender.can_start_records(MIB));
     assert!(sender.needs_record_announcement(MIB));
     sender.on_record_announced(MIB);
@@ -37,7 +40,10 @@ fn a_record_starts_only_on_granted_bytes() {
     assert_eq!((gate.held(), gate.granted(), gate.peak()), (MIB, 0, MIB));
     gate.on_records_taken(c, MIB);
     assert_eq!((gate.held(), gate.peak()), (0, MIB));
-    assert_eq!(gate.on_record_announcement(c, 0), Err(CreditError::BadRecordBytes(0)));
+    assert_eq!(
+        gate.on_record_announcement(c, 0),
+        Err(CreditError::BadRecordBytes(0))
+    );
     assert_eq!(sender.on_record_grant(0), Err(CreditError::BadRecordBytes(0)));
 }
 

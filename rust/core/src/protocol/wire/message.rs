@@ -440,7 +440,9 @@ impl Message<'_> {
             Message::PartitionNotFound { receiver } => Message::PartitionNotFound { receiver },
             Message::ResumeConsumption { receiver } => Message::ResumeConsumption { receiver },
             Message::NewBufferSize { receiver, size } => Message::NewBufferSize { receiver, size },
-            Message::RecordAnnouncement { receiver, bytes } => Message::RecordAnnouncement { receiver, bytes },
+            Message::RecordAnnouncement { receiver, bytes } => {
+                Message::RecordAnnouncement { receiver, bytes }
+            }
             Message::RecordGrant { receiver, bytes } => Message::RecordGrant { receiver, bytes },
         }
     }

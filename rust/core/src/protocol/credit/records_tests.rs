@@ -2,9 +2,8 @@
 //! [`SenderCredit`], unit by unit, then many senders against one gate in memory with the
 //! bound checked after every step and every record delivered in the end.
 
-use std::collections::VecDeque;
-
 use super::*;
+use crate::fuzz::records::Model;
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -98,104 +97,6 @@ fn releasing_a_channel_returns_its_grant_and_serves_the_next() {
     assert_eq!(gate.poll_grant(), None, "a released channel is granted nothing");
 }
 
-/// Many senders, one gate, one connection (two FIFO wires), a consumer taking records in
-/// arrival order; records of one buffer each.
-struct Model {
-    gate: RecordBudget,
-    senders: Vec<(SenderCredit, VecDeque<u64>)>,
-    to_receiver: VecDeque<(usize, bool, u64)>,
-    to_sender: VecDeque<(usize, u64)>,
-    consumer: VecDeque<(usize, u64)>,
-    delivered: Vec<Vec<u64>>,
-    largest: u64,
-}
-
-impl Model {
-    fn new(budget: u64, records: Vec<Vec<u64>>) -> Model {
-        let mut gate = RecordBudget::new(budget);
-        let largest = records.iter().flatten().copied().max().unwrap_or(0);
-        let senders = records
-            .into_iter()
-            .map(|r| {
-                gate.add_channel();
-                (SenderCredit::new(Credit::new(1)), VecDeque::from(r))
-            })
-            .collect::<Vec<_>>();
-        let n = senders.len();
-        Model {
-            gate,
-            senders,
-            to_receiver: VecDeque::new(),
-            to_sender: VecDeque::new(),
-            consumer: VecDeque::new(),
-            delivered: vec![Vec::new(); n],
-            largest,
-        }
-    }
-
-    /// One step of kind `op` (on `channel` where it matters); whether anything happened.
-    fn step(&mut self, op: u8, channel: usize) -> bool {
-        let moved = match op % 4 {
-            0 => {
-                let c = channel % self.senders.len();
-                let (sender, queue) = &mut self.senders[c];
-                let Some(&size) = queue.front() else { return false };
-                if sender.can_start_records(size) {
-                    sender.on_records_started(size).unwrap();
-                    queue.pop_front();
-                    self.to_receiver.push_back((c, true, size));
-                    true
-                } else if sender.needs_record_announcement(size) {
-                    sender.on_record_announced(size);
-                    self.to_receiver.push_back((c, false, size));
-                    true
-                } else {
-                    false
-                }
-            }
-            1 => match self.to_receiver.pop_front() {
-                Some((c, true, size)) => {
-                    self.gate.on_records_started(ChannelId(c), size).unwrap();
-                    self.consumer.push_back((c, size));
-                    true
-                }
-                Some((c, false, size)) => {
-                    self.gate.on_record_announcement(ChannelId(c), size).unwrap();
-                    true
-                }
-                None => false,
-            },
-            2 => match self.to_sender.pop_front() {
-                Some((c, bytes)) => {
-                    self.senders[c].0.on_record_grant(bytes).unwrap();
-                    true
-                }
-                None => false,
-            },
-            _ => match self.consumer.pop_front() {
-                Some((c, size)) => {
-                    self.gate.on_records_taken(ChannelId(c), size);
-                    self.delivered[c].push(size);
-                    true
-                }
-                None => false,
-            },
-        };
-        while let Some((c, bytes)) = self.gate.poll_grant() {
-            self.to_sender.push_back((c.0, bytes));
-        }
-        // The bound: held + granted never exceeds the budget by more than one record.
-        let reserved = self.gate.held() + self.gate.granted();
-        assert!(
-            reserved < self.gate.budget() + self.largest.max(1),
-            "reserved {reserved} beyond budget {} + largest record {}",
-            self.gate.budget(),
-            self.largest
-        );
-        moved
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
@@ -219,20 +120,7 @@ proptest! {
         for (op, channel) in ops {
             m.step(op, channel);
         }
-        // Run every side round robin until nothing moves.
-        loop {
-            let mut moved = false;
-            for op in 0..4u8 {
-                for c in 0..records.len() {
-                    moved |= m.step(op, c);
-                }
-            }
-            if !moved {
-                break;
-            }
-        }
-        prop_assert_eq!(&m.delivered, &records, "every record delivered, in order");
-        prop_assert_eq!(m.gate.held(), 0);
-        prop_assert_eq!(m.gate.granted(), 0);
+        m.drain();
+        m.assert_all_delivered(&records);
     }
 }

@@ -746,8 +746,10 @@ fn a_data_buffer_from_a_client_closes_the_connection() {
 #[test]
 fn a_wrong_protocol_version_in_hello_is_refused() {
     let env = env_with(true, |_| {});
-    // Version 1 peers count credit differently (no record body buffers): refused too.
-    for version in [1, PROTOCOL_VERSION + 1] {
+    // Version 1 peers count credit differently (no record body buffers), version 2 peers
+    // start records without record grants: refused too, with the versions named.
+    assert_eq!(PROTOCOL_VERSION, 3);
+    for version in [1, 2, PROTOCOL_VERSION + 1] {
         let mut p = Peer::new(TcpStream::connect(env.address()).unwrap());
         p.send(&[Message::Hello(Hello {
             version,
@@ -760,8 +762,8 @@ fn a_wrong_protocol_version_in_hello_is_refused() {
                 [Message::ErrorResponse {
                     receiver: None,
                     kind: ErrorKind::Protocol,
-                    ..
-                }]
+                    message,
+                }] if message.contains(&format!("protocol version {version}, this side 3"))
             ),
             "version {version}: {got:?}"
         );

@@ -76,6 +76,17 @@ impl ServerConn {
         let starts = r.record_starts(head);
         if r.credit.is_available(head) && r.credit.can_start_records(starts) {
             st.ready.enqueue(rid);
+            if starts == 0 && r.credit.record_granted() == 0 && !r.credit.has_record_announcement() {
+                // Announce the next record start ahead, while this one's body goes out.
+                let ahead = r.next_record_starts();
+                if ahead > 0 {
+                    r.credit.on_record_announced(ahead);
+                    st.control.push_back(Message::RecordAnnouncement {
+                        receiver: rid,
+                        bytes: ahead,
+                    });
+                }
+            }
         } else {
             if r.credit.needs_record_announcement(starts) {
                 // The head starts records its grant does not cover: ask for the bytes (with

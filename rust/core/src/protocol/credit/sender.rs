@@ -78,6 +78,11 @@ impl SenderCredit {
         bytes > self.record_granted && bytes != self.record_announced
     }
 
+    /// Whether a RecordAnnouncement was sent and its buffer has not gone out yet.
+    pub fn has_record_announcement(&self) -> bool {
+        self.record_announced != 0
+    }
+
     /// A RecordAnnouncement for `bytes` is being written.
     pub fn on_record_announced(&mut self, bytes: u64) {
         self.record_announced = bytes;

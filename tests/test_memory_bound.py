@@ -89,7 +89,7 @@ CONSUMER = textwrap.dedent(
     print(json.dumps({
         "got": got, "errors": errors[:10], "idle_kib": idle_kib,
         "peak_kib": max(vm_kib("VmHWM"), peak_sampled), "seconds": time.monotonic() - t0,
-        "record_bytes_peak": remote["record_bytes_peak"], "record_budget": remote["record_budget"],
+        "record_bytes_peak": remote.get("record_bytes_peak"), "record_budget": remote.get("record_budget"),
     }), flush=True)
     gate.close(); env.close()
     """

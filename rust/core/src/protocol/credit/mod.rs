@@ -145,8 +145,6 @@ mod error;
 mod ready_queue;
 mod receiver;
 mod records;
-#[cfg(test)]
-mod records_tests;
 mod sender;
 #[cfg(test)]
 mod tests;

@@ -33,6 +33,9 @@ use std::collections::VecDeque;
 use super::error::CreditError;
 use super::value::ChannelId;
 
+#[cfg(test)]
+mod tests;
+
 /// Record budget of a gate unless configured otherwise (64 MiB).
 pub const DEFAULT_RECORD_BUDGET: u64 = 64 << 20;
 

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::fuzz::records::Model;
-use crate::protocol::credit::{ChannelId, Credit, CreditError, SenderCredit};
+use crate::protocol::credit::{Credit, CreditError, SenderCredit};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;

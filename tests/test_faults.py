@@ -111,7 +111,7 @@ def test_consumer_killed_while_the_producer_is_backpressured(workers: list[Worke
 # --------------------------------------------------------------------------- garbage peers
 
 MAGIC = b"CFLW"
-PROTOCOL_VERSION = 2  # codec::PROTOCOL_VERSION
+PROTOCOL_VERSION = 3  # codec::PROTOCOL_VERSION
 HELLO, AUTH_PROOF, ERROR_RESPONSE = 1, 3, 8
 AUTHENTICATION = 3  # error kind
 SEGMENT = 32 * 1024

@@ -136,6 +136,14 @@ class RemoteStats(TypedDict):
     credit_unannounced: int
     #: Received buffers waiting to be read.
     queued_buffers: int
+    #: Bytes of records in progress plus completed and not yet taken by the consumer.
+    record_bytes: int
+    #: The largest ``record_bytes`` so far.
+    record_bytes_peak: int
+    #: Record bytes granted to senders and not used yet.
+    record_bytes_granted: int
+    #: The gate's record budget: records start only while held + granted is under it.
+    record_budget: int
 
 
 class DebloatMetrics(TypedDict):
@@ -177,6 +185,10 @@ class RemoteChannelStats(TypedDict):
     required: int
     #: Received buffers waiting to be read.
     queued_buffers: int
+    #: Bytes of records in progress plus completed and not yet taken by the consumer.
+    record_bytes: int
+    #: The largest ``record_bytes`` so far.
+    record_bytes_peak: int
 
 
 class ChannelMetrics(TypedDict):

@@ -32,7 +32,10 @@ fn frame_decoder_corpus() {
 
 #[test]
 fn credit_corpus() {
-    replay("credit", creditflow_core::fuzz::credit::run);
+    replay("credit", |data| {
+        creditflow_core::fuzz::credit::run(data);
+        creditflow_core::fuzz::records::run(data);
+    });
 }
 
 #[test]

@@ -182,6 +182,12 @@ impl Peer {
                 .next_message()
                 .expect("the environment sent a malformed frame");
             if let Some(m) = next {
+                if let Message::RecordAnnouncement { receiver, bytes } = m {
+                    // The scripted client grants every record at once (protocol version 3);
+                    // the record budget has tests of its own.
+                    self.send(&[Message::RecordGrant { receiver, bytes }]);
+                    continue;
+                }
                 return Got::Msg(m.into_owned());
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -740,8 +746,10 @@ fn a_data_buffer_from_a_client_closes_the_connection() {
 #[test]
 fn a_wrong_protocol_version_in_hello_is_refused() {
     let env = env_with(true, |_| {});
-    // Version 1 peers count credit differently (no record body buffers): refused too.
-    for version in [1, PROTOCOL_VERSION + 1] {
+    // Version 1 peers count credit differently (no record body buffers), version 2 peers
+    // start records without record grants: refused too, with the versions named.
+    assert_eq!(PROTOCOL_VERSION, 3);
+    for version in [1, 2, PROTOCOL_VERSION + 1] {
         let mut p = Peer::new(TcpStream::connect(env.address()).unwrap());
         p.send(&[Message::Hello(Hello {
             version,
@@ -754,8 +762,8 @@ fn a_wrong_protocol_version_in_hello_is_refused() {
                 [Message::ErrorResponse {
                     receiver: None,
                     kind: ErrorKind::Protocol,
-                    ..
-                }]
+                    message,
+                }] if message.contains(&format!("protocol version {version}, this side 3"))
             ),
             "version {version}: {got:?}"
         );
@@ -1001,6 +1009,7 @@ fn scripted(cfg: impl FnOnce(&mut EnvConfig)) -> Scripted {
     }
     peer.negotiated(SEG);
     let rid = expect_request(&mut peer, &env);
+    grant_all_records(&mut peer, rid);
     Scripted {
         gate,
         peer,
@@ -1024,6 +1033,17 @@ fn expect_request(peer: &mut Peer, env: &NetworkEnvironment) -> ReceiverId {
             receiver
         }
         other => panic!("expected PartitionRequest, got {other:?}"),
+    }
+}
+
+/// Protocol version 3: asks for more record bytes than any script sends; the empty gate grants
+/// them at once (a record may start while the gate is under its budget, whatever its size).
+fn grant_all_records(peer: &mut Peer, receiver: ReceiverId) {
+    const ALL: u64 = 1 << 40;
+    peer.send(&[Message::RecordAnnouncement { receiver, bytes: ALL }]);
+    match peer.recv() {
+        Message::RecordGrant { receiver: r, bytes } => assert_eq!((r, bytes), (receiver, ALL)),
+        other => panic!("expected RecordGrant, got {other:?}"),
     }
 }
 

@@ -131,6 +131,10 @@ fn remote_stats<'py>(py: Python<'py>, r: &RemoteStats) -> PyResult<Bound<'py, Py
         credit_announced,
         credit_unannounced,
         queued_buffers,
+        record_bytes,
+        record_bytes_peak,
+        record_bytes_granted,
+        record_budget,
     } = *r;
     let d = PyDict::new(py);
     put!(d;
@@ -142,6 +146,10 @@ fn remote_stats<'py>(py: Python<'py>, r: &RemoteStats) -> PyResult<Bound<'py, Py
         credit_announced,
         credit_unannounced,
         queued_buffers,
+        record_bytes,
+        record_bytes_peak,
+        record_bytes_granted,
+        record_budget,
     );
     Ok(d)
 }
@@ -177,9 +185,12 @@ fn remote_channel<'py>(py: Python<'py>, r: &RemoteChannelStats) -> PyResult<Boun
         credit_unannounced,
         required,
         queued_buffers,
+        record_bytes,
+        record_bytes_peak,
     } = *r;
     let d = PyDict::new(py);
     put!(d; exclusive_in_use, floating_in_use, credit_announced, credit_unannounced, required, queued_buffers);
+    put!(d; record_bytes, record_bytes_peak);
     Ok(d)
 }
 

@@ -85,6 +85,16 @@ impl EnvConfig {
             ..DebloatConfig::new(self.segment_size)
         }
     }
+
+    /// The record bytes a gate with `remote` remote channels may hold (records in progress,
+    /// or completed and not taken) before its channels wait to start more: `memory` less the
+    /// most its segments can take, so that segments plus records stay within `memory` plus
+    /// one batch (at least 1 byte: then records go one at a time).
+    pub fn gate_record_budget(&self, remote: usize) -> u64 {
+        let segments =
+            (remote * self.exclusive_buffers + self.floating_buffers).saturating_mul(self.segment_size);
+        self.memory.saturating_sub(segments).max(1) as u64
+    }
 }
 
 impl Default for EnvConfig {
@@ -319,6 +329,7 @@ impl NetworkEnvironment {
                 transport: self.inner.transport.clone(),
                 exclusive_buffers: cfg.exclusive_buffers,
                 floating_buffers: cfg.floating_buffers,
+                record_budget: cfg.gate_record_budget(remote),
             }),
             cfg.debloat.then(|| DebloatSetup {
                 config: cfg.debloat_config(),

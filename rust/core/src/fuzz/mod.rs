@@ -8,11 +8,14 @@
 //!   way the transport drives it, against a one-shot decode of the same bytes.
 //! * [`credit::run`]: a sender and a receiver of [`crate::protocol::credit`] connected in memory,
 //!   driven by an arbitrary sequence of operations, invariants checked after every step.
+//! * [`records::run`]: record bytes (protocol version 3): senders against a gate's record
+//!   budget, the bound after every step, every record delivered in the end.
 //! * [`ready_queue::run`]: [`crate::protocol::credit::ReadyQueue`] against a plain reference model.
 
 pub mod credit;
 pub mod frames;
 pub mod ready_queue;
+pub mod records;
 
 /// Reads values from the fuzzer's bytes; every read after the end gives `None`.
 pub struct Bytes<'a> {

@@ -17,7 +17,9 @@ use crate::serde::RecordDeserializer;
 
 /// What the gate holds between polling a channel and yielding (keeps per-channel order).
 pub(super) enum Queued {
-    Batch(usize, RecordBatch, Option<Token>),
+    /// A batch; for a remote channel, the record bytes it holds in the gate's record budget
+    /// (released when it is yielded).
+    Batch(usize, RecordBatch, Option<Token>, Option<crate::net::RecordBytes>),
     Event(usize, Vec<u8>),
     Barrier {
         id: u64,

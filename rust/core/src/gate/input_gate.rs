@@ -98,6 +98,9 @@ pub(crate) struct RemoteSetup {
     pub(crate) transport: Arc<Transport>,
     pub(crate) exclusive_buffers: usize,
     pub(crate) floating_buffers: usize,
+    /// Bytes of records (in progress, or completed and not taken) the gate's remote channels
+    /// may start beyond which they wait (see `protocol::credit::RecordBudget`).
+    pub(crate) record_budget: u64,
 }
 
 impl InputGate {
@@ -156,6 +159,7 @@ impl InputGate {
                     floating,
                     segments,
                     max_record,
+                    setup.record_budget,
                 )?)
             }
             _ => None,
@@ -370,7 +374,7 @@ impl InputGate {
             if let Some(q) = self.pending.pop_front() {
                 self.handle.queued.store(self.pending.len(), Ordering::Relaxed);
                 let item = match q {
-                    Queued::Batch(channel, batch, token) => GateItem::Batch {
+                    Queued::Batch(channel, batch, token, _record_bytes) => GateItem::Batch {
                         channel,
                         batch,
                         token,
@@ -552,7 +556,8 @@ impl InputGate {
             Polled::Batch(lb) => {
                 self.count_buffers(idx, 1, lb.bytes);
                 self.count_batch(idx, &lb.batch, lb.bytes);
-                self.pending.push_back(Queued::Batch(idx, lb.batch, lb.token));
+                self.pending
+                    .push_back(Queued::Batch(idx, lb.batch, lb.token, None));
                 // lb.segments are recycled here: the batch left the partition's budget.
             }
             Polled::Data(slice) => {
@@ -563,7 +568,7 @@ impl InputGate {
                 }
                 for b in out {
                     self.count_batch(idx, &b, b.get_array_memory_size());
-                    self.pending.push_back(Queued::Batch(idx, b, None));
+                    self.pending.push_back(Queued::Batch(idx, b, None, None));
                 }
             }
             Polled::Event(event) => {
@@ -622,6 +627,9 @@ impl InputGate {
             match item {
                 Inbound::Data(mut received) => {
                     let records = received.take_records();
+                    // Counted in the record budget until the consumer takes the last batch
+                    // they made (a schema or dictionary record is done when decoded).
+                    let mut record_bytes = received.take_record_bytes();
                     let bytes = records.iter().map(|r| r.len()).sum();
                     for record in records {
                         de.push_record(record, &mut out)?;
@@ -629,9 +637,11 @@ impl InputGate {
                     let buffers = received.buffers();
                     done.push(received);
                     self.count_buffers(idx, buffers, bytes);
-                    for b in out.drain(..) {
+                    let n = out.len();
+                    for (i, b) in out.drain(..).enumerate() {
                         self.count_batch(idx, &b, b.get_array_memory_size());
-                        self.pending.push_back(Queued::Batch(idx, b, None));
+                        let held = if i + 1 == n { record_bytes.take() } else { None };
+                        self.pending.push_back(Queued::Batch(idx, b, None, held));
                     }
                 }
                 Inbound::Event(ev) => {

@@ -17,7 +17,7 @@ mod runtime;
 mod server;
 mod tls;
 
-pub(crate) use client::{recycle_all, Inbound, RemoteChannel, RemoteGate};
+pub(crate) use client::{recycle_all, Inbound, RecordBytes, RemoteChannel, RemoteGate};
 pub use client::{RemoteChannelStats, RemoteStats};
 pub(crate) use runtime::{Transport, TransportConfig};
 pub(crate) use tls::Tls;

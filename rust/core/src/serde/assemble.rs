@@ -89,7 +89,19 @@ impl RecordAssembler {
 
     /// Feeds stream bytes (copied); each completed record's body is passed to `done`, in
     /// order. A length of 0 or over the maximum is a [`Error::Protocol`].
-    pub fn push(&mut self, mut bytes: &[u8], mut done: impl FnMut(Buffer) -> Result<()>) -> Result<()> {
+    pub fn push(&mut self, bytes: &[u8], done: impl FnMut(Buffer) -> Result<()>) -> Result<()> {
+        self.push_checked(bytes, |_| Ok(()), done)
+    }
+
+    /// [`RecordAssembler::push`], asking `start` about each record's length once its prefix
+    /// is complete and valid, before its body is allocated: an error from `start` stops there
+    /// (the record is not started) and is returned.
+    pub fn push_checked(
+        &mut self,
+        mut bytes: &[u8],
+        mut start: impl FnMut(u64) -> Result<()>,
+        mut done: impl FnMut(Buffer) -> Result<()>,
+    ) -> Result<()> {
         while !bytes.is_empty() {
             match self.body.as_mut() {
                 None => {
@@ -100,6 +112,7 @@ impl RecordAssembler {
                                 self.max_record
                             )));
                         }
+                        start(len)?;
                         self.body = Some((MutableBuffer::with_capacity(len as usize), len as usize));
                     }
                 }

@@ -58,8 +58,11 @@ impl RecordFraming {
 
     /// The stream moves on by `bytes`. Body bytes are only counted; a length prefix is read.
     /// A length of 0 starts no body (the receiver refuses it; nothing here is then a record
-    /// body buffer).
-    pub fn advance(&mut self, mut bytes: &[u8]) {
+    /// body buffer). Returns the lengths, summed, of the records whose length prefixes these
+    /// bytes complete: the record bytes they *start* (protocol version 3 grants those before
+    /// the buffer goes out; see [`crate::protocol::credit::RecordBudget`]).
+    pub fn advance(&mut self, mut bytes: &[u8]) -> u64 {
+        let mut started = 0u64;
         while !bytes.is_empty() {
             if self.body_missing > 0 {
                 let n = self.body_missing.min(bytes.len() as u64);
@@ -70,7 +73,19 @@ impl RecordFraming {
             }
             if let Some(len) = self.prefix.take(&mut bytes) {
                 self.body_missing = len;
+                started = started.saturating_add(len);
             }
         }
+        started
+    }
+
+    /// The record bytes a payload made of `parts` would start (see [`RecordFraming::advance`]),
+    /// without moving on.
+    pub fn starts<'a>(&self, parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
+        let mut peek = self.clone();
+        parts
+            .into_iter()
+            .map(|p| peek.advance(p))
+            .fold(0u64, u64::saturating_add)
     }
 }

@@ -227,6 +227,8 @@ impl ClientConn {
     ) -> Arc<RemoteChannel> {
         let mut bufs = gate.bufs.lock().unwrap();
         let cid = bufs.credit.add_channel();
+        let record_cid = bufs.records.add_channel();
+        debug_assert_eq!(cid, record_cid);
         let ch = Arc::new(RemoteChannel {
             rid,
             cid,

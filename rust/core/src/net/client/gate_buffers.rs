@@ -9,14 +9,14 @@ use std::sync::{Arc, Mutex, Weak};
 use arrow_buffer::Buffer;
 use tokio::sync::Notify;
 
-use super::state::{GateBuffers, Received, RemoteChannel, RemoteGate};
+use super::state::{GateBuffers, Received, RecordBytes, RemoteChannel, RemoteGate};
 use super::stats::{RemoteChannelStats, RemoteStats};
 use crate::base::config::{ChannelSpec, FlowControl};
 use crate::base::error::{Error, Result};
 use crate::memory::PooledSegment;
 use crate::protocol::credit::{
-    BufferLease, ChannelCreditStats, ChannelId, Credit, Delivery, GateCredit, GateCreditConfig,
-    ReceiverAction,
+    BufferLease, ChannelCreditStats, ChannelId, ChannelRecordStats, Credit, Delivery, GateCredit,
+    GateCreditConfig, ReceiverAction, RecordBudget,
 };
 use crate::protocol::wire;
 
@@ -24,6 +24,12 @@ impl Received {
     /// The records this buffer completed, in order (taken once).
     pub(crate) fn take_records(&mut self) -> Vec<Buffer> {
         std::mem::take(&mut self.records)
+    }
+
+    /// The count of those records' bytes in the gate's record budget: drop it when the
+    /// consumer has taken them.
+    pub(crate) fn take_record_bytes(&mut self) -> Option<RecordBytes> {
+        self.record_bytes.take()
     }
 
     /// Network buffers this stands for (for the gate's buffer counters).
@@ -36,6 +42,32 @@ impl Drop for Received {
     fn drop(&mut self) {
         if let Some(seg) = self.segment.take() {
             self.gate.recycle(std::iter::once((seg, self.lease.take())));
+        }
+    }
+}
+
+impl RecordBytes {
+    /// No bytes yet, of channel `cid` of `gate`.
+    pub(super) fn empty(gate: Arc<RemoteGate>, cid: ChannelId) -> RecordBytes {
+        RecordBytes { gate, cid, bytes: 0 }
+    }
+
+    /// Moves `bytes` (at most all) into a count of their own.
+    pub(super) fn split(&mut self, bytes: u64) -> RecordBytes {
+        let bytes = bytes.min(self.bytes);
+        self.bytes -= bytes;
+        RecordBytes {
+            gate: self.gate.clone(),
+            cid: self.cid,
+            bytes,
+        }
+    }
+}
+
+impl Drop for RecordBytes {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.gate.records_taken(self.cid, self.bytes);
         }
     }
 }
@@ -66,6 +98,7 @@ impl RemoteGate {
         floating: usize,
         segments: Vec<PooledSegment>,
         max_record: usize,
+        record_budget: u64,
     ) -> Result<Arc<RemoteGate>> {
         let credit = GateCredit::new(GateCreditConfig {
             exclusive_buffers_per_channel: exclusive_per_channel as u32,
@@ -77,6 +110,7 @@ impl RemoteGate {
             max_record,
             bufs: Mutex::new(GateBuffers {
                 credit,
+                records: RecordBudget::new(record_budget),
                 free: segments,
                 channels: Vec::new(),
                 closed: false,
@@ -107,6 +141,10 @@ impl RemoteGate {
             s.credit_announced += c.announced.get() as usize;
             s.credit_unannounced += c.unannounced.get() as usize;
         }
+        s.record_bytes = b.records.held();
+        s.record_bytes_peak = b.records.peak();
+        s.record_bytes_granted = b.records.granted();
+        s.record_budget = b.records.budget();
         let channels: Vec<Arc<RemoteChannel>> = b.channels.iter().filter_map(Weak::upgrade).collect();
         drop(b);
         s.queued_buffers = channels.iter().map(|c| c.queued()).sum();
@@ -116,19 +154,20 @@ impl RemoteGate {
     /// Buffers and credit per remote channel, by the channel's spec, for metrics.
     pub(crate) fn channel_stats(&self) -> HashMap<ChannelSpec, RemoteChannelStats> {
         let b = self.bufs.lock().unwrap();
-        let channels: Vec<(Arc<RemoteChannel>, ChannelCreditStats)> = b
+        let channels: Vec<(Arc<RemoteChannel>, ChannelCreditStats, ChannelRecordStats)> = b
             .channels
             .iter()
             .filter_map(|w| {
                 let ch = w.upgrade()?;
                 let stats = b.credit.channel_stats(ch.cid)?;
-                Some((ch, stats))
+                let records = b.records.channel_stats(ch.cid)?;
+                Some((ch, stats, records))
             })
             .collect();
         drop(b);
         channels
             .into_iter()
-            .map(|(ch, c)| {
+            .map(|(ch, c, r)| {
                 let stats = RemoteChannelStats {
                     exclusive_in_use: c.exclusive_in_use as usize,
                     floating_in_use: (c.floating_in_use + c.floating_available) as usize,
@@ -136,6 +175,8 @@ impl RemoteGate {
                     credit_unannounced: c.unannounced.get() as usize,
                     required: c.required as usize,
                     queued_buffers: ch.queued(),
+                    record_bytes: r.held,
+                    record_bytes_peak: r.peak,
                 };
                 (ch.spec.clone(), stats)
             })
@@ -267,17 +308,45 @@ impl RemoteGate {
     }
 
     pub(super) fn release(&self, ch: &RemoteChannel) {
-        if self.flow == FlowControl::Tcp {
-            return;
-        }
-        let wake = {
+        let (wake, grants) = {
             let mut b = self.bufs.lock().unwrap();
-            let _ = b.credit.release_channel(ch.cid);
-            drain_actions(&mut b)
+            b.records.release_channel(ch.cid);
+            if self.flow != FlowControl::Tcp {
+                let _ = b.credit.release_channel(ch.cid);
+            }
+            (drain_actions(&mut b), drain_grants(&mut b))
         };
         for c in wake {
             c.conn.request_credit(c.rid);
         }
+        send_grants(grants);
+    }
+
+    /// A RecordAnnouncement: `ch`'s next buffer starts records of `bytes` in all.
+    pub(super) fn on_record_announcement(&self, ch: &RemoteChannel, bytes: u64) -> Result<()> {
+        let grants = {
+            let mut b = self.bufs.lock().unwrap();
+            b.records.on_record_announcement(ch.cid, bytes)?;
+            drain_grants(&mut b)
+        };
+        send_grants(grants);
+        Ok(())
+    }
+
+    /// Records of `bytes` in all start on channel `cid` (their length prefixes arrived): a
+    /// protocol error beyond the channel's grant.
+    pub(super) fn records_started(&self, cid: ChannelId, bytes: u64) -> Result<()> {
+        Ok(self.bufs.lock().unwrap().records.on_records_started(cid, bytes)?)
+    }
+
+    /// Records of `bytes` in all of channel `cid` were taken by the consumer or dropped.
+    fn records_taken(&self, cid: ChannelId, bytes: u64) {
+        let grants = {
+            let mut b = self.bufs.lock().unwrap();
+            b.records.on_records_taken(cid, bytes);
+            drain_grants(&mut b)
+        };
+        send_grants(grants);
     }
 
     /// Whether `ch`'s AddCredit is due now (see [`GateCredit::announcement_due`]). Credit
@@ -301,6 +370,25 @@ pub(super) enum Landing {
     Record,
     /// Nowhere: the channel was released or the gate closed; skip the payload.
     Drop,
+}
+
+fn drain_grants(b: &mut GateBuffers) -> Vec<(Arc<RemoteChannel>, u64)> {
+    let mut out = Vec::new();
+    while let Some((channel, bytes)) = b.records.poll_grant() {
+        if let Some(ch) = b.channels.get(channel.0).and_then(Weak::upgrade) {
+            out.push((ch, bytes));
+        }
+    }
+    out
+}
+
+fn send_grants(grants: Vec<(Arc<RemoteChannel>, u64)>) {
+    for (ch, bytes) in grants {
+        ch.conn.send(wire::Message::RecordGrant {
+            receiver: ch.rid,
+            bytes,
+        });
+    }
 }
 
 fn drain_actions(b: &mut GateBuffers) -> Vec<Arc<RemoteChannel>> {

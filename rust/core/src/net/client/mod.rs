@@ -41,5 +41,5 @@ mod tests;
 
 pub(crate) use connection::ClientContext;
 pub(crate) use gate_buffers::recycle_all;
-pub(crate) use state::{ClientConn, Inbound, RemoteChannel, RemoteGate};
+pub(crate) use state::{ClientConn, Inbound, RecordBytes, RemoteChannel, RemoteGate};
 pub use stats::{RemoteChannelStats, RemoteStats};

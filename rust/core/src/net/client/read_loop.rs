@@ -11,7 +11,7 @@ use arrow_buffer::Buffer;
 
 use super::gate_buffers::Landing;
 use super::retry::schedule_retry;
-use super::state::{ClientConn, Inbound, Received};
+use super::state::{ClientConn, Inbound, Received, RecordBytes};
 use crate::base::config::ChannelSpec;
 use crate::base::error::{Error, Result};
 use crate::base::event::Event;
@@ -37,6 +37,9 @@ fn channel_error(spec: &ChannelSpec, kind: ErrorKind, message: String) -> Error 
 /// A channel's records in progress, on the connection's reader task.
 struct Assembly {
     records: RecordAssembler,
+    /// Bytes of the records started and not yet handed on in a [`Received`]: the one in
+    /// progress (dropped with the assembly when the channel goes away).
+    bytes: RecordBytes,
     /// Buffers recycled since the last one that completed a record (for the counters).
     uncounted: usize,
 }
@@ -55,6 +58,7 @@ pub(super) async fn read_records<R: FrameSource>(
     asm: &mut RecordAssembler,
     seg: &mut [u8],
     done: &mut Vec<Buffer>,
+    mut start: impl FnMut(u64) -> Result<()>,
 ) -> Result<Result<()>> {
     let mut left = seg.len();
     while left > 0 {
@@ -74,14 +78,16 @@ pub(super) async fn read_records<R: FrameSource>(
             let mut prefix = [0u8; crate::serde::RECORD_HEADER_LEN];
             reader.read_payload(&mut prefix[..n]).await?;
             left -= n;
-            if let Err(e) = asm.push(&prefix[..n], |_| unreachable!("a prefix completes no record")) {
+            if let Err(e) = asm.push_checked(&prefix[..n], &mut start, |_| {
+                unreachable!("a prefix completes no record")
+            }) {
                 reader.read_payload(&mut seg[..left]).await?;
                 return Ok(Err(e));
             }
         } else {
             let rest = &mut seg[..left];
             reader.read_payload(rest).await?;
-            return Ok(asm.push(rest, |record| {
+            return Ok(asm.push_checked(rest, &mut start, |record| {
                 done.push(record);
                 Ok(())
             }));
@@ -134,17 +140,27 @@ pub(super) async fn read_loop<R: FrameSource>(
                         }
                         let a = assemblies.entry(header.receiver).or_insert_with(|| Assembly {
                             records: RecordAssembler::new(ch.gate.max_record),
+                            bytes: RecordBytes::empty(ch.gate.clone(), ch.cid),
                             uncounted: 0,
                         });
                         let mut records = Vec::new();
+                        let started = &mut a.bytes.bytes;
                         let outcome =
-                            read_records(reader, &mut a.records, &mut dst[..len], &mut records).await?;
+                            read_records(reader, &mut a.records, &mut dst[..len], &mut records, |n| {
+                                // Protocol version 3: a record starts only on record bytes granted.
+                                ch.gate.records_started(ch.cid, n)?;
+                                *started += n;
+                                Ok(())
+                            })
+                            .await?;
+                        let completed: u64 = records.iter().map(|r| r.len() as u64).sum();
                         let received = Received {
                             segment: Some(seg),
                             records,
                             buffers: a.uncounted + 1,
                             lease,
                             gate: ch.gate.clone(),
+                            record_bytes: Some(a.bytes.split(completed)),
                         };
                         if received.records.is_empty() {
                             // Only part of a record in progress: its bytes are in the record,
@@ -214,6 +230,11 @@ pub(super) async fn read_loop<R: FrameSource>(
                         ch.push(item);
                         ch.gate.release(&ch);
                     }
+                }
+            }
+            InFrame::Message(Message::RecordAnnouncement { receiver, bytes }) => {
+                if let Some(ch) = conn.channel(receiver) {
+                    ch.gate.on_record_announcement(&ch, bytes)?;
                 }
             }
             InFrame::Message(Message::BacklogAnnouncement { receiver, backlog }) => {

@@ -18,7 +18,7 @@ use crate::base::error::Error;
 use crate::base::event::Event;
 use crate::memory::PooledSegment;
 use crate::partition::subpartition::Listener;
-use crate::protocol::credit::{BufferLease, ChannelId, GateCredit};
+use crate::protocol::credit::{BufferLease, ChannelId, GateCredit, RecordBudget};
 use crate::protocol::wire::{Message, ReceiverId};
 
 /// What a remote channel's inbox holds.
@@ -42,10 +42,23 @@ pub(crate) struct Received {
     pub(super) buffers: usize,
     pub(super) lease: Option<BufferLease>,
     pub(super) gate: Arc<RemoteGate>,
+    /// The bytes of `records`, counted in the gate's record budget until taken.
+    pub(super) record_bytes: Option<RecordBytes>,
+}
+
+/// Record bytes of one channel counted in its gate's [`RecordBudget`]: records in progress, or
+/// completed and not yet taken by the consumer. Dropping it takes them out of the count (and
+/// lets the gate grant waiting channels).
+pub(crate) struct RecordBytes {
+    pub(super) gate: Arc<RemoteGate>,
+    pub(super) cid: ChannelId,
+    pub(super) bytes: u64,
 }
 
 pub(super) struct GateBuffers {
     pub(super) credit: GateCredit,
+    /// Record bytes: records held per channel and gate, and the grants to start them.
+    pub(super) records: RecordBudget,
     pub(super) free: Vec<PooledSegment>,
     /// Channels by credit id, to route AddCredit requests.
     pub(super) channels: Vec<Weak<RemoteChannel>>,

@@ -20,6 +20,15 @@ pub struct RemoteStats {
     pub credit_unannounced: usize,
     /// Received buffers waiting to be read.
     pub queued_buffers: usize,
+    /// Bytes of records in progress plus completed and not yet taken by the consumer.
+    pub record_bytes: u64,
+    /// The largest `record_bytes` so far.
+    pub record_bytes_peak: u64,
+    /// Record bytes granted to senders and not used yet.
+    pub record_bytes_granted: u64,
+    /// The gate's record budget: records start only while `record_bytes +
+    /// record_bytes_granted` is under it.
+    pub record_budget: u64,
 }
 
 /// Buffers and credit of one remote channel, for metrics.
@@ -37,4 +46,8 @@ pub struct RemoteChannelStats {
     pub required: usize,
     /// Received buffers waiting to be read.
     pub queued_buffers: usize,
+    /// Bytes of records in progress plus completed and not yet taken by the consumer.
+    pub record_bytes: u64,
+    /// The largest `record_bytes` so far.
+    pub record_bytes_peak: u64,
 }

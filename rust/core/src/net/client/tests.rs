@@ -32,7 +32,7 @@ async fn partition_request_backoff_doubles_to_the_max_then_gives_up() {
 }
 
 fn open(conn: &Arc<ClientConn>, rid: u64, woken: &Arc<AtomicU64>) -> Arc<RemoteChannel> {
-    let gate = RemoteGate::new(FlowControl::Credit, 2, 8, Vec::new(), 1 << 20).unwrap();
+    let gate = RemoteGate::new(FlowControl::Credit, 2, 8, Vec::new(), 1 << 20, 1 << 20).unwrap();
     let woken = woken.clone();
     let spec = ChannelSpec {
         address: conn.addr.clone(),

@@ -73,9 +73,30 @@ impl ServerConn {
         };
         r.fill(self.payload_limit)?;
         let head = r.head();
-        if r.credit.is_available(head) {
+        let starts = r.record_starts(head);
+        if r.credit.is_available(head) && r.credit.can_start_records(starts) {
             st.ready.enqueue(rid);
+            if starts == 0 && r.credit.record_granted() == 0 && !r.credit.has_record_announcement() {
+                // Announce the next record start ahead, while this one's body goes out.
+                let ahead = r.next_record_starts();
+                if ahead > 0 {
+                    r.credit.on_record_announced(ahead);
+                    st.control.push_back(Message::RecordAnnouncement {
+                        receiver: rid,
+                        bytes: ahead,
+                    });
+                }
+            }
         } else {
+            if r.credit.needs_record_announcement(starts) {
+                // The head starts records its grant does not cover: ask for the bytes (with
+                // or without buffer credit, so the round trips overlap).
+                r.credit.on_record_announced(starts);
+                st.control.push_back(Message::RecordAnnouncement {
+                    receiver: rid,
+                    bytes: starts,
+                });
+            }
             let backlog = r.backlog();
             if r.credit.needs_backlog_announcement(backlog) {
                 r.credit.on_backlog_announced(backlog);
@@ -191,6 +212,19 @@ impl ServerConn {
         Ok(())
     }
 
+    /// A RecordGrant: `bytes` more record bytes for `receiver`'s reader.
+    pub(super) fn on_record_grant(&self, receiver: ReceiverId, bytes: u64) -> Result<()> {
+        let mut st = self.state.lock().unwrap();
+        let Some(r) = st.readers.get_mut(&receiver) else {
+            // A grant for a reader that just ended or was cancelled: harmless.
+            return Ok(());
+        };
+        r.credit.on_record_grant(bytes)?;
+        self.refresh(&mut st, receiver)?;
+        self.wake.notify_one();
+        Ok(())
+    }
+
     /// The receiver aligned the checkpoint whose barrier paused `receiver`'s reader.
     pub(super) fn on_resume(&self, receiver: ReceiverId) -> Result<()> {
         let mut st = self.state.lock().unwrap();
@@ -274,15 +308,16 @@ impl ServerConn {
                 continue;
             };
             let queue_head = r.head();
-            if !r.credit.is_available(queue_head) {
+            if !r.is_available() {
                 continue;
             }
             let frame = match r.queue.front_mut().expect("available means non-empty") {
                 Item::Data(cursor) => {
                     let (parts, len) = cursor.take();
-                    for part in &parts {
-                        r.framing.advance(part.bytes());
-                    }
+                    let started = parts
+                        .iter()
+                        .map(|part| r.framing.advance(part.bytes()))
+                        .fold(0u64, u64::saturating_add);
                     let hold = if cursor.remaining == 0 {
                         cursor.hold.take()
                     } else {
@@ -293,8 +328,10 @@ impl ServerConn {
                     }
                     r.chunks -= 1;
                     let header = if queue_head == QueueHead::RecordBody {
+                        debug_assert_eq!(started, 0, "a record body buffer starts no record");
                         r.credit.on_record_body_sent(r.backlog())
                     } else {
+                        r.credit.on_records_started(started)?;
                         r.credit.on_buffer_sent(DataType::Data, r.backlog())?
                     };
                     if let Some(stats) = r.sub.remote_reader() {

@@ -71,6 +71,31 @@ impl Cursor {
         self.remaining.min(self.limit)
     }
 
+    /// The bytes of the next chunk [`Cursor::take`] hands out, without taking them.
+    pub(super) fn peek(&self) -> impl Iterator<Item = &[u8]> {
+        self.peek_chunk(0)
+    }
+
+    /// The bytes of the chunk `index` chunks after the next one (empty past the end).
+    pub(super) fn peek_chunk(&self, index: usize) -> impl Iterator<Item = &[u8]> {
+        let mut skip = index * self.limit;
+        let mut left = self.remaining.saturating_sub(skip).min(self.limit);
+        self.parts.iter().filter_map(move |p| {
+            let bytes = p.bytes();
+            if skip >= bytes.len() {
+                skip -= bytes.len();
+                return None;
+            }
+            if left == 0 {
+                return None;
+            }
+            let from = std::mem::take(&mut skip);
+            let n = (bytes.len() - from).min(left);
+            left -= n;
+            Some(&bytes[from..from + n])
+        })
+    }
+
     pub(super) fn take(&mut self) -> (Vec<Part>, usize) {
         let limit = self.limit;
         let mut out = Vec::new();

@@ -109,6 +109,49 @@ impl SubReader {
         }
     }
 
+    /// The record bytes the head buffer starts (the lengths of the records whose length
+    /// prefixes it completes): 0 unless the head is a data buffer that needs credit.
+    pub(super) fn record_starts(&self, head: QueueHead) -> u64 {
+        match (head, self.queue.front()) {
+            (QueueHead::Data, Some(Item::Data(c))) => self.framing.starts(c.peek()),
+            _ => 0,
+        }
+    }
+
+    /// The record bytes of the first queued buffer that starts records, if any: announced
+    /// ahead (while the buffers before it go out) so that its grant's round trip overlaps
+    /// them. The same buffer, once at the head, needs exactly these bytes.
+    pub(super) fn next_record_starts(&self) -> u64 {
+        let mut framing = self.framing.clone();
+        for item in &self.queue {
+            let c = match item {
+                Item::Data(c) => c,
+                // Not past an aligned barrier: what follows it waits for the alignment, and a
+                // grant held for it could keep the channels the gate waits for from starting
+                // the records before their barriers.
+                Item::Event(Event::Barrier { unaligned: false, .. }) => return 0,
+                Item::Event(_) => continue,
+            };
+            for chunk in 0..c.chunks() {
+                let starts = c
+                    .peek_chunk(chunk)
+                    .map(|p| framing.advance(p))
+                    .fold(0u64, u64::saturating_add);
+                if starts > 0 {
+                    return starts;
+                }
+            }
+        }
+        0
+    }
+
+    /// Whether the reader can send its head now: credit for it, and the record bytes it
+    /// starts granted.
+    pub(super) fn is_available(&self) -> bool {
+        let head = self.head();
+        self.credit.is_available(head) && self.credit.can_start_records(self.record_starts(head))
+    }
+
     /// Shows the sender's credit in the subpartition's metrics.
     pub(super) fn publish_credit(&self) {
         if let Some(stats) = self.sub.remote_reader() {

@@ -146,6 +146,7 @@ pub(super) async fn read_loop<R: FrameSource>(
                 }
             }
             Message::AddCredit { receiver, credit } => conn.on_add_credit(receiver, credit)?,
+            Message::RecordGrant { receiver, bytes } => conn.on_record_grant(receiver, bytes)?,
             Message::CancelPartitionRequest { receiver } => conn.cancel(receiver),
             Message::ResumeConsumption { receiver } => conn.on_resume(receiver)?,
             Message::NewBufferSize { receiver, size } => conn.on_new_buffer_size(receiver, size)?,

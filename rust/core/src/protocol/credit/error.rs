@@ -57,6 +57,20 @@ pub enum CreditError {
     /// The sender loop wrote a data buffer without credit.
     #[error("data buffer {0} sent without credit")]
     SentWithoutCredit(u64),
+    /// A record started (its length prefix arrived, or was sent) beyond the record bytes
+    /// granted to its channel.
+    #[error("channel {channel}: a record of {bytes} bytes started with only {granted} record bytes granted")]
+    RecordWithoutGrant {
+        /// The channel (its index in the gate; 0 on the sending side).
+        channel: usize,
+        /// Bytes of the records started.
+        bytes: u64,
+        /// Record bytes granted and not used yet.
+        granted: u64,
+    },
+    /// A RecordAnnouncement or RecordGrant of zero bytes, or a grant that overflows.
+    #[error("record bytes of {0} in a RecordAnnouncement or RecordGrant")]
+    BadRecordBytes(u64),
 
     // A configuration or call the credit state refuses.
     /// A gate whose channels could never receive data.

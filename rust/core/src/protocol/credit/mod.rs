@@ -38,6 +38,8 @@
 //!    without an AddCredit round trip. The buffer that completes a record takes a real buffer
 //!    and keeps it until the consumer takes the record, so completed records stay bounded by
 //!    the channel's buffers, and the memory outside them is one record in progress.
+//!    Records themselves are bounded by record bytes (protocol version 3, [`RecordBudget`]): a
+//!    buffer that starts records needs their bytes granted as well as a credit.
 //!    Sequence numbers start at 0 and go up by one per BufferResponse of a channel; a gap or a
 //!    reorder is a protocol error (`BufferReorderingException`).
 //! 5. When the consumer is done with a buffer: an exclusive one goes back to its channel as new
@@ -142,6 +144,7 @@
 mod error;
 mod ready_queue;
 mod receiver;
+mod records;
 mod sender;
 #[cfg(test)]
 mod tests;
@@ -153,5 +156,6 @@ pub use receiver::{
     BufferLease, BufferOrigin, ChannelCreditStats, Delivery, GateCredit, GateCreditConfig, ReceiverAction,
     DEFAULT_EXCLUSIVE_BUFFERS, DEFAULT_FLOATING_BUFFERS,
 };
+pub use records::{ChannelRecordStats, RecordBudget, DEFAULT_RECORD_BUDGET};
 pub use sender::{QueueHead, SenderCredit};
 pub use value::{BufferHeader, ChannelId, Credit, DataType};

@@ -29,6 +29,10 @@ pub struct SenderCredit {
     next_sequence_number: u64,
     /// Backlog in the last BufferResponse or BacklogAnnouncement; what the receiver plans for.
     last_backlog_announced: u32,
+    /// Record bytes granted (RecordGrant) and not used yet (protocol version 3).
+    record_granted: u64,
+    /// Record bytes announced for the buffer at the head (0: none announced).
+    record_announced: u64,
 }
 
 impl SenderCredit {
@@ -39,7 +43,67 @@ impl SenderCredit {
             credit: initial_credit,
             next_sequence_number: 0,
             last_backlog_announced: 0,
+            record_granted: 0,
+            record_announced: 0,
         }
+    }
+
+    /// Record bytes granted and not used yet.
+    pub fn record_granted(&self) -> u64 {
+        self.record_granted
+    }
+
+    /// Whether a data buffer that starts records of `bytes` in all (the lengths of the records
+    /// whose length prefixes it completes) may go now: always for none, else when the grant
+    /// covers them (see [`super::RecordBudget`]).
+    pub fn can_start_records(&self, bytes: u64) -> bool {
+        bytes <= self.record_granted
+    }
+
+    /// A RecordGrant arrived. Zero or an overflow is a protocol error.
+    pub fn on_record_grant(&mut self, bytes: u64) -> Result<(), CreditError> {
+        if bytes == 0 {
+            return Err(CreditError::BadRecordBytes(0));
+        }
+        self.record_granted = self
+            .record_granted
+            .checked_add(bytes)
+            .ok_or(CreditError::BadRecordBytes(bytes))?;
+        Ok(())
+    }
+
+    /// Whether to send a RecordAnnouncement for a head buffer that starts records of `bytes`:
+    /// the grant does not cover them and they were not announced already.
+    pub fn needs_record_announcement(&self, bytes: u64) -> bool {
+        bytes > self.record_granted && bytes != self.record_announced
+    }
+
+    /// Whether a RecordAnnouncement was sent and its buffer has not gone out yet.
+    pub fn has_record_announcement(&self) -> bool {
+        self.record_announced != 0
+    }
+
+    /// A RecordAnnouncement for `bytes` is being written.
+    pub fn on_record_announced(&mut self, bytes: u64) {
+        self.record_announced = bytes;
+    }
+
+    /// A data buffer starting records of `bytes` in all is being written: uses up the grant.
+    /// Beyond the grant is an error (a bug in the sender loop) and nothing changes.
+    pub fn on_records_started(&mut self, bytes: u64) -> Result<(), CreditError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        if bytes > self.record_granted {
+            return Err(CreditError::RecordWithoutGrant {
+                channel: 0,
+                bytes,
+                granted: self.record_granted,
+            });
+        }
+        self.record_granted -= bytes;
+        self.record_announced = 0;
+        Ok(())
     }
 
     /// Buffers the receiver has promised and the sender has not used yet.

@@ -7,7 +7,7 @@ pub use crate::base::event::MAX_EVENT_PAYLOAD_LEN;
 pub const MAGIC: [u8; 4] = *b"CFLW";
 
 /// The frame format version this side speaks; a frame with any other version is rejected.
-pub const PROTOCOL_VERSION: u8 = 2;
+pub const PROTOCOL_VERSION: u8 = 3;
 
 /// Bytes of the header every frame starts with: length, magic, version, message type.
 pub const HEADER_LEN: usize = 10;

@@ -272,6 +272,8 @@ fn body_name(ty: MessageType) -> &'static str {
         PartitionNotFound => "PartitionNotFound body",
         ResumeConsumption => "ResumeConsumption body",
         NewBufferSize => "NewBufferSize body",
+        RecordAnnouncement => "RecordAnnouncement body",
+        RecordGrant => "RecordGrant body",
     }
 }
 
@@ -380,6 +382,18 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
                 });
             }
             Message::NewBufferSize { receiver, size }
+        }
+        ty @ (MessageType::RecordAnnouncement | MessageType::RecordGrant) => {
+            let receiver = ReceiverId(r.u64()?);
+            let bytes = r.u64()?;
+            if bytes == 0 {
+                return Err(WireError::Zero { ty, receiver });
+            }
+            if ty == MessageType::RecordGrant {
+                Message::RecordGrant { receiver, bytes }
+            } else {
+                Message::RecordAnnouncement { receiver, bytes }
+            }
         }
         MessageType::BufferResponse => unreachable!("handled above"),
     };

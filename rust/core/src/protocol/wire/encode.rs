@@ -149,6 +149,16 @@ fn encode_body(msg: &Message<'_>, out: &mut Vec<u8>, start: usize) -> Result<(),
             put_u64(out, receiver.0);
             put_u32(out, *size);
         }
+        Message::RecordAnnouncement { receiver, bytes } | Message::RecordGrant { receiver, bytes } => {
+            if *bytes == 0 {
+                return Err(WireError::ZeroToSend {
+                    ty: msg.message_type(),
+                    receiver: *receiver,
+                });
+            }
+            put_u64(out, receiver.0);
+            put_u64(out, *bytes);
+        }
         Message::CloseRequest => {}
     }
     let frame_len = frame_len_u32(out.len() - start)?;

@@ -40,6 +40,11 @@ pub enum MessageType {
     ResumeConsumption = 12,
     /// Receiver → sender: cut this channel's buffers at this size (buffer debloating).
     NewBufferSize = 13,
+    /// Sender → receiver: the channel's next buffer starts records of this many bytes, more
+    /// than its record grant covers (protocol version 3).
+    RecordAnnouncement = 14,
+    /// Receiver → sender: more record bytes for a channel (protocol version 3).
+    RecordGrant = 15,
 }
 
 impl MessageType {
@@ -60,6 +65,8 @@ impl MessageType {
             11 => PartitionNotFound,
             12 => ResumeConsumption,
             13 => NewBufferSize,
+            14 => RecordAnnouncement,
+            15 => RecordGrant,
             _ => return None,
         })
     }
@@ -85,6 +92,7 @@ impl MessageType {
             ),
             CancelPartitionRequest | PartitionNotFound | ResumeConsumption => exact(8),
             CloseRequest => exact(0),
+            RecordAnnouncement | RecordGrant => exact(8 + 8),
         }
     }
 }
@@ -352,6 +360,21 @@ pub enum Message<'a> {
         /// Bytes per buffer, at least one.
         size: u32,
     },
+    /// Sender → receiver: `receiver`'s next buffer starts records of `bytes` in all, which
+    /// its record grant does not cover (never zero).
+    RecordAnnouncement {
+        /// The channel.
+        receiver: ReceiverId,
+        /// The lengths of the records the buffer starts, summed.
+        bytes: u64,
+    },
+    /// Receiver → sender: `bytes` more record bytes for `receiver` (never zero).
+    RecordGrant {
+        /// The channel.
+        receiver: ReceiverId,
+        /// Record bytes granted.
+        bytes: u64,
+    },
 }
 
 impl Message<'_> {
@@ -371,6 +394,8 @@ impl Message<'_> {
             Message::PartitionNotFound { .. } => MessageType::PartitionNotFound,
             Message::ResumeConsumption { .. } => MessageType::ResumeConsumption,
             Message::NewBufferSize { .. } => MessageType::NewBufferSize,
+            Message::RecordAnnouncement { .. } => MessageType::RecordAnnouncement,
+            Message::RecordGrant { .. } => MessageType::RecordGrant,
         }
     }
 
@@ -415,6 +440,10 @@ impl Message<'_> {
             Message::PartitionNotFound { receiver } => Message::PartitionNotFound { receiver },
             Message::ResumeConsumption { receiver } => Message::ResumeConsumption { receiver },
             Message::NewBufferSize { receiver, size } => Message::NewBufferSize { receiver, size },
+            Message::RecordAnnouncement { receiver, bytes } => {
+                Message::RecordAnnouncement { receiver, bytes }
+            }
+            Message::RecordGrant { receiver, bytes } => Message::RecordGrant { receiver, bytes },
         }
     }
 }

@@ -30,6 +30,8 @@
 //! | 11 | PartitionNotFound | rid | 8 |
 //! | 12 | ResumeConsumption | rid (receiver → sender: a reader paused after an aligned barrier continues) | 8 |
 //! | 13 | NewBufferSize (receiver → sender; buffer debloating) | rid, size u32 (> 0, ≤ the sender's segment size) | 12 |
+//! | 14 | RecordAnnouncement (sender → receiver; version 3) | rid, bytes u64 (> 0): record bytes the next buffer starts | 16 |
+//! | 15 | RecordGrant (receiver → sender; version 3) | rid, bytes u64 (> 0): more record bytes | 16 |
 //!
 //! An event payload (data type 1) is a tag u8: 0 EndOfPartition (nothing follows),
 //! 1 ProducerFailed (message `str`, ≤ 2048 bytes), 2 user event (u32 length + bytes,

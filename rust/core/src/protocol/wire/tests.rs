@@ -80,7 +80,49 @@ fn one_of_each() -> Vec<Message<'static>> {
             receiver: r,
             size: 4096,
         },
+        Message::RecordAnnouncement {
+            receiver: r,
+            bytes: 48_000_000,
+        },
+        Message::RecordGrant {
+            receiver: r,
+            bytes: u64::MAX,
+        },
     ]
+}
+
+#[test]
+fn record_messages_are_rid_and_u64_and_never_zero() {
+    let bytes = encoded(&Message::RecordGrant {
+        receiver: ReceiverId(1),
+        bytes: 0x0102,
+    });
+    assert_eq!(
+        bytes,
+        [26, 0, 0, 0, b'C', b'F', b'L', b'W', 3, 15, 1, 0, 0, 0, 0, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0]
+    );
+    for msg in [
+        Message::RecordGrant {
+            receiver: ReceiverId(1),
+            bytes: 0,
+        },
+        Message::RecordAnnouncement {
+            receiver: ReceiverId(1),
+            bytes: 0,
+        },
+    ] {
+        assert!(encode(&msg, &mut Vec::new()).is_err());
+    }
+    let mut zero = encoded(&Message::RecordAnnouncement {
+        receiver: ReceiverId(1),
+        bytes: 5,
+    });
+    zero[18] = 0;
+    assert!(decode(&zero).is_err());
+    // A version 2 peer's frame is refused on its version byte.
+    let mut old = encoded(&Message::CloseRequest);
+    old[8] = 2;
+    assert!(decode(&old).is_err());
 }
 
 fn encoded(msg: &Message<'_>) -> Vec<u8> {
@@ -111,7 +153,7 @@ fn every_message_type_round_trips() {
 #[test]
 fn header_is_length_magic_version_type_little_endian() {
     let bytes = encoded(&Message::CloseRequest);
-    assert_eq!(bytes, [10, 0, 0, 0, b'C', b'F', b'L', b'W', 2, 10]);
+    assert_eq!(bytes, [10, 0, 0, 0, b'C', b'F', b'L', b'W', 3, 10]);
     let bytes = encoded(&Message::AddCredit {
         receiver: ReceiverId(1),
         credit: Credit::new(0x0102),

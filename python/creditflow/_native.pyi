@@ -4,7 +4,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar, TypeAlias, final
+from typing import ClassVar, Literal, TypeAlias, final
 
 import pyarrow as pa
 from typing_extensions import Self, disjoint_base
@@ -155,8 +155,31 @@ class NetworkEnvironment:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
-    def create_partition(self, partition_id: str, num_subpartitions: int = 1) -> ResultPartition:
-        """Creates a partition with ``num_subpartitions`` pipelined subpartitions."""
+    def create_partition(
+        self,
+        partition_id: str,
+        num_subpartitions: int = 1,
+        *,
+        kind: Literal["pipelined", "blocking", "hybrid"] = "pipelined",
+        replay: bool = False,
+        compression: Literal["lz4", "zstd"] | None = None,
+    ) -> ResultPartition:
+        """Creates a partition with ``num_subpartitions`` subpartitions of ``kind``
+        (``"pipelined"``, ``"blocking"`` or ``"hybrid"``).
+
+        - ``"pipelined"``: readers read while the writer writes; a slow reader backpressures
+          the writer; each subpartition is read once.
+        - ``"blocking"``: the writer never waits; what does not fit in memory spills to
+          ``spill_dir``; readers get data once the partition is finished, from the start, as
+          often and by as many readers as they like, until :meth:`ResultPartition.release`.
+        - ``"hybrid"``: readers read while the writer writes; what a slow reader has not read
+          yet spills instead of backpressuring. With ``replay=True`` everything is kept until
+          release, so a later or repeated reader reads from the start; without, each
+          subpartition is read once.
+
+        ``compression`` (``"lz4"`` or ``"zstd"``) compresses what a blocking or hybrid
+        partition stores (Arrow IPC body compression).
+        """
     def create_input_gate(self, channels: Iterable[ChannelSpec]) -> InputGate:
         """Creates an input gate reading the given channels."""
     def metrics(self) -> EnvMetrics:

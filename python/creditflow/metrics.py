@@ -31,6 +31,7 @@ __all__ = [
     "RemoteChannelStats",
     "RemoteReaderMetrics",
     "RemoteStats",
+    "SpillMetrics",
     "SubpartitionMetrics",
 ]
 
@@ -82,6 +83,31 @@ class SubpartitionMetrics(TypedDict):
     remote: RemoteReaderMetrics | None
 
 
+class SpillMetrics(TypedDict):
+    """A blocking or hybrid partition's store (``PartitionMetrics["spill"]``)."""
+
+    #: ``"blocking"`` or ``"hybrid"``.
+    kind: str
+    #: Whether the stream is kept for repeated reads (blocking, or hybrid with ``replay``).
+    replay: bool
+    #: Stream bytes stored (serialized, after compression).
+    stream_bytes: int
+    #: Bytes written to the spill file.
+    spilled_bytes: int
+    #: Chunks (of at most a segment) written to the spill file.
+    spilled_chunks: int
+    #: Bytes read back from the spill file, by every reader.
+    read_back_bytes: int
+    #: Chunks read back from the spill file.
+    read_back_chunks: int
+    #: Bytes the spill file holds now (0 once released).
+    disk_bytes: int
+    #: Segments of the partition's pool the store holds now.
+    memory_segments: int
+    #: Spill files open now.
+    files: int
+
+
 class PartitionMetrics(TypedDict):
     """A partition (``PartitionMetrics``)."""
 
@@ -107,6 +133,8 @@ class PartitionMetrics(TypedDict):
     backpressured_total: float
     #: Whether end-of-partition was sent.
     finished: bool
+    #: A blocking or hybrid partition's store and spilling; ``None`` for a pipelined one.
+    spill: SpillMetrics | None
     #: Per-subpartition detail, by index.
     subpartitions: list[SubpartitionMetrics]
     #: Output pool usage: segments in use / pool share.

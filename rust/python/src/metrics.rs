@@ -15,6 +15,7 @@ use creditflow_core::env::EnvMetrics;
 use creditflow_core::gate::{ChannelMetrics, DebloatMetrics, GateMetrics};
 use creditflow_core::memory::PoolStats;
 use creditflow_core::net::{RemoteChannelStats, RemoteStats};
+use creditflow_core::partition::spill::SpillMetrics;
 use creditflow_core::partition::{PartitionMetrics, RemoteReaderMetrics, SubpartitionMetrics};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -80,6 +81,24 @@ fn subpartition<'py>(py: Python<'py>, s: &SubpartitionMetrics) -> PyResult<Bound
     Ok(d)
 }
 
+fn spill_metrics<'py>(py: Python<'py>, m: &SpillMetrics) -> PyResult<Bound<'py, PyDict>> {
+    let SpillMetrics {
+        kind,
+        replay,
+        stream_bytes,
+        spilled_bytes,
+        spilled_chunks,
+        read_back_bytes,
+        read_back_chunks,
+        disk_bytes,
+        memory_segments,
+        files,
+    } = m;
+    let d = PyDict::new(py);
+    put!(d; kind, replay, stream_bytes, spilled_bytes, spilled_chunks, read_back_bytes, read_back_chunks, disk_bytes, memory_segments, files);
+    Ok(d)
+}
+
 /// A partition's metrics (`ResultPartition.metrics()`, `RecordWriter.metrics()`).
 pub(crate) fn partition<'py>(py: Python<'py>, m: &PartitionMetrics) -> PyResult<Bound<'py, PyDict>> {
     let PartitionMetrics {
@@ -94,6 +113,7 @@ pub(crate) fn partition<'py>(py: Python<'py>, m: &PartitionMetrics) -> PyResult<
         backpressured_ms_per_second,
         backpressured_total,
         finished,
+        spill,
         subpartitions,
     } = m;
     let subs = PyList::empty(py);
@@ -113,6 +133,7 @@ pub(crate) fn partition<'py>(py: Python<'py>, m: &PartitionMetrics) -> PyResult<
         backpressured_ms_per_second,
         backpressured_total = backpressured_total.as_secs_f64(),
         finished,
+        spill = optional(py, spill.as_ref(), spill_metrics)?,
         subpartitions = subs,
         out_pool_usage = m.out_pool_usage(),
         level = m.level().as_str(),

@@ -114,6 +114,12 @@ class NetworkEnvironment:
     - ``debloat_target=1.0`` (seconds): seconds the data in flight to a gate should take to drain (buffer
       debloating)
     - ``debloat_min_buffer=256`` (bytes): smallest buffer size buffer debloating announces, in bytes
+    - ``spill_dir=None`` (path): where blocking and hybrid partitions spill: the environment makes its own
+      subdirectory there and removes the ones of dead processes; ``None`` = ``creditflow-spill`` in the system
+      temp dir
+    - ``max_spill=None`` (bytes): bytes the environment's spill files may hold together; ``None`` = unbounded.
+      At the cap a hybrid partition without replay backpressures, other spillable partitions fail with
+      ``SpillError``
     """
 
     def __new__(
@@ -142,6 +148,8 @@ class NetworkEnvironment:
         debloat: bool = False,
         debloat_target: float = 1.0,
         debloat_min_buffer: int = 256,
+        spill_dir: str | None = None,
+        max_spill: int | str | None = None,
     ) -> Self: ...
     @property
     def address(self) -> str:

@@ -354,3 +354,35 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
         assert first.next(timeout=10) is None
     with pytest.raises(ValueError, match="max_spill"):
         cf.NetworkEnvironment(max_spill="lots")
+
+
+def test_spilling_shows_in_metrics_prometheus_and_top(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from creditflow import cli, snapshot
+    from creditflow.prometheus import families
+
+    with cf.NetworkEnvironment(memory="1MiB", spill_dir=str(tmp_path)) as env:
+        pipelined = env.create_partition("pipe")
+        part = env.create_partition("spilly", kind="blocking", compression="zstd")
+        before = snapshot.from_env(env, at=0.0)
+        with cf.RecordWriter(part) as w:
+            for i in range(100):
+                w.write(batch(i), timeout=10)
+        m = part.metrics()["spill"]
+        assert m is not None and m["files"] == 1 and m["disk_bytes"] == m["spilled_bytes"] > 0
+        assert pipelined.metrics()["spill"] is None
+        samples = {
+            (s.name, s.labels.get("partition")): s.value for fam in families(env.metrics()) for s in fam.samples
+        }
+        assert samples[("creditflow_partition_spilled_bytes_total", "spilly")] == m["spilled_bytes"]
+        assert samples[("creditflow_partition_spill_disk_bytes", "spilly")] == m["disk_bytes"]
+        assert ("creditflow_partition_spilled_bytes_total", "pipe") not in samples
+        view = snapshot.summarize(before, snapshot.from_env(env, at=1.0))
+        rows = {p.partition: p for p in view.partitions}
+        assert rows["spilly"].spilled_per_second == m["spilled_bytes"]
+        assert rows["pipe"].spilled_per_second is None
+        console = Console(width=200, record=True)
+        console.print(cli.render(view, {}))
+        text = console.export_text()
+        assert f"{m['disk_bytes'] / 1e6:,.1f} MB on disk" in text, text

@@ -171,6 +171,21 @@ FAMILIES: tuple[Family, ...] = (
         "level",
         _level,
     ),
+    # spillable (blocking and hybrid) partitions: no samples for pipelined ones
+    _family("creditflow_partition_stored_bytes", "counter", "Stream bytes stored (after compression)", PART, "spill.stream_bytes"),
+    _family("creditflow_partition_spilled_bytes", "counter", "Bytes written to spill files", PART, "spill.spilled_bytes"),
+    _family("creditflow_partition_spilled_chunks", "counter", "Chunks written to spill files", PART, "spill.spilled_chunks"),
+    _family("creditflow_partition_read_back_bytes", "counter", "Bytes read back from spill files", PART, "spill.read_back_bytes"),
+    _family("creditflow_partition_read_back_chunks", "counter", "Chunks read back from spill files", PART, "spill.read_back_chunks"),
+    _family("creditflow_partition_spill_disk_bytes", "gauge", "Bytes the spill files hold now", PART, "spill.disk_bytes"),
+    _family("creditflow_partition_spill_files", "gauge", "Spill files open now", PART, "spill.files"),
+    _family(
+        "creditflow_partition_store_memory_segments",
+        "gauge",
+        "Segments the stored stream holds in memory",
+        PART,
+        "spill.memory_segments",
+    ),
     # subpartitions
     _family(
         "creditflow_subpartition_backlog_buffers",

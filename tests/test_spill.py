@@ -168,15 +168,14 @@ def test_blocking_writes_ten_times_memory_unread_and_is_read_twice_locally_and_r
             got = consume(info["address"])
             assert got[-1] == {"end": True}, got[-1]
             assert [r["k"] for r in got[:-1]] == want
-        assert producer.stdin is not None and producer.stdout is not None
+        assert producer.stdin is not None
+        assert producer.stdout is not None
         producer.stdin.write("release\n")
         producer.stdin.flush()
         assert json.loads(producer.stdout.readline()) == {"released": True}
         assert spill_files(tmp_path) == [], "release removes the files"
         last = consume(info["address"])
-        assert last == [
-            {"error": "PartitionNotFoundError", "message": last[0]["message"]}
-        ], last
+        assert last == [{"error": "PartitionNotFoundError", "message": last[0]["message"]}], last
     finally:
         stop(producer)
 
@@ -193,7 +192,10 @@ def test_blocking_in_process_readers_read_from_the_start_each_time(tmp_path: Pat
         again = env.create_input_gate([cf.ChannelSpec(env.address, "b", 1)])
         assert read_keys(again) == want
         m = part.metrics()["spill"]
-        assert m is not None and m["kind"] == "blocking" and m["replay"] and m["spilled_bytes"] > 0
+        assert m is not None
+        assert m["kind"] == "blocking"
+        assert m["replay"]
+        assert m["spilled_bytes"] > 0
         part.release()
         assert spill_files(tmp_path) == []
         with pytest.raises(cf.PartitionNotFoundError):
@@ -279,7 +281,8 @@ def test_the_next_environment_removes_a_killed_producer_s_files_and_keeps_a_live
     try:
         dead_files = [f for f in spill_files(tmp_path) if f.parent.name.startswith(f"{dead.pid}-")]
         alive_files = [f for f in spill_files(tmp_path) if f.parent.name.startswith(f"{alive.pid}-")]
-        assert dead_files and alive_files
+        assert dead_files
+        assert alive_files
         dead.send_signal(signal.SIGKILL)
         dead.wait()
         assert all(f.exists() for f in dead_files), "a killed process leaves its files"
@@ -291,6 +294,12 @@ def test_the_next_environment_removes_a_killed_producer_s_files_and_keeps_a_live
     finally:
         for p in (dead, alive):
             stop(p)
+
+
+def write_until_error(w: cf.RecordWriter, n: int) -> None:
+    """Writes batches 0..n-1 (the caller expects one of them to raise)."""
+    for i in range(n):
+        w.write(batch(i), timeout=10)
 
 
 @pytest.fixture
@@ -311,10 +320,10 @@ def test_a_full_disk_fails_the_writer_clearly_and_the_readers_get_producer_faile
         part = env.create_partition("d", 1, kind="blocking")
         w = cf.RecordWriter(part)
         with pytest.raises(cf.SpillError) as info:
-            for i in range(1000):  # ~40 MiB into 4 MiB of disk
-                w.write(batch(i), timeout=10)
+            write_until_error(w, 1000)  # ~100 MiB into 4 MiB of disk
         message = str(info.value)
-        assert str(small_tmpfs) in message and "bytes" in message, message
+        assert str(small_tmpfs) in message, message
+        assert "bytes" in message, message
         assert isinstance(info.value, OSError)
         gate = env.create_input_gate([cf.ChannelSpec(env.address, "d", 0)])
         with pytest.raises(cf.ProducerFailedError):
@@ -326,8 +335,7 @@ def test_max_spill_fails_a_blocking_writer_with_an_error_naming_the_setting(tmp_
         part = env.create_partition("m", 1, kind="blocking")
         w = cf.RecordWriter(part)
         with pytest.raises(cf.SpillError, match="max_spill"):
-            for i in range(1000):
-                w.write(batch(i), timeout=10)
+            write_until_error(w, 1000)
         with pytest.raises(cf.ProducerFailedError, match="max_spill"):
             env.create_input_gate([cf.ChannelSpec(env.address, "m", 0)]).next(timeout=10)
 
@@ -370,10 +378,14 @@ def test_spilling_shows_in_metrics_prometheus_and_top(tmp_path: Path) -> None:
             for i in range(100):
                 w.write(batch(i), timeout=10)
         m = part.metrics()["spill"]
-        assert m is not None and m["files"] == 1 and m["disk_bytes"] == m["spilled_bytes"] > 0
+        assert m is not None
+        assert m["files"] == 1
+        assert m["disk_bytes"] == m["spilled_bytes"] > 0
         assert pipelined.metrics()["spill"] is None
         samples = {
-            (s.name, s.labels.get("partition")): s.value for fam in families(env.metrics()) for s in fam.samples
+            (s.name, s.labels.get("partition")): s.value
+            for fam in families(env.metrics())
+            for s in fam.samples
         }
         assert samples[("creditflow_partition_spilled_bytes_total", "spilly")] == m["spilled_bytes"]
         assert samples[("creditflow_partition_spill_disk_bytes", "spilly")] == m["disk_bytes"]

@@ -257,10 +257,11 @@ fn sweep(root: &Path) -> usize {
         }
     }
     for name in dirs {
-        if !locks.contains(&name) && !root.join(format!("{name}.lock")).exists() {
-            if std::fs::remove_dir_all(root.join(&name)).is_ok() {
-                removed += 1;
-            }
+        if !locks.contains(&name)
+            && !root.join(format!("{name}.lock")).exists()
+            && std::fs::remove_dir_all(root.join(&name)).is_ok()
+        {
+            removed += 1;
         }
     }
     removed

@@ -40,6 +40,7 @@ TYPED = {
     "RemoteChannelStats": cm.RemoteChannelStats,
     "PoolStats": cm.PoolStats,
     "SpillMetrics": cm.SpillMetrics,
+    "SpillDirMetrics": cm.SpillDirMetrics,
 }
 #: Values the core computes by a method, included under the method's name.
 METHODS = {
@@ -69,7 +70,10 @@ SCALARS: dict[str, type] = {
     "ChannelKind": str,
 }
 #: Fields converted otherwise than their Rust type says (rust/python/src/metrics.rs).
-CONVERTED: dict[tuple[str, str], object] = {("PoolStats", "max"): int | None}  # usize::MAX: None
+CONVERTED: dict[tuple[str, str], object] = {
+    ("PoolStats", "max"): int | None,  # usize::MAX: None
+    ("SpillDirMetrics", "max_spill"): int | None,
+}
 NUMERIC = {"usize", "u64", "u32", "f64", "Duration", "std::time::Duration", "Vec<usize>"}
 
 

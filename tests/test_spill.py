@@ -288,6 +288,9 @@ def test_the_next_environment_removes_a_killed_producer_s_files_and_keeps_a_live
         assert all(f.exists() for f in dead_files), "a killed process leaves its files"
         with cf.NetworkEnvironment(spill_dir=str(tmp_path)) as env:
             env.create_partition("x", kind="blocking")  # opens the spill directory
+            spill = env.metrics()["spill"]
+            assert spill is not None
+            assert spill["swept_dirs"] == 1
             assert not any(f.exists() for f in dead_files)
             assert not any(f.parent.exists() for f in dead_files)
             assert all(f.exists() for f in alive_files), "a live process's files are untouched"
@@ -390,6 +393,15 @@ def test_spilling_shows_in_metrics_prometheus_and_top(tmp_path: Path) -> None:
         assert samples[("creditflow_partition_spilled_bytes_total", "spilly")] == m["spilled_bytes"]
         assert samples[("creditflow_partition_spill_disk_bytes", "spilly")] == m["disk_bytes"]
         assert ("creditflow_partition_spilled_bytes_total", "pipe") not in samples
+        spill = env.metrics()["spill"]
+        assert spill is not None
+        assert spill["disk_bytes"] == m["disk_bytes"]
+        assert spill["written_bytes"] == m["spilled_bytes"]
+        assert spill["files_created"] == 1
+        assert spill["max_spill"] is None
+        assert Path(spill["path"]).parent == tmp_path
+        assert samples[("creditflow_spill_disk_bytes", None)] == m["disk_bytes"]
+        assert ("creditflow_spill_max_bytes", None) not in samples
         view = snapshot.summarize(before, snapshot.from_env(env, at=1.0))
         rows = {p.partition: p for p in view.partitions}
         assert rows["spilly"].spilled_per_second == m["spilled_bytes"]

@@ -31,6 +31,7 @@ __all__ = [
     "RemoteChannelStats",
     "RemoteReaderMetrics",
     "RemoteStats",
+    "SpillDirMetrics",
     "SpillMetrics",
     "SubpartitionMetrics",
 ]
@@ -277,6 +278,23 @@ class GateMetrics(TypedDict):
     busy_ms_per_second: float
 
 
+class SpillDirMetrics(TypedDict):
+    """An environment's spill directory (``EnvMetrics["spill"]``)."""
+
+    #: The environment's own directory (under ``spill_dir``).
+    path: str
+    #: Bytes its spill files hold now.
+    disk_bytes: int
+    #: ``max_spill``; None: unbounded.
+    max_spill: int | None
+    #: Bytes ever written to spill files.
+    written_bytes: int
+    #: Spill files ever created.
+    files_created: int
+    #: Directories of dead processes removed when this one was opened.
+    swept_dirs: int
+
+
 class EnvMetrics(TypedDict):
     """An environment, its partitions and gates (``EnvMetrics``)."""
 
@@ -296,3 +314,5 @@ class EnvMetrics(TypedDict):
     partitions: dict[str, PartitionMetrics]
     #: Open gates, by name.
     gates: dict[str, GateMetrics]
+    #: The spill directory, once a blocking or hybrid partition opened it (else ``None``).
+    spill: SpillDirMetrics | None

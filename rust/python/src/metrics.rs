@@ -15,7 +15,7 @@ use creditflow_core::env::EnvMetrics;
 use creditflow_core::gate::{ChannelMetrics, DebloatMetrics, GateMetrics};
 use creditflow_core::memory::PoolStats;
 use creditflow_core::net::{RemoteChannelStats, RemoteStats};
-use creditflow_core::partition::spill::SpillMetrics;
+use creditflow_core::partition::spill::{SpillDirMetrics, SpillMetrics};
 use creditflow_core::partition::{PartitionMetrics, RemoteReaderMetrics, SubpartitionMetrics};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -296,6 +296,7 @@ pub(crate) fn env<'py>(py: Python<'py>, m: &EnvMetrics) -> PyResult<Bound<'py, P
         segments_reserved,
         partitions,
         gates,
+        spill,
     } = m;
     let parts = PyDict::new(py);
     for p in partitions {
@@ -315,6 +316,21 @@ pub(crate) fn env<'py>(py: Python<'py>, m: &EnvMetrics) -> PyResult<Bound<'py, P
         segments_reserved,
         partitions = parts,
         gates = gate_dicts,
+        spill = optional(py, spill.as_ref(), spill_dir)?,
     );
+    Ok(d)
+}
+
+fn spill_dir<'py>(py: Python<'py>, m: &SpillDirMetrics) -> PyResult<Bound<'py, PyDict>> {
+    let SpillDirMetrics {
+        path,
+        disk_bytes,
+        max_spill,
+        written_bytes,
+        files_created,
+        swept_dirs,
+    } = m;
+    let d = PyDict::new(py);
+    put!(d; path, disk_bytes, max_spill, written_bytes, files_created, swept_dirs);
     Ok(d)
 }

@@ -23,7 +23,7 @@ use crate::gate::{DebloatSetup, GateHandle, GateMetrics, InputGate, RemoteSetup}
 use crate::memory::GlobalPool;
 use crate::net::{Tls, Transport, TransportConfig};
 use crate::partition::spill::replay::READ_AHEAD;
-use crate::partition::spill::{SpillDir, SpillKind, SpillStore};
+use crate::partition::spill::{SpillDir, SpillDirMetrics, SpillKind, SpillStore};
 use crate::partition::{Handoff, PartitionMetrics, Registry, ResultPartition};
 use crate::serde::Compression;
 use crate::serde::RECORD_HEADER_LEN;
@@ -175,6 +175,8 @@ pub struct EnvMetrics {
     pub partitions: Vec<PartitionMetrics>,
     /// Open gates.
     pub gates: Vec<GateMetrics>,
+    /// The spill directory, once a blocking or hybrid partition opened it.
+    pub spill: Option<SpillDirMetrics>,
 }
 
 /// One per process: pools, partitions, gates.
@@ -435,6 +437,7 @@ impl NetworkEnvironment {
             segments_reserved: pool.reserved_segments(),
             partitions,
             gates,
+            spill: self.inner.spill.lock().unwrap().as_ref().map(|d| d.metrics()),
         }
     }
 

@@ -45,6 +45,23 @@ pub struct SpillDir {
     swept: usize,
 }
 
+/// A snapshot of an environment's spill directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpillDirMetrics {
+    /// The environment's own directory.
+    pub path: String,
+    /// Bytes the spill files hold now.
+    pub disk_bytes: u64,
+    /// `max_spill` (`None`: unbounded).
+    pub max_spill: Option<u64>,
+    /// Bytes ever written to spill files.
+    pub written_bytes: u64,
+    /// Spill files ever created.
+    pub files_created: u64,
+    /// Directories of dead processes removed when this one was opened.
+    pub swept_dirs: usize,
+}
+
 impl SpillDir {
     /// Opens a new directory under `root` (default: `<temp dir>/creditflow-spill`), after
     /// removing the directories of processes that died. `limit` caps the bytes all files in
@@ -179,6 +196,18 @@ impl SpillDir {
     /// Bytes ever written to spill files.
     pub fn bytes_written(&self) -> u64 {
         self.bytes_written.get()
+    }
+
+    /// A snapshot of the numbers.
+    pub fn metrics(&self) -> SpillDirMetrics {
+        SpillDirMetrics {
+            path: self.path.display().to_string(),
+            disk_bytes: self.used(),
+            max_spill: (self.limit != u64::MAX).then_some(self.limit),
+            written_bytes: self.bytes_written(),
+            files_created: self.files_created(),
+            swept_dirs: self.swept,
+        }
     }
 }
 

@@ -13,5 +13,5 @@ pub mod store;
 #[cfg(test)]
 mod tests;
 
-pub use dir::SpillDir;
+pub use dir::{SpillDir, SpillDirMetrics};
 pub use store::{SpillKind, SpillMetrics, SpillStore};

@@ -39,6 +39,8 @@ TYPED = {
     "RemoteStats": cm.RemoteStats,
     "RemoteChannelStats": cm.RemoteChannelStats,
     "PoolStats": cm.PoolStats,
+    "SpillMetrics": cm.SpillMetrics,
+    "SpillDirMetrics": cm.SpillDirMetrics,
 }
 #: Values the core computes by a method, included under the method's name.
 METHODS = {
@@ -62,12 +64,16 @@ SCALARS: dict[str, type] = {
     "f64": float,
     "bool": bool,
     "String": str,
+    "&'static str": str,
     "Duration": float,  # seconds
     "std::time::Duration": float,
     "ChannelKind": str,
 }
 #: Fields converted otherwise than their Rust type says (rust/python/src/metrics.rs).
-CONVERTED: dict[tuple[str, str], object] = {("PoolStats", "max"): int | None}  # usize::MAX: None
+CONVERTED: dict[tuple[str, str], object] = {
+    ("PoolStats", "max"): int | None,  # usize::MAX: None
+    ("SpillDirMetrics", "max_spill"): int | None,
+}
 NUMERIC = {"usize", "u64", "u32", "f64", "Duration", "std::time::Duration", "Vec<usize>"}
 
 
@@ -176,7 +182,7 @@ def test_every_metric_reaches_python_at_its_level() -> None:
         cf.NetworkEnvironment(memory="8MiB", debloat=True) as cons,
     ):
         remote = prod.create_partition("remote", 1)
-        local = prod.create_partition("local", 1)
+        local = prod.create_partition("local", 1, kind="hybrid")
         remote_gate = cons.create_input_gate([cf.ChannelSpec(prod.address, "remote", 0)])
         local_gate = prod.create_input_gate([cf.ChannelSpec(prod.address, "local", 0)])
         writers = [cf.RecordWriter(remote), cf.RecordWriter(local)]
@@ -189,6 +195,7 @@ def test_every_metric_reaches_python_at_its_level() -> None:
             walk("EnvMetrics", env.metrics(), "env.metrics()", seen)
         walk("PartitionMetrics", remote.metrics(), "partition.metrics()", seen)
         walk("PartitionMetrics", writers[0].metrics(), "writer.metrics()", seen)
+        walk("PartitionMetrics", local.metrics(), "partition.metrics() (hybrid)", seen)
         walk("GateMetrics", remote_gate.metrics(), "gate.metrics()", seen)
         for w in writers:
             w.close()

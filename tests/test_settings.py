@@ -79,6 +79,7 @@ def test_every_setting_has_a_type_a_python_default_and_docs() -> None:
             "choice",
             "secret",
             "TLSConfig",
+            "path",
         }
 
 

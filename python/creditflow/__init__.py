@@ -50,6 +50,7 @@ from creditflow.errors import (
     ProducerFailedError,
     ProtocolError,
     SchemaMismatchError,
+    SpillError,
     TimeoutError,
 )
 
@@ -83,6 +84,7 @@ __all__ = [
     "ResultPartition",
     "RoundRobinPartitioner",
     "SchemaMismatchError",
+    "SpillError",
     "TLSConfig",
     "TimeoutError",
     "__version__",

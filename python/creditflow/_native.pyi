@@ -4,7 +4,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar, TypeAlias, final
+from typing import ClassVar, Literal, TypeAlias, final
 
 import pyarrow as pa
 from typing_extensions import Self, disjoint_base
@@ -114,6 +114,12 @@ class NetworkEnvironment:
     - ``debloat_target=1.0`` (seconds): seconds the data in flight to a gate should take to drain (buffer
       debloating)
     - ``debloat_min_buffer=256`` (bytes): smallest buffer size buffer debloating announces, in bytes
+    - ``spill_dir=None`` (path): where blocking and hybrid partitions spill: the environment makes its own
+      subdirectory there and removes the ones of dead processes; ``None`` = ``creditflow-spill`` in the system
+      temp dir
+    - ``max_spill=None`` (bytes): bytes the environment's spill files may hold together; ``None`` = unbounded.
+      At the cap a hybrid partition without replay backpressures, other spillable partitions fail with
+      ``SpillError``
     """
 
     def __new__(
@@ -142,6 +148,8 @@ class NetworkEnvironment:
         debloat: bool = False,
         debloat_target: float = 1.0,
         debloat_min_buffer: int = 256,
+        spill_dir: str | None = None,
+        max_spill: int | str | None = None,
     ) -> Self: ...
     @property
     def address(self) -> str:
@@ -155,8 +163,31 @@ class NetworkEnvironment:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
-    def create_partition(self, partition_id: str, num_subpartitions: int = 1) -> ResultPartition:
-        """Creates a partition with ``num_subpartitions`` pipelined subpartitions."""
+    def create_partition(
+        self,
+        partition_id: str,
+        num_subpartitions: int = 1,
+        *,
+        kind: Literal["pipelined", "blocking", "hybrid"] = "pipelined",
+        replay: bool = False,
+        compression: Literal["lz4", "zstd"] | None = None,
+    ) -> ResultPartition:
+        """Creates a partition with ``num_subpartitions`` subpartitions of ``kind``
+        (``"pipelined"``, ``"blocking"`` or ``"hybrid"``).
+
+        - ``"pipelined"``: readers read while the writer writes; a slow reader backpressures
+          the writer; each subpartition is read once.
+        - ``"blocking"``: the writer never waits; what does not fit in memory spills to
+          ``spill_dir``; readers get data once the partition is finished, from the start, as
+          often and by as many readers as they like, until :meth:`ResultPartition.release`.
+        - ``"hybrid"``: readers read while the writer writes; what a slow reader has not read
+          yet spills instead of backpressuring. With ``replay=True`` everything is kept until
+          release, so a later or repeated reader reads from the start; without, each
+          subpartition is read once.
+
+        ``compression`` (``"lz4"`` or ``"zstd"``) compresses what a blocking or hybrid
+        partition stores (Arrow IPC body compression).
+        """
     def create_input_gate(self, channels: Iterable[ChannelSpec]) -> InputGate:
         """Creates an input gate reading the given channels."""
     def metrics(self) -> EnvMetrics:

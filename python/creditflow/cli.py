@@ -46,6 +46,13 @@ def _pct(ratio: float) -> str:
 _LEVEL_STYLE = {"OK": "green", "LOW": "yellow", "HIGH": "bold red"}
 
 
+def _spilling(per_second: float | None, disk: float | None) -> str:
+    """A blocking or hybrid partition's spill rate and disk use; ``-`` for a pipelined one."""
+    if per_second is None:
+        return "-"
+    return f"{_mb(per_second)} MB/s, {(disk or 0.0) / 1e6:,.1f} MB on disk"
+
+
 def render(view: View, errors: dict[str, str], names: Mapping[str, str] | None = None) -> RenderableType:
     """The screen for one view: tasks, partitions and gates, and unreachable URLs. ``names``:
     display names of tasks by address (default: the address)."""
@@ -70,7 +77,7 @@ def render(view: View, errors: dict[str, str], names: Mapping[str, str] | None =
             Text(MARK, style="bold magenta") if t.bottleneck else "",
         )
     parts = Table(title="partitions (output)", expand=True)
-    for col in ("task", "partition", "MB/s", "rows/s", "out pool", "backpressured", "level"):
+    for col in ("task", "partition", "MB/s", "rows/s", "out pool", "backpressured", "level", "spilling"):
         parts.add_column(col)
     for p in view.partitions:
         parts.add_row(
@@ -81,6 +88,7 @@ def render(view: View, errors: dict[str, str], names: Mapping[str, str] | None =
             _pct(p.out_pool_usage),
             _pct(p.backpressured),
             Text(p.level, style=_LEVEL_STYLE.get(p.level, "")),
+            _spilling(p.spilled_per_second, p.spill_disk_bytes),
         )
     gates = Table(title="gates (input)", expand=True)
     for col in ("task", "gate", "MB/s", "rows/s", "in pool", "idle", "reads from"):

@@ -23,6 +23,7 @@ __all__ = [
     "ProducerFailedError",
     "ProtocolError",
     "SchemaMismatchError",
+    "SpillError",
     "TimeoutError",
 ]
 
@@ -101,6 +102,12 @@ class ProducerFailedError(CreditflowError):
     """The producer of a channel failed in the middle of a batch; the stream is incomplete."""
 
 
+class SpillError(CreditflowError, OSError):
+    """Spilling to disk failed: the disk is full, a write or read failed, or the
+    environment's ``max_spill`` was reached. The message names the directory or file and the
+    bytes. The partition is marked failed: its readers raise :class:`ProducerFailedError`."""
+
+
 # The compiled module raises these classes for core errors; it is handed them here, once,
 # instead of looking them up by name each time (creditflow/__init__ imports this module
 # before anything can raise).
@@ -120,6 +127,7 @@ _native._register_errors(
             AuthenticationError,
             LimitExceededError,
             ProducerFailedError,
+            SpillError,
         )
     }
 )

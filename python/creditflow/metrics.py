@@ -31,6 +31,8 @@ __all__ = [
     "RemoteChannelStats",
     "RemoteReaderMetrics",
     "RemoteStats",
+    "SpillDirMetrics",
+    "SpillMetrics",
     "SubpartitionMetrics",
 ]
 
@@ -82,6 +84,31 @@ class SubpartitionMetrics(TypedDict):
     remote: RemoteReaderMetrics | None
 
 
+class SpillMetrics(TypedDict):
+    """A blocking or hybrid partition's store (``PartitionMetrics["spill"]``)."""
+
+    #: ``"blocking"`` or ``"hybrid"``.
+    kind: str
+    #: Whether the stream is kept for repeated reads (blocking, or hybrid with ``replay``).
+    replay: bool
+    #: Stream bytes stored (serialized, after compression).
+    stream_bytes: int
+    #: Bytes written to the spill file.
+    spilled_bytes: int
+    #: Chunks (of at most a segment) written to the spill file.
+    spilled_chunks: int
+    #: Bytes read back from the spill file, by every reader.
+    read_back_bytes: int
+    #: Chunks read back from the spill file.
+    read_back_chunks: int
+    #: Bytes the spill file holds now (0 once released).
+    disk_bytes: int
+    #: Segments of the partition's pool the store holds now.
+    memory_segments: int
+    #: Spill files open now.
+    files: int
+
+
 class PartitionMetrics(TypedDict):
     """A partition (``PartitionMetrics``)."""
 
@@ -107,6 +134,8 @@ class PartitionMetrics(TypedDict):
     backpressured_total: float
     #: Whether end-of-partition was sent.
     finished: bool
+    #: A blocking or hybrid partition's store and spilling; ``None`` for a pipelined one.
+    spill: SpillMetrics | None
     #: Per-subpartition detail, by index.
     subpartitions: list[SubpartitionMetrics]
     #: Output pool usage: segments in use / pool share.
@@ -249,6 +278,23 @@ class GateMetrics(TypedDict):
     busy_ms_per_second: float
 
 
+class SpillDirMetrics(TypedDict):
+    """An environment's spill directory (``EnvMetrics["spill"]``)."""
+
+    #: The environment's own directory (under ``spill_dir``).
+    path: str
+    #: Bytes its spill files hold now.
+    disk_bytes: int
+    #: ``max_spill``; None: unbounded.
+    max_spill: int | None
+    #: Bytes ever written to spill files.
+    written_bytes: int
+    #: Spill files ever created.
+    files_created: int
+    #: Directories of dead processes removed when this one was opened.
+    swept_dirs: int
+
+
 class EnvMetrics(TypedDict):
     """An environment, its partitions and gates (``EnvMetrics``)."""
 
@@ -268,3 +314,5 @@ class EnvMetrics(TypedDict):
     partitions: dict[str, PartitionMetrics]
     #: Open gates, by name.
     gates: dict[str, GateMetrics]
+    #: The spill directory, once a blocking or hybrid partition opened it (else ``None``).
+    spill: SpillDirMetrics | None

@@ -113,6 +113,16 @@ FAMILIES: tuple[Family, ...] = (
     _family("creditflow_segments", "gauge", "Segments of the network memory", ENV, "segments_total"),
     _family("creditflow_segments_available", "gauge", "Segments not in any pool", ENV, "segments_available"),
     _family("creditflow_segment_size_bytes", "gauge", "Bytes per segment", ENV, "segment_size"),
+    _family("creditflow_spill_disk_bytes", "gauge", "Bytes the spill files hold", ENV, "spill.disk_bytes"),
+    _family("creditflow_spill_max_bytes", "gauge", "max_spill (absent: unbounded)", ENV, "spill.max_spill"),
+    _family(
+        "creditflow_spill_written_bytes",
+        "counter",
+        "Bytes written to spill files",
+        ENV,
+        "spill.written_bytes",
+    ),
+    _family("creditflow_spill_files_created", "counter", "Spill files created", ENV, "spill.files_created"),
     # partitions
     _family(
         "creditflow_partition_out_pool_usage_ratio",
@@ -170,6 +180,57 @@ FAMILIES: tuple[Family, ...] = (
         PART,
         "level",
         _level,
+    ),
+    # spillable (blocking and hybrid) partitions: no samples for pipelined ones
+    _family(
+        "creditflow_partition_stored_bytes",
+        "counter",
+        "Stream bytes stored (after compression)",
+        PART,
+        "spill.stream_bytes",
+    ),
+    _family(
+        "creditflow_partition_spilled_bytes",
+        "counter",
+        "Bytes written to spill files",
+        PART,
+        "spill.spilled_bytes",
+    ),
+    _family(
+        "creditflow_partition_spilled_chunks",
+        "counter",
+        "Chunks written to spill files",
+        PART,
+        "spill.spilled_chunks",
+    ),
+    _family(
+        "creditflow_partition_read_back_bytes",
+        "counter",
+        "Bytes read back from spill files",
+        PART,
+        "spill.read_back_bytes",
+    ),
+    _family(
+        "creditflow_partition_read_back_chunks",
+        "counter",
+        "Chunks read back from spill files",
+        PART,
+        "spill.read_back_chunks",
+    ),
+    _family(
+        "creditflow_partition_spill_disk_bytes",
+        "gauge",
+        "Bytes the spill files hold now",
+        PART,
+        "spill.disk_bytes",
+    ),
+    _family("creditflow_partition_spill_files", "gauge", "Spill files open now", PART, "spill.files"),
+    _family(
+        "creditflow_partition_store_memory_segments",
+        "gauge",
+        "Segments the stored stream holds in memory",
+        PART,
+        "spill.memory_segments",
     ),
     # subpartitions
     _family(
@@ -383,6 +444,7 @@ FAMILIES: tuple[Family, ...] = (
 #: metrics structs is exported by a family or listed here.
 NOT_EXPORTED: dict[str, str] = {
     "env.segments_allocated": "lazy and never undone: segments_total - segments_available tells more",
+    "env.spill.swept_dirs": "counted once when the directory is opened; logged at INFO",
     "env.segments_reserved": "a sum of pools' minimums; a construction-time check, not a live signal",
     "partition.num_subpartitions": "fixed at creation; the subpartition label counts them",
     "partition.pool.min": "fixed at creation (num_subpartitions + 1)",

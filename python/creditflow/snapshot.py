@@ -78,6 +78,10 @@ class Partition:
     out_pool_usage: float = 0.0
     backpressured: float = 0.0
     level: str = "OK"
+    #: Blocking/hybrid partitions only (None for pipelined ones): bytes spilled so far, and
+    #: bytes the spill files hold now.
+    spilled_bytes: float | None = None
+    spill_disk_bytes: float | None = None
 
 
 @dataclass
@@ -134,6 +138,8 @@ _PARTITION_ATTRS = {
     "creditflow_partition_written_rows_total": "rows_written",
     "creditflow_partition_out_pool_usage_ratio": "out_pool_usage",
     "creditflow_partition_backpressured_ratio": "backpressured",
+    "creditflow_partition_spilled_bytes_total": "spilled_bytes",
+    "creditflow_partition_spill_disk_bytes": "spill_disk_bytes",
 }
 _GATE_ATTRS = {
     "creditflow_gate_received_bytes_total": "bytes_received",
@@ -229,6 +235,10 @@ class PartitionView:
     out_pool_usage: float
     backpressured: float
     level: str
+    #: Blocking/hybrid partitions only (None for pipelined ones): bytes spilled per second,
+    #: and bytes the spill files hold now.
+    spilled_per_second: float | None = None
+    spill_disk_bytes: float | None = None
 
 
 @dataclass
@@ -328,6 +338,10 @@ def summarize(prev: Snapshot | None, cur: Snapshot) -> View:
                 p.out_pool_usage,
                 p.backpressured,
                 p.level,
+                None
+                if p.spilled_bytes is None
+                else per_second(p.spilled_bytes, old.spilled_bytes if old else None, dt),
+                p.spill_disk_bytes,
             )
         )
     gates = []

@@ -5,6 +5,8 @@ use std::net::ToSocketAddrs;
 use std::time::Duration;
 
 use creditflow_core::base::config::{Backoff, Limits};
+use creditflow_core::partition::spill::SpillKind;
+use creditflow_core::serde::Compression;
 use creditflow_core::{base::units, EnvConfig, FlowControl};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -68,7 +70,7 @@ impl NetworkEnvironment {
         local_handoff = true, request_backoff_initial = 0.1, request_backoff_max = 10.0, advertise = None,
         handshake_timeout = 10.0, max_connections = 512, max_channels_per_connection = 16384,
         max_outstanding_requests = 4096, tls = None, peer_timeout = 30.0, overdraft_buffers = 5,
-        debloat = false, debloat_target = 1.0, debloat_min_buffer = 256
+        debloat = false, debloat_target = 1.0, debloat_min_buffer = 256, spill_dir = None, max_spill = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -95,6 +97,8 @@ impl NetworkEnvironment {
         debloat: bool,
         debloat_target: f64,
         debloat_min_buffer: i64,
+        spill_dir: Option<std::path::PathBuf>,
+        max_spill: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut config = EnvConfig::default();
         if let Some(m) = memory {
@@ -180,6 +184,10 @@ impl NetworkEnvironment {
         config.tls = tls;
         config.peer_timeout = secs(peer_timeout, "peer_timeout")?;
         config.advertise = advertise;
+        config.spill_dir = spill_dir;
+        if let Some(m) = max_spill {
+            config.max_spill = Some(bytes_arg(m, "max_spill")? as u64);
+        }
         let inner = Python::attach(|py| creditflow_core::NetworkEnvironment::new(config).py_err(py))?;
         Ok(NetworkEnvironment {
             inner,
@@ -211,20 +219,49 @@ impl NetworkEnvironment {
         self.inner.is_closed()
     }
 
-    /// Creates a partition with ``num_subpartitions`` pipelined subpartitions.
-    #[pyo3(signature = (partition_id, num_subpartitions = 1))]
+    /// Creates a partition with ``num_subpartitions`` subpartitions of ``kind``
+    /// (``"pipelined"``, ``"blocking"`` or ``"hybrid"``).
+    #[pyo3(signature = (partition_id, num_subpartitions = 1, *, kind = "pipelined", replay = false, compression = None))]
     fn create_partition(
         &self,
         py: Python<'_>,
         partition_id: &str,
         num_subpartitions: i64,
+        kind: &str,
+        replay: bool,
+        compression: Option<&str>,
     ) -> PyResult<ResultPartition> {
         check_pid(self.pid, "NetworkEnvironment")?;
         let num_subpartitions = count_arg(num_subpartitions, "num_subpartitions")?;
-        let inner = self
-            .inner
-            .create_partition(partition_id, num_subpartitions)
-            .py_err(py)?;
+        let compression = Compression::parse(compression).py_err(py)?;
+        let spill = match (kind, replay) {
+            ("pipelined", false) => None,
+            ("blocking", _) => Some(SpillKind::Blocking),
+            ("hybrid", replay) => Some(SpillKind::Hybrid { replay }),
+            ("pipelined", true) => {
+                return Err(PyValueError::new_err(
+                    "replay=True needs kind=\"hybrid\" (a blocking partition always replays; a pipelined one cannot)",
+                ))
+            }
+            (other, _) => {
+                return Err(PyValueError::new_err(format!(
+                    "kind must be \"pipelined\", \"blocking\" or \"hybrid\", got {other:?}"
+                )))
+            }
+        };
+        let inner = match spill {
+            None if compression.is_some() => {
+                return Err(PyValueError::new_err(
+                    "compression applies to what a blocking or hybrid partition stores; a pipelined partition stores nothing",
+                ))
+            }
+            None => py.detach(|| self.inner.create_partition(partition_id, num_subpartitions)),
+            Some(kind) => py.detach(|| {
+                self.inner
+                    .create_spillable_partition(partition_id, num_subpartitions, kind, compression)
+            }),
+        }
+        .py_err(py)?;
         Ok(ResultPartition { inner, pid: self.pid })
     }
 

@@ -32,10 +32,11 @@ enum Kind {
     Authentication,
     LimitExceeded,
     ProducerFailed,
+    Spill,
 }
 
 impl Kind {
-    const ALL: [Kind; 12] = [
+    const ALL: [Kind; 13] = [
         Kind::InsufficientBuffers,
         Kind::PartitionNotFound,
         Kind::InvalidArgument,
@@ -48,6 +49,7 @@ impl Kind {
         Kind::Authentication,
         Kind::LimitExceeded,
         Kind::ProducerFailed,
+        Kind::Spill,
     ];
 
     /// The class's name in `creditflow.errors` (the key `_register_errors` expects).
@@ -65,6 +67,7 @@ impl Kind {
             Kind::Authentication => "AuthenticationError",
             Kind::LimitExceeded => "LimitExceededError",
             Kind::ProducerFailed => "ProducerFailedError",
+            Kind::Spill => "SpillError",
         }
     }
 }
@@ -166,6 +169,7 @@ pub fn to_py(py: Python<'_>, err: Error) -> PyErr {
         Error::Authentication(_) => Kind::Authentication,
         Error::LimitExceeded(_) => Kind::LimitExceeded,
         Error::ProducerFailed(_) => Kind::ProducerFailed,
+        Error::Spill(_) => Kind::Spill,
     };
     new_err(py, kind, message, None)
 }

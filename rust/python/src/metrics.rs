@@ -15,6 +15,7 @@ use creditflow_core::env::EnvMetrics;
 use creditflow_core::gate::{ChannelMetrics, DebloatMetrics, GateMetrics};
 use creditflow_core::memory::PoolStats;
 use creditflow_core::net::{RemoteChannelStats, RemoteStats};
+use creditflow_core::partition::spill::{SpillDirMetrics, SpillMetrics};
 use creditflow_core::partition::{PartitionMetrics, RemoteReaderMetrics, SubpartitionMetrics};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -80,6 +81,24 @@ fn subpartition<'py>(py: Python<'py>, s: &SubpartitionMetrics) -> PyResult<Bound
     Ok(d)
 }
 
+fn spill_metrics<'py>(py: Python<'py>, m: &SpillMetrics) -> PyResult<Bound<'py, PyDict>> {
+    let SpillMetrics {
+        kind,
+        replay,
+        stream_bytes,
+        spilled_bytes,
+        spilled_chunks,
+        read_back_bytes,
+        read_back_chunks,
+        disk_bytes,
+        memory_segments,
+        files,
+    } = m;
+    let d = PyDict::new(py);
+    put!(d; kind, replay, stream_bytes, spilled_bytes, spilled_chunks, read_back_bytes, read_back_chunks, disk_bytes, memory_segments, files);
+    Ok(d)
+}
+
 /// A partition's metrics (`ResultPartition.metrics()`, `RecordWriter.metrics()`).
 pub(crate) fn partition<'py>(py: Python<'py>, m: &PartitionMetrics) -> PyResult<Bound<'py, PyDict>> {
     let PartitionMetrics {
@@ -94,6 +113,7 @@ pub(crate) fn partition<'py>(py: Python<'py>, m: &PartitionMetrics) -> PyResult<
         backpressured_ms_per_second,
         backpressured_total,
         finished,
+        spill,
         subpartitions,
     } = m;
     let subs = PyList::empty(py);
@@ -113,6 +133,7 @@ pub(crate) fn partition<'py>(py: Python<'py>, m: &PartitionMetrics) -> PyResult<
         backpressured_ms_per_second,
         backpressured_total = backpressured_total.as_secs_f64(),
         finished,
+        spill = optional(py, spill.as_ref(), spill_metrics)?,
         subpartitions = subs,
         out_pool_usage = m.out_pool_usage(),
         level = m.level().as_str(),
@@ -275,6 +296,7 @@ pub(crate) fn env<'py>(py: Python<'py>, m: &EnvMetrics) -> PyResult<Bound<'py, P
         segments_reserved,
         partitions,
         gates,
+        spill,
     } = m;
     let parts = PyDict::new(py);
     for p in partitions {
@@ -294,6 +316,21 @@ pub(crate) fn env<'py>(py: Python<'py>, m: &EnvMetrics) -> PyResult<Bound<'py, P
         segments_reserved,
         partitions = parts,
         gates = gate_dicts,
+        spill = optional(py, spill.as_ref(), spill_dir)?,
     );
+    Ok(d)
+}
+
+fn spill_dir<'py>(py: Python<'py>, m: &SpillDirMetrics) -> PyResult<Bound<'py, PyDict>> {
+    let SpillDirMetrics {
+        path,
+        disk_bytes,
+        max_spill,
+        written_bytes,
+        files_created,
+        swept_dirs,
+    } = m;
+    let d = PyDict::new(py);
+    put!(d; path, disk_bytes, max_spill, written_bytes, files_created, swept_dirs);
     Ok(d)
 }

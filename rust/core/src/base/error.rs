@@ -76,4 +76,8 @@ pub enum Error {
     /// The producer of a channel failed; the message says why.
     #[error("producer failed: {0}")]
     ProducerFailed(String),
+    /// Spilling to disk failed: a full disk, a failed write or read, or `max_spill`; the
+    /// message names the directory or file and the bytes.
+    #[error("spill failed: {0}")]
+    Spill(String),
 }

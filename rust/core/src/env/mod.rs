@@ -22,7 +22,10 @@ use crate::base::error::{Error, Result};
 use crate::gate::{DebloatSetup, GateHandle, GateMetrics, InputGate, RemoteSetup};
 use crate::memory::GlobalPool;
 use crate::net::{Tls, Transport, TransportConfig};
+use crate::partition::spill::replay::READ_AHEAD;
+use crate::partition::spill::{SpillDir, SpillDirMetrics, SpillKind, SpillStore};
 use crate::partition::{Handoff, PartitionMetrics, Registry, ResultPartition};
+use crate::serde::Compression;
 use crate::serde::RECORD_HEADER_LEN;
 
 /// Settings of an environment. See the Python `NetworkEnvironment` for the user-facing docs.
@@ -74,6 +77,11 @@ pub struct EnvConfig {
     pub debloat_target: Duration,
     /// Smallest buffer size debloating announces, in bytes (default 256).
     pub debloat_min_buffer: usize,
+    /// Where spillable partitions spill (a per-environment subdirectory is made there);
+    /// `None`: `creditflow-spill` in the system temp dir.
+    pub spill_dir: Option<std::path::PathBuf>,
+    /// Bytes the environment's spill files may hold together; `None`: unbounded.
+    pub max_spill: Option<u64>,
 }
 
 impl EnvConfig {
@@ -120,6 +128,8 @@ impl Default for EnvConfig {
             debloat: false,
             debloat_target: Duration::from_secs(1),
             debloat_min_buffer: crate::base::config::DEFAULT_DEBLOAT_MIN_BUFFER,
+            spill_dir: None,
+            max_spill: None,
         }
     }
 }
@@ -142,6 +152,8 @@ struct Inner {
     stop: (Mutex<bool>, Condvar),
     /// The listener, connections and I/O thread.
     transport: Arc<Transport>,
+    /// The spill directory, opened when the first spillable partition is created.
+    spill: Mutex<Option<Arc<SpillDir>>>,
 }
 
 /// A snapshot of an environment's metrics.
@@ -163,6 +175,8 @@ pub struct EnvMetrics {
     pub partitions: Vec<PartitionMetrics>,
     /// Open gates.
     pub gates: Vec<GateMetrics>,
+    /// The spill directory, once a blocking or hybrid partition opened it.
+    pub spill: Option<SpillDirMetrics>,
 }
 
 /// One per process: pools, partitions, gates.
@@ -220,6 +234,7 @@ impl NetworkEnvironment {
             closed: AtomicBool::new(false),
             stop: (Mutex::new(false), Condvar::new()),
             transport,
+            spill: Mutex::new(None),
         });
         let weak = Arc::downgrade(&inner);
         let flusher = std::thread::Builder::new()
@@ -258,6 +273,40 @@ impl NetworkEnvironment {
     /// Creates and registers a partition. Its pool is guaranteed `num_subpartitions + 1`
     /// segments; [`Error::InsufficientBuffers`] if that does not fit.
     pub fn create_partition(&self, id: &str, num_subpartitions: usize) -> Result<Arc<ResultPartition>> {
+        self.create(id, num_subpartitions, None)
+    }
+
+    /// Creates and registers a blocking or hybrid partition: its writer never waits for
+    /// readers, and what does not fit in its pool spills to the environment's spill directory
+    /// (opened now if this is the first), compressed with `compression`.
+    pub fn create_spillable_partition(
+        &self,
+        id: &str,
+        num_subpartitions: usize,
+        kind: SpillKind,
+        compression: Option<Compression>,
+    ) -> Result<Arc<ResultPartition>> {
+        self.create(id, num_subpartitions, Some((kind, compression)))
+    }
+
+    /// The spill directory, opened on first use.
+    pub fn spill_dir(&self) -> Result<Arc<SpillDir>> {
+        self.check_open()?;
+        let mut dir = self.inner.spill.lock().unwrap();
+        if let Some(d) = dir.as_ref() {
+            return Ok(d.clone());
+        }
+        let cfg = &self.inner.config;
+        let d = SpillDir::open(cfg.spill_dir.as_deref(), cfg.max_spill)?;
+        Ok(dir.insert(d).clone())
+    }
+
+    fn create(
+        &self,
+        id: &str,
+        num_subpartitions: usize,
+        spill: Option<(SpillKind, Option<Compression>)>,
+    ) -> Result<Arc<ResultPartition>> {
         self.check_open()?;
         if num_subpartitions == 0 {
             return Err(Error::InvalidArgument(
@@ -267,14 +316,28 @@ impl NetworkEnvironment {
         if id.is_empty() {
             return Err(Error::InvalidArgument("partition id must not be empty".into()));
         }
+        let store = match spill {
+            Some((kind, compression)) => Some(SpillStore::new(
+                id,
+                num_subpartitions,
+                kind,
+                self.spill_dir()?,
+                compression,
+                READ_AHEAD,
+            )),
+            None => None,
+        };
         let mut reg = self.inner.registry.lock().unwrap();
         if reg.contains_key(id) {
             return Err(Error::PartitionExists(id.to_string()));
         }
         let cfg = &self.inner.config;
+        // A spillable partition's store keeps one segment per subpartition it writes plus
+        // one it can spill and reuse; its readers' disk reads need READ_AHEAD more.
+        let reader_segments = if store.is_some() { READ_AHEAD } else { 0 };
         let pool = self.inner.pool.create_local_pool(
             format!("partition {id:?} ({num_subpartitions} subpartitions)"),
-            num_subpartitions + 1,
+            num_subpartitions + 1 + reader_segments,
             usize::MAX,
             "increase `memory` or decrease `segment_size` of the NetworkEnvironment, or close unused partitions and gates",
         )?;
@@ -291,6 +354,7 @@ impl NetworkEnvironment {
             handoff,
             cfg.buffer_timeout.is_zero(),
             Arc::downgrade(&self.inner.registry),
+            store,
         ));
         reg.insert(id.to_string(), p.clone());
         Ok(p)
@@ -373,6 +437,7 @@ impl NetworkEnvironment {
             segments_reserved: pool.reserved_segments(),
             partitions,
             gates,
+            spill: self.inner.spill.lock().unwrap().as_ref().map(|d| d.metrics()),
         }
     }
 
@@ -393,6 +458,9 @@ impl NetworkEnvironment {
             self.inner.registry.lock().unwrap().values().cloned().collect();
         for p in parts {
             p.release();
+        }
+        if let Some(dir) = self.inner.spill.lock().unwrap().take() {
+            dir.remove();
         }
         {
             let (lock, cv) = &self.inner.stop;

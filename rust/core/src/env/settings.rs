@@ -37,6 +37,8 @@ pub enum Unit {
     Secret,
     /// A `TLSConfig`.
     Tls,
+    /// A filesystem path.
+    Path,
 }
 
 impl Unit {
@@ -52,6 +54,7 @@ impl Unit {
             Unit::Choice => "choice",
             Unit::Secret => "secret",
             Unit::Tls => "TLSConfig",
+            Unit::Path => "path",
         }
     }
 }
@@ -292,6 +295,24 @@ pub const SETTINGS: &[Setting] = &[
         keyword_only: true,
         doc: "smallest buffer size buffer debloating announces, in bytes",
     },
+    Setting {
+        name: "spill_dir",
+        py_type: "str | None",
+        default: "None",
+        means: None,
+        unit: Unit::Path,
+        keyword_only: true,
+        doc: "where blocking and hybrid partitions spill: the environment makes its own subdirectory there and removes the ones of dead processes; `None` = `creditflow-spill` in the system temp dir",
+    },
+    Setting {
+        name: "max_spill",
+        py_type: "int | str | None",
+        default: "None",
+        means: None,
+        unit: Unit::Bytes,
+        keyword_only: true,
+        doc: "bytes the environment's spill files may hold together; `None` = unbounded. At the cap a hybrid partition without replay backpressures, other spillable partitions fail with `SpillError`",
+    },
 ];
 
 /// The setting called `name`.
@@ -380,6 +401,8 @@ mod tests {
             debloat,
             debloat_target,
             debloat_min_buffer,
+            spill_dir,
+            max_spill,
         } = EnvConfig::default();
         let crate::base::config::Limits {
             max_connections,
@@ -428,6 +451,8 @@ mod tests {
             ("debloat", Value::Bool(debloat)),
             ("debloat_target", Value::Seconds(debloat_target)),
             ("debloat_min_buffer", int(debloat_min_buffer)),
+            ("spill_dir", opt(spill_dir.map(|p| p.display().to_string()))),
+            ("max_spill", max_spill.map_or(Value::None, Value::Int)),
         ])
     }
 

@@ -293,19 +293,13 @@ impl InputGate {
                 .and_then(|r| r.lock().unwrap().get(&spec.partition_id).cloned());
             match partition {
                 Some(p) => {
-                    let sub = p.subpartition(spec.subpartition)?.clone();
                     let ready = Arc::downgrade(&self.ready);
                     let listener: crate::partition::subpartition::Listener = Arc::new(move || {
                         if let Some(r) = ready.upgrade() {
                             r.push(idx);
                         }
                     });
-                    if !sub.attach_reader(listener) {
-                        return Err(Error::AlreadyConsumed {
-                            partition: spec.partition_id,
-                            index: spec.subpartition,
-                        });
-                    }
+                    let sub = p.open_reader(spec.subpartition, listener)?;
                     self.unresolved -= 1;
                     self.handle.debloat_attach(&sub);
                     self.handle.mark(idx, ChannelKind::Local);

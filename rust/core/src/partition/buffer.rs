@@ -156,6 +156,25 @@ impl BufferConsumer {
 }
 
 impl BufferSlice {
+    /// A consumer that reads this slice's bytes again, as a finished buffer: a stored chunk
+    /// that several readers each read whole. The slice must reach the end of a finished
+    /// buffer (the consumer reads on to the committed end).
+    pub fn reread(&self) -> BufferConsumer {
+        debug_assert_eq!(self.shared.position.load(Ordering::Acquire), self.end | FINISHED);
+        BufferConsumer {
+            shared: self.shared.clone(),
+            read: self.start,
+        }
+    }
+
+    /// The segment back, if nothing else refers to its buffer any more (else the slice).
+    pub fn into_segment(self) -> Result<PooledSegment, BufferSlice> {
+        let BufferSlice { shared, start, end } = self;
+        Arc::try_unwrap(shared)
+            .map(|s| s.segment)
+            .map_err(|shared| BufferSlice { shared, start, end })
+    }
+
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: [start, end) was committed (release-stored by the builder, acquired by the

@@ -3,6 +3,7 @@
 
 use crate::base::metrics::BackpressureLevel;
 use crate::memory::PoolStats;
+use crate::partition::spill::SpillMetrics;
 
 /// A snapshot of a partition's metrics.
 #[derive(Debug, Clone)]
@@ -29,6 +30,8 @@ pub struct PartitionMetrics {
     pub backpressured_total: std::time::Duration,
     /// Whether end-of-partition was sent.
     pub finished: bool,
+    /// A blocking or hybrid partition's store and spilling (`None`: pipelined).
+    pub spill: Option<SpillMetrics>,
     /// Per-subpartition detail, by index.
     pub subpartitions: Vec<SubpartitionMetrics>,
 }

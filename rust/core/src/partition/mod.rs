@@ -4,7 +4,8 @@
 //!
 //! Rooms: `buffer` (a segment being written while it is read), `subpartition` (the lock-free
 //! queue per consumer), `result_partition`, `metrics`, `partitioner` (row → subpartition),
-//! `writer` (batch → partition), `spark_hash` (Spark's Murmur3). May use [`crate::base`],
+//! `writer` (batch → partition), `spark_hash` (Spark's Murmur3), `spill` (blocking and hybrid
+//! partitions: the spill directory, files, stored streams and their readers). May use [`crate::base`],
 //! [`crate::memory`], [`crate::serde`] and [`crate::protocol`].
 
 pub mod buffer;
@@ -12,6 +13,7 @@ mod metrics;
 pub mod partitioner;
 mod result_partition;
 pub mod spark_hash;
+pub mod spill;
 pub mod subpartition;
 pub mod writer;
 

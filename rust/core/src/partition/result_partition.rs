@@ -20,7 +20,8 @@ use arrow_schema::SchemaRef;
 use super::buffer::{new_buffer_limited, BufferBuilder};
 use super::metrics::{PartitionMetrics, RemoteReaderMetrics, SubpartitionMetrics};
 use super::partitioner::Piece;
-use super::subpartition::{Entry, LocalBatch, Subpartition, Token};
+use super::spill::{replay, SpillStore};
+use super::subpartition::{Entry, Listener, LocalBatch, Subpartition, Token};
 use crate::base::error::{Error, Result};
 use crate::base::event::Event;
 use crate::base::metrics::{Counter, TimeMeter};
@@ -74,6 +75,8 @@ pub struct ResultPartition {
     released: AtomicBool,
     registry: Weak<Registry>,
     metrics: Metrics,
+    /// The stored streams of a blocking or hybrid partition (`None`: pipelined).
+    spill: Option<SpillStore>,
 }
 
 #[derive(Default)]
@@ -94,6 +97,7 @@ impl ResultPartition {
         handoff: Handoff,
         flush_every_write: bool,
         registry: Weak<Registry>,
+        spill: Option<SpillStore>,
     ) -> ResultPartition {
         ResultPartition {
             id,
@@ -113,6 +117,7 @@ impl ResultPartition {
             released: AtomicBool::new(false),
             registry,
             metrics: Metrics::default(),
+            spill,
         }
     }
 
@@ -135,6 +140,34 @@ impl ResultPartition {
                 index,
                 count: self.subpartitions.len(),
             })
+    }
+
+    /// Attaches a reader to subpartition `index`; `listener` is called when it has something
+    /// new to read. A pipelined subpartition has one reader ([`Error::AlreadyConsumed`] for
+    /// a second); a blocking or replaying hybrid one gets a fresh view that reads the stored
+    /// stream from the start, as many times as readers ask.
+    #[cfg(not(loom))] // only the gates and the network call it: not in loom builds
+    pub(crate) fn open_reader(
+        self: &Arc<Self>,
+        index: usize,
+        listener: Listener,
+    ) -> Result<Arc<Subpartition>> {
+        let base = self.subpartition(index)?;
+        let Some(store) = &self.spill else {
+            return if base.attach_reader(listener) {
+                Ok(base.clone())
+            } else {
+                Err(Error::AlreadyConsumed {
+                    partition: self.id.clone(),
+                    index,
+                })
+            };
+        };
+        store.attach(index)?;
+        let view = Arc::new(Subpartition::new(index));
+        view.attach_reader(listener);
+        replay::spawn(self.clone(), index, view.clone())?;
+        Ok(view)
     }
 
     /// The schema of the first batch written, if any.
@@ -190,6 +223,9 @@ impl ResultPartition {
         wait: &mut Wait<'_>,
     ) -> Result<()> {
         self.check_writable()?;
+        if let Some(store) = &self.spill {
+            return self.write_spillable(store, pieces, wait);
+        }
         match self.handoff {
             Handoff::Batch => self.write_handoff(pieces, token, wait),
             Handoff::Serialized => self.write_serialized(pieces, wait),
@@ -200,6 +236,35 @@ impl ResultPartition {
         }
         if self.flush_every_write {
             self.flush();
+        }
+        Ok(())
+    }
+
+    /// Appends pieces to a blocking or hybrid partition's store. A failure after a piece was
+    /// partly stored, or of the disk, fails the partition: its readers get `ProducerFailed`,
+    /// never a stream that looks complete.
+    fn write_spillable(&self, store: &SpillStore, pieces: Vec<Piece>, wait: &mut Wait<'_>) -> Result<()> {
+        for Piece {
+            subpartition: sp,
+            batch,
+            ..
+        } in pieces
+        {
+            if let Err(f) = store.write(&self.pool, sp, &batch, wait) {
+                // Half a batch in the log, or the disk refused it: readers must not take
+                // what is stored for complete. Otherwise (a timeout before anything was
+                // stored) the write may be retried.
+                if f.partial || matches!(f.error, Error::Spill(_)) {
+                    self.fail(&format!("write to partition {:?} failed: {}", self.id, f.error));
+                }
+                return Err(f.error);
+            }
+            self.metrics.batches.add(1);
+            self.metrics.bytes.add(batch.get_array_memory_size() as u64);
+            self.metrics.rows.add(batch.num_rows() as u64);
+        }
+        if self.flush_every_write {
+            store.flush(&self.pool);
         }
         Ok(())
     }
@@ -370,7 +435,9 @@ impl ResultPartition {
 
     /// Makes partly filled buffers readable now.
     pub fn flush(&self) {
-        if self.handoff == Handoff::Serialized {
+        if let Some(store) = &self.spill {
+            store.flush(&self.pool);
+        } else if self.handoff == Handoff::Serialized {
             for s in &self.subpartitions {
                 s.flush();
             }
@@ -399,6 +466,13 @@ impl ResultPartition {
 
     /// Ends every subpartition's stream with `event` (see [`ResultPartition::end_stream`]).
     fn end_all(&self, event: Event) {
+        if let Some(store) = &self.spill {
+            store.end(event);
+            if !store.kind().replays() {
+                self.maybe_release();
+            }
+            return;
+        }
         let mut serial = self.serial.lock().unwrap();
         for (sub, state) in self.subpartitions.iter().zip(serial.iter_mut()) {
             self.end_stream(sub, state, event.clone());
@@ -441,6 +515,17 @@ impl ResultPartition {
         if let Some(t) = target {
             self.subpartition(t)?;
         }
+        if let Some(store) = &self.spill {
+            if priority.is_some() {
+                return Err(Error::InvalidArgument(format!(
+                    "partition {:?} is {}: unaligned barriers need a pipelined partition",
+                    self.id,
+                    store.kind().name()
+                )));
+            }
+            store.add_event(target, &event);
+            return Ok(Vec::new());
+        }
         let mut serial = self.serial.lock().unwrap();
         let mut overtaken = Vec::new();
         for (i, (sub, state)) in self.subpartitions.iter().zip(serial.iter_mut()).enumerate() {
@@ -465,6 +550,9 @@ impl ResultPartition {
     /// A subpartition's reader reached the end or went away.
     #[cfg(not(loom))] // only the environment, the gates and the network call it: not in loom builds
     pub(crate) fn subpartition_done(&self) {
+        if self.spill.as_ref().is_some_and(|s| s.kind().replays()) {
+            return; // kept for later readers until released
+        }
         self.done.fetch_add(1, Ordering::SeqCst);
         self.maybe_release();
     }
@@ -483,6 +571,9 @@ impl ResultPartition {
         }
         for s in &self.subpartitions {
             s.release();
+        }
+        if let Some(store) = &self.spill {
+            store.release();
         }
         // Destroy the pool first: it wakes a writer blocked on a segment (with `Closed`),
         // which then lets go of the serializer lock taken next.
@@ -540,6 +631,7 @@ impl ResultPartition {
             backpressured_ms_per_second: self.metrics.backpressure.ms_per_second(),
             backpressured_total: self.metrics.backpressure.total(),
             finished: self.is_finished(),
+            spill: self.spill.as_ref().map(SpillStore::metrics),
             subpartitions: self
                 .subpartitions
                 .iter()
@@ -572,5 +664,19 @@ impl std::fmt::Debug for ResultPartition {
             .field("id", &self.id)
             .field("subpartitions", &self.subpartitions.len())
             .finish()
+    }
+}
+
+impl replay::Source for ResultPartition {
+    fn store(&self) -> &SpillStore {
+        self.spill.as_ref().expect("a spillable partition")
+    }
+
+    fn pool(&self) -> &LocalPool {
+        &self.pool
+    }
+
+    fn id(&self) -> &str {
+        &self.id
     }
 }

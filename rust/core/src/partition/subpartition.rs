@@ -104,6 +104,9 @@ pub struct Subpartition {
     /// announced a size (whole segments). Written by the reader side, read by the writer
     /// once per new buffer (relaxed: a late size only means one more buffer of the old size).
     buffer_size: AtomicUsize,
+    /// Called after the reader took an entry (set by a spilled stream's feeder, which reads
+    /// ahead only as far as the reader takes).
+    taken: OnceLock<Listener>,
 }
 
 /// What the sender side of a connection did for a subpartition's remote reader (metrics).
@@ -163,6 +166,7 @@ impl Subpartition {
             bytes_out: Counter::default(),
             remote: OnceLock::new(),
             buffer_size: AtomicUsize::new(0),
+            taken: OnceLock::new(),
         }
     }
 
@@ -180,6 +184,11 @@ impl Subpartition {
             0 => full,
             n => n.min(full),
         }
+    }
+
+    /// Sets the callback run after the reader took an entry (once; later calls are ignored).
+    pub fn set_taken_listener(&self, listener: Listener) {
+        let _ = self.taken.set(listener);
     }
 
     /// Buffers the reader took.
@@ -322,6 +331,9 @@ impl Subpartition {
                         self.bytes_out.add(b.bytes as u64);
                     }
                     Polled::Event(_) => {}
+                }
+                if let Some(taken) = self.taken.get() {
+                    taken();
                 }
                 return Some(item);
             }

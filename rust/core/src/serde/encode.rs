@@ -3,11 +3,51 @@
 
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
-use arrow_ipc::writer::StreamEncoder;
+use arrow_ipc::writer::{IpcWriteOptions, StreamEncoder};
+use arrow_ipc::CompressionType;
 use arrow_schema::Schema;
 
 use super::framing::RECORD_HEADER_LEN;
-use crate::base::error::Result;
+use crate::base::error::{Error, Result};
+
+/// Arrow IPC body compression of encoded batches (arrow-rs's own codecs; readers decompress
+/// whatever the IPC message says, so only the writer chooses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    /// LZ4 frame: fast, moderate ratio.
+    Lz4,
+    /// Zstandard: slower, better ratio.
+    Zstd,
+}
+
+impl Compression {
+    /// `None`, `"lz4"` or `"zstd"` as Python spells them; an error names the choices.
+    pub fn parse(name: Option<&str>) -> Result<Option<Compression>> {
+        match name {
+            None | Some("none") => Ok(None),
+            Some("lz4") => Ok(Some(Compression::Lz4)),
+            Some("zstd") => Ok(Some(Compression::Zstd)),
+            Some(other) => Err(Error::InvalidArgument(format!(
+                "compression must be None, \"lz4\" or \"zstd\", not {other:?}"
+            ))),
+        }
+    }
+
+    /// The name Python uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+        }
+    }
+
+    fn ipc(self) -> CompressionType {
+        match self {
+            Compression::Lz4 => CompressionType::LZ4_FRAME,
+            Compression::Zstd => CompressionType::ZSTD,
+        }
+    }
+}
 
 /// Encodes the batches of one subpartition's stream.
 pub struct BatchEncoder {
@@ -47,6 +87,14 @@ impl BatchEncoder {
     pub fn new(schema: &Schema) -> Result<BatchEncoder> {
         Ok(BatchEncoder {
             inner: StreamEncoder::try_new(schema)?,
+        })
+    }
+
+    /// An encoder whose record bodies are compressed with `compression` (`None`: plain).
+    pub fn with_compression(schema: &Schema, compression: Option<Compression>) -> Result<BatchEncoder> {
+        let options = IpcWriteOptions::default().try_with_compression(compression.map(Compression::ipc))?;
+        Ok(BatchEncoder {
+            inner: StreamEncoder::try_new_with_options(schema, options)?,
         })
     }
 

@@ -27,5 +27,5 @@ mod tests;
 
 pub use assemble::RecordAssembler;
 pub use decode::RecordDeserializer;
-pub use encode::{BatchEncoder, EncodedRecord};
+pub use encode::{BatchEncoder, Compression, EncodedRecord};
 pub use framing::{RecordFraming, RECORD_HEADER_LEN};

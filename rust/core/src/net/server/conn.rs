@@ -143,26 +143,17 @@ impl ServerConn {
             self.wake.notify_one();
             return Ok(());
         };
+        let weak = Arc::downgrade(self);
+        let listener: crate::partition::subpartition::Listener = Arc::new(move || {
+            if let Some(c) = weak.upgrade() {
+                c.signal(receiver);
+            }
+        });
         let attached = partition
-            .subpartition(subpartition as usize)
-            .cloned()
-            .and_then(|sub| {
-                let weak = Arc::downgrade(self);
-                let listener: crate::partition::subpartition::Listener = Arc::new(move || {
-                    if let Some(c) = weak.upgrade() {
-                        c.signal(receiver);
-                    }
-                });
-                if sub.attach_reader(listener) {
-                    sub.set_remote_reader(&self.peer)
-                        .set_credit(u64::from(initial_credit.get()));
-                    Ok(sub)
-                } else {
-                    Err(Error::AlreadyConsumed {
-                        partition: partition_id.clone(),
-                        index: subpartition as usize,
-                    })
-                }
+            .open_reader(subpartition as usize, listener)
+            .inspect(|sub| {
+                sub.set_remote_reader(&self.peer)
+                    .set_credit(u64::from(initial_credit.get()));
             });
         match attached {
             Ok(sub) => {

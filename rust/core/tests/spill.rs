@@ -1,0 +1,340 @@
+//! Blocking and hybrid partitions: the writer never waits for readers, what does not fit in
+//! memory spills to files, and readers (local and remote) read the stored stream from the
+//! start, in order, as often as the kind allows, until release.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_array::{Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
+use creditflow_core::base::config::{Backoff, ChannelSpec};
+use creditflow_core::base::error::Error;
+use creditflow_core::base::wait::Wait;
+use creditflow_core::env::{EnvConfig, NetworkEnvironment};
+use creditflow_core::partition::partitioner::Partitioner;
+use creditflow_core::partition::spill::SpillKind;
+use creditflow_core::partition::writer::RecordWriter;
+use creditflow_core::serde::Compression;
+use creditflow_core::ResultPartition;
+
+const SEGMENT: usize = 4096;
+const MEMORY: usize = 64 * SEGMENT;
+
+fn config(dir: &Path, max_spill: Option<u64>) -> EnvConfig {
+    EnvConfig {
+        memory: MEMORY,
+        segment_size: SEGMENT,
+        spill_dir: Some(dir.to_path_buf()),
+        max_spill,
+        request_backoff: Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(40),
+        },
+        ..EnvConfig::default()
+    }
+}
+
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("creditflow-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Batch `i`: 200 rows whose values encode `i`, plus a compressible text column.
+fn batch(i: i64) -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("s", DataType::Utf8, false),
+    ]));
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from_iter_values((0..200).map(|r| i * 1000 + r))),
+            Arc::new(StringArray::from_iter_values(
+                (0..200).map(|r| format!("row {} of batch", r % 7)),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+fn first_key(b: &RecordBatch) -> i64 {
+    b.column(0)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap()
+        .value(0)
+        / 1000
+}
+
+fn wait() -> Wait<'static> {
+    Wait::timeout(Some(Duration::from_secs(20)), "test")
+}
+
+/// Batches written for 10× the environment's memory (serialized size).
+fn ten_times_memory() -> i64 {
+    let one = creditflow_core::serde::BatchEncoder::new(&batch(0).schema())
+        .unwrap()
+        .encode(&batch(0))
+        .unwrap()
+        .len();
+    (10 * MEMORY / one) as i64 + 1
+}
+
+fn write(part: &Arc<ResultPartition>, n: i64) {
+    let mut w = RecordWriter::new(part.clone(), Partitioner::Forward);
+    for i in 0..n {
+        // A writer that waited for a reader would time out here: nobody reads yet.
+        w.write(
+            &batch(i),
+            &mut Wait::timeout(Some(Duration::from_secs(5)), "write"),
+        )
+        .unwrap();
+    }
+    w.close().unwrap();
+}
+
+/// Reads subpartition 0 of `part` at `from`'s address through a new gate of `reader`.
+fn read_all(reader: &NetworkEnvironment, from: &NetworkEnvironment, id: &str) -> Result<Vec<i64>, Error> {
+    let mut gate = reader.create_input_gate(vec![ChannelSpec {
+        address: from.address().into(),
+        partition_id: id.into(),
+        subpartition: 0,
+    }])?;
+    let mut got = Vec::new();
+    while let Some(b) = gate.next(&mut wait())? {
+        assert_eq!(b, batch(first_key(&b)), "a batch arrived changed");
+        got.push(first_key(&b));
+    }
+    Ok(got)
+}
+
+fn files_in(dir: &Path) -> usize {
+    walk(dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "spill"))
+        .count()
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+#[test]
+fn blocking_writes_ten_times_memory_unread_then_local_and_remote_readers_read_it_twice() {
+    let dir = tempdir("blocking");
+    let env = NetworkEnvironment::new(config(&dir, None)).unwrap();
+    let other = NetworkEnvironment::new(config(&dir, None)).unwrap();
+    let part = env
+        .create_spillable_partition("b", 1, SpillKind::Blocking, None)
+        .unwrap();
+    let n = ten_times_memory();
+    write(&part, n);
+    let m = part.metrics().spill.unwrap();
+    assert!(m.spilled_bytes as usize > 8 * MEMORY, "{m:?}");
+    assert!(m.memory_segments <= MEMORY / SEGMENT, "{m:?}");
+    assert_eq!(files_in(&dir), 1);
+    let want: Vec<i64> = (0..n).collect();
+    for _ in 0..2 {
+        assert_eq!(read_all(&env, &env, "b").unwrap(), want, "local reader");
+        assert_eq!(read_all(&other, &env, "b").unwrap(), want, "remote reader");
+    }
+    assert!(part.metrics().spill.unwrap().read_back_bytes >= 4 * m.spilled_bytes);
+    part.release();
+    assert_eq!(files_in(&dir), 0, "release removes the files");
+    assert!(matches!(
+        read_all(&env, &env, "b"),
+        Err(Error::PartitionNotFound(_))
+    ));
+    assert!(matches!(
+        read_all(&other, &env, "b"),
+        Err(Error::PartitionNotFound(_))
+    ));
+    env.close();
+    other.close();
+    assert!(
+        walk(&dir).is_empty(),
+        "close removes the directories: {:?}",
+        walk(&dir)
+    );
+}
+
+#[test]
+fn blocking_readers_wait_for_the_end_and_concurrent_readers_each_get_everything() {
+    let dir = tempdir("concurrent");
+    let env = Arc::new(NetworkEnvironment::new(config(&dir, None)).unwrap());
+    let part = env
+        .create_spillable_partition("c", 1, SpillKind::Blocking, None)
+        .unwrap();
+    let n = ten_times_memory();
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let env = env.clone();
+            std::thread::spawn(move || read_all(&env, &env, "c").unwrap())
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    write(&part, n);
+    for r in readers {
+        assert_eq!(r.join().unwrap(), (0..n).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn hybrid_readers_read_while_the_writer_writes_and_a_selective_one_reads_once() {
+    let dir = tempdir("hybrid");
+    let env = Arc::new(NetworkEnvironment::new(config(&dir, None)).unwrap());
+    let part = env
+        .create_spillable_partition("h", 1, SpillKind::Hybrid { replay: false }, None)
+        .unwrap();
+    let reader = {
+        let env = env.clone();
+        std::thread::spawn(move || {
+            let mut gate = env
+                .create_input_gate(vec![ChannelSpec {
+                    address: env.address().into(),
+                    partition_id: "h".into(),
+                    subpartition: 0,
+                }])
+                .unwrap();
+            // The first batch arrives before the writer finishes (it waits for this one).
+            let first = gate.next(&mut wait()).unwrap().unwrap();
+            let mut got = vec![first_key(&first)];
+            std::thread::sleep(Duration::from_millis(200)); // slow: the writer spills meanwhile
+            while let Some(b) = gate.next(&mut wait()).unwrap() {
+                got.push(first_key(&b));
+            }
+            got
+        })
+    };
+    let n = ten_times_memory();
+    let mut w = RecordWriter::new(part.clone(), Partitioner::Forward);
+    w.write(&batch(0), &mut wait()).unwrap();
+    w.flush();
+    for i in 1..n {
+        w.write(
+            &batch(i),
+            &mut Wait::timeout(Some(Duration::from_secs(5)), "write"),
+        )
+        .unwrap();
+    }
+    w.close().unwrap();
+    assert_eq!(reader.join().unwrap(), (0..n).collect::<Vec<_>>());
+    let m = part.metrics().spill.unwrap();
+    assert!(m.spilled_bytes > 0, "{m:?}");
+    assert!(m.read_back_bytes > 0, "{m:?}");
+}
+
+#[test]
+fn hybrid_with_replay_is_read_again_from_the_start() {
+    let dir = tempdir("replay");
+    let env = NetworkEnvironment::new(config(&dir, None)).unwrap();
+    let part = env
+        .create_spillable_partition("r", 1, SpillKind::Hybrid { replay: true }, Some(Compression::Lz4))
+        .unwrap();
+    let n = ten_times_memory();
+    write(&part, n);
+    let want: Vec<i64> = (0..n).collect();
+    assert_eq!(read_all(&env, &env, "r").unwrap(), want);
+    assert_eq!(read_all(&env, &env, "r").unwrap(), want);
+}
+
+#[test]
+fn a_selective_hybrid_subpartition_has_one_reader() {
+    let dir = tempdir("once");
+    let env = NetworkEnvironment::new(config(&dir, None)).unwrap();
+    let part = env
+        .create_spillable_partition("o", 1, SpillKind::Hybrid { replay: false }, None)
+        .unwrap();
+    write(&part, 3);
+    assert_eq!(read_all(&env, &env, "o").unwrap(), vec![0, 1, 2]);
+    // Read once and finished: released like a pipelined partition.
+    assert!(part.is_released());
+}
+
+#[test]
+fn compression_shrinks_what_is_stored_and_reads_back_the_same() {
+    let dir = tempdir("codec");
+    let env = NetworkEnvironment::new(config(&dir, None)).unwrap();
+    let mut sizes = Vec::new();
+    for (i, codec) in [None, Some(Compression::Lz4), Some(Compression::Zstd)]
+        .into_iter()
+        .enumerate()
+    {
+        let id = format!("z{i}");
+        let part = env
+            .create_spillable_partition(&id, 1, SpillKind::Blocking, codec)
+            .unwrap();
+        write(&part, 50);
+        assert_eq!(read_all(&env, &env, &id).unwrap(), (0..50).collect::<Vec<_>>());
+        sizes.push(part.metrics().spill.unwrap().stream_bytes);
+    }
+    assert!(sizes[1] < sizes[0] && sizes[2] < sizes[0], "{sizes:?}");
+}
+
+#[test]
+fn at_max_spill_a_blocking_writer_fails_and_its_readers_get_the_failure_not_data() {
+    let dir = tempdir("maxspill");
+    let env = NetworkEnvironment::new(config(&dir, Some(2 * MEMORY as u64))).unwrap();
+    let part = env
+        .create_spillable_partition("m", 1, SpillKind::Blocking, None)
+        .unwrap();
+    let mut w = RecordWriter::new(part.clone(), Partitioner::Forward);
+    let err = (0..ten_times_memory())
+        .find_map(|i| w.write(&batch(i), &mut wait()).err())
+        .expect("the cap is reached");
+    assert!(
+        matches!(&err, Error::Spill(m) if m.contains("max_spill")),
+        "{err}"
+    );
+    match read_all(&env, &env, "m") {
+        Err(Error::ProducerFailed(m)) => assert!(m.contains("max_spill"), "{m}"),
+        other => panic!("expected ProducerFailed, got {other:?}"),
+    }
+}
+
+#[test]
+fn at_max_spill_a_selective_hybrid_writer_backpressures_instead() {
+    let dir = tempdir("hybridcap");
+    let env = Arc::new(NetworkEnvironment::new(config(&dir, Some(MEMORY as u64))).unwrap());
+    let part = env
+        .create_spillable_partition("hc", 1, SpillKind::Hybrid { replay: false }, None)
+        .unwrap();
+    let n = ten_times_memory();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let writer = {
+        let part = part.clone();
+        std::thread::spawn(move || {
+            let mut w = RecordWriter::new(part, Partitioner::Forward);
+            for i in 0..n {
+                w.write(&batch(i), &mut Wait::forever()).unwrap();
+                tx.send(i).unwrap();
+            }
+            w.close().unwrap();
+        })
+    };
+    // Nobody reads: the writer fills memory, then the spill budget, then waits (no error).
+    std::thread::sleep(Duration::from_millis(1500));
+    let written = rx.try_iter().last().expect("some batches were written");
+    assert!(
+        written + 1 < n,
+        "the writer did not wait at the cap ({written} of {n})"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(rx.try_iter().count(), 0, "the writer is still waiting");
+    let m = part.metrics().spill.unwrap();
+    assert!(m.spilled_bytes > 0 && m.spilled_bytes <= MEMORY as u64, "{m:?}");
+    // A reader drains it: the writer goes on and the reader gets everything in order.
+    assert_eq!(read_all(&env, &env, "hc").unwrap(), (0..n).collect::<Vec<_>>());
+    writer.join().unwrap();
+}

@@ -17,6 +17,8 @@ pub struct Extent {
     pub offset: u64,
     /// Length in bytes.
     pub len: u32,
+    /// CRC-32 of the bytes, checked when they are read back.
+    pub crc: u32,
 }
 
 /// An append-only file in a [`SpillDir`].
@@ -66,10 +68,14 @@ impl SpillFile {
         }
         self.end.store(offset + len, Ordering::Release);
         self.dir.wrote(len);
-        Ok(Extent { offset, len: len32 })
+        Ok(Extent {
+            offset,
+            len: len32,
+            crc: crc32fast::hash(data),
+        })
     }
 
-    /// Reads the chunk at `extent` into `buf` (cleared first).
+    /// Reads the chunk at `extent` into `buf` (cleared first) and checks its checksum.
     pub fn read(&self, extent: Extent, buf: &mut Vec<u8>) -> Result<()> {
         buf.clear();
         buf.resize(extent.len as usize, 0);
@@ -80,7 +86,17 @@ impl SpillFile {
                 extent.offset,
                 self.path.display()
             ))
-        })
+        })?;
+        if crc32fast::hash(buf) != extent.crc {
+            return Err(Error::Spill(format!(
+                "spill file {} is corrupt: the {} bytes at offset {} are not the bytes written there \
+                 (checksum mismatch)",
+                self.path.display(),
+                extent.len,
+                extent.offset
+            )));
+        }
+        Ok(())
     }
 
     /// Bytes in the file.

@@ -410,3 +410,28 @@ def test_spilling_shows_in_metrics_prometheus_and_top(tmp_path: Path) -> None:
         console.print(cli.render(view, {}))
         text = console.export_text()
         assert f"{m['disk_bytes'] / 1e6:,.1f} MB on disk" in text, text
+
+
+def test_a_process_that_exits_with_environments_open_leaves_no_spill_files(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import sys, threading, time
+        import pyarrow as pa
+        import creditflow as cf
+
+        env = cf.NetworkEnvironment(memory="1MiB", spill_dir=sys.argv[1])
+        part = env.create_partition("p", kind="blocking")
+        w = cf.RecordWriter(part)
+        for i in range(200):
+            w.write(pa.record_batch({"k": pa.array([i] * 4096, pa.int64())}), timeout=10)
+        assert sorted(__import__("pathlib").Path(sys.argv[1]).rglob("*.spill"))
+
+        def consumer(env=env, part=part):  # a daemon thread still using the environment:
+            time.sleep(1000)               # it is never garbage-collected at exit
+
+        threading.Thread(target=consumer, daemon=True).start()
+        # no close(), no release(): the interpreter exits with everything open
+        """
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, timeout=60)
+    assert list(tmp_path.iterdir()) == [], "the exiting process removed its spill directory"

@@ -26,6 +26,10 @@ def _wake_logs() -> None:
 def _set_log_level(level: int) -> None:
     """Makes Rust produce records at Python ``logging`` level ``level`` and above."""
 
+def _remove_spill_dirs() -> None:
+    """Removes the spill directories of this process's environments that are still open
+    (``creditflow.NetworkEnvironment`` registers it with :mod:`atexit`)."""
+
 def _register_errors(classes: dict[str, type[Exception]]) -> None:
     """Registers the exception classes core errors are raised as: a dict from each class's name
     to the class, every one of them (``creditflow.errors`` calls it once, at import)."""

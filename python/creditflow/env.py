@@ -13,6 +13,7 @@ environment's Python side is left alone: its threads belong to the parent.
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import os
 import threading
@@ -70,6 +71,20 @@ class _PythonSide:
                 logs._release()
 
 
+_exit_hook = threading.Lock()
+_exit_hook_pid: int | None = None
+
+
+def _remove_spill_dirs_at_exit() -> None:
+    """Has this process remove its environments' spill directories when the interpreter
+    exits, once per process (registered with the first environment, not at import)."""
+    global _exit_hook_pid
+    with _exit_hook:
+        if _exit_hook_pid != os.getpid():
+            _exit_hook_pid = os.getpid()
+            atexit.register(_native._remove_spill_dirs)
+
+
 class NetworkEnvironment(_native.NetworkEnvironment):
     """One per process: the buffer pool, partitions, gates, the listener and connections.
 
@@ -92,6 +107,7 @@ class NetworkEnvironment(_native.NetworkEnvironment):
             # Dropped without close(), or still open at exit: stop what was started.
             self._finalizer = weakref.finalize(self, side.stop)
             side.start_logs()
+            _remove_spill_dirs_at_exit()
 
     def serve_metrics(self, port: int = 0, addr: str = "127.0.0.1") -> MetricsServer:
         """Serves this environment's metrics in the Prometheus text format at

@@ -18,6 +18,13 @@ use crate::io::{ChannelSpec, InputGate};
 use crate::partition::ResultPartition;
 use crate::tls::TlsConfig;
 
+/// Removes the spill directories of this process's environments that are still open
+/// (``creditflow.NetworkEnvironment`` registers it with :mod:`atexit`).
+#[pyfunction]
+pub fn _remove_spill_dirs(py: Python<'_>) {
+    py.detach(creditflow_core::partition::spill::dir::remove_all);
+}
+
 /// Reads a byte size given as an int or a string with a unit.
 fn bytes_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     if let Ok(i) = value.cast::<PyInt>() {

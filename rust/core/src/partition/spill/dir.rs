@@ -17,13 +17,29 @@
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::base::error::{Error, Result};
 use crate::base::metrics::Counter;
 
 /// The subdirectory of the system temp dir used when no `spill_dir` is configured.
 pub const DEFAULT_ROOT_NAME: &str = "creditflow-spill";
+
+/// The directories of this process, for [`remove_all`] at exit.
+static LIVE: Mutex<Vec<Weak<SpillDir>>> = Mutex::new(Vec::new());
+
+/// Removes every spill directory of this process that still exists (the interpreter exits
+/// with environments open). Their environments' partitions fail on their next spill.
+pub fn remove_all() {
+    let dirs: Vec<Arc<SpillDir>> = {
+        let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+        live.retain(|w| w.strong_count() > 0);
+        live.iter().filter_map(Weak::upgrade).collect()
+    };
+    for d in dirs {
+        d.remove();
+    }
+}
 
 /// One environment's spill directory.
 #[derive(Debug)]
@@ -93,7 +109,7 @@ impl SpillDir {
             }
             let path = root.join(&name);
             std::fs::create_dir(&path).map_err(|e| io_error(&root, "create a directory in", &e))?;
-            return Ok(Arc::new(SpillDir {
+            let dir = Arc::new(SpillDir {
                 root,
                 path,
                 lock_path,
@@ -104,7 +120,11 @@ impl SpillDir {
                 files_created: Counter::default(),
                 bytes_written: Counter::default(),
                 swept,
-            }));
+            });
+            let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+            live.retain(|w| w.strong_count() > 0);
+            live.push(Arc::downgrade(&dir));
+            return Ok(dir);
         }
         Err(Error::Spill(format!(
             "could not create a spill directory under {}",

@@ -84,7 +84,7 @@ def batches() -> list[pa.RecordBatch]:
 
 
 def _count_for(pool: Sequence[pa.RecordBatch], volume: int = VOLUME) -> int:
-    return max(POOL, volume // pool[0].nbytes)
+    return max(POOL, volume // int(pool[0].nbytes))
 
 
 def _payload(pool: Sequence[pa.RecordBatch], count: int) -> int:
@@ -252,7 +252,7 @@ def producer_run(
     read_by_then = check.seen
     spill = part.metrics()["spill"]
     if reader is not None:
-        reader.join(TIMEOUT + count * pace)
+        reader.join(TIMEOUT + count * (pace or 0.0))
         assert not reader.is_alive(), "reader hung"
         if errors:
             raise errors[0]
@@ -304,7 +304,7 @@ def test_hybrid_vs_pipelined_slow_consumer(
     ]
 
     def med(kind: str) -> float:
-        return statistics.median(r[kind]["seconds"] for r in rounds)
+        return float(statistics.median(r[kind]["seconds"] for r in rounds))
 
     report("producer alone (hybrid, no reader)", med("alone"), "s", higher_is_better=False)
     report("producer, hybrid, slow reader", med("hybrid"), "s", higher_is_better=False)

@@ -223,8 +223,8 @@ def producer_run(
 ) -> dict[str, Any]:
     """Writes ``count`` batches into a new ``kind`` partition from this thread while a local
     gate in another thread takes one batch every ``pace`` seconds (``None``: no reader at all).
-    Returns the producer's seconds (partition creation to ``close()``), how many batches the
-    reader had by then, and the spill metrics; waits for the reader and checks what it got."""
+    Returns the producer's seconds (first ``write`` to ``close()`` returning), how many
+    batches the reader had by then, and the spill metrics; waits for the reader and checks what it got."""
     pid = f"{kind}/{next(_ids)}"
     part = env.create_partition(pid, 1, kind=kind)
     check = Checker(pool, count)

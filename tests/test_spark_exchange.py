@@ -443,15 +443,15 @@ def test_spilling_receiver_lets_the_job_finish_before_a_throttled_consumer(
             listed = listed or any(p["spill"] is not None for p in m["partitions"].values())
             if len(ids) == 3:
                 # The consumer pauses until the job is done: that happens only if the tasks
-                # do not wait for it.
+                # do not wait for it. What it has not read is on disk meanwhile.
                 assert sent.wait(240), "send() waited for the consumer"
+                assert list(tmp_path.rglob("*.spill")), "the receiver spilled"
             time.sleep(0.005)  # the throttle
         t.join(60)
         store = rx.spill_metrics()
         assert store is not None
-        assert list(tmp_path.rglob("*.spill")), "the spill file exists until close()"
         total_segments = rx.metrics()["segments_total"]
-    assert not list(tmp_path.rglob("*.spill")), "close() removed the spill file"
+    assert not list(tmp_path.rglob("*.spill")), "the spill file is gone"
     # The job finished while the consumer had taken 3 of its batches.
     assert result["consumed_when_sent"] <= 3 < len(ids), (result["consumed_when_sent"], len(ids))
     stats = result["stats"]
@@ -501,7 +501,7 @@ def test_spilling_receiver_with_replay_at_max_spill_fails_clearly(
 ) -> None:
     """A replaying receiver cannot drop what it keeps: at max_spill its store fails with the
     SpillError's message (naming max_spill), the consumer gets ProducerFailedError after the
-    batches before, and the job does not finish as if delivered."""
+    batches before, and the job fails with that message instead of reporting a delivery."""
     rows = 600_000  # ~14 MB of Arrow data into 4 MiB of memory + 2 MiB of disk
     df = numbers(spark, rows, 3, seed=7)
     errors: list[BaseException] = []
@@ -511,8 +511,7 @@ def test_spilling_receiver_with_replay_at_max_spill_fails_clearly(
 
         def run() -> None:
             try:
-                # 2 MiB per task: the tasks cannot finish their ~5 MB without the receiver.
-                cfs.send(df, rx.address, rx.secret, memory="2MiB", timeout=240)
+                cfs.send(df, rx.address, rx.secret, timeout=240)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -527,9 +526,10 @@ def test_spilling_receiver_with_replay_at_max_spill_fails_clearly(
         with pytest.raises(cf.ProducerFailedError, match="max_spill"):
             consume()
         assert sum(got) < rows
-    t.join(240)  # the receiver closed: the tasks waiting for it fail
-    assert not t.is_alive()
+        t.join(240)
+        assert not t.is_alive()
     assert len(errors) == 1, "the job failed instead of reporting a delivery"
+    assert "max_spill" in str(errors[0])
     assert not list(tmp_path.rglob("*.spill"))
 
 

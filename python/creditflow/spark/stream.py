@@ -64,6 +64,14 @@ class _Failed:
 _END = object()
 
 
+class _Settled:
+    """Whether a partition's reader thread kept all of it, once the thread is done."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.failure: str | None = None
+
+
 class Receiver(Closeable):
     """Receives DataFrames that :func:`send` streams out of Spark.
 
@@ -97,8 +105,9 @@ class Receiver(Closeable):
         max_spill: With ``spill=True``, the most bytes the spill file may hold (default
             unbounded). Without replay, the tasks then wait for the consumer; with replay,
             the receiver cannot keep the stream: it fails with
-            :class:`creditflow.SpillError` naming ``max_spill`` and the consumer gets
-            :class:`creditflow.ProducerFailedError`.
+            :class:`creditflow.SpillError` naming ``max_spill``, the consumer gets
+            :class:`creditflow.ProducerFailedError` and :func:`send` raises with that
+            message.
 
     Iterate it (or call :meth:`next`) to get ``pyarrow.RecordBatch`` objects, in the order
     they arrive (partitions interleave); iteration ends once the job that registered with
@@ -150,6 +159,7 @@ class Receiver(Closeable):
         self._num_partitions: int | None = None
         self._accepted: dict[int, str] = {}
         self._ended: set[int] = set()
+        self._settled: dict[int, _Settled] = {}
         self._readers: list[threading.Thread] = []
         self._done = False
         self._inbox = _messages.Inbox(
@@ -173,6 +183,8 @@ class Receiver(Closeable):
             if mine:
                 self._fail(cf.ProducerFailedError(f"the Spark job failed: {msg.get('error')}"))
             return None
+        if kind == "delivered" and msg.get("job") == self._job:
+            return self._delivered(int(msg["partition"]))
         with self._lock:
             if kind == "job":
                 if self._job is not None and self._job != msg["job"]:
@@ -194,7 +206,9 @@ class Receiver(Closeable):
                 )
                 self._readers.append(thread)
                 thread.start()
-                return {"accept": True}
+                # A spilling receiver's channel ends before the consumer has the data: the
+                # task then asks whether its partition was kept (see _stream_partition).
+                return {"accept": True, "confirm": self._spool is not None}
         if end:
             self._end()
         return {"accept": True}
@@ -232,9 +246,10 @@ class Receiver(Closeable):
         return True
 
     def _read(self, index: int, spec: cf.ChannelSpec) -> None:
+        failure: str | None = "the receiver closed"
         try:
-            with self._env.create_input_gate([spec]) as gate:
-                try:
+            try:
+                with self._env.create_input_gate([spec]) as gate:
                     while not self._closed.is_set():
                         try:
                             batch = gate.next(timeout=_POLL * 10)
@@ -244,26 +259,36 @@ class Receiver(Closeable):
                             break
                         if not self._deliver(batch):
                             return
-                except Exception as exc:
-                    if self._spool is None:
-                        raise
-                    # The stored stream failed (or this channel did: that fails it): hold the
-                    # channel until the receiver closes, so that its task waits and then
-                    # fails with the lost connection instead of finishing into a cancelled
-                    # channel as if delivered.
-                    if not self._closed.is_set():
-                        self._fail(exc)
-                    self._closed.wait()
-                    return
-        except Exception as exc:
+            except Exception as exc:
+                if not self._closed.is_set():
+                    self._fail(exc)
+                failure = f"{type(exc).__name__}: {exc}"
+                return
             if not self._closed.is_set():
-                self._fail(exc)
-            return
+                failure = None
+            with self._lock:
+                self._ended.add(index)
+                end = self._all_ended()
+            if end:
+                self._end()
+        finally:
+            self._settle(index, failure)
+
+    def _settle(self, index: int, failure: str | None) -> None:
+        """Records that partition ``index`` was kept whole (``failure`` None) or why not."""
         with self._lock:
-            self._ended.add(index)
-            end = self._all_ended()
-        if end:
-            self._end()
+            settled = self._settled.setdefault(index, _Settled())
+        settled.failure = failure
+        settled.event.set()
+
+    def _delivered(self, index: int) -> _messages.Message:
+        """The answer to a spilling task that asks whether its partition was kept whole
+        (its reader thread is done with it by then, or soon)."""
+        with self._lock:
+            settled = self._settled.setdefault(index, _Settled())
+        if not settled.event.wait(REGISTER_TIMEOUT):
+            return {"ok": False, "reason": f"partition {index} is still being received"}
+        return {"ok": settled.failure is None, "reason": settled.failure}
 
     def _all_ended(self) -> bool:
         """Whether every partition of the job ended, the first time it is true (the caller
@@ -484,11 +509,29 @@ def _stream_partition(
                     stats["rows"] += batch.num_rows
                     stats["bytes"] += batch.nbytes
             part.wait_consumed(timeout=plan.timeout)
+            if answer.get("confirm"):
+                _confirm(plan, index)
     finally:
         reporter.stop()
         part.release()
     stats["seconds"] = time.perf_counter() - start
     return stats
+
+
+def _confirm(plan: _SendPlan, index: int) -> None:
+    """Asks a spilling receiver whether it kept partition ``index`` whole; raises if not.
+    Its reader may have stopped reading (a full spill directory, ``max_spill``) and cancelled
+    the channel, which drops the rest of what the task wrote without an error here."""
+    answer = _messages.send(
+        plan.address,
+        plan.env.secret,
+        {"kind": "delivered", "job": plan.job, "partition": index},
+        reply=True,
+        timeout=REGISTER_TIMEOUT * 2,
+    )
+    if not answer.get("ok"):
+        reason = answer.get("reason")
+        raise RuntimeError(f"the receiver at {plan.address} did not keep partition {index}: {reason}")
 
 
 def _levels(part: cf.ResultPartition) -> dict[str, Any]:

@@ -37,19 +37,42 @@ class Spool:
         part_id = f"cf-receiver/{uuid.uuid4().hex[:12]}"
         self._part = env.create_partition(part_id, 1, kind="hybrid", replay=replay)
         self._writer = cf.RecordWriter(self._part, cf.ForwardPartitioner())
+        # Writes one at a time, so that after a failed one the next sees its cause.
+        self._write_lock = threading.Lock()
         self._lock = threading.Lock()
         self._gate: cf.InputGate | None = None
+        self._failure: str | None = None
 
     @property
     def partition_id(self) -> str:
         """The partition's id in the receiver's environment."""
         return self._part.id
 
+    @property
+    def failure(self) -> str | None:
+        """Why the stream failed (the first cause: a :class:`creditflow.SpillError`, the
+        message given to :meth:`fail`), or None."""
+        with self._lock:
+            return self._failure
+
+    def _note(self, message: str) -> None:
+        with self._lock:
+            if self._failure is None:
+                self._failure = message
+
     def put(self, batch: pa.RecordBatch) -> None:
         """Appends ``batch`` (any reader thread). Waits only without replay at ``max_spill``;
         raises :class:`creditflow.SpillError` when the batch cannot be kept (the partition
-        then fails), :class:`creditflow.ClosedError` after :meth:`release`."""
-        self._writer.write(batch)
+        then fails), :class:`creditflow.ProducerFailedError` naming the cause once the
+        stream failed, :class:`creditflow.ClosedError` after :meth:`release`."""
+        with self._write_lock:
+            if (failure := self.failure) is not None:
+                raise cf.ProducerFailedError(failure)
+            try:
+                self._writer.write(batch)
+            except cf.SpillError as exc:
+                self._note(f"SpillError: {exc}")
+                raise
 
     def end(self) -> None:
         """Ends the stream: a pass that read everything sees the end."""
@@ -58,6 +81,7 @@ class Spool:
     def fail(self, message: str) -> None:
         """Ends the stream with an error: a pass raises :class:`creditflow.ProducerFailedError`
         with ``message`` after the batches before it (nothing after a failure or an end)."""
+        self._note(message)  # first: a write that then finds the stream ended names it
         self._writer.fail(message)
 
     def next(self, timeout: float | None) -> pa.RecordBatch | None:

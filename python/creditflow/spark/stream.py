@@ -262,7 +262,8 @@ class Receiver(Closeable):
             except Exception as exc:
                 if not self._closed.is_set():
                     self._fail(exc)
-                failure = f"{type(exc).__name__}: {exc}"
+                cause = self._spool.failure if self._spool is not None else None
+                failure = cause or f"{type(exc).__name__}: {exc}"
                 return
             if not self._closed.is_set():
                 failure = None

@@ -496,6 +496,45 @@ def test_spilling_receiver_replays_the_dataframe_for_each_epoch(spark: SparkSess
     assert sum(s["rows"] for s in stats) == rows
 
 
+def test_spilling_receiver_without_replay_at_max_spill_holds_the_tasks_back(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Without replay, max_spill turns spilling back into backpressure: the receiver holds at
+    most its memory plus max_spill, so when the job's action returns the consumer has read
+    all but that much; nothing fails and every row arrives once."""
+    rows = 2_000_000  # ~48 MB of Arrow data through 4 MiB of memory + 1 MiB of disk
+    df = numbers(spark, rows, 3, seed=9)
+    ids: list[np.ndarray[Any, Any]] = []
+    result: dict[str, Any] = {}
+    with cfs.Receiver(
+        spill=True, memory="4MiB", spill_dir=str(tmp_path), max_spill="1MiB", timeout=240
+    ) as rx:
+
+        def run() -> None:
+            try:
+                result["stats"] = cfs.send(df, rx.address, rx.secret, timeout=240)
+            finally:
+                result["consumed_when_sent"] = sum(len(a) for a in ids)
+
+        t = threading.Thread(target=run)
+        t.start()
+        peak_disk = 0
+        for batch in rx:
+            ids.append(batch.column("id").to_numpy().copy())
+            store = rx.spill_metrics()
+            assert store is not None
+            peak_disk = max(peak_disk, store["disk_bytes"])
+            time.sleep(0.002)
+        t.join(60)
+    got = np.concatenate(ids)
+    assert np.array_equal(np.sort(got), np.arange(rows))
+    assert sum(s["rows"] for s in result["stats"]) == rows
+    assert peak_disk <= 1 << 20
+    # What the receiver may hold when the job ends: its 4 MiB, 1 MiB on disk, and (generously)
+    # as much again in its channels: 8 MiB of 24-byte rows.
+    assert result["consumed_when_sent"] >= rows - (8 << 20) // 24, result["consumed_when_sent"]
+
+
 def test_spilling_receiver_with_replay_at_max_spill_fails_clearly(
     spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -42,11 +42,7 @@ class Spool:
         self._lock = threading.Lock()
         self._gate: cf.InputGate | None = None
         self._failure: str | None = None
-
-    @property
-    def partition_id(self) -> str:
-        """The partition's id in the receiver's environment."""
-        return self._part.id
+        self._ended = False
 
     @property
     def failure(self) -> str | None:
@@ -57,7 +53,7 @@ class Spool:
 
     def _note(self, message: str) -> None:
         with self._lock:
-            if self._failure is None:
+            if self._failure is None and not self._ended:
                 self._failure = message
 
     def put(self, batch: pa.RecordBatch) -> None:
@@ -77,6 +73,8 @@ class Spool:
     def end(self) -> None:
         """Ends the stream: a pass that read everything sees the end."""
         self._writer.close()
+        with self._lock:
+            self._ended = True
 
     def fail(self, message: str) -> None:
         """Ends the stream with an error: a pass raises :class:`creditflow.ProducerFailedError`

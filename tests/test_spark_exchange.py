@@ -1,5 +1,5 @@
 """creditflow.spark: exchange() against Spark's own repartition, failures, reuse of workers,
-and streaming a DataFrame out of Spark to a consumer process (SPEC §4 Spark, issue 4).
+and streaming a DataFrame out of Spark to a consumer process (issue 4).
 
 The local[2] tests share one session. Partition placement is checked row by row: every row
 carries a unique id, and the partition Spark's ``repartition(n, key)`` puts it in is joined
@@ -396,6 +396,193 @@ def test_throttled_consumer_outside_spark_bounds_executor_memory(spark: SparkSes
     assert max(s["out_pool_usage"] for s in samples) <= 1.0
     growth = max(s["rss_bytes"] - s["rss_start_bytes"] for s in samples)
     assert growth < 48 * 1024 * 1024, growth
+
+
+def numbers(spark: SparkSession, rows: int, partitions: int, seed: int) -> DataFrame:
+    """``id``, ``x = 3 * id`` and a random double: 24 bytes of Arrow data per row."""
+    return spark.range(0, rows, numPartitions=partitions).select(
+        "id", (F.col("id") * 3).alias("x"), F.rand(seed).alias("r")
+    )
+
+
+def test_spilling_receiver_lets_the_job_finish_before_a_throttled_consumer(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Receiver(spill=True): the receiver reads the tasks at Spark's speed and spills what its
+    throttled consumer has not taken yet, so send() (the job's action) returns while the
+    consumer is still reading; then every row arrives once, the store stays within the
+    receiver's memory, and close() removes the spill file."""
+    rows = 2_000_000  # 3 x 8 B columns: ~48 MB of Arrow data into 8 MiB of receiver memory
+    memory = 8 << 20
+    df = numbers(spark, rows, 4, seed=3)
+    ids: list[np.ndarray[Any, Any]] = []
+    xs: list[np.ndarray[Any, Any]] = []
+    sent = threading.Event()
+    result: dict[str, Any] = {}
+    with cfs.Receiver(spill=True, memory=memory, spill_dir=str(tmp_path), timeout=240) as rx:
+
+        def run() -> None:
+            try:
+                result["stats"] = cfs.send(df, rx.address, rx.secret)
+            finally:
+                result["consumed_when_sent"] = len(ids)
+                sent.set()
+
+        t = threading.Thread(target=run)
+        t.start()
+        peak_allocated = peak_store = 0
+        listed = False
+        for batch in rx:
+            ids.append(batch.column("id").to_numpy().copy())
+            xs.append(batch.column("x").to_numpy().copy())
+            m = rx.metrics()
+            store = rx.spill_metrics()
+            assert store is not None
+            peak_allocated = max(peak_allocated, m["segments_allocated"])
+            peak_store = max(peak_store, store["memory_segments"])
+            listed = listed or any(p["spill"] is not None for p in m["partitions"].values())
+            if len(ids) == 3:
+                # The consumer pauses until the job is done: that happens only if the tasks
+                # do not wait for it. What it has not read is on disk meanwhile.
+                assert sent.wait(240), "send() waited for the consumer"
+                assert list(tmp_path.rglob("*.spill")), "the receiver spilled"
+            time.sleep(0.005)  # the throttle
+        t.join(60)
+        store = rx.spill_metrics()
+        assert store is not None
+        total_segments = rx.metrics()["segments_total"]
+    assert not list(tmp_path.rglob("*.spill")), "the spill file is gone"
+    # The job finished while the consumer had taken 3 of its batches.
+    assert result["consumed_when_sent"] <= 3 < len(ids), (result["consumed_when_sent"], len(ids))
+    stats = result["stats"]
+    assert [s["partition"] for s in stats] == [0, 1, 2, 3]
+    assert all(s["accepted"] for s in stats)
+    # Every row once, unchanged.
+    got_ids, got_xs = np.concatenate(ids), np.concatenate(xs)
+    assert len(got_ids) == rows
+    assert np.array_equal(np.sort(got_ids), np.arange(rows))
+    assert np.array_equal(got_xs, got_ids * 3)
+    # Memory: the environment never allocated beyond its memory, and the store held at most
+    # that while a stream several times larger went through it; the rest went to disk.
+    assert peak_allocated <= total_segments == memory // (32 << 10)
+    assert 0 < peak_store <= total_segments
+    assert store["stream_bytes"] > 4 * memory, store
+    assert store["spilled_bytes"] > 0, store
+    assert listed, "rx.metrics() lists the receiver's store among its partitions"
+
+
+def test_spilling_receiver_replays_the_dataframe_for_each_epoch(spark: SparkSession, tmp_path: Path) -> None:
+    """With epochs=2 one iteration reads the whole DataFrame twice, in the same order, and a
+    new iteration starts from the start again; Spark computed it once."""
+    rows = 300_000  # ~7 MB of Arrow data: more than the receiver's 4 MiB, so part is read back
+    df = numbers(spark, rows, 3, seed=5)
+    result: dict[str, Any] = {}
+    with cfs.Receiver(spill=True, epochs=2, memory="4MiB", spill_dir=str(tmp_path), timeout=240) as rx:
+        t = threading.Thread(target=lambda: result.update(stats=cfs.send(df, rx.address, rx.secret)))
+        t.start()
+        first = np.concatenate([b.column("id").to_numpy().copy() for b in rx])
+        t.join(60)
+        again = np.concatenate([b.column("id").to_numpy().copy() for b in rx])
+        store = rx.spill_metrics()
+    assert store is not None
+    assert len(first) == 2 * rows
+    assert np.array_equal(np.sort(first[:rows]), np.arange(rows)), "epoch 1: every row once"
+    assert np.array_equal(first[rows:], first[:rows]), "epoch 2: the same rows, in the same order"
+    assert np.array_equal(again, first), "a new iteration starts from the first batch again"
+    assert store["replay"]
+    assert store["read_back_bytes"] > 0, store
+    stats = result["stats"]
+    assert [s["partition"] for s in stats] == [0, 1, 2], "each partition was computed and sent once"
+    assert sum(s["rows"] for s in stats) == rows
+
+
+def test_spilling_receiver_without_replay_at_max_spill_holds_the_tasks_back(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Without replay, max_spill turns spilling back into backpressure: the receiver holds at
+    most its memory plus max_spill, so when the job's action returns the consumer has read
+    all but that much; nothing fails and every row arrives once."""
+    rows = 2_000_000  # ~48 MB of Arrow data through 4 MiB of memory + 1 MiB of disk
+    df = numbers(spark, rows, 3, seed=9)
+    ids: list[np.ndarray[Any, Any]] = []
+    result: dict[str, Any] = {}
+    with cfs.Receiver(
+        spill=True, memory="4MiB", spill_dir=str(tmp_path), max_spill="1MiB", timeout=240
+    ) as rx:
+
+        def run() -> None:
+            try:
+                result["stats"] = cfs.send(df, rx.address, rx.secret, timeout=240)
+            finally:
+                result["consumed_when_sent"] = sum(len(a) for a in ids)
+
+        t = threading.Thread(target=run)
+        t.start()
+        peak_disk = 0
+        for batch in rx:
+            ids.append(batch.column("id").to_numpy().copy())
+            store = rx.spill_metrics()
+            assert store is not None
+            peak_disk = max(peak_disk, store["disk_bytes"])
+            time.sleep(0.002)
+        t.join(60)
+    got = np.concatenate(ids)
+    assert np.array_equal(np.sort(got), np.arange(rows))
+    assert sum(s["rows"] for s in result["stats"]) == rows
+    assert peak_disk <= 1 << 20
+    # What the receiver may hold when the job ends: its 4 MiB, 1 MiB on disk, and (generously)
+    # as much again in its channels: 8 MiB of 24-byte rows.
+    assert result["consumed_when_sent"] >= rows - (8 << 20) // 24, result["consumed_when_sent"]
+
+
+def test_spilling_receiver_with_replay_at_max_spill_fails_clearly(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A replaying receiver cannot drop what it keeps: at max_spill its store fails with the
+    SpillError's message (naming max_spill), the consumer gets ProducerFailedError after the
+    batches before, and the job fails with that message instead of reporting a delivery."""
+    rows = 600_000  # ~14 MB of Arrow data into 4 MiB of memory + 2 MiB of disk
+    df = numbers(spark, rows, 3, seed=7)
+    errors: list[BaseException] = []
+    with cfs.Receiver(
+        spill=True, replay=True, memory="4MiB", spill_dir=str(tmp_path), max_spill="2MiB", timeout=240
+    ) as rx:
+
+        def run() -> None:
+            try:
+                cfs.send(df, rx.address, rx.secret, timeout=240)
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=run)
+        t.start()
+        got: list[int] = []
+
+        def consume() -> None:
+            for batch in rx:
+                got.append(batch.num_rows)
+
+        with pytest.raises(cf.ProducerFailedError, match="max_spill"):
+            consume()
+        assert sum(got) < rows
+        t.join(240)
+        assert not t.is_alive()
+    assert len(errors) == 1, "the job failed instead of reporting a delivery"
+    assert "max_spill" in str(errors[0])
+    assert not list(tmp_path.rglob("*.spill"))
+
+
+def test_spilling_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="epochs need.* spill=True"):
+        cfs.Receiver(epochs=2)
+    with pytest.raises(ValueError, match="replay, max_spill need spill=True"):
+        cfs.Receiver(replay=True, max_spill="1GiB")
+    with pytest.raises(ValueError, match="spill_dir needs spill=True"):
+        cfs.Receiver(spill_dir="/tmp")
+    with pytest.raises(ValueError, match="epochs=2 needs replay"):
+        cfs.Receiver(spill=True, epochs=2, replay=False)
+    with pytest.raises(ValueError, match="epochs must be at least 1"):
+        cfs.Receiver(spill=True, epochs=0)
 
 
 def test_pyspark_python_is_set_when_missing(monkeypatch: pytest.MonkeyPatch) -> None:

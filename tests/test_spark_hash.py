@@ -1,5 +1,5 @@
 """HashPartitioner co-partitions with Spark: every row lands in the subpartition that
-``df.repartition(n, *keys)`` puts it in (SPEC §4), checked against a real local Spark.
+``df.repartition(n, *keys)`` puts it in, checked against a real local Spark.
 
 For each key type (and multi-column keys), a random table with a fixed seed, nulls, all-null
 key rows and the type's edge values (-0.0, NaN payloads, extremes, non-ASCII string tails...)

@@ -118,15 +118,27 @@ class Inbox:
             while not self._closed.is_set():
                 try:
                     data = conn.recv_bytes(MAX_MESSAGE)
-                except (EOFError, OSError):
+                except (EOFError, OSError, TypeError) as exc:
+                    self._check_ended(exc)
                     return
                 answer = self._handler(json.loads(data))
                 if answer is not None:
-                    conn.send_bytes(json.dumps(answer).encode())
+                    try:
+                        conn.send_bytes(json.dumps(answer).encode())
+                    except (OSError, TypeError) as exc:
+                        self._check_ended(exc)
+                        return
         finally:
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
+
+    def _check_ended(self, exc: BaseException) -> None:
+        """Re-raises ``exc`` unless it only says that the connection ended: the peer went
+        away (EOF, OSError), or close() closed it under a read or write here (its handle
+        became None half-way: TypeError)."""
+        if isinstance(exc, TypeError) and not self._closed.is_set():
+            raise exc
 
     def close(self) -> None:
         """Stops accepting and closes every connection. Idempotent."""

@@ -16,6 +16,12 @@ consumer).
 Every partition is delivered once: a second attempt of a partition already being read
 (speculation, a retried task) is turned away, and a failed attempt makes the receiver
 raise instead of silently delivering part of a partition twice.
+
+``Receiver(spill=True)`` decouples the two: the receiver reads the tasks at Spark's speed and
+keeps what its consumer has not taken yet in a hybrid partition of its own environment
+(:mod:`creditflow.spark._spool`), spilling to disk what does not fit in its memory, so the job
+finishes and frees its executors while the consumer reads at its own pace; with replay the
+consumer can read the whole DataFrame again (epochs) without Spark computing it again.
 """
 
 from __future__ import annotations
@@ -34,11 +40,12 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame
 
 import creditflow as cf
-from creditflow.metrics import EnvMetrics
+from creditflow.metrics import EnvMetrics, SpillMetrics
 from creditflow.spark import _messages
 from creditflow.spark._driver import prepare
 from creditflow.spark._messages import Closeable
 from creditflow.spark._process import EnvSettings, host_towards, metrics_url_of, task_environment
+from creditflow.spark._spool import Spool
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
 
 #: How long a registration waits for the receiver's answer.
@@ -57,6 +64,14 @@ class _Failed:
 _END = object()
 
 
+class _Settled:
+    """Whether a partition's reader thread kept all of it, once the thread is done."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.failure: str | None = None
+
+
 class Receiver(Closeable):
     """Receives DataFrames that :func:`send` streams out of Spark.
 
@@ -68,12 +83,37 @@ class Receiver(Closeable):
         secret: Shared by the receiver and the tasks (default: a fresh random one; give the
             driver :attr:`secret`).
         max_queued: Batches received but not yet taken by the consumer; beyond that, the
-            channels stop returning credit and the Spark tasks block.
+            channels stop returning credit and the Spark tasks block. Not used with
+            ``spill=True``.
         timeout: Longest :meth:`next`/iteration waits for a batch, in seconds (None: no limit).
+        spill: Let Spark finish first: read the tasks as fast as Spark sends and keep what
+            the consumer has not taken yet in a hybrid partition of this receiver's
+            environment, which holds at most ``memory`` and spills the rest to
+            ``spill_dir``; the job completes and frees its executors while the consumer
+            reads at its own pace. Default False: the tasks wait for the consumer
+            (backpressure).
+        replay: With ``spill=True``, keep the whole stream until :meth:`close` so that it can
+            be read again: every ``iter(rx)`` starts from the first batch, without Spark
+            computing anything again. Default: True when ``epochs > 1``. Without replay,
+            what the consumer read is freed at once, and at ``max_spill`` the tasks wait
+            for the consumer.
+        epochs: With ``spill=True`` and replay, how many times one iteration goes through
+            the whole stream (default 1).
+        spill_dir: With ``spill=True``, where the spill file goes (see
+            :class:`creditflow.NetworkEnvironment`; default ``creditflow-spill`` in the
+            system temp dir).
+        max_spill: With ``spill=True``, the most bytes the spill file may hold (default
+            unbounded). Without replay, the tasks then wait for the consumer; with replay,
+            the receiver cannot keep the stream: it fails with
+            :class:`creditflow.SpillError` naming ``max_spill``, the consumer gets
+            :class:`creditflow.ProducerFailedError` and :func:`send` raises with that
+            message.
 
     Iterate it (or call :meth:`next`) to get ``pyarrow.RecordBatch`` objects, in the order
     they arrive (partitions interleave); iteration ends once the job that registered with
-    it delivered every partition.
+    it delivered every partition. Raises :class:`ValueError` for ``replay``, ``epochs``,
+    ``spill_dir`` or ``max_spill`` without ``spill=True``, and for ``epochs > 1`` with
+    ``replay=False``.
     """
 
     def __init__(
@@ -85,9 +125,15 @@ class Receiver(Closeable):
         secret: str | None = None,
         max_queued: int = 8,
         timeout: float | None = None,
+        spill: bool = False,
+        replay: bool | None = None,
+        epochs: int = 1,
+        spill_dir: str | None = None,
+        max_spill: int | str | None = None,
     ) -> None:
         if max_queued < 1:
             raise ValueError(f"max_queued must be at least 1, got {max_queued}")
+        replay = _check_spill(spill, replay, epochs, spill_dir, max_spill)
         host = bind.strip("[]")
         if bind.count(":") == 1:  # "host:port" (an IPv6 address has more colons)
             raise ValueError(
@@ -100,7 +146,12 @@ class Receiver(Closeable):
             segment_size=segment_size,
             bind=f"[{host}]:0" if ":" in host else f"{host}:0",
             secret=self.secret,
+            spill_dir=spill_dir,  # both None (the defaults) without spill
+            max_spill=max_spill,
         )
+        self._epochs = epochs
+        # With spill, batches go to the spool; the queue only ever holds the end or a failure.
+        self._spool = Spool(self._env, replay=replay) if spill else None
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queued)
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -108,6 +159,7 @@ class Receiver(Closeable):
         self._num_partitions: int | None = None
         self._accepted: dict[int, str] = {}
         self._ended: set[int] = set()
+        self._settled: dict[int, _Settled] = {}
         self._readers: list[threading.Thread] = []
         self._done = False
         self._inbox = _messages.Inbox(
@@ -129,8 +181,10 @@ class Receiver(Closeable):
                     self._job = msg.get("job")
                 mine = msg.get("job") == self._job
             if mine:
-                self._put(_Failed(cf.ProducerFailedError(f"the Spark job failed: {msg.get('error')}")))
+                self._fail(cf.ProducerFailedError(f"the Spark job failed: {msg.get('error')}"))
             return None
+        if kind == "delivered" and msg.get("job") == self._job:
+            return self._delivered(int(msg["partition"]))
         with self._lock:
             if kind == "job":
                 if self._job is not None and self._job != msg["job"]:
@@ -152,9 +206,11 @@ class Receiver(Closeable):
                 )
                 self._readers.append(thread)
                 thread.start()
-                return {"accept": True}
+                # A spilling receiver's channel ends before the consumer has the data: the
+                # task then asks whether its partition was kept (see _stream_partition).
+                return {"accept": True, "confirm": self._spool is not None}
         if end:
-            self._put(_END)
+            self._end()
         return {"accept": True}
 
     def _put(self, item: object) -> bool:
@@ -167,26 +223,73 @@ class Receiver(Closeable):
                 continue
         return False
 
-    def _read(self, index: int, spec: cf.ChannelSpec) -> None:
-        try:
-            with self._env.create_input_gate([spec]) as gate:
-                while not self._closed.is_set():
-                    try:
-                        batch = gate.next(timeout=_POLL * 10)
-                    except cf.TimeoutError:
-                        continue
-                    if batch is None:
-                        break
-                    if not self._put(batch):
-                        return
-        except Exception as exc:
-            self._put(_Failed(exc))
-            return
-        with self._lock:
-            self._ended.add(index)
-            end = self._all_ended()
-        if end:
+    def _end(self) -> None:
+        """Every partition arrived: the consumer sees the end after the last batch."""
+        if self._spool is not None:
+            self._spool.end()
+        else:
             self._put(_END)
+
+    def _fail(self, error: BaseException) -> None:
+        """The job or a partition failed: the consumer raises after the batches before."""
+        if self._spool is not None:
+            # A no-op once the spool failed by itself (SpillError) or ended.
+            self._spool.fail(f"{type(error).__name__}: {error}")
+        else:
+            self._put(_Failed(error))
+
+    def _deliver(self, batch: pa.RecordBatch) -> bool:
+        """Hands ``batch`` to the consumer's side; False if the receiver closed."""
+        if self._spool is None:
+            return self._put(batch)
+        self._spool.put(batch)  # waits only without replay at max_spill
+        return True
+
+    def _read(self, index: int, spec: cf.ChannelSpec) -> None:
+        failure: str | None = "the receiver closed"
+        try:
+            try:
+                with self._env.create_input_gate([spec]) as gate:
+                    while not self._closed.is_set():
+                        try:
+                            batch = gate.next(timeout=_POLL * 10)
+                        except cf.TimeoutError:
+                            continue
+                        if batch is None:
+                            break
+                        if not self._deliver(batch):
+                            return
+            except Exception as exc:
+                if not self._closed.is_set():
+                    self._fail(exc)
+                cause = self._spool.failure if self._spool is not None else None
+                failure = cause or f"{type(exc).__name__}: {exc}"
+                return
+            if not self._closed.is_set():
+                failure = None
+            with self._lock:
+                self._ended.add(index)
+                end = self._all_ended()
+            if end:
+                self._end()
+        finally:
+            self._settle(index, failure)
+
+    def _settle(self, index: int, failure: str | None) -> None:
+        """Records that partition ``index`` was kept whole (``failure`` None) or why not."""
+        with self._lock:
+            settled = self._settled.setdefault(index, _Settled())
+        settled.failure = failure
+        settled.event.set()
+
+    def _delivered(self, index: int) -> _messages.Message:
+        """The answer to a spilling task that asks whether its partition was kept whole
+        (its reader thread is done with it by then, or soon)."""
+        with self._lock:
+            settled = self._settled.setdefault(index, _Settled())
+        if not settled.event.wait(REGISTER_TIMEOUT):
+            return {"ok": False, "reason": f"partition {index} is still being received"}
+        return {"ok": settled.failure is None, "reason": settled.failure}
 
     def _all_ended(self) -> bool:
         """Whether every partition of the job ended, the first time it is true (the caller
@@ -199,8 +302,13 @@ class Receiver(Closeable):
     def next(self, timeout: float | None = None) -> pa.RecordBatch | None:
         """The next batch; None once every partition of the job arrived. Raises
         :class:`creditflow.TimeoutError` after ``timeout`` seconds (default: the receiver's),
-        and the task's error if a partition failed."""
+        and the task's error if a partition failed (with ``spill=True``: a
+        :class:`creditflow.ProducerFailedError` naming it). With replay, :meth:`next`
+        continues the current pass (the first one if none started) and returns None at its
+        end; ``iter(rx)`` starts new ones."""
         limit = self._timeout if timeout is None else timeout
+        if self._spool is not None:
+            return self._spool.next(limit)
         try:
             item = self._queue.get(timeout=limit)
         except queue.Empty:
@@ -215,22 +323,67 @@ class Receiver(Closeable):
         return item
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        while (batch := self.next()) is not None:
-            yield batch
+        """The batches until the end; with replay, the whole stream from its first batch,
+        ``epochs`` times over (each ``iter(rx)`` starts again)."""
+        passes = self._epochs if self._spool is not None and self._spool.replay else 1
+        for _ in range(passes):
+            if self._spool is not None and self._spool.replay:
+                self._spool.restart()
+            while (batch := self.next()) is not None:
+                yield batch
 
     def metrics(self) -> EnvMetrics:
-        """The receiver's environment metrics (see :meth:`creditflow.NetworkEnvironment.metrics`)."""
+        """The receiver's environment metrics (see :meth:`creditflow.NetworkEnvironment.metrics`).
+        With ``spill=True`` its partitions include the receiver's store while it holds data
+        (see also :meth:`spill_metrics`)."""
         return self._env.metrics()
 
+    def spill_metrics(self) -> SpillMetrics | None:
+        """With ``spill=True``, the store's metrics (``creditflow.metrics.SpillMetrics``: bytes
+        stored, spilled and read back, what it holds in memory and on disk now); None
+        without."""
+        return self._spool.metrics() if self._spool is not None else None
+
     def close(self) -> None:
-        """Stops receiving; open channels are cancelled. Idempotent."""
+        """Stops receiving; open channels are cancelled; with ``spill=True`` the stored stream
+        and its spill file are removed. Idempotent."""
         if self._closed.is_set():
             return
         self._closed.set()
         self._inbox.close()
+        if self._spool is not None:
+            self._spool.release()  # wakes a reader thread waiting for room
         for t in list(self._readers):
             t.join()
         self._env.close()
+
+
+def _check_spill(
+    spill: bool, replay: bool | None, epochs: int, spill_dir: str | None, max_spill: int | str | None
+) -> bool:
+    """Checks the spilling arguments of :class:`Receiver`; returns whether to replay."""
+    if epochs < 1:
+        raise ValueError(f"epochs must be at least 1, got {epochs}")
+    if not spill:
+        given = [
+            name
+            for name, value in (
+                ("replay", replay),
+                ("epochs", epochs if epochs != 1 else None),
+                ("spill_dir", spill_dir),
+                ("max_spill", max_spill),
+            )
+            if value is not None
+        ]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} need{'s' if len(given) == 1 else ''} spill=True: without it the "
+                "receiver keeps nothing (the consumer reads straight from the Spark tasks)"
+            )
+        return False
+    if epochs > 1 and replay is False:
+        raise ValueError(f"epochs={epochs} needs replay: without it the stream is read once")
+    return epochs > 1 if replay is None else replay
 
 
 @dataclass(frozen=True)
@@ -357,11 +510,29 @@ def _stream_partition(
                     stats["rows"] += batch.num_rows
                     stats["bytes"] += batch.nbytes
             part.wait_consumed(timeout=plan.timeout)
+            if answer.get("confirm"):
+                _confirm(plan, index)
     finally:
         reporter.stop()
         part.release()
     stats["seconds"] = time.perf_counter() - start
     return stats
+
+
+def _confirm(plan: _SendPlan, index: int) -> None:
+    """Asks a spilling receiver whether it kept partition ``index`` whole; raises if not.
+    Its reader may have stopped reading (a full spill directory, ``max_spill``) and cancelled
+    the channel, which drops the rest of what the task wrote without an error here."""
+    answer = _messages.send(
+        plan.address,
+        plan.env.secret,
+        {"kind": "delivered", "job": plan.job, "partition": index},
+        reply=True,
+        timeout=REGISTER_TIMEOUT * 2,
+    )
+    if not answer.get("ok"):
+        reason = answer.get("reason")
+        raise RuntimeError(f"the receiver at {plan.address} did not keep partition {index}: {reason}")
 
 
 def _levels(part: cf.ResultPartition) -> dict[str, Any]:

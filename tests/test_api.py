@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -683,10 +684,20 @@ def _sigint_after(delay: float) -> threading.Timer:
     return t
 
 
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """Python's own SIGINT handler, whatever this process inherited: a shell starts background
+    jobs with SIGINT ignored, and Python then installs no handler (Ctrl-C would do nothing)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old if old is not None else signal.SIG_DFL)
+
+
 @pytest.mark.skipif(
     threading.current_thread() is not threading.main_thread(), reason="signals need the main thread"
 )
 @HANDOFF
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_ctrl_c_interrupts_a_write_blocked_on_a_full_pool(local_handoff: bool) -> None:
     with cf.NetworkEnvironment(memory="1MiB", local_handoff=local_handoff) as env:
         part = env.create_partition("p")
@@ -714,6 +725,7 @@ def test_ctrl_c_interrupts_a_write_blocked_on_a_full_pool(local_handoff: bool) -
 @pytest.mark.skipif(
     threading.current_thread() is not threading.main_thread(), reason="signals need the main thread"
 )
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_ctrl_c_interrupts_a_blocked_next() -> None:
     with cf.NetworkEnvironment(memory="1MiB") as env:
         part = env.create_partition("p")

@@ -45,8 +45,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from netns import Hosts, Unavailable, Wire, namespaces, wire
 import pyarrow as pa
+
+from netns import Hosts, Unavailable, Wire, namespaces, wire
 from remote_worker import Worker, make_batch, seq_partition
 
 ROWS = 4096

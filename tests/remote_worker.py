@@ -19,8 +19,9 @@ Roles:
               closes the environment and exits.
 ``consumer``  one NetworkEnvironment with the gates in ``gates`` (each a list of
               ``[address, partition, subpartition]``), one reader thread each, checking
-              ``data="seq"`` (or ``"lineitem"``) batches with a :class:`Tracker`. ``pause_after``: a reader stops
-              reading for good after that many batches (and prints ``{"paused": gate}``);
+              ``data="seq"`` (or ``"lineitem"``) batches with a :class:`Tracker`.
+              ``pause_after``: a reader stops reading for good after that many batches (and
+              prints ``{"paused": gate}``);
               ``random_stalls``: ``{"seed", "every", "longest"}`` seconds. Commands:
               ``{"cmd": "stall", "gate": g, "seconds": s}`` (gate g stops reading after its
               next batch), ``{"cmd": "report"}``. Prints ``{"done": [per-gate stats]}`` at
@@ -135,21 +136,22 @@ def seq_batch(producer: int, i: int, num_channels: int, rows: int) -> pa.RecordB
     )
 
 
-#: A few hundred words of TPC-H's comment grammar (nouns, verbs, adverbs, prepositions).
-_WORDS = (
-    "furiously carefully slyly quickly blithely ironic final regular express pending bold special "
-    "unusual even silent fluffy busy ruthless packages deposits requests accounts instructions "
-    "theodolites pinto beans foxes ideas dependencies excuses platelets asymptotes courts dolphins "
-    "multipliers sauternes warthogs frets dinos attainments somas Tiresias patterns forges braids "
-    "hockey players frays warhorses dugouts notornis epitaphs pearls tithes waters orbits gifts "
-    "sheaves depths sentiments decoys realms pains grouches escapades haggle sleep wake are cajole "
-    "nag use boost affix detect integrate maintain nod was lose sublate solve thrash promise engage "
-    "hinder print x-ray breach eat grow impress mold poach serve run dazzle snooze doze unwind "
-    "kindle play hang believe doubt about above according to across after against along of among "
-    "around at atop before behind beneath beside between beyond by despite during except for from "
-    "in inside instead into near on outside over past since through toward under until upon without "
-    "with within the"
-).split()
+#: Words of TPC-H's comment grammar (nouns, verbs, adverbs, prepositions).
+_WORD_TEXT = (
+    "furiously carefully slyly quickly blithely ironic final regular express pending bold "
+    "special unusual even silent fluffy busy ruthless packages deposits requests accounts "
+    "instructions theodolites pinto beans foxes ideas dependencies excuses platelets asymptotes "
+    "courts dolphins multipliers sauternes warthogs frets dinos attainments somas Tiresias "
+    "patterns forges braids hockey players frays warhorses dugouts notornis epitaphs pearls "
+    "tithes waters orbits gifts sheaves depths sentiments decoys realms pains grouches "
+    "escapades haggle sleep wake are cajole nag use boost affix detect integrate maintain nod "
+    "was lose sublate solve thrash promise engage hinder print x-ray breach eat grow impress "
+    "mold poach serve run dazzle snooze doze unwind kindle play hang believe doubt about above "
+    "according to across after against along of among around at atop before behind beneath "
+    "beside between beyond by despite during except for from in inside instead into near on "
+    "outside over past since through toward under until upon without with within the"
+)
+_WORDS = _WORD_TEXT.split()
 _SHIP_MODES = ["REG AIR", "AIR", "RAIL", "SHIP", "TRUCK", "MAIL", "FOB"]
 _INSTRUCTIONS = ["DELIVER IN PERSON", "COLLECT COD", "NONE", "TAKE BACK RETURN"]
 #: Distinct lineitem tables :func:`lineitem_batch` cycles through (made once per process).
@@ -158,7 +160,9 @@ LINEITEM_VARIANTS = 8
 
 def _comments(rng: np.random.Generator, rows: int) -> pa.Array:
     """``rows`` comments of 10 to 43 characters: slices of a text of random words."""
-    text = np.frombuffer(" ".join(_WORDS[w] for w in rng.integers(0, len(_WORDS), 8 * rows)).encode(), np.uint8)
+    text = np.frombuffer(
+        " ".join(_WORDS[w] for w in rng.integers(0, len(_WORDS), 8 * rows)).encode(), np.uint8
+    )
     lengths = rng.integers(10, 44, rows)
     starts = rng.integers(0, len(text) - 44, rows)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
@@ -178,7 +182,9 @@ def _lineitem_columns(variant: int, rows: int) -> tuple[dict[str, pa.Array], int
     retail = (90_000 + (partkey // 10) % 20_001 + 100 * (partkey % 1_000)) / 100
     quantity = rng.integers(1, 51, rows).astype(np.float64)
     ship = 8_036 + rng.integers(0, 2_526, rows)  # 1992-01-02 onwards, as days since 1970
-    flags, instructions, modes = (np.array(c, dtype=object) for c in (["R", "A", "N"], _INSTRUCTIONS, _SHIP_MODES))
+    flags, instructions, modes = (
+        np.array(c, dtype=object) for c in (["R", "A", "N"], _INSTRUCTIONS, _SHIP_MODES)
+    )
     columns = {
         "l_orderkey": pa.array((variant * rows + order) * 4 + 1, pa.int64()),
         "l_partkey": pa.array(partkey, pa.int64()),

@@ -74,7 +74,9 @@ def test_round_trip_from_a_producer_process(workers: list[Worker], codec: str) -
         "count": COUNT,
         "rows": ROWS,
     }
-    workers.append(p := Worker("producer", env={"memory": "16MiB", "wire_compression": codec}, partitions=[spec]))
+    workers.append(
+        p := Worker("producer", env={"memory": "16MiB", "wire_compression": codec}, partitions=[spec])
+    )
     addr = p.wait_for("address")["address"]
     with cf.NetworkEnvironment(memory="16MiB") as env:
         got = read_all(env.create_input_gate([cf.ChannelSpec(addr, "p", 0)]))

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use arrow_array::types::Int8Type;
 use arrow_array::{
     ArrayRef, DictionaryArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
 };
-use arrow_array::types::Int8Type;
 use arrow_schema::{DataType, Field, Schema};
 use creditflow_core::base::config::ChannelSpec;
 use creditflow_core::base::wait::Wait;
@@ -41,10 +41,15 @@ fn batch(i: usize) -> RecordBatch {
     let start = (i * ROWS) as i64;
     let modes = ["REG AIR", "AIR", "RAIL", "SHIP", "TRUCK", "MAIL", "FOB"];
     let columns: Vec<(&str, ArrayRef)> = vec![
-        ("key", Arc::new(Int64Array::from_iter_values(start..start + n as i64))),
+        (
+            "key",
+            Arc::new(Int64Array::from_iter_values(start..start + n as i64)),
+        ),
         (
             "qty",
-            Arc::new(Int32Array::from_iter_values((0..n).map(|r| (r * 7 % 50) as i32 + 1))),
+            Arc::new(Int32Array::from_iter_values(
+                (0..n).map(|r| (r * 7 % 50) as i32 + 1),
+            )),
         ),
         (
             "price",
@@ -54,7 +59,9 @@ fn batch(i: usize) -> RecordBatch {
         ),
         (
             "mode",
-            Arc::new(StringArray::from_iter_values((0..n).map(|r| modes[r * 3 % modes.len()]))),
+            Arc::new(StringArray::from_iter_values(
+                (0..n).map(|r| modes[r * 3 % modes.len()]),
+            )),
         ),
         (
             "flag",

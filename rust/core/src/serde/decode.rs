@@ -149,7 +149,11 @@ fn body(message: &Buffer) -> &[u8] {
 /// from a small record. (An LZ4 frame may still decompress past its declared length; arrow's
 /// reader does not stop there, so that output is bounded by LZ4's ratio, at most about 255:1.)
 /// Buffers out of the body's range are left to the decoder, which rejects them.
-fn check_decompressed(batch: Option<arrow_ipc::RecordBatch<'_>>, body: &[u8], max_record: usize) -> Result<()> {
+fn check_decompressed(
+    batch: Option<arrow_ipc::RecordBatch<'_>>,
+    body: &[u8],
+    max_record: usize,
+) -> Result<()> {
     let Some(batch) = batch else { return Ok(()) };
     if batch.compression().is_none() {
         return Ok(());

@@ -313,7 +313,11 @@ fn compressed_records_round_trip_across_arbitrary_chunking() {
             stream.extend(enc.encode(b).unwrap().chunks().flatten());
             plain_len += plain.encode(b).unwrap().len();
         }
-        assert!(stream.len() < plain_len, "{codec:?}: {} >= {plain_len}", stream.len());
+        assert!(
+            stream.len() < plain_len,
+            "{codec:?}: {} >= {plain_len}",
+            stream.len()
+        );
         for chunk in [1usize, 7, 4096, stream.len()] {
             let mut de = RecordDeserializer::new(1 << 20);
             let mut out = VecDeque::new();

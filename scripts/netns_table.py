@@ -103,8 +103,11 @@ def sample(data: str) -> list[pa.RecordBatch]:
 
 
 def bytes_per_row(data: str) -> float:
+    """The Arrow bytes of a row of ``data``, averaged over :func:`sample`."""
     batches = sample(data)
-    return sum(b.nbytes for b in batches) / sum(b.num_rows for b in batches)
+    nbytes: int = sum(b.nbytes for b in batches)
+    rows: int = sum(b.num_rows for b in batches)
+    return nbytes / rows
 
 
 def ipc_ratio(data: str, codec: str) -> float:

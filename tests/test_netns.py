@@ -54,7 +54,8 @@ def env(bind: str = "127.0.0.1:0") -> dict[str, object]:
 
 def payload_mb(count: int, data: str = "seq") -> float:
     """The Arrow size of the first ``count`` batches of ``data`` (before any compression)."""
-    return sum(make_batch(data, i, producer=0, num_channels=1, rows=ROWS).nbytes for i in range(count)) / 1e6
+    nbytes: int = sum(make_batch(data, i, producer=0, num_channels=1, rows=ROWS).nbytes for i in range(count))
+    return nbytes / 1e6
 
 
 @pytest.fixture

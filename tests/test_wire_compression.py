@@ -39,7 +39,12 @@ def send(wire_compression: str | None, *, local_handoff: bool) -> tuple[list[pa.
         part = prod.create_partition("p", 1)
         gate = cons.create_input_gate([cf.ChannelSpec(prod.address, "p", 0)])
         w = cf.RecordWriter(part)
-        writer = threading.Thread(target=lambda: [w.write(b, timeout=STEP_TIMEOUT) for b in want])
+
+        def write() -> None:
+            for b in want:
+                w.write(b, timeout=STEP_TIMEOUT)
+
+        writer = threading.Thread(target=write)
         writer.start()
         got = [gate.next(timeout=STEP_TIMEOUT) for _ in want]
         writer.join(STEP_TIMEOUT)
@@ -47,9 +52,10 @@ def send(wire_compression: str | None, *, local_handoff: bool) -> tuple[list[pa.
         # Every batch arrived, so all of it was sent; read before the end releases the partition.
         remote = prod.metrics()["partitions"]["p"]["subpartitions"][0]["remote"]
         assert remote is not None
+        sent = remote["bytes_sent"]
         w.close()
         assert gate.next(timeout=STEP_TIMEOUT) is None
-    return [b for b in got if b is not None], remote["bytes_sent"]
+    return [b for b in got if b is not None], sent
 
 
 @pytest.mark.parametrize("local_handoff", [True, False], ids=["handoff", "serialized"])

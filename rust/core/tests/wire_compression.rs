@@ -10,7 +10,7 @@ use arrow_array::types::Int8Type;
 use arrow_array::{
     ArrayRef, DictionaryArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
 };
-use arrow_schema::{DataType, Field, Schema};
+use arrow_schema::{Field, Schema};
 use creditflow_core::base::config::ChannelSpec;
 use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};

@@ -94,6 +94,7 @@ struct Metrics {
 
 impl ResultPartition {
     #[cfg(not(loom))] // only the environment, the gates and the network call it: not in loom builds
+    #[allow(clippy::too_many_arguments)] // one per setting the environment hands its partitions
     pub(crate) fn new(
         id: String,
         num_subpartitions: usize,

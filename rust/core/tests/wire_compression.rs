@@ -54,7 +54,7 @@ fn batch(i: usize) -> RecordBatch {
         (
             "price",
             Arc::new(Float64Array::from_iter(
-                (0..n).map(|r| (r % 11 != 3).then(|| (r % 997) as f64 * 1.25)),
+                (0..n).map(|r| (r % 11 != 3).then_some((r % 997) as f64 * 1.25)),
             )),
         ),
         (

@@ -5,9 +5,15 @@ One producer in network namespace a, one consumer in namespace b, one channel of
 batches (about 4,096 rows, 32 bytes a row: the data of ``tests/test_netns.py``), the producer
 writing as fast as it can for ``--seconds``; then it stops and the consumer reads to the end.
 Every run checks that every batch arrived exactly once, in order, uncorrupted. Throughput is
-payload bytes over the time from the first to the last batch received. Impairments:
+payload bytes (the batches' Arrow size, before any compression) over the time from the first
+to the last batch received. Impairments:
 
 - the veth unimpaired, and under a ``tc tbf`` 100 Mbit/s cap on both ends;
+- both again with ``lineitem`` batches (4,096 rows of TPC-H's lineitem columns, about 160 bytes
+  a row, ``tests/remote_worker.py``), uncompressed and with the producer's
+  ``wire_compression`` ``"lz4"`` and ``"zstd"`` (``seq`` batches are nearly all constant
+  columns and compress far better than real tables; the script prints the IPC size ratio of
+  both kinds);
 - the userspace wire (``tests/wire.py``; this kernel has no ``sch_netem``) unimpaired (the
   relay's own ceiling), with 20 ms delay, with 1% loss, and with both, each way;
 - 20 ms delay again with more credit: a gate can have at most its credit (exclusive plus
@@ -39,8 +45,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import pyarrow as pa
+
 from netns import Hosts, Unavailable, Wire, namespaces, wire
-from remote_worker import Worker, seq_batch, seq_partition
+from remote_worker import Worker, make_batch, seq_partition
 
 ROWS = 4096
 SECRET = "netns-table"
@@ -55,6 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--cut-after", type=float, default=2.0, help="seconds into a run the cut starts (default 2)"
     )
+    p.add_argument("--only", default="", help="run only the rows whose name contains this")
     return p.parse_args(argv)
 
 
@@ -68,6 +77,8 @@ class Row:
     cut: bool = False
     peer_timeout: float = 30.0
     consumer: dict[str, object] = field(default_factory=dict)  # extra consumer settings
+    producer: dict[str, object] = field(default_factory=dict)  # extra producer settings
+    data: str = "seq"
     rates: list[float] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
     failed_after: list[float] = field(default_factory=list)
@@ -86,7 +97,34 @@ def wire_counts(w: Wire) -> tuple[int, int]:
     return sum(d["received"] for d in s), sum(d["dropped"] + d["overflow"] for d in s)
 
 
-BYTES_PER_ROW = seq_batch(0, 0, 1, ROWS).nbytes / seq_batch(0, 0, 1, ROWS).num_rows
+def sample(data: str) -> list[pa.RecordBatch]:
+    """The first batches of ``data`` a producer writes."""
+    return [make_batch(data, i, producer=0, num_channels=1, rows=ROWS) for i in range(16)]
+
+
+def bytes_per_row(data: str) -> float:
+    """The Arrow bytes of a row of ``data``, averaged over :func:`sample`."""
+    batches = sample(data)
+    nbytes: int = sum(b.nbytes for b in batches)
+    rows: int = sum(b.num_rows for b in batches)
+    return nbytes / rows
+
+
+def ipc_ratio(data: str, codec: str) -> float:
+    """Uncompressed over compressed Arrow IPC stream size of :func:`sample` (pyarrow with the
+    codecs arrow-rs uses: LZ4 frame, ZSTD level 3)."""
+
+    def size(compression: pa.Codec | None) -> int:
+        sink = pa.BufferOutputStream()
+        batches = sample(data)
+        options = pa.ipc.IpcWriteOptions(compression=compression)
+        with pa.ipc.new_stream(sink, batches[0].schema, options=options) as w:
+            for b in batches:
+                w.write_batch(b)
+        return int(sink.getvalue().size)
+
+    level = 3 if codec == "zstd" else None
+    return size(None) / size(pa.Codec(codec, compression_level=level))
 
 
 def run(h: Hosts, w: Wire, row: Row, args: argparse.Namespace) -> None:
@@ -94,12 +132,13 @@ def run(h: Hosts, w: Wire, row: Row, args: argparse.Namespace) -> None:
     row.setup()
     before = wire_counts(w)
     via = w.addr_a if row.link == "wire" else h.addr_a
-    part = [seq_partition(None, ROWS)]
-    with Worker("producer", netns=h.a, env=env(f"{via}:0", row.peer_timeout), partitions=part) as p:
+    part = [seq_partition(None, ROWS, data=row.data)]
+    p_env = env(f"{via}:0", row.peer_timeout, **row.producer)
+    with Worker("producer", netns=h.a, env=p_env, partitions=part) as p:
         addr = p.wait_for("address")["address"]
         gates = [[[addr, "p", 0]]]
         c_env = env("127.0.0.1:0", row.peer_timeout, **row.consumer)
-        with Worker("consumer", netns=h.b, env=c_env, gates=gates, data="seq", times=True) as c:
+        with Worker("consumer", netns=h.b, env=c_env, gates=gates, data=row.data, times=True) as c:
             c.wait_for("address")
             end = time.monotonic() + args.seconds
             if row.cut:
@@ -124,7 +163,7 @@ def run(h: Hosts, w: Wire, row: Row, args: argparse.Namespace) -> None:
     if got != ({"0/0": sent}, 0, 0, 0):
         raise AssertionError(f"{row.name}: sent {sent}, got (unique, dup, out of order, corrupt) {got}")
     times = done["times"]
-    row.rates.append(done["rows"] * BYTES_PER_ROW / (times[-1] - times[0]) / 1e6)
+    row.rates.append(done["rows"] * bytes_per_row(row.data) / (times[-1] - times[0]) / 1e6)
     row.gaps.append(max(b - a for a, b in zip(times, times[1:], strict=False)))
     row.batches.append(sent)
     if row.link == "wire":
@@ -174,12 +213,21 @@ def main(argv: list[str]) -> int:
 
                 return apply
 
+            cap = veth("tbf", "rate", "100mbit", "burst", "64kb", "latency", "50ms")
             rows = [
                 Row("unimpaired", "veth", veth()),
-                Row(
-                    "100 Mbit/s cap (`tc tbf`)",
-                    "veth",
-                    veth("tbf", "rate", "100mbit", "burst", "64kb", "latency", "50ms"),
+                Row("100 Mbit/s cap (`tc tbf`)", "veth", cap),
+                *(
+                    Row(
+                        f"{name}, lineitem"
+                        + (f', `wire_compression="{codec}"`' if codec else ", uncompressed"),
+                        "veth",
+                        setup,
+                        data="lineitem",
+                        producer={"wire_compression": codec} if codec else {},
+                    )
+                    for name, setup in (("unimpaired", veth()), ("100 Mbit/s cap (`tc tbf`)", cap))
+                    for codec in (None, "lz4", "zstd")
                 ),
                 Row("unimpaired (the relay's ceiling)", "wire", impaired(0.0, 0.0)),
                 Row("20 ms delay each way", "wire", impaired(0.020, 0.0)),
@@ -200,6 +248,7 @@ def main(argv: list[str]) -> int:
                     peer_timeout=SHORT_TIMEOUT,
                 ),
             ]
+            rows = [r for r in rows if args.only in r.name]
             for i in range(args.repeat):
                 for row in rows:
                     run(h, w, row, args)
@@ -227,6 +276,9 @@ def main(argv: list[str]) -> int:
             rate, gap = spread(row.rates, "MB/s"), spread(row.gaps, "s", 2)
             print(f"| {row.name} | {row.link} | {rate} | {gap} | {result} |")
     print(f"\nwire packets over all runs: {packets}")
+    for data in ("seq", "lineitem"):
+        ratios = ", ".join(f"{c} {ipc_ratio(data, c):.2f}x" for c in ("lz4", "zstd"))
+        print(f"IPC size ratio of {data} batches ({bytes_per_row(data):.0f} bytes a row): {ratios}")
     return 0
 
 

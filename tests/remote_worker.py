@@ -19,8 +19,9 @@ Roles:
               closes the environment and exits.
 ``consumer``  one NetworkEnvironment with the gates in ``gates`` (each a list of
               ``[address, partition, subpartition]``), one reader thread each, checking
-              ``data="seq"`` batches with a :class:`Tracker`. ``pause_after``: a reader stops
-              reading for good after that many batches (and prints ``{"paused": gate}``);
+              ``data="seq"`` (or ``"lineitem"``) batches with a :class:`Tracker`.
+              ``pause_after``: a reader stops reading for good after that many batches (and
+              prints ``{"paused": gate}``);
               ``random_stalls``: ``{"seed", "every", "longest"}`` seconds. Commands:
               ``{"cmd": "stall", "gate": g, "seconds": s}`` (gate g stops reading after its
               next batch), ``{"cmd": "report"}``. Prints ``{"done": [per-gate stats]}`` at
@@ -35,11 +36,17 @@ Data kinds (made the same way in every process, from the batch number ``i``):
 ``seq``    :func:`seq_batch`: ``producer``, ``channel``, ``seq``, a payload and a
            ``checksum`` over it. Written round robin, so batch ``i`` of a partition with ``n``
            subpartitions goes to channel ``i % n`` as its ``seq = i // n``.
+``lineitem``  :func:`lineitem_batch`: the columns of TPC-H's ``lineitem`` table (keys, prices,
+           dates, flags, ship modes, comment text; float64 for its decimals), plus ``seq``'s
+           ``producer``, ``channel``, ``seq`` and ``checksum`` (over ``l_partkey``), so a
+           :class:`Tracker` checks it the same way. Compressible as real tables are, unlike
+           ``seq``, whose columns are constant but for 20 random bits in each 64-bit payload.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -129,11 +136,104 @@ def seq_batch(producer: int, i: int, num_channels: int, rows: int) -> pa.RecordB
     )
 
 
+#: Words of TPC-H's comment grammar (nouns, verbs, adverbs, prepositions).
+_WORD_TEXT = (
+    "furiously carefully slyly quickly blithely ironic final regular express pending bold "
+    "special unusual even silent fluffy busy ruthless packages deposits requests accounts "
+    "instructions theodolites pinto beans foxes ideas dependencies excuses platelets asymptotes "
+    "courts dolphins multipliers sauternes warthogs frets dinos attainments somas Tiresias "
+    "patterns forges braids hockey players frays warhorses dugouts notornis epitaphs pearls "
+    "tithes waters orbits gifts sheaves depths sentiments decoys realms pains grouches "
+    "escapades haggle sleep wake are cajole nag use boost affix detect integrate maintain nod "
+    "was lose sublate solve thrash promise engage hinder print x-ray breach eat grow impress "
+    "mold poach serve run dazzle snooze doze unwind kindle play hang believe doubt about above "
+    "according to across after against along of among around at atop before behind beneath "
+    "beside between beyond by despite during except for from in inside instead into near on "
+    "outside over past since through toward under until upon without with within the"
+)
+_WORDS = _WORD_TEXT.split()
+_SHIP_MODES = ["REG AIR", "AIR", "RAIL", "SHIP", "TRUCK", "MAIL", "FOB"]
+_INSTRUCTIONS = ["DELIVER IN PERSON", "COLLECT COD", "NONE", "TAKE BACK RETURN"]
+#: Distinct lineitem tables :func:`lineitem_batch` cycles through (made once per process).
+LINEITEM_VARIANTS = 8
+
+
+def _comments(rng: np.random.Generator, rows: int) -> pa.Array:
+    """``rows`` comments of 10 to 43 characters: slices of a text of random words."""
+    text = np.frombuffer(
+        " ".join(_WORDS[w] for w in rng.integers(0, len(_WORDS), 8 * rows)).encode(), np.uint8
+    )
+    lengths = rng.integers(10, 44, rows)
+    starts = rng.integers(0, len(text) - 44, rows)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
+    data = text[np.repeat(starts, lengths) + within]
+    return pa.StringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(data.tobytes()))
+
+
+@functools.lru_cache(maxsize=2 * LINEITEM_VARIANTS)
+def _lineitem_columns(variant: int, rows: int) -> tuple[dict[str, pa.Array], int]:
+    """TPC-H-like ``lineitem`` columns of ``rows`` rows, and the checksum of ``l_partkey``."""
+    rng = np.random.default_rng([SEED, 71, variant])
+    per_order = rng.integers(1, 8, rows)
+    order = np.repeat(np.arange(rows), per_order)[:rows]
+    line = np.concatenate([np.arange(1, k + 1) for k in per_order])[:rows]
+    partkey = rng.integers(1, 200_001, rows)
+    retail = (90_000 + (partkey // 10) % 20_001 + 100 * (partkey % 1_000)) / 100
+    quantity = rng.integers(1, 51, rows).astype(np.float64)
+    ship = 8_036 + rng.integers(0, 2_526, rows)  # 1992-01-02 onwards, as days since 1970
+    flags, instructions, modes = (
+        np.array(c, dtype=object) for c in (["R", "A", "N"], _INSTRUCTIONS, _SHIP_MODES)
+    )
+    columns = {
+        "l_orderkey": pa.array((variant * rows + order) * 4 + 1, pa.int64()),
+        "l_partkey": pa.array(partkey, pa.int64()),
+        "l_suppkey": pa.array(rng.integers(1, 10_001, rows), pa.int64()),
+        "l_linenumber": pa.array(line, pa.int32()),
+        "l_quantity": pa.array(quantity),
+        "l_extendedprice": pa.array(np.round(quantity * retail, 2)),
+        "l_discount": pa.array(rng.integers(0, 11, rows) / 100),
+        "l_tax": pa.array(rng.integers(0, 9, rows) / 100),
+        "l_returnflag": pa.array(flags[rng.integers(0, 3, rows)].tolist(), pa.string()),
+        "l_linestatus": pa.array(np.where(ship > 9_298, "O", "F").tolist(), pa.string()),
+        "l_shipdate": pa.array(ship.astype(np.int32), pa.date32()),
+        "l_commitdate": pa.array((ship + rng.integers(-60, 61, rows)).astype(np.int32), pa.date32()),
+        "l_receiptdate": pa.array((ship + rng.integers(1, 31, rows)).astype(np.int32), pa.date32()),
+        "l_shipinstruct": pa.array(instructions[rng.integers(0, 4, rows)].tolist(), pa.string()),
+        "l_shipmode": pa.array(modes[rng.integers(0, 7, rows)].tolist(), pa.string()),
+        "l_comment": _comments(rng, rows),
+    }
+    return columns, _checksum(partkey)
+
+
+def lineitem_batch(producer: int, i: int, num_channels: int, rows: int) -> pa.RecordBatch:
+    """Batch ``i`` of producer ``producer``'s ``lineitem`` data: one of
+    :data:`LINEITEM_VARIANTS` tables with ``seq``'s bookkeeping columns in front."""
+    channel, seq = i % num_channels, i // num_channels
+    columns, checksum = _lineitem_columns(i % LINEITEM_VARIANTS, rows)
+    n = rows
+    return pa.record_batch(
+        {
+            "producer": pa.array(np.full(n, producer, np.int32)),
+            "channel": pa.array(np.full(n, channel, np.int32)),
+            "seq": pa.array(np.full(n, seq, np.int64)),
+            "checksum": pa.array(np.full(n, checksum, np.int64)),
+            **columns,
+        }
+    )
+
+
+#: The data kinds a :class:`Tracker` checks.
+TRACKED = ("seq", "lineitem")
+
+
 def make_batch(data: str, i: int, *, producer: int, num_channels: int, rows: int) -> pa.RecordBatch:
     if data == "types":
         return type_batch(i, rows)
     if data == "seq":
         return seq_batch(producer, i, num_channels, rows)
+    if data == "lineitem":
+        return lineitem_batch(producer, i, num_channels, rows)
     raise ValueError(f"unknown data {data!r}")
 
 
@@ -156,7 +256,8 @@ class Tracker:
         seq = b.column("seq")[0].as_py()
         self.batches += 1
         self.rows += b.num_rows
-        if b.column("checksum")[0].as_py() != _checksum(b.column("payload").to_numpy()):
+        checked = b.column("payload" if "payload" in b.schema.names else "l_partkey")
+        if b.column("checksum")[0].as_py() != _checksum(checked.to_numpy()):
             self.corrupted += 1
         high = self.high.get(key, -1)
         missing = self.missing.setdefault(key, set())
@@ -194,14 +295,14 @@ def partitioner(name: str) -> cf.ForwardPartitioner | cf.RoundRobinPartitioner |
     raise ValueError(f"unknown partitioner {name!r}")
 
 
-def seq_partition(count: int | None, rows: int, partition_id: str = "p") -> Config:
-    """A producer's partition spec: one subpartition of ``seq`` data, ``count`` batches
-    (``None``: until "stop") of about ``rows`` rows."""
+def seq_partition(count: int | None, rows: int, partition_id: str = "p", data: str = "seq") -> Config:
+    """A producer's partition spec: one subpartition of ``seq`` data (or another kind
+    :class:`Tracker` checks), ``count`` batches (``None``: until "stop") of about ``rows`` rows."""
     return {
         "id": partition_id,
         "subpartitions": 1,
         "partitioner": "forward",
-        "data": "seq",
+        "data": data,
         "count": count,
         "rows": rows,
     }
@@ -349,7 +450,7 @@ def consumer(cfg: Config) -> None:
                 while (b := gates[g].next(timeout=TIMEOUT)) is not None:
                     if cfg.get("times"):
                         times[g].append(time.monotonic())
-                    if cfg.get("data") == "seq":
+                    if cfg.get("data") in TRACKED:
                         trackers[g].add(b)
                     else:
                         trackers[g].batches += 1

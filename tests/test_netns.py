@@ -1,7 +1,8 @@
 """Impaired networks (issue 6): producer and consumer run as separate hosts, in two network
 namespaces joined by a veth pair, each with its own address (worker processes started with
 ``ip netns exec``). Checked: every batch arrives exactly once and in order unimpaired, under a
-bandwidth cap (tc tbf) and under 20 ms delay with 1% loss each way; and a link cut longer
+bandwidth cap (tc tbf), also with the producer's ``wire_compression`` (``"lz4"``, ``"zstd"``;
+TPC-H-like ``lineitem`` batches), and under 20 ms delay with 1% loss each way; and a link cut longer
 than ``peer_timeout`` fails the affected gate with ``ConnectionLostError`` (no hang, no silent
 loss) while a connection not over that link keeps flowing. Each exchange prints its
 throughput (``-s`` shows it).
@@ -26,7 +27,7 @@ from collections.abc import Iterator
 import pytest
 
 from netns import Hosts, Unavailable, Wire, namespaces, wire
-from remote_worker import Worker, seq_batch, seq_partition
+from remote_worker import Worker, make_batch, seq_partition
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -51,8 +52,10 @@ def env(bind: str = "127.0.0.1:0") -> dict[str, object]:
     return {"memory": "4MiB", "bind": bind, "secret": SECRET, "peer_timeout": PEER_TIMEOUT}
 
 
-def payload_mb(count: int) -> float:
-    return sum(seq_batch(0, i, 1, ROWS).nbytes for i in range(count)) / 1e6
+def payload_mb(count: int, data: str = "seq") -> float:
+    """The Arrow size of the first ``count`` batches of ``data`` (before any compression)."""
+    nbytes: int = sum(make_batch(data, i, producer=0, num_channels=1, rows=ROWS).nbytes for i in range(count))
+    return nbytes / 1e6
 
 
 @pytest.fixture
@@ -64,18 +67,27 @@ def impaired_wire(hosts: Hosts) -> Iterator[Wire]:
         pytest.skip(str(exc))
 
 
-def exchange(h: Hosts, workers: list[Worker], count: int, name: str, via: str | None = None) -> None:
-    """``count`` batches from a producer in namespace a (bound to ``via``, by default its veth
-    address) to a consumer in namespace b: every batch exactly once and in order; prints the
-    throughput."""
+def exchange(
+    h: Hosts,
+    workers: list[Worker],
+    count: int,
+    name: str,
+    via: str | None = None,
+    data: str = "seq",
+    **producer: object,
+) -> None:
+    """``count`` batches of ``data`` from a producer in namespace a (bound to ``via``, by
+    default its veth address; ``producer``: more of its settings) to a consumer in namespace b:
+    every batch exactly once and in order; prints the throughput."""
     via = via or h.addr_a
+    p_env = {**env(f"{via}:0"), **producer}
     workers.append(
-        p := Worker("producer", netns=h.a, env=env(f"{via}:0"), partitions=[seq_partition(count, ROWS)])
+        p := Worker("producer", netns=h.a, env=p_env, partitions=[seq_partition(count, ROWS, data=data)])
     )
     addr = p.wait_for("address")["address"]
     assert addr.startswith(f"{via}:")
     workers.append(
-        c := Worker("consumer", netns=h.b, env=env(), gates=[[[addr, "p", 0]]], data="seq", times=True)
+        c := Worker("consumer", netns=h.b, env=env(), gates=[[[addr, "p", 0]]], data=data, times=True)
     )
     done = c.wait_for("done", timeout=300)["done"][0]
     assert (done["unique"], done["duplicated"], done["out_of_order"], done["corrupted"]) == (
@@ -86,7 +98,7 @@ def exchange(h: Hosts, workers: list[Worker], count: int, name: str, via: str | 
     )
     assert p.wait_for("finished")["batches"] == count
     seconds = done["times"][-1] - done["times"][0]
-    rate = payload_mb(count) / seconds
+    rate = payload_mb(count, data) / seconds
     print(f"\nnetns throughput, {name}: {rate:.1f} MB/s ({count} batches, {seconds:.2f} s)")
 
 
@@ -94,11 +106,25 @@ def test_unimpaired_link_delivers_everything_in_order(hosts: Hosts, workers: lis
     exchange(hosts, workers, 300, "unimpaired veth")
 
 
-def test_bandwidth_cap_delivers_everything_in_order(hosts: Hosts, workers: list[Worker]) -> None:
+def cap_bandwidth(hosts: Hosts) -> None:
+    """100 Mbit/s on both ends of the veth (``tc tbf``)."""
     for ns, dev in ((hosts.a, hosts.dev_a), (hosts.b, hosts.dev_b)):
         r = hosts.tc(ns, dev, "tbf", "rate", "100mbit", "burst", "64kb", "latency", "50ms")
         assert r.returncode == 0, r.stderr
+
+
+def test_bandwidth_cap_delivers_everything_in_order(hosts: Hosts, workers: list[Worker]) -> None:
+    cap_bandwidth(hosts)
     exchange(hosts, workers, 100, "100 Mbit/s tbf cap")
+
+
+@pytest.mark.parametrize("codec", [None, "lz4", "zstd"])
+def test_bandwidth_cap_with_wire_compression_delivers_everything_in_order(
+    hosts: Hosts, workers: list[Worker], codec: str | None
+) -> None:
+    cap_bandwidth(hosts)
+    name = f"100 Mbit/s tbf cap, lineitem, wire_compression={codec}"
+    exchange(hosts, workers, 40, name, data="lineitem", wire_compression=codec)
 
 
 CONNECT = """

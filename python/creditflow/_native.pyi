@@ -124,6 +124,9 @@ class NetworkEnvironment:
     - ``max_spill=None`` (bytes): bytes the environment's spill files may hold together; ``None`` = unbounded.
       At the cap a hybrid partition without replay backpressures, other spillable partitions fail with
       ``SpillError``
+    - ``wire_compression=None`` (choice): Arrow IPC body compression (``"lz4"`` or ``"zstd"``) of the batches
+      this environment serializes for readers (remote, or local with ``local_handoff=False``): pays on slow
+      links, costs CPU on fast ones; ``None`` = uncompressed
     """
 
     def __new__(
@@ -154,6 +157,7 @@ class NetworkEnvironment:
         debloat_min_buffer: int = 256,
         spill_dir: str | None = None,
         max_spill: int | str | None = None,
+        wire_compression: str | None = None,
     ) -> Self: ...
     @property
     def address(self) -> str:

@@ -77,7 +77,8 @@ impl NetworkEnvironment {
         local_handoff = true, request_backoff_initial = 0.1, request_backoff_max = 10.0, advertise = None,
         handshake_timeout = 10.0, max_connections = 512, max_channels_per_connection = 16384,
         max_outstanding_requests = 4096, tls = None, peer_timeout = 30.0, overdraft_buffers = 5,
-        debloat = false, debloat_target = 1.0, debloat_min_buffer = 256, spill_dir = None, max_spill = None
+        debloat = false, debloat_target = 1.0, debloat_min_buffer = 256, spill_dir = None, max_spill = None,
+        wire_compression = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -106,6 +107,7 @@ impl NetworkEnvironment {
         debloat_min_buffer: i64,
         spill_dir: Option<std::path::PathBuf>,
         max_spill: Option<&Bound<'_, PyAny>>,
+        wire_compression: Option<&str>,
     ) -> PyResult<Self> {
         let mut config = EnvConfig::default();
         if let Some(m) = memory {
@@ -195,6 +197,12 @@ impl NetworkEnvironment {
         if let Some(m) = max_spill {
             config.max_spill = Some(bytes_arg(m, "max_spill")? as u64);
         }
+        config.wire_compression = Compression::parse(wire_compression).map_err(|_| {
+            PyValueError::new_err(format!(
+                "wire_compression must be None, \"lz4\" or \"zstd\", got {:?}",
+                wire_compression.unwrap_or_default()
+            ))
+        })?;
         let inner = Python::attach(|py| creditflow_core::NetworkEnvironment::new(config).py_err(py))?;
         Ok(NetworkEnvironment {
             inner,

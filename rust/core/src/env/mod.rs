@@ -82,6 +82,11 @@ pub struct EnvConfig {
     pub spill_dir: Option<std::path::PathBuf>,
     /// Bytes the environment's spill files may hold together; `None`: unbounded.
     pub max_spill: Option<u64>,
+    /// Arrow IPC body compression of what this environment serializes for readers: the
+    /// serialized path of pipelined partitions and the handed-off batches a connection
+    /// encodes for a remote reader; `None`: uncompressed. Spillable partitions send their
+    /// stored stream as it is (compressed by their own `compression`).
+    pub wire_compression: Option<Compression>,
 }
 
 impl EnvConfig {
@@ -130,6 +135,7 @@ impl Default for EnvConfig {
             debloat_min_buffer: crate::base::config::DEFAULT_DEBLOAT_MIN_BUFFER,
             spill_dir: None,
             max_spill: None,
+            wire_compression: None,
         }
     }
 }
@@ -221,6 +227,7 @@ impl NetworkEnvironment {
                 limits: config.limits,
                 tls,
                 peer_timeout: config.peer_timeout,
+                wire_compression: config.wire_compression,
             },
             Arc::downgrade(&registry),
         )?);
@@ -352,6 +359,7 @@ impl NetworkEnvironment {
             num_subpartitions,
             pool,
             handoff,
+            cfg.wire_compression,
             cfg.buffer_timeout.is_zero(),
             Arc::downgrade(&self.inner.registry),
             store,

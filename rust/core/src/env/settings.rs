@@ -313,6 +313,15 @@ pub const SETTINGS: &[Setting] = &[
         keyword_only: true,
         doc: "bytes the environment's spill files may hold together; `None` = unbounded. At the cap a hybrid partition without replay backpressures, other spillable partitions fail with `SpillError`",
     },
+    Setting {
+        name: "wire_compression",
+        py_type: "str | None",
+        default: "None",
+        means: None,
+        unit: Unit::Choice,
+        keyword_only: true,
+        doc: "Arrow IPC body compression (`\"lz4\"` or `\"zstd\"`) of the batches this environment serializes for readers (remote, or local with `local_handoff=False`): pays on slow links, costs CPU on fast ones; `None` = uncompressed",
+    },
 ];
 
 /// The setting called `name`.
@@ -403,6 +412,7 @@ mod tests {
             debloat_min_buffer,
             spill_dir,
             max_spill,
+            wire_compression,
         } = EnvConfig::default();
         let crate::base::config::Limits {
             max_connections,
@@ -453,6 +463,10 @@ mod tests {
             ("debloat_min_buffer", int(debloat_min_buffer)),
             ("spill_dir", opt(spill_dir.map(|p| p.display().to_string()))),
             ("max_spill", max_spill.map_or(Value::None, Value::Int)),
+            (
+                "wire_compression",
+                wire_compression.map_or(Value::None, |c| Value::Str(c.name().into())),
+            ),
         ])
     }
 

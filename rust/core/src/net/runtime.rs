@@ -16,6 +16,7 @@ use crate::base::error::{Error, Result};
 use crate::partition::subpartition::Listener;
 use crate::partition::Registry;
 use crate::protocol::wire;
+use crate::serde::Compression;
 
 /// What the transport needs from its environment.
 #[derive(Clone)]
@@ -32,6 +33,8 @@ pub(crate) struct TransportConfig {
     pub(crate) tls: Option<Arc<Tls>>,
     /// A connection whose peer acknowledges nothing for this long fails (zero: OS defaults).
     pub(crate) peer_timeout: Duration,
+    /// IPC body compression of the batches encoded for remote readers (handed-off ones).
+    pub(crate) wire_compression: Option<Compression>,
 }
 
 /// The TCP side of one environment: a tokio runtime (created with the environment, never at
@@ -82,6 +85,7 @@ impl Transport {
             limits: config.limits,
             tls: config.tls.clone(),
             peer_timeout: config.peer_timeout,
+            wire_compression: config.wire_compression,
             registry,
             shutdown: shutdown_rx,
             served: served.clone(),
@@ -197,6 +201,7 @@ struct AcceptContext {
     limits: Limits,
     tls: Option<Arc<Tls>>,
     peer_timeout: Duration,
+    wire_compression: Option<Compression>,
     registry: Weak<Registry>,
     shutdown: watch::Receiver<bool>,
     served: Arc<Mutex<Vec<Weak<ServerConn>>>>,
@@ -210,6 +215,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
         limits,
         tls,
         peer_timeout,
+        wire_compression,
         registry,
         mut shutdown,
         served,
@@ -247,6 +253,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
                     handshake_timeout,
                     limits,
                     slot,
+                    wire_compression,
                     registry: registry.clone(),
                     shutdown: shutdown.clone(),
                     served: served.clone(),

@@ -6,7 +6,9 @@
 //!   holding as many segments of the partition's pool as its Arrow memory needs, so the
 //!   queue stays within the same memory budget without copying anything;
 //! * **serialized**: the batch is Arrow-IPC encoded straight into segments through a
-//!   [`BufferBuilder`]; a flushed, partly filled buffer is readable before it is full.
+//!   [`BufferBuilder`]; a flushed, partly filled buffer is readable before it is full. Record
+//!   bodies are IPC-compressed when the environment sets `wire_compression` (the writer
+//!   cannot tell a local serialized reader from a remote one, so it applies to both).
 //!
 //! A write that finds no free segment blocks: that is backpressure, and the time is
 //! measured ([`PartitionMetrics::backpressured_ms_per_second`](super::PartitionMetrics::backpressured_ms_per_second)).
@@ -27,7 +29,7 @@ use crate::base::event::Event;
 use crate::base::metrics::{Counter, TimeMeter};
 use crate::base::wait::Wait;
 use crate::memory::{LocalPool, PooledSegment};
-use crate::serde::BatchEncoder;
+use crate::serde::{BatchEncoder, Compression};
 
 /// Where partitions are registered, so that they can unregister when done.
 pub(crate) type Registry = Mutex<std::collections::HashMap<String, Arc<ResultPartition>>>;
@@ -56,6 +58,8 @@ pub struct ResultPartition {
     subpartitions: Vec<Arc<Subpartition>>,
     pool: LocalPool,
     handoff: Handoff,
+    /// IPC body compression of the serialized path (the environment's `wire_compression`).
+    compression: Option<Compression>,
     flush_every_write: bool,
     /// Schema of the first batch; every later batch must match it.
     schema: OnceLock<SchemaRef>,
@@ -90,11 +94,13 @@ struct Metrics {
 
 impl ResultPartition {
     #[cfg(not(loom))] // only the environment, the gates and the network call it: not in loom builds
+    #[allow(clippy::too_many_arguments)] // one per setting the environment hands its partitions
     pub(crate) fn new(
         id: String,
         num_subpartitions: usize,
         pool: LocalPool,
         handoff: Handoff,
+        compression: Option<Compression>,
         flush_every_write: bool,
         registry: Weak<Registry>,
         spill: Option<SpillStore>,
@@ -106,6 +112,7 @@ impl ResultPartition {
                 .collect(),
             pool,
             handoff,
+            compression,
             flush_every_write,
             schema: OnceLock::new(),
             serial: Mutex::new((0..num_subpartitions).map(|_| SerialState::default()).collect()),
@@ -335,7 +342,9 @@ impl ResultPartition {
             let state = &mut serial[sp];
             let encoder = match state.encoder.as_mut() {
                 Some(e) => e,
-                None => state.encoder.insert(BatchEncoder::new(&batch.schema())?),
+                None => state
+                    .encoder
+                    .insert(BatchEncoder::with_compression(&batch.schema(), self.compression)?),
             };
             let record = encoder.encode(&batch)?;
             // Reserve the segments the record needs before writing any of it, so that a

@@ -22,6 +22,8 @@ pub struct RecordDeserializer {
     assembler: RecordAssembler,
     /// Set by the schema message at the start of the stream.
     decoder: Option<FileDecoder>,
+    /// The most bytes one record may take, compressed as sent or decompressed.
+    max_record: usize,
 }
 
 impl RecordDeserializer {
@@ -30,6 +32,7 @@ impl RecordDeserializer {
         RecordDeserializer {
             assembler: RecordAssembler::new(max_record),
             decoder: None,
+            max_record,
         }
     }
 
@@ -40,22 +43,30 @@ impl RecordDeserializer {
 
     /// Feeds stream bytes; complete batches are appended to `out` in order.
     pub fn push(&mut self, bytes: &[u8], out: &mut VecDeque<RecordBatch>) -> Result<()> {
-        let RecordDeserializer { assembler, decoder } = self;
-        assembler.push(bytes, |record| decode_record(decoder, record, out))
+        let RecordDeserializer {
+            assembler,
+            decoder,
+            max_record,
+        } = self;
+        assembler.push(bytes, |record| decode_record(decoder, *max_record, record, out))
     }
 
     /// Decodes one whole record (its body, without the length prefix), gathered elsewhere by
     /// a [`RecordAssembler`]; its batch is appended to `out`.
     pub fn push_record(&mut self, record: Buffer, out: &mut VecDeque<RecordBatch>) -> Result<()> {
-        decode_record(&mut self.decoder, record, out)
+        decode_record(&mut self.decoder, self.max_record, record, out)
     }
 }
 
 /// Decodes the IPC messages of one record: the schema (first record only, which creates
 /// `decoder`), dictionaries, then one record batch. Each message is `0xFFFFFFFF`, an i32
-/// metadata length, the flatbuffer metadata, then the body the metadata declares.
+/// metadata length, the flatbuffer metadata, then the body the metadata declares. Bodies may
+/// be IPC-compressed (LZ4 frame or ZSTD, as the message says); their buffers then decompress
+/// into new allocations, which the decoder aligns as it does unaligned ones, and which must
+/// declare at most `max_record` bytes together.
 fn decode_record(
     decoder_slot: &mut Option<FileDecoder>,
+    max_record: usize,
     buf: Buffer,
     out: &mut VecDeque<RecordBatch>,
 ) -> Result<()> {
@@ -101,12 +112,15 @@ fn decode_record(
                 let decoder = decoder_slot
                     .as_mut()
                     .ok_or_else(|| bad("dictionary before schema".into()))?;
+                let data = message.header_as_dictionary_batch().and_then(|d| d.data());
+                check_decompressed(data, body(&message_buf), max_record)?;
                 guarded(|| decoder.read_dictionary(&block, &message_buf))?;
             }
             MessageHeader::RecordBatch => {
                 let decoder = decoder_slot
                     .as_ref()
                     .ok_or_else(|| bad("batch before schema".into()))?;
+                check_decompressed(message.header_as_record_batch(), body(&message_buf), max_record)?;
                 let batch = guarded(|| decoder.read_record_batch(&block, &message_buf))?
                     .ok_or_else(|| bad("empty record batch message".into()))?;
                 validate_batch(&batch)?;
@@ -119,6 +133,51 @@ fn decode_record(
     }
     if !produced {
         return Err(Error::Protocol("a record held no record batch".into()));
+    }
+    Ok(())
+}
+
+/// The body of one IPC message (already checked to hold its metadata and body).
+fn body(message: &Buffer) -> &[u8] {
+    let meta_len = i32::from_le_bytes(message[4..8].try_into().expect("4 bytes")) as usize;
+    &message[8 + meta_len..]
+}
+
+/// Refuses a compressed record batch body whose buffers declare more than `max_record`
+/// decompressed bytes together, before anything is decompressed: the decoder allocates what
+/// each buffer's 8-byte prefix declares, so a peer could otherwise have it allocate any size
+/// from a small record. (An LZ4 frame may still decompress past its declared length; arrow's
+/// reader does not stop there, so that output is bounded by LZ4's ratio, at most about 255:1.)
+/// Buffers out of the body's range are left to the decoder, which rejects them.
+fn check_decompressed(
+    batch: Option<arrow_ipc::RecordBatch<'_>>,
+    body: &[u8],
+    max_record: usize,
+) -> Result<()> {
+    let Some(batch) = batch else { return Ok(()) };
+    if batch.compression().is_none() {
+        return Ok(());
+    }
+    let mut declared = 0u64;
+    for b in batch.buffers().into_iter().flatten() {
+        let (Ok(offset), Ok(len)) = (usize::try_from(b.offset()), usize::try_from(b.length())) else {
+            continue;
+        };
+        let Some(prefix) = offset
+            .checked_add(8)
+            .filter(|_| len >= 8)
+            .and_then(|end| body.get(offset..end))
+        else {
+            continue;
+        };
+        let n = i64::from_le_bytes(prefix.try_into().expect("8 bytes"));
+        declared = declared.saturating_add(u64::try_from(n).unwrap_or(0));
+    }
+    if declared > max_record as u64 {
+        return Err(Error::Protocol(format!(
+            "invalid Arrow IPC data: a compressed record declares {declared} bytes decompressed, \
+             more than the {max_record} a record may take"
+        )));
     }
     Ok(())
 }

@@ -293,3 +293,89 @@ proptest::proptest! {
         }
     }
 }
+
+fn compressed_record_bytes(b: &RecordBatch, codec: Compression) -> Vec<u8> {
+    let mut enc = BatchEncoder::with_compression(&b.schema(), Some(codec)).unwrap();
+    enc.encode(b).unwrap().chunks().flatten().copied().collect()
+}
+
+#[test]
+fn compressed_records_round_trip_across_arbitrary_chunking() {
+    // Decompressed buffers are new allocations, not slices of the record: the decoder must
+    // align them, and the validation must see them like any other buffer.
+    for codec in [Compression::Lz4, Compression::Zstd] {
+        let batches: Vec<RecordBatch> = (0..4).map(|i| batch(i * 1000, 501 + i)).collect();
+        let mut enc = BatchEncoder::with_compression(&batches[0].schema(), Some(codec)).unwrap();
+        let mut plain = BatchEncoder::new(&batches[0].schema()).unwrap();
+        let mut stream = Vec::new();
+        let mut plain_len = 0;
+        for b in &batches {
+            stream.extend(enc.encode(b).unwrap().chunks().flatten());
+            plain_len += plain.encode(b).unwrap().len();
+        }
+        assert!(
+            stream.len() < plain_len,
+            "{codec:?}: {} >= {plain_len}",
+            stream.len()
+        );
+        for chunk in [1usize, 7, 4096, stream.len()] {
+            let mut de = RecordDeserializer::new(1 << 20);
+            let mut out = VecDeque::new();
+            for piece in stream.chunks(chunk) {
+                de.push(piece, &mut out).unwrap();
+            }
+            assert!(de.is_at_record_boundary());
+            assert_eq!(out.iter().collect::<Vec<_>>(), batches.iter().collect::<Vec<_>>());
+        }
+        let wide = variable_width_batch(300);
+        let mut out = VecDeque::new();
+        RecordDeserializer::new(1 << 20)
+            .push(&compressed_record_bytes(&wide, codec), &mut out)
+            .unwrap();
+        assert_eq!(out.pop_front().unwrap(), wide);
+    }
+}
+
+/// Where the 8-byte decompressed-length prefix of the first compressed buffer of the record
+/// batch message in `record` (length prefix included) is.
+fn first_compressed_prefix(record: &[u8]) -> usize {
+    let mut pos = RECORD_HEADER_LEN;
+    loop {
+        let meta_len = i32::from_le_bytes(record[pos + 4..pos + 8].try_into().unwrap()) as usize;
+        let message = arrow_ipc::root_as_message(&record[pos + 8..pos + 8 + meta_len]).unwrap();
+        let body = pos + 8 + meta_len;
+        if let Some(b) = message.header_as_record_batch() {
+            assert!(b.compression().is_some());
+            let buf = b.buffers().unwrap().iter().find(|x| x.length() >= 8).unwrap();
+            return body + buf.offset() as usize;
+        }
+        pos = body + message.bodyLength() as usize;
+    }
+}
+
+#[test]
+fn a_compressed_record_declaring_too_much_is_a_protocol_error_before_any_allocation() {
+    for codec in [Compression::Lz4, Compression::Zstd] {
+        let good = compressed_record_bytes(&batch(0, 300), codec);
+        let at = first_compressed_prefix(&good);
+        assert!(i64::from_le_bytes(good[at..at + 8].try_into().unwrap()) > 0);
+        // An allocation this size would abort the process, not fail the channel.
+        for declared in [(1i64 << 20) + 1, 1 << 40, i64::MAX] {
+            let mut bad = good.clone();
+            bad[at..at + 8].copy_from_slice(&declared.to_le_bytes());
+            let err = RecordDeserializer::new(1 << 20)
+                .push(&bad, &mut VecDeque::new())
+                .unwrap_err();
+            assert!(
+                matches!(err, Error::Protocol(_)) && err.to_string().contains("decompressed"),
+                "{codec:?} {declared}: {err}"
+            );
+        }
+        // A wrong but small declared length is the codec's error, still not a panic.
+        let mut bad = good.clone();
+        bad[at..at + 8].copy_from_slice(&3i64.to_le_bytes());
+        let mut out = VecDeque::new();
+        let r = RecordDeserializer::new(1 << 20).push(&bad, &mut out);
+        assert!(r.is_err() || out.len() == 1, "{codec:?}");
+    }
+}

@@ -14,7 +14,7 @@ use crate::base::error::{Error, Result};
 use crate::partition::Registry;
 use crate::protocol::credit::{Credit, DataType, QueueHead, ReadyQueue, SenderCredit};
 use crate::protocol::wire::{self, ErrorKind, Message, ReceiverId, BUFFER_RESPONSE_HEADER_LEN};
-use crate::serde::RecordFraming;
+use crate::serde::{Compression, RecordFraming};
 
 #[derive(Default)]
 pub(super) struct ServerState {
@@ -28,6 +28,8 @@ pub(crate) struct ServerConn {
     pub(super) peer: String,
     pub(super) payload_limit: usize,
     pub(super) limits: Limits,
+    /// IPC body compression of handed-off batches encoded for this peer.
+    pub(super) wire_compression: Option<Compression>,
     pub(super) registry: Weak<Registry>,
     pub(super) state: Mutex<ServerState>,
     /// Readers whose subpartition has new data (pushed by the producers' listeners).
@@ -170,6 +172,7 @@ impl ServerConn {
                         queue: VecDeque::new(),
                         chunks: 0,
                         encoder: None,
+                        compression: self.wire_compression,
                         framing: RecordFraming::default(),
                         drained: false,
                         paused: false,

@@ -11,7 +11,7 @@ use crate::base::event::Event;
 use crate::partition::subpartition::{Polled, Subpartition};
 use crate::partition::ResultPartition;
 use crate::protocol::credit::{QueueHead, SenderCredit};
-use crate::serde::{BatchEncoder, RecordFraming, RECORD_HEADER_LEN};
+use crate::serde::{BatchEncoder, Compression, RecordFraming, RECORD_HEADER_LEN};
 
 /// One requested subpartition (Flink: `CreditBasedSequenceNumberingViewReader`).
 pub(super) struct SubReader {
@@ -23,6 +23,8 @@ pub(super) struct SubReader {
     pub(super) chunks: usize,
     /// Encodes handed-off batches for the wire (their first record carries the schema).
     pub(super) encoder: Option<BatchEncoder>,
+    /// IPC body compression of `encoder` (the environment's `wire_compression`).
+    pub(super) compression: Option<Compression>,
     /// The records of the payloads sent so far: which next chunk is a record body buffer
     /// (needs no credit, see [`crate::protocol::credit`]).
     pub(super) framing: RecordFraming,
@@ -53,7 +55,10 @@ impl SubReader {
                 Polled::Batch(lb) => {
                     let encoder = match self.encoder.as_mut() {
                         Some(e) => e,
-                        None => self.encoder.insert(BatchEncoder::new(&lb.batch.schema())?),
+                        None => self.encoder.insert(BatchEncoder::with_compression(
+                            &lb.batch.schema(),
+                            self.compression,
+                        )?),
                     };
                     let record = encoder.encode(&lb.batch)?;
                     let (header, parts) = record.into_parts();

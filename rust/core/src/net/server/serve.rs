@@ -15,6 +15,7 @@ use crate::net::io::{self, FrameReader, FrameSource, InFrame};
 use crate::net::limits::{self, Slot};
 use crate::partition::Registry;
 use crate::protocol::wire::Message;
+use crate::serde::Compression;
 
 /// Serves one accepted, not yet authenticated connection until it ends.
 pub(crate) async fn serve<R, W>(rd: R, mut wr: W, peer: String, ctx: ServeContext)
@@ -42,6 +43,7 @@ where
         peer: peer.clone(),
         payload_limit: negotiated.payload_limit,
         limits: ctx.limits,
+        wire_compression: ctx.wire_compression,
         registry: ctx.registry,
         state: Mutex::new(ServerState::default()),
         signalled: Mutex::new(Vec::new()),
@@ -112,6 +114,8 @@ pub(crate) struct ServeContext {
     pub(crate) limits: Limits,
     /// This connection's place under `max_connections`, held until it ends.
     pub(crate) slot: Slot,
+    /// IPC body compression of handed-off batches encoded for the peer.
+    pub(crate) wire_compression: Option<Compression>,
     pub(crate) registry: Weak<Registry>,
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
     pub(crate) served: Arc<Mutex<Vec<Weak<ServerConn>>>>,

@@ -411,7 +411,7 @@ def test_spilling_receiver_lets_the_job_finish_before_a_throttled_consumer(
     """Receiver(spill=True): the receiver reads the tasks at Spark's speed and spills what its
     throttled consumer has not taken yet, so send() (the job's action) returns while the
     consumer is still reading; then every row arrives once, the store stays within the
-    receiver's memory, and close() removes the spill file."""
+    receiver's memory, the tasks within theirs, and close() removes the spill file."""
     rows = 2_000_000  # 3 x 8 B columns: ~48 MB of Arrow data into 8 MiB of receiver memory
     memory = 8 << 20
     df = numbers(spark, rows, 4, seed=3)
@@ -423,7 +423,9 @@ def test_spilling_receiver_lets_the_job_finish_before_a_throttled_consumer(
 
         def run() -> None:
             try:
-                result["stats"] = cfs.send(df, rx.address, rx.secret)
+                with cfs.Monitor(interval=0.1) as mon:
+                    result["stats"] = cfs.send(df, rx.address, rx.secret, memory="16MiB", monitor=mon)
+                    result["samples"] = mon.samples()
             finally:
                 result["consumed_when_sent"] = len(ids)
                 sent.set()
@@ -469,6 +471,14 @@ def test_spilling_receiver_lets_the_job_finish_before_a_throttled_consumer(
     assert store["stream_bytes"] > 4 * memory, store
     assert store["spilled_bytes"] > 0, store
     assert listed, "rx.metrics() lists the receiver's store among its partitions"
+    # The tasks: their out-pools never held more than the 16 MiB each was given, and no worker
+    # grew by more than that plus interpreter slack (the receiver, not the tasks, holds what
+    # the consumer has not read).
+    samples = result["samples"]
+    assert samples
+    assert max(s["out_pool_usage"] for s in samples) <= 1.0
+    growth = max(s["rss_bytes"] - s["rss_start_bytes"] for s in samples)
+    assert growth < 48 * 1024 * 1024, growth
 
 
 def test_spilling_receiver_replays_the_dataframe_for_each_epoch(spark: SparkSession, tmp_path: Path) -> None:

@@ -9,6 +9,9 @@ Markers, strictness, warnings-as-errors and the per-test timeout live in pyproje
   where a missing JDK must fail the run rather than silently shrink it;
 * the ``workers`` fixture, which kills the worker processes a transport test started;
 * the ``pipeline`` fixture: source → map → sink in three processes, the sink throttled.
+
+The watchdog plugin (``tests/watchdog.py``) ends a run that hangs where pytest-timeout cannot
+reach, printing every thread's stack.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+pytest_plugins = ["watchdog"]
 
 
 def _java_available() -> bool:

@@ -125,9 +125,18 @@ impl Model {
         }
     }
 
-    /// Every record delivered in order, nothing held or granted.
-    pub fn assert_all_delivered(&self, records: &[Vec<u64>]) {
+    /// Every record delivered in order; each sender's unused grant is what the gate counts
+    /// for its channel (grants ahead included), and once the channels end (are released)
+    /// nothing is held or granted.
+    pub fn assert_all_delivered(&mut self, records: &[Vec<u64>]) {
         assert_eq!(self.delivered, records, "every record delivered, in order");
+        for (c, (sender, _)) in self.senders.iter().enumerate() {
+            let stats = self.gate.channel_stats(ChannelId(c)).unwrap();
+            assert_eq!(sender.record_granted(), stats.granted, "channel {c}'s grant");
+        }
+        for c in 0..self.senders.len() {
+            self.gate.release_channel(ChannelId(c));
+        }
         assert_eq!((self.gate.held(), self.gate.granted()), (0, 0));
     }
 }

@@ -35,6 +35,7 @@ impl ClientConn {
             f(&mut out);
             !std::mem::replace(&mut out.woken, true)
         };
+        self.writer_due.store(true, Ordering::Release);
         if wake {
             self.wake.notify_one();
         }
@@ -85,6 +86,7 @@ impl ClientConn {
         let (control, credit, close) = {
             let mut out = self.out.lock().unwrap();
             out.woken = false;
+            self.writer_due.store(false, Ordering::Release);
             (
                 std::mem::take(&mut out.control),
                 std::mem::take(&mut out.credit),
@@ -151,6 +153,7 @@ impl ClientConn {
             addr,
             out: Mutex::new(Outbox::default()),
             wake: Notify::new(),
+            writer_due: AtomicBool::new(false),
             channels: Mutex::new(HashMap::new()),
             failure: Mutex::new(None),
             closed: Mutex::new(Vec::new()),

@@ -102,6 +102,9 @@ pub(super) async fn read_loop<R: FrameSource>(
 ) -> Result<()> {
     let mut assemblies: HashMap<ReceiverId, Assembly> = HashMap::new();
     loop {
+        if conn.writer_due.load(Ordering::Acquire) {
+            tokio::task::yield_now().await;
+        }
         let frame = reader.next().await?;
         for rid in std::mem::take(&mut *conn.closed.lock().unwrap()) {
             assemblies.remove(&rid);

@@ -118,6 +118,10 @@ pub(crate) struct ClientConn {
     pub(super) addr: String,
     pub(super) out: Mutex<Outbox>,
     pub(super) wake: Notify,
+    /// Something waits in `out` for the writer: the reader task lets the writer run before
+    /// it reads on (one I/O thread serves both, and a busy socket never makes the reader
+    /// wait, so a RecordGrant or AddCredit could otherwise wait behind megabytes of reads).
+    pub(super) writer_due: AtomicBool,
     pub(super) channels: Mutex<HashMap<ReceiverId, Arc<RemoteChannel>>>,
     /// Why the connection failed, once it did (new channels need a new connection). Set
     /// under the `channels` lock, so that a channel opened while the connection fails gets

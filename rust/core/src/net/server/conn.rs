@@ -78,15 +78,19 @@ impl ServerConn {
         let starts = r.record_starts(head);
         if r.credit.is_available(head) && r.credit.can_start_records(starts) {
             st.ready.enqueue(rid);
-            if starts == 0 && r.credit.record_granted() == 0 && !r.credit.has_record_announcement() {
-                // Announce the next record start ahead, while this one's body goes out.
+            if starts == 0 && !r.looked_ahead && !r.credit.has_record_announcement() {
+                // Once per record, while its body goes out: announce the next record start
+                // ahead unless the grant (the receiver grants ahead too) covers it already.
                 let ahead = r.next_record_starts();
                 if ahead > 0 {
-                    r.credit.on_record_announced(ahead);
-                    st.control.push_back(Message::RecordAnnouncement {
-                        receiver: rid,
-                        bytes: ahead,
-                    });
+                    r.looked_ahead = true;
+                    if !r.credit.can_start_records(ahead) {
+                        r.credit.on_record_announced(ahead);
+                        st.control.push_back(Message::RecordAnnouncement {
+                            receiver: rid,
+                            bytes: ahead,
+                        });
+                    }
                 }
             }
         } else {
@@ -176,6 +180,7 @@ impl ServerConn {
                         framing: RecordFraming::default(),
                         drained: false,
                         paused: false,
+                        looked_ahead: false,
                     },
                 );
                 self.refresh(&mut st, receiver)?;
@@ -326,6 +331,9 @@ impl ServerConn {
                         r.credit.on_record_body_sent(r.backlog())
                     } else {
                         r.credit.on_records_started(started)?;
+                        if started > 0 {
+                            r.looked_ahead = false;
+                        }
                         r.credit.on_buffer_sent(DataType::Data, r.backlog())?
                     };
                     if let Some(stats) = r.sub.remote_reader() {

@@ -33,6 +33,9 @@ pub(super) struct SubReader {
     /// An aligned checkpoint barrier was queued: the subpartition is not read until the
     /// receiver sends ResumeConsumption (Flink's blocking upstream during alignment).
     pub(super) paused: bool,
+    /// The record start after the one last sent was looked for (and announced if its grant
+    /// did not cover it); looked for again after the next record starts.
+    pub(super) looked_ahead: bool,
 }
 
 impl SubReader {

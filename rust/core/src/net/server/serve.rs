@@ -191,5 +191,11 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(conn: &Arc<ServerConn>, wr
         }
         io::write_all_vectored(wr, &mut slices).await?;
         // Dropping the frames recycles their segments and releases handed-off batches.
+        drop(slices);
+        drop(frames);
+        // The reader half shares this task (and the runtime's one I/O thread): let it take
+        // the AddCredits and RecordGrants that arrived, or, while the socket has room, this
+        // loop would keep writing what it has and read them only once it runs dry.
+        tokio::task::yield_now().await;
     }
 }

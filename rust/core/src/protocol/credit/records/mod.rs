@@ -14,7 +14,12 @@
 //!    record bytes it was granted and has not used do not cover them.
 //! 2. The receiver grants what is missing (RecordGrant) at once while the gate's *reserved*
 //!    bytes (records held + granted and not yet started) are under the budget; otherwise the
-//!    channel waits, first come first served, until the consumer takes records.
+//!    channel waits, first come first served, until the consumer takes records. It grants
+//!    ahead too: up to the channel's *window* (half the budget shared by the live channels)
+//!    in all, as long as that keeps the reserved bytes within half the budget. Without it,
+//!    every record waited for its grant: the sender announces the next record while the
+//!    current one goes out, but a grant needs both sides' I/O threads (and on a busy machine
+//!    their turn on a core), and one record of 65,536 rows goes out faster than that.
 //! 3. Sending the buffer uses up the granted bytes; its length prefixes arriving at the
 //!    receiver use them up there. A record started beyond its channel's grant is a protocol
 //!    error.
@@ -24,9 +29,11 @@
 //! Since a grant is made only while the reserved bytes are under the budget, at most one
 //! grant at a time takes the gate beyond it: the gate holds at most `budget` plus the records
 //! one buffer starts (its largest record plus a buffer's worth of small ones). A record larger
-//! than the whole budget still goes through, alone. And no deadlock: whenever nothing is
-//! reserved the first waiting channel is granted, whatever it needs, and the records reserved
-//! are ones the consumer can take (a sender announces nothing while paused by a barrier).
+//! than the whole budget still goes through, alone. And no deadlock: the bytes granted ahead
+//! never take the reserved bytes past half the budget, so once the consumer took what it can
+//! the reserved bytes are under the budget and the first waiting channel is granted, whatever
+//! it needs; and the records reserved are ones the consumer can take (a sender announces
+//! nothing while paused by a barrier).
 
 use std::collections::VecDeque;
 
@@ -239,14 +246,22 @@ impl RecordBudget {
             let Some(channel) = self.waiting.pop_front() else {
                 break;
             };
+            let live = self.channels.iter().filter(|c| !c.released).count().max(1) as u64;
+            let reserved = self.held + self.granted;
             let c = &mut self.channels[channel.0];
             c.waiting = false;
             let need = std::mem::take(&mut c.need);
             if c.released || need <= c.granted {
                 continue;
             }
-            let grant = need - c.granted;
-            c.granted = need;
+            let base = need - c.granted;
+            // Ahead: up to the channel's window in all, from the lower half of the budget.
+            let window = self.budget / (2 * live);
+            let extra = window
+                .saturating_sub(need)
+                .min((self.budget / 2).saturating_sub(reserved + base));
+            let grant = base + extra;
+            c.granted = need + extra;
             self.granted += grant;
             self.peak_reserved = self.peak_reserved.max(self.held + self.granted);
             self.grants.push_back((channel, grant));

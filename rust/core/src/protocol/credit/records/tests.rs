@@ -28,16 +28,23 @@ fn a_record_starts_only_on_granted_bytes() {
         Err(CreditError::RecordWithoutGrant { granted: 0, .. })
     ));
 
+    // Granted ahead up to the channel's window: half the budget, for its only channel.
     gate.on_record_announcement(c, MIB).unwrap();
-    assert_eq!(gate.poll_grant(), Some((c, MIB)));
+    assert_eq!(gate.poll_grant(), Some((c, 8 * MIB)));
     assert_eq!(gate.poll_grant(), None);
-    assert_eq!(gate.granted(), MIB);
-    sender.on_record_grant(MIB).unwrap();
+    assert_eq!(gate.granted(), 8 * MIB);
+    sender.on_record_grant(8 * MIB).unwrap();
     assert!(sender.can_start_records(MIB));
+    assert!(!sender.can_start_records(8 * MIB + 1));
     sender.on_records_started(MIB).unwrap();
-    assert_eq!(sender.record_granted(), 0);
+    assert_eq!(sender.record_granted(), 7 * MIB);
+    assert!(
+        !sender.needs_record_announcement(MIB),
+        "the grant covers the next one too"
+    );
     gate.on_records_started(c, MIB).unwrap();
-    assert_eq!((gate.held(), gate.granted(), gate.peak()), (MIB, 0, MIB));
+    assert_eq!((gate.held(), gate.granted(), gate.peak()), (MIB, 7 * MIB, MIB));
+    assert!(gate.on_records_started(c, 7 * MIB + 1).is_err());
     gate.on_records_taken(c, MIB);
     assert_eq!((gate.held(), gate.peak()), (0, MIB));
     assert_eq!(
@@ -63,7 +70,10 @@ fn over_budget_the_next_record_waits_and_a_huge_one_goes_alone() {
     assert_eq!(gate.poll_grant(), None);
     // The consumer takes it: the waiting channels are served in order while under budget.
     gate.on_records_taken(a, 48 * MIB);
-    assert_eq!(gate.poll_grant(), Some((b, 1)));
+    // b is granted ahead up to its window (half the budget over three channels); c's record
+    // is larger than that, so it gets just its record.
+    let window = 16 * MIB / 6;
+    assert_eq!(gate.poll_grant(), Some((b, window)));
     assert_eq!(gate.poll_grant(), Some((c, 4 * MIB)));
     assert_eq!(gate.peak_reserved(), 48 * MIB);
 }
@@ -72,14 +82,46 @@ fn over_budget_the_next_record_waits_and_a_huge_one_goes_alone() {
 fn an_announcement_covered_by_a_grant_in_flight_gets_nothing_more() {
     let mut gate = RecordBudget::new(16 * MIB);
     let c = gate.add_channel();
-    gate.on_record_announcement(c, 100).unwrap();
-    assert_eq!(gate.poll_grant(), Some((c, 100)));
+    // Records larger than the channel's window (8 MiB) are granted exactly.
+    gate.on_record_announcement(c, 9 * MIB).unwrap();
+    assert_eq!(gate.poll_grant(), Some((c, 9 * MIB)));
     // The sender announced again before the grant arrived (a different head): only the
     // difference is granted.
-    gate.on_record_announcement(c, 100).unwrap();
+    gate.on_record_announcement(c, 9 * MIB).unwrap();
     assert_eq!(gate.poll_grant(), None);
-    gate.on_record_announcement(c, 150).unwrap();
-    assert_eq!(gate.poll_grant(), Some((c, 50)));
+    gate.on_record_announcement(c, 10 * MIB).unwrap();
+    assert_eq!(gate.poll_grant(), Some((c, MIB)));
+}
+
+#[test]
+fn grants_ahead_stay_within_the_window_and_half_the_budget() {
+    let mut gate = RecordBudget::new(16 * MIB);
+    let ch: Vec<_> = (0..4).map(|_| gate.add_channel()).collect();
+    // Four live channels: a window of 2 MiB each.
+    gate.on_record_announcement(ch[0], MIB / 2).unwrap();
+    assert_eq!(gate.poll_grant(), Some((ch[0], 2 * MIB)));
+    // A record larger than the window is granted exactly.
+    gate.on_records_started(ch[0], MIB / 2).unwrap();
+    gate.on_record_announcement(ch[1], 5 * MIB + MIB / 2).unwrap();
+    assert_eq!(gate.poll_grant(), Some((ch[1], 5 * MIB + MIB / 2)));
+    gate.on_records_started(ch[1], 5 * MIB + MIB / 2).unwrap();
+    assert_eq!((gate.held(), gate.granted()), (6 * MIB, 3 * MIB / 2));
+    // Held records count: 7.5 MiB reserved leaves half a MiB ahead below half the budget.
+    gate.on_record_announcement(ch[2], 1).unwrap();
+    let half = 8 * MIB;
+    assert_eq!(gate.poll_grant(), Some((ch[2], MIB / 2)));
+    // Beyond half the budget, only what the next buffer starts.
+    gate.on_record_announcement(ch[3], 1).unwrap();
+    assert_eq!(gate.poll_grant(), Some((ch[3], 1)));
+    assert!(gate.held() + gate.granted() <= half + 1);
+    // A released channel's share goes to the others: the window grows.
+    for &c in &ch[1..] {
+        gate.release_channel(c);
+    }
+    gate.on_records_taken(ch[1], 5 * MIB + MIB / 2);
+    gate.on_records_taken(ch[0], MIB / 2);
+    gate.on_record_announcement(ch[0], 2 * MIB).unwrap();
+    assert_eq!(gate.poll_grant(), Some((ch[0], 8 * MIB - 3 * MIB / 2)));
 }
 
 #[test]

@@ -16,7 +16,8 @@
 //!    bytes (records held + granted and not yet started) are under the budget; otherwise the
 //!    channel waits, first come first served, until the consumer takes records. It grants
 //!    ahead too: up to the channel's *window* (half the budget shared by the live channels)
-//!    in all, as long as that keeps the reserved bytes within half the budget. Without it,
+//!    in all, as long as that keeps the reserved bytes within half the budget, and tops the
+//!    grant up again, unasked, once the channel's records used half of it. Without it,
 //!    every record waited for its grant: the sender announces the next record while the
 //!    current one goes out, but a grant needs both sides' I/O threads (and on a busy machine
 //!    their turn on a core), and one record of 65,536 rows goes out faster than that.
@@ -199,7 +200,32 @@ impl RecordBudget {
         self.granted -= bytes;
         self.held += bytes;
         self.peak = self.peak.max(self.held);
+        self.top_up(channel);
         Ok(())
+    }
+
+    /// The channel's window: half the budget shared by the live channels.
+    fn window(&self) -> u64 {
+        let live = self.channels.iter().filter(|c| !c.released).count().max(1) as u64;
+        self.budget / (2 * live)
+    }
+
+    /// Once a channel used half its window, grants it ahead up to the window again (within
+    /// half the budget), so that a sender whose records keep coming rarely has to ask.
+    fn top_up(&mut self, channel: ChannelId) {
+        let window = self.window();
+        let room = (self.budget / 2).saturating_sub(self.held + self.granted);
+        let c = &mut self.channels[channel.0];
+        if c.released || c.waiting || c.granted >= window / 2 {
+            return;
+        }
+        let extra = (window - c.granted).min(room);
+        if extra > 0 {
+            c.granted += extra;
+            self.granted += extra;
+            self.peak_reserved = self.peak_reserved.max(self.held + self.granted);
+            self.grants.push_back((channel, extra));
+        }
     }
 
     /// Records of `bytes` in all were taken by the consumer (or dropped): they leave the
@@ -246,7 +272,7 @@ impl RecordBudget {
             let Some(channel) = self.waiting.pop_front() else {
                 break;
             };
-            let live = self.channels.iter().filter(|c| !c.released).count().max(1) as u64;
+            let window = self.window();
             let reserved = self.held + self.granted;
             let c = &mut self.channels[channel.0];
             c.waiting = false;
@@ -256,7 +282,6 @@ impl RecordBudget {
             }
             let base = need - c.granted;
             // Ahead: up to the channel's window in all, from the lower half of the budget.
-            let window = self.budget / (2 * live);
             let extra = window
                 .saturating_sub(need)
                 .min((self.budget / 2).saturating_sub(reserved + base));

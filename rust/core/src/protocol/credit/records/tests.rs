@@ -105,15 +105,19 @@ fn grants_ahead_stay_within_the_window_and_half_the_budget() {
     gate.on_record_announcement(ch[1], 5 * MIB + MIB / 2).unwrap();
     assert_eq!(gate.poll_grant(), Some((ch[1], 5 * MIB + MIB / 2)));
     gate.on_records_started(ch[1], 5 * MIB + MIB / 2).unwrap();
-    assert_eq!((gate.held(), gate.granted()), (6 * MIB, 3 * MIB / 2));
-    // Held records count: 7.5 MiB reserved leaves half a MiB ahead below half the budget.
-    gate.on_record_announcement(ch[2], 1).unwrap();
+    // ch1 used its whole grant: topped up, unasked, but only to half the budget (held records
+    // count): 6 MiB held and 1.5 MiB granted leave half a MiB.
+    assert_eq!(gate.poll_grant(), Some((ch[1], MIB / 2)));
     let half = 8 * MIB;
-    assert_eq!(gate.poll_grant(), Some((ch[2], MIB / 2)));
-    // Beyond half the budget, only what the next buffer starts.
+    assert_eq!((gate.held(), gate.granted()), (6 * MIB, 2 * MIB));
+    // ch0 used less than half its window: no top-up.
+    assert_eq!(gate.channel_stats(ch[0]).unwrap().granted, 3 * MIB / 2);
+    // At half the budget, only what the next buffer starts.
+    gate.on_record_announcement(ch[2], 1).unwrap();
+    assert_eq!(gate.poll_grant(), Some((ch[2], 1)));
     gate.on_record_announcement(ch[3], 1).unwrap();
     assert_eq!(gate.poll_grant(), Some((ch[3], 1)));
-    assert!(gate.held() + gate.granted() <= half + 1);
+    assert_eq!(gate.held() + gate.granted(), half + 2);
     // A released channel's share goes to the others: the window grows.
     for &c in &ch[1..] {
         gate.release_channel(c);

@@ -24,6 +24,7 @@ pytest.importorskip("pyspark")
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
+import creditflow as cf  # noqa: E402
 import creditflow.spark as cfs  # noqa: E402
 
 SKEW_TASKS = 4
@@ -32,7 +33,9 @@ SKEW_TASKS = 4
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
     session = cfs.local_session(
-        "local[16]", "creditflow-test-scale", {"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "1g"}
+        "local[16]",
+        "creditflow-test-scale",
+        {"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "1g"},
     )
     try:
         yield session
@@ -47,7 +50,9 @@ def hot_task(spark: SparkSession, tasks: int) -> int:
     return int(row["p"])
 
 
-def slow_counts(seconds_per_million_rows: float) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def slow_counts(
+    seconds_per_million_rows: float,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A consumer whose work grows with the rows it gets (a sleep per batch), then one row per
     key with its count: the hot key's task is the slowest."""
 
@@ -85,18 +90,18 @@ class Watch:
 
 
 def skewed_run(spark: SparkSession, kind: str, spill_dir: str | None = None) -> tuple[dict[int, Any], Watch]:
-    """400,000 rows, key 0 in 3 of every 10, through 1 MiB per task: the last sample of each
-    task, and what the live view marked meanwhile."""
+    """1,000,000 rows (16 MB), key 0 in 3 of every 10, through 1 MiB per task: the last sample
+    of each task, and what the live view marked meanwhile."""
     i = F.col("id")
-    key = F.when(i % 10 < 3, F.lit(0)).otherwise(i % 5_000 + 1)
-    df = spark.range(0, 400_000, numPartitions=SKEW_TASKS).select(key.alias("key"), i.alias("v"))
+    key = F.when(i % 10 < 3, F.lit(0)).otherwise((i / 10).cast("long") % 5_000 + 1)
+    df = spark.range(0, 1_000_000, numPartitions=SKEW_TASKS).select(key.alias("key"), i.alias("v"))
     with cfs.Monitor(interval=0.05) as mon:
         watch = Watch(mon)
         try:
             out = cfs.exchange(
                 df,
                 "key",
-                func=slow_counts(10.0),
+                func=slow_counts(6.0),
                 schema="key long, n long",
                 memory="1MiB",
                 kind=kind,  # type: ignore[arg-type]
@@ -110,10 +115,10 @@ def skewed_run(spark: SparkSession, kind: str, spill_dir: str | None = None) -> 
         while sum(1 for s in mon.tasks() if s["done"]) < SKEW_TASKS and time.monotonic() < deadline:
             time.sleep(0.05)
         final = {int(s["task"]): s for s in mon.tasks()}
-    # Every key once, with all its rows: the hot key's 120,000 in one task.
-    assert got[0] == 120_000
+    # Every key once, with all its rows: the hot key's 300,000 in one task.
+    assert got[0] == 300_000
     assert len(got) == 5_001
-    assert sum(got.values()) == 400_000
+    assert sum(got.values()) == 1_000_000
     return final, watch
 
 
@@ -139,15 +144,23 @@ def test_skewed_key_hybrid_producers_do_not_wait(spark: SparkSession, tmp_path: 
     pipelined, _ = skewed_run(spark, "pipelined")
     hybrid, _ = skewed_run(spark, "hybrid", spill_dir=str(tmp_path))
     assert all(s["partition_kind"] == "hybrid" for s in hybrid.values())
-    waited = {kind: sum(s["backpressured_total"] for s in run.values()) for kind, run in (("pipelined", pipelined), ("hybrid", hybrid))}
+    waited = {
+        kind: sum(s["backpressured_total"] for s in run.values())
+        for kind, run in (("pipelined", pipelined), ("hybrid", hybrid))
+    }
     assert waited["hybrid"] < waited["pipelined"] / 2, waited
     assert not list(tmp_path.rglob("*.spill")), "the spill files are gone"
 
 
-def test_exchange_refuses_an_unknown_kind(spark: SparkSession) -> None:
+def test_exchange_checks_kind_and_a_hybrid_pool_s_size(spark: SparkSession) -> None:
     df = spark.range(0, 10, numPartitions=2)
     with pytest.raises(ValueError, match=r"kind must be one of \['pipelined', 'hybrid'\], got 'blocking'"):
         cfs.exchange(df, "id", kind="blocking")  # type: ignore[arg-type]
+    # A hybrid partition's pool needs 8 more segments: 256 KiB (8 segments) holds a pipelined
+    # exchange of 2 tasks (6) but not a hybrid one (14).
+    cfs.exchange(df, "id", memory="256KiB")
+    with pytest.raises(cf.InsufficientBuffersError, match="needs at least 14 segments per task"):
+        cfs.exchange(df, "id", memory="256KiB", kind="hybrid")
 
 
 # ------------------------------------------------------------------------------- many tasks
@@ -160,7 +173,7 @@ def lineitem(spark: SparkSession, rows: int, partitions: int) -> DataFrame:
     order = (i / 4).cast("long")
     return spark.range(0, rows, numPartitions=partitions).select(
         "id",
-        ((order // 8) * 32 + order % 8 + 1).alias("l_orderkey"),
+        ((order / 8).cast("long") * 32 + order % 8 + 1).alias("l_orderkey"),
         ((i % 50) + 1).cast("decimal(12,2)").alias("l_quantity"),
         F.date_add(F.lit("1992-01-02").cast("date"), ((i * 13) % 2526).cast("int")).alias("l_shipdate"),
         F.concat(F.lit("carefully final deposits "), (i % 9973).cast("string")).alias("l_comment"),
@@ -229,7 +242,8 @@ def test_many_tasks_match_repartition_and_leave_reused_workers_clean(spark: Spar
     for pid, w in last.items():
         assert w["envs"] <= 1, last
         assert w["listening"] <= 2, last  # the last exchange's listener (+ the worker's own)
-        assert w["held"] == 0 and w["pools"] == 0, last
+        assert w["held"] == 0, last
+        assert w["pools"] == 0, last
         if pid in first and first[pid]["envs"] == w["envs"]:
             assert w["threads"] <= first[pid]["threads"], (first, last)
     df.unpersist()

@@ -140,6 +140,8 @@ finally:
 """
 
 
+# Packing, two executor JVMs and an unpacked environment each: minutes on a loaded machine.
+@pytest.mark.timeout(600)
 def test_exchange_on_executors_whose_python_gets_creditflow_from_spark_archives(
     packed_env: Path, tmp_path: Path
 ) -> None:
@@ -157,7 +159,7 @@ def test_exchange_on_executors_whose_python_gets_creditflow_from_spark_archives(
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=500,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]

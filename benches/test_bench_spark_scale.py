@@ -15,7 +15,9 @@
   the rounds, the workers are checked for leaks (environments, listening sockets, threads,
   segments still in use), and every task's pools stayed within its ``memory``.
 
-Settings: ``CREDITFLOW_BENCH_SKEW_ROWS`` (default 8,000,000), ``CREDITFLOW_BENCH_SCALE_ROWS``
+Settings: ``CREDITFLOW_BENCH_SKEW_ROWS`` (default 8,000,000), ``CREDITFLOW_BENCH_SKEW_MEMORY``
+(the exchanges' ``memory`` in the skew test, default 64MiB), ``CREDITFLOW_BENCH_SKEW_WORK_US``
+(a sleep per row in the consumer, default 0), ``CREDITFLOW_BENCH_SCALE_ROWS``
 (lineitem rows, default 2,000,000), ``CREDITFLOW_BENCH_SCALE_ROUNDS`` (default 3). The figures
 of every round are printed (``-s``) and stored in ``extra_info``.
 """
@@ -44,6 +46,10 @@ import creditflow.spark as cfs  # noqa: E402
 SKEW_ROWS = int(os.environ.get("CREDITFLOW_BENCH_SKEW_ROWS", 8_000_000))
 SCALE_ROWS = int(os.environ.get("CREDITFLOW_BENCH_SCALE_ROWS", 2_000_000))
 ROUNDS = int(os.environ.get("CREDITFLOW_BENCH_SCALE_ROUNDS", 3))
+SKEW_MEMORY = os.environ.get("CREDITFLOW_BENCH_SKEW_MEMORY", "64MiB")
+#: Extra time the consumer takes per row, in µs, as a sleep (work that does not compete for this
+#: machine's two cores: a service call, an accelerator): 0 = the aggregation alone.
+SKEW_WORK_US = float(os.environ.get("CREDITFLOW_BENCH_SKEW_WORK_US", 0))
 SKEW_TASKS = 4
 #: The share of the rows the hot key holds, in tenths.
 HOT_TENTHS = 3
@@ -92,15 +98,19 @@ def skewed(spark: SparkSession) -> DataFrame:
     )
 
 
-def make_sums() -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """Per-key sum and count of ``v``, each batch aggregated as it arrives and the partials
-    combined at the end: work in proportion to the rows a task receives."""
+def make_sums(work_us: float) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Per-key sum and count of ``v``, each batch aggregated as it arrives (after sleeping
+    ``work_us`` µs per row) and the partials combined at the end: work in proportion to the
+    rows a task receives."""
 
     def sums(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        partials = [
-            pa.Table.from_batches([b]).group_by("key").aggregate([("v", "sum"), ("v", "count")])
-            for b in batches
-        ]
+        partials = []
+        for b in batches:
+            if work_us:
+                time.sleep(b.num_rows * work_us / 1e6)
+            partials.append(
+                pa.Table.from_batches([b]).group_by("key").aggregate([("v", "sum"), ("v", "count")])
+            )
         if not partials:
             return
         agg = pa.concat_tables(partials).group_by("key").aggregate([("v_sum", "sum"), ("v_count", "sum")])
@@ -144,11 +154,11 @@ def test_skew(benchmark: Any, report: Any, spark: SparkSession) -> None:
     hot_row = spark.range(1).select(F.expr(f"pmod(hash(cast(0 as bigint)), {SKEW_TASKS})").alias("p")).first()
     assert hot_row is not None
     hot = int(hot_row["p"])
-    sums = make_sums()
+    sums = make_sums(SKEW_WORK_US)
     want = {r["key"]: r["n"] for r in df.groupBy("key").agg(F.count("v").alias("n")).collect()}
     # Correctness first: every key once, with all its rows, from each pipeline.
     for kind in ("pipelined", "hybrid"):
-        got = cfs.exchange(df, "key", func=sums, schema=SUMS_SCHEMA, kind=kind).collect()
+        got = cfs.exchange(df, "key", func=sums, schema=SUMS_SCHEMA, kind=kind, memory=SKEW_MEMORY).collect()
         assert {r["key"]: r["n"] for r in got} == want, kind
     assert {
         r["key"]: r["n"] for r in df.repartition(SKEW_TASKS, "key").mapInArrow(sums, SUMS_SCHEMA).collect()
@@ -162,7 +172,17 @@ def test_skew(benchmark: Any, report: Any, spark: SparkSession) -> None:
             with cfs.Monitor(interval=0.1) as mon:
                 watch = BottleneckWatch(mon)
                 try:
-                    noop(cfs.exchange(df, "key", func=sums, schema=SUMS_SCHEMA, kind=kind, monitor=mon))
+                    noop(
+                        cfs.exchange(
+                            df,
+                            "key",
+                            func=sums,
+                            schema=SUMS_SCHEMA,
+                            kind=kind,
+                            memory=SKEW_MEMORY,
+                            monitor=mon,
+                        )
+                    )
                 finally:
                     watch.stop()
                 deadline = time.monotonic() + 10
@@ -182,7 +202,10 @@ def test_skew(benchmark: Any, report: Any, spark: SparkSession) -> None:
         "spark repartition": lambda: noop(df.repartition(SKEW_TASKS, "key").mapInArrow(sums, SUMS_SCHEMA)),
     }
     times = benchmark.pedantic(lambda: rounds_of(runs), rounds=1, iterations=1)
-    print(f"\nskew: {SKEW_ROWS:,} rows, key 0 holds {HOT_TENTHS * 10} %, {SKEW_TASKS} tasks, hot task {hot}")
+    print(
+        f"\nskew: {SKEW_ROWS:,} rows, key 0 holds {HOT_TENTHS * 10} %, {SKEW_TASKS} tasks, hot task {hot}, "
+        f"memory {SKEW_MEMORY}, consumer work {SKEW_WORK_US:g} µs/row"
+    )
     for name, ts in times.items():
         print(f"  {name}: rounds {[round(t, 2) for t in ts]} s, median {statistics.median(ts):.2f} s")
         report(f"skew {name}", statistics.median(ts), "s", None, higher_is_better=False)

@@ -9,8 +9,9 @@
   the tasks' last samples, and a thread reads ``Monitor.pipeline()`` (what the live view
   draws) every 0.25 s and counts which task it marks as the bottleneck.
 * ``test_many_tasks``: TPC-H-like ``lineitem`` rows by ``l_orderkey`` with 8 and 16 tasks
-  (64 and 256 channels): ``exchange`` against Spark's ``repartition(n, "l_orderkey")``, both
-  written to ``noop``. Before timing, every output partition of the exchange is checked
+  (64 and 256 channels): ``exchange`` against Spark's ``repartition(n, "l_orderkey")``, alone
+  and followed by an identity ``mapInArrow`` (the Python round trip ``exchange`` makes too),
+  all written to ``noop``. Before timing, every output partition of the exchange is checked
   against Spark's (row count and the sum of a 64-bit hash of every row, per partition); after
   the rounds, the workers are checked for leaks (environments, listening sockets, threads,
   segments still in use), and every task's pools stayed within its ``memory``.
@@ -258,6 +259,16 @@ def lineitem(spark: SparkSession, rows: int, partitions: int) -> DataFrame:
     )
 
 
+def make_identity() -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A function that hands the batches back unchanged (the Python round trip alone); made
+    by a factory so that Spark pickles it by value (workers cannot import this module)."""
+
+    def identity(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from batches
+
+    return identity
+
+
 def fingerprint(df: DataFrame) -> dict[int, tuple[int, int]]:
     """Partition index -> (rows, sum of xxhash64 of every column): equal for two DataFrames
     whose partitions hold the same rows."""
@@ -331,7 +342,15 @@ def test_many_tasks(benchmark: Any, report: Any, spark: SparkSession, tasks: int
             )
         )
 
-    runs = {"exchange": exchange_run, "spark repartition": lambda: noop(df.repartition(tasks, "l_orderkey"))}
+    identity = make_identity()
+    runs = {
+        "exchange": exchange_run,
+        "spark repartition": lambda: noop(df.repartition(tasks, "l_orderkey")),
+        # The same shuffle with the rows then handed to Python and back, as exchange's are.
+        "spark repartition + mapInArrow": lambda: noop(
+            df.repartition(tasks, "l_orderkey").mapInArrow(identity, df.schema)
+        ),
+    }
     times = benchmark.pedantic(lambda: rounds_of(runs), rounds=1, iterations=1)
     # With the check above and the warm-up, 2 + ROUNDS exchanges ran in these workers.
     state = worker_state(spark, tasks)
@@ -343,8 +362,9 @@ def test_many_tasks(benchmark: Any, report: Any, spark: SparkSession, tasks: int
         print(f"  {name}: rounds {[round(t, 2) for t in ts]} s, median {statistics.median(ts):.2f} s")
         report(f"{tasks} tasks {name}", statistics.median(ts), "s", None, higher_is_better=False)
         benchmark.extra_info[f"{tasks} tasks {name} rounds"] = [round(t, 3) for t in ts]
-    ratio = statistics.median(times["spark repartition"]) / statistics.median(times["exchange"])
-    report(f"{tasks} tasks spark / exchange", ratio, "x", None)
+    for spark_run in ("spark repartition", "spark repartition + mapInArrow"):
+        ratio = statistics.median(times[spark_run]) / statistics.median(times["exchange"])
+        report(f"{tasks} tasks {spark_run} / exchange", ratio, "x", None)
     print(
         f"  per exchange (out-pool max, in-pool max, worker RSS growth MB): "
         f"{[(round(o, 2), round(i, 2), round(r / 1e6)) for o, i, r in usage]}"

@@ -36,7 +36,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-pytestmark = [pytest.mark.benchmark, pytest.mark.spark]
+# Each test runs a dozen Spark jobs: more than the suite's 300 s on a loaded 2-core machine.
+pytestmark = [pytest.mark.benchmark, pytest.mark.spark, pytest.mark.timeout(1800)]
 
 pytest.importorskip("pyspark")
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402

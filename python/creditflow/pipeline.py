@@ -234,6 +234,41 @@ def _change(cur: Mapping[str, Any], prev: Mapping[str, Any] | None, key: str) ->
     return per_second(float(cur.get(key, 0)), float(prev[key]), float(cur["time"]) - float(prev["time"]))
 
 
+def _mark_hot_consumers(latest: Sequence[dict[str, Any]], tasks: Sequence[TaskView]) -> None:
+    """In an exchange whose tasks report their subpartitions' backlog, the task the buffers
+    queue up for is the bottleneck while anyone is backpressured: with a skewed key every
+    producer waits for the hot key's task, whose own writer is HIGH too (it writes to itself),
+    so the rule of :func:`mark_bottlenecks` would name a task that merely waits for it."""
+    views = {t.env: t for t in tasks}
+    by_job: dict[str, list[dict[str, Any]]] = {}
+    for s in latest:
+        if s.get("kind") == "exchange" and isinstance(s.get("backlog"), list):
+            by_job.setdefault(str(s.get("job")), []).append(s)
+    for job, samples in by_job.items():
+        ids = {int(s["task"]): f"{job}/{s['task']}" for s in samples}
+        running = {t: views[i] for t, i in ids.items() if i in views}
+        if not any(v.level != "OK" for v in running.values()):
+            continue
+        queued = dict.fromkeys(ids, 0)
+        for s in samples:
+            for target, backlog in enumerate(s["backlog"]):
+                if target in queued:
+                    queued[target] += int(backlog)
+        hot = max(queued, key=lambda t: queued[t])
+        if queued[hot] <= 0:
+            continue
+        for t, view in running.items():
+            if t == hot:
+                view.bottleneck = True
+                view.reason = (
+                    f"{queued[hot]} buffers queued for it at its producers, the most of any task (a hot "
+                    f"key?); busy reading {round(100 * (1.0 - view.idle))}%"
+                )
+            elif view.bottleneck:
+                view.bottleneck = False
+                view.reason = f"waits for task {hot}, which the buffers queue up for"
+
+
 def from_spark(
     latest: Sequence[dict[str, Any]],
     previous: Mapping[tuple[str, int], dict[str, Any]] | None = None,
@@ -298,6 +333,7 @@ def from_spark(
             receiver.reason = f"the Receiver at {addr}, outside Spark: its metrics are not sampled"
             nodes.append(receiver)
     mark_bottlenecks(tasks)
+    _mark_hot_consumers(latest, tasks)
     by_id = {n.id: n for n in nodes}
     for t in tasks:
         n = by_id[t.env]

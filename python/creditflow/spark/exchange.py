@@ -318,8 +318,6 @@ def _sample(
         "backpressured_ms_per_second": pm["backpressured_ms_per_second"],
         "level": pm["level"],
         "backpressured_total": pm["backpressured_total"],
-        # Buffers queued per subpartition, i.e. per reading task: whom the producers wait for.
-        "backlog": [sp["backlog"] for sp in sorted(pm["subpartitions"], key=lambda sp: sp["index"])],
     }
     if gate is not None:
         gm = gate.metrics()

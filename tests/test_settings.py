@@ -219,6 +219,13 @@ def test_exchange_defaults_are_the_task_settings() -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(EnvSettings)}
     params = inspect.signature(exchange).parameters
     shared = [name for name in params if name in defaults]
-    assert shared == ["memory", "segment_size", "buffer_timeout", "exclusive_buffers", "floating_buffers"]
+    assert shared == [
+        "memory",
+        "segment_size",
+        "buffer_timeout",
+        "exclusive_buffers",
+        "floating_buffers",
+        "spill_dir",
+    ]
     for name in shared:
         assert same(params[name].default, defaults[name]), name

@@ -343,6 +343,27 @@ def test_spark_exchange_tasks_are_nodes_and_the_all_to_all_their_edges() -> None
     assert all(e.bytes_per_second == 0 for e in first.edges)
 
 
+def test_spark_exchange_with_a_hot_key_names_the_task_that_receives_the_most() -> None:
+    """Skew: every producer (the hot task 2 included, which writes to itself) is HIGH, and task 2
+    receives three times what task 0 does, both busy; task 1 is idle. Task 2 is the bottleneck,
+    not task 0, the busy reader whose upstream is HIGH that the general rule names."""
+
+    def samples(t: float) -> list[dict[str, Any]]:
+        out = [
+            exchange_sample(task, t, [share * MB * t] * 3, bp=0.9, idle=idle)
+            for task, share, idle in ((0, 1, 0.2), (1, 1, 0.9), (2, 3, 0.0))
+        ]
+        out[0]["level"], out[0]["backpressured_ms_per_second"] = "OK", 0.0
+        return out
+
+    p = from_spark(samples(10.5), {("j1", s["task"]): s for s in samples(10.0)})
+    assert [n.id for n in p.bottlenecks] == ["j1/2"]
+    assert "receiving the most (9.0 MB/s, 3.0x the median)" in by_id(p)["j1/2"].reason
+    assert by_id(p)["j1/0"].reason == "waits for task 2, which receives the most"
+    # Without rates (no previous sample) the general rule stands.
+    assert [n.id for n in from_spark(samples(10.5)).bottlenecks] == ["j1/0"]
+
+
 def test_spark_send_tasks_feed_one_receiver() -> None:
     def sample(task: int, t: float) -> dict[str, Any]:
         return {

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from creditflow.snapshot import TaskView, View, level_of, mark_bottlenecks, per_second
+from creditflow.snapshot import BUSY_THRESHOLD, TaskView, View, level_of, mark_bottlenecks, per_second
 
 __all__ = ["Edge", "Node", "Pipeline", "from_spark", "from_view", "layout"]
 
@@ -234,6 +234,38 @@ def _change(cur: Mapping[str, Any], prev: Mapping[str, Any] | None, key: str) ->
     return per_second(float(cur.get(key, 0)), float(prev[key]), float(cur["time"]) - float(prev["time"]))
 
 
+def _mark_hot_consumers(nodes: Sequence[Node], tasks: Sequence[TaskView], exchanges: Iterable[str]) -> None:
+    """In an exchange where some task is backpressured, the busy task that receives the most
+    bytes per second is the bottleneck. Backpressure paces every producer by the slowest
+    reader, so each task receives at the rate of its share: the hot key's task receives the
+    most, and its own writer is HIGH too (it writes to itself), so the rule of
+    :func:`mark_bottlenecks` would name a busy task that merely waits for it. Needs rates
+    (a previous sample); without them the general rule stands."""
+    views = {t.env: t for t in tasks}
+    for job in exchanges:
+        members = [n for n in nodes if n.id.startswith(f"{job}/") and n.id in views and not n.done]
+        if not any(views[n.id].level != "OK" for n in members):
+            continue
+        busy = [n for n in members if 1.0 - views[n.id].idle > BUSY_THRESHOLD and n.bytes_in_per_second > 0]
+        if not busy:
+            continue
+        hot = max(busy, key=lambda n: n.bytes_in_per_second)
+        rates = sorted(n.bytes_in_per_second for n in members)
+        median = rates[len(rates) // 2] or hot.bytes_in_per_second
+        for n in members:
+            view = views[n.id]
+            if n is hot:
+                view.bottleneck = True
+                view.reason = (
+                    f"busy reading {round(100 * (1.0 - view.idle))}% and receiving the most "
+                    f"({hot.bytes_in_per_second / 1e6:.1f} MB/s, {hot.bytes_in_per_second / median:.1f}x the "
+                    "median): the backpressured producers wait for it (a hot key?)"
+                )
+            elif view.bottleneck:
+                view.bottleneck = False
+                view.reason = f"waits for {hot.name}, which receives the most"
+
+
 def from_spark(
     latest: Sequence[dict[str, Any]],
     previous: Mapping[tuple[str, int], dict[str, Any]] | None = None,
@@ -298,6 +330,10 @@ def from_spark(
             receiver.reason = f"the Receiver at {addr}, outside Spark: its metrics are not sampled"
             nodes.append(receiver)
     mark_bottlenecks(tasks)
+    exchanges = [
+        job for job in jobs if all(s.get("kind") == "exchange" for s in latest if str(s.get("job")) == job)
+    ]
+    _mark_hot_consumers(nodes, tasks, exchanges)
     by_id = {n.id: n for n in nodes}
     for t in tasks:
         n = by_id[t.env]

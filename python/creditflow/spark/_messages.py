@@ -89,7 +89,10 @@ class Inbox:
 
     def __init__(self, handler: Handler, *, host: str, key: str, name: str) -> None:
         self._handler = handler
-        self._listener = Listener((host, 0), authkey=key.encode())
+        # multiprocessing's default backlog is 1: with many tasks connecting at once, the
+        # kernel drops the final ACK of those that do not fit, their side counts as connected
+        # and waits for the challenge forever (seen with a 16-task exchange's reporters).
+        self._listener = Listener((host, 0), backlog=socket.SOMAXCONN, authkey=key.encode())
         bound_host, port = self._listener.address
         self.address = f"{bound_host}:{port}"
         self._closed = threading.Event()

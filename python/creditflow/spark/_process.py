@@ -41,6 +41,11 @@ class EnvSettings:
     bind: str | None = None
     #: Address to advertise instead of the bound one (NAT, containers).
     advertise: str | None = None
+    #: Connections the environment serves at once; an exchange raises it to twice its tasks
+    #: (each task serves one connection per peer that reads its partition).
+    max_connections: int = 512
+    #: Where hybrid partitions spill (an exchange with ``kind="hybrid"``); None = system temp.
+    spill_dir: str | None = None
 
 
 #: The defaults of :class:`EnvSettings` that differ from ``NetworkEnvironment``'s, and why.
@@ -102,6 +107,8 @@ class _Cache:
                 bind=settings.bind or bind_address(host),
                 secret=settings.secret,
                 advertise=settings.advertise,
+                spill_dir=settings.spill_dir,
+                max_connections=settings.max_connections,
             )
             self.envs[settings] = (env, 1)
             return env

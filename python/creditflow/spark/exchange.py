@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import pyarrow as pa
 from pyspark import BarrierTaskContext
@@ -40,6 +40,13 @@ from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
 #: What ``func`` receives and returns: the batches of one output partition.
 PartitionFunction = Callable[[Iterator[pa.RecordBatch]], Iterable[pa.RecordBatch]]
 
+#: The partition kinds an exchange can use (``kind=``).
+ExchangeKind = Literal["pipelined", "hybrid"]
+
+#: Segments a hybrid partition's pool needs beyond a pipelined one's (its readers' disk reads;
+#: docs/design.md "Memory").
+HYBRID_EXTRA_SEGMENTS = 8
+
 
 @dataclass(frozen=True)
 class _Plan:
@@ -48,6 +55,7 @@ class _Plan:
     exchange_id: str
     keys: tuple[str, ...]
     num_tasks: int
+    kind: ExchangeKind
     env: EnvSettings
     timeout: float | None
     func: PartitionFunction | None
@@ -66,6 +74,8 @@ def exchange(
     buffer_timeout: float = 0.1,
     exclusive_buffers: int = 2,
     floating_buffers: int = 8,
+    kind: ExchangeKind = "pipelined",
+    spill_dir: str | None = None,
     timeout: float | None = 600.0,
     monitor: Monitor | None = None,
 ) -> DataFrame:
@@ -88,14 +98,23 @@ def exchange(
         memory: creditflow network memory per task (bounds what a task holds in flight).
         segment_size, buffer_timeout, exclusive_buffers, floating_buffers: as for
             :class:`creditflow.NetworkEnvironment`.
+        kind: Each task's partition: ``"pipelined"`` (default: a slow task's producers wait
+            for it, everything stays in memory) or ``"hybrid"`` (a producer never waits for
+            a slow task: what that task has not read yet spills to ``spill_dir``; the
+            producer's writer finishes early, its task still waits until everything it wrote
+            has been read). See docs/design.md "Spillable partitions".
+        spill_dir: Where ``kind="hybrid"`` spills (default: ``creditflow-spill`` in the
+            system temp dir), as for :class:`creditflow.NetworkEnvironment`.
         timeout: Longest a task waits without progress (for a buffer, for data, or for its
             consumers to finish reading), in seconds; None waits without limit.
         monitor: A :class:`creditflow.spark.Monitor` that receives live per-task metrics.
 
     Raises:
         ValueError: for fewer task slots than partitions (at once, naming both numbers and
-            the fix), bad keys, or a bad setting.
+            the fix), bad keys, an unknown ``kind``, or a bad setting.
     """
+    if kind not in get_args(ExchangeKind):
+        raise ValueError(f"kind must be one of {list(get_args(ExchangeKind))}, got {kind!r}")
     key_list = (keys,) if isinstance(keys, str) else tuple(keys)
     if not key_list:
         raise ValueError("exchange needs at least one key column")
@@ -123,13 +142,18 @@ def exchange(
         buffer_timeout=buffer_timeout,
         exclusive_buffers=exclusive_buffers,
         floating_buffers=floating_buffers,
+        spill_dir=spill_dir,
+        # Every peer reads this task's partition over a connection of its own: past 512 tasks
+        # the default limit would refuse some of them.
+        max_connections=max(EnvSettings.max_connections, 2 * n),
     )
     # Fail on the driver for settings the tasks would refuse (memory too small for n tasks...).
-    _check_settings(settings, n)
+    _check_settings(settings, n, kind)
     plan = _Plan(
         exchange_id=uuid.uuid4().hex[:12],
         keys=key_list,
         num_tasks=n,
+        kind=kind,
         env=settings,
         timeout=timeout,
         func=func,
@@ -156,16 +180,17 @@ def _check_key_types(df: DataFrame, keys: tuple[str, ...]) -> None:
         raise ValueError(f"cannot exchange by {list(keys)}: {exc}") from None
 
 
-def _check_settings(settings: EnvSettings, n: int) -> None:
+def _check_settings(settings: EnvSettings, n: int, kind: ExchangeKind = "pipelined") -> None:
     """Fails on the driver, with creditflow's numbers, when a task's memory cannot hold its
-    partition (n subpartitions + 1 segments) and its gate (n - 1 remote channels' exclusive
-    buffers + at least one floating), rather than in every task."""
+    partition (n subpartitions + 1 segments, a hybrid one 8 more) and its gate (n - 1 remote
+    channels' exclusive buffers + at least one floating), rather than in every task."""
     segment = cf.parse_bytes(settings.segment_size)
     total = cf.parse_bytes(settings.memory) // max(segment, 1)
-    required = (n + 1) + (n - 1) * settings.exclusive_buffers + 1
+    partition = n + 1 + (HYBRID_EXTRA_SEGMENTS if kind == "hybrid" else 0)
+    required = partition + (n - 1) * settings.exclusive_buffers + 1
     if required > total:
         raise cf.InsufficientBuffersError(
-            f"an exchange over {n} tasks needs at least {required} segments per task ({n + 1} for its "
+            f"an exchange over {n} tasks needs at least {required} segments per task ({partition} for its "
             f"partition, {n - 1} x exclusive_buffers={settings.exclusive_buffers} + 1 for its gate) but "
             f"memory={settings.memory!r} holds {total} segments of {segment} bytes: raise memory= or "
             "lower segment_size=",
@@ -213,7 +238,9 @@ def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
     with task_environment(plan.env, host) as env:
         # The stage's own count of tasks (the driver's plan.num_tasks, unless the plan changed).
         tasks = len(ctx.getTaskInfos())
-        part = env.create_partition(f"cf-exchange/{plan.exchange_id}/{ctx.taskAttemptId()}", tasks)
+        part = env.create_partition(
+            f"cf-exchange/{plan.exchange_id}/{ctx.taskAttemptId()}", tasks, kind=plan.kind
+        )
         gate: cf.InputGate | None = None
         writer: _Writer | None = None
         received = {"rows": 0, "bytes": 0}
@@ -277,6 +304,7 @@ def _sample(
     sample: dict[str, Any] = {
         "job": plan.exchange_id,
         "kind": "exchange",
+        "partition_kind": plan.kind,
         "task": task,
         "partition_id": part.id,
         "rows_in": writer.rows if writer else 0,

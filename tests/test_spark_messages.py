@@ -1,0 +1,55 @@
+"""The control messages of creditflow.spark (``_messages``): many tasks connecting at once.
+
+Every task of an exchange or a ``send`` with a monitor opens an ``Outbox`` to the driver's
+``Inbox`` when it starts, so with many tasks they all connect within milliseconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("pyspark")
+from creditflow.spark._messages import Inbox, Message, Outbox
+
+PEERS = 64
+
+
+def test_many_peers_connecting_at_once_all_get_through() -> None:
+    """With the listen backlog multiprocessing uses by default (1), peers whose connection did
+    not fit waited for the authentication challenge forever; every one must get through."""
+    got: list[Message] = []
+    lock = threading.Lock()
+
+    def handle(message: Message) -> None:
+        with lock:
+            got.append(message)
+
+    inbox = Inbox(handle, host="127.0.0.1", key="k" * 32, name="test-inbox")
+    start = threading.Barrier(PEERS)
+
+    def peer(i: int) -> None:
+        start.wait()
+        out = Outbox(inbox.address, "k" * 32)
+        out.send({"peer": i})
+        out.close()
+
+    threads = [threading.Thread(target=peer, args=(i,), daemon=True) for i in range(PEERS)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        stuck = sum(t.is_alive() for t in threads)
+        assert stuck == 0, f"{stuck} of {PEERS} peers never got through"
+        while time.monotonic() < deadline:
+            with lock:
+                if len(got) == PEERS:
+                    break
+            time.sleep(0.05)
+        assert sorted(m["peer"] for m in got) == list(range(PEERS))
+    finally:
+        inbox.close()

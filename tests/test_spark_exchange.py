@@ -170,6 +170,49 @@ def test_func_aggregates_each_partition_without_a_second_stage(spark: SparkSessi
     assert out.count() == 101
 
 
+def test_map_in_arrow_right_after_exchange_runs_in_the_exchange_s_tasks(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``exchange(df, k).mapInArrow(f)`` is fused: the plan has one Python pass (the
+    exchange's barrier stage runs ``f``), ``f`` runs after ``func`` when there is one, and the
+    rows are those of the unfused plan."""
+    df = spark.range(0, 20_000, numPartitions=2).select((F.col("id") % 31).alias("k"), F.col("id").alias("v"))
+    schema = "rows long, total long"
+
+    def count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        got = list(batches)
+        yield pa.RecordBatch.from_pydict(
+            {
+                "rows": [sum(b.num_rows for b in got)],
+                "total": [sum(pc.sum(b.column("v")).as_py() or 0 for b in got)],
+            },
+            schema=pa.schema([("rows", pa.int64()), ("total", pa.int64())]),
+        )
+
+    def odd_only(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            yield b.filter(pc.equal(pc.bit_wise_and(b.column("v"), 1), 1))
+
+    def python_passes(out: DataFrame) -> int:
+        capsys.readouterr()
+        out.explain()
+        return capsys.readouterr().out.count("MapInArrow")
+
+    def rows(out: DataFrame) -> list[tuple[int, int]]:
+        return sorted((r["rows"], r["total"]) for r in out.collect())
+
+    fused = cfs.exchange(df, "k").mapInArrow(count, schema)
+    # The same function after a plain DataFrame step is a second Python pass.
+    unfused = cfs.exchange(df, "k").select("k", "v").mapInArrow(count, schema)
+    assert (python_passes(fused), python_passes(unfused)) == (1, 2)
+    assert rows(fused) == rows(unfused)
+    assert sum(n for n, _ in rows(fused)) == 20_000
+    # After func, and chained again: each function sees what the one before it yields.
+    chained = cfs.exchange(df, "k", func=odd_only).mapInArrow(odd_only, df.schema).mapInArrow(count, schema)
+    assert python_passes(chained) == 1
+    assert sum(n for n, _ in rows(chained)) == 10_000
+
+
 def test_num_partitions_other_than_the_input_s(spark: SparkSession) -> None:
     df = spark.range(0, 5_000, numPartitions=2).select("id", (F.col("id") % 17).alias("k"))
     out = cfs.exchange(df, "k", num_partitions=1)

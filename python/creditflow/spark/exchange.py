@@ -18,6 +18,7 @@ its own partition has been read by everyone before it lets go of it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import threading
@@ -84,6 +85,15 @@ def exchange(
     Returns a DataFrame with ``df``'s schema (or ``schema`` when ``func`` changes it) whose
     partition i holds exactly the rows ``df.repartition(n, *keys)`` puts in partition i.
     Nothing runs until an action; each action runs the exchange again.
+
+    The exchange pays when Python work follows it in its own stage: pass that work as
+    ``func``, or call ``mapInArrow(f, schema)`` directly on the returned DataFrame, which runs
+    ``f`` in the same tasks (after ``func``, if given). After any other step (``select``,
+    ``filter``, ...) a ``mapInArrow`` is a second Python pass that Spark does not fuse: every
+    row goes back to the JVM and out to Python again, which costs more than the exchange saves
+    (more than ``df.repartition(n, *keys).mapInArrow(f)``). When Spark SQL follows (``groupBy``,
+    joins), Spark's own ``repartition`` feeds it without Python. Figures: the README's PySpark
+    section and docs/benchmarks.md.
 
     Args:
         df: The input. Its partitions become the exchange's tasks.
@@ -161,10 +171,57 @@ def exchange(
     )
     out_schema = df.schema if schema is None else schema
 
+    return _fusing(df, plan, out_schema)
+
+
+def _fusing(df: DataFrame, plan: _Plan, schema: StructType | str, profile: Any = None) -> DataFrame:
+    """The exchange's barrier stage over ``df``, as a DataFrame whose own ``mapInArrow`` runs
+    its function inside that stage (see :class:`_FusesMapInArrow`)."""
+
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return _task(plan, batches)
 
-    return df.mapInArrow(run, out_schema, barrier=True)
+    out = df.mapInArrow(run, schema, barrier=True, profile=profile)
+    base = type(out)
+    fusing = _FUSING_CLASSES.get(base)
+    if fusing is None:
+        fusing = _FUSING_CLASSES.setdefault(base, type(base.__name__, (_FusesMapInArrow, base), {}))
+    # Same instance layout (the mixin adds only a method): the result stays a plain DataFrame
+    # of its session's kind (classic or Connect) for every other method.
+    out.__class__ = fusing
+    out.__dict__["_creditflow_fuse"] = (df, plan)
+    return out
+
+
+class _FusesMapInArrow:
+    """Mixed into the DataFrame ``exchange`` returns: ``exchange(df, keys).mapInArrow(f, schema)``
+    runs ``f`` in the exchange's own tasks, as ``exchange(df, keys, func=f, schema=schema)``
+    does, instead of sending every row back to the JVM and out to Python again."""
+
+    def mapInArrow(
+        self, func: PartitionFunction, schema: StructType | str, barrier: bool = False, profile: Any = None
+    ) -> DataFrame:
+        """``func`` runs on the exchange's output partitions inside its barrier stage (one
+        Python pass instead of two). ``barrier`` is accepted and has no effect: the stage is
+        a barrier stage already."""
+        df, plan = self.__dict__["_creditflow_fuse"]
+        fused = dataclasses.replace(plan, func=_then(plan.func, func))
+        return _fusing(df, fused, schema, profile)
+
+
+#: The fusing subclass of each DataFrame class (classic, Connect), made once.
+_FUSING_CLASSES: dict[type, type] = {}
+
+
+def _then(first: PartitionFunction | None, second: PartitionFunction) -> PartitionFunction:
+    """``second`` applied to what ``first`` yields (``second`` alone without ``first``)."""
+    if first is None:
+        return second
+
+    def both(batches: Iterator[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
+        return second(iter(first(batches)))
+
+    return both
 
 
 def _check_key_types(df: DataFrame, keys: tuple[str, ...]) -> None:
@@ -206,8 +263,6 @@ class _Writer:
 
     def __init__(self, part: cf.ResultPartition, plan: _Plan, batches: Iterator[pa.RecordBatch]) -> None:
         self.error: BaseException | None = None
-        self.rows = 0
-        self.bytes = 0
         self.write_seconds = 0.0
         self._part = part
         self._plan = plan
@@ -218,12 +273,13 @@ class _Writer:
     def _run(self) -> None:
         try:
             with cf.RecordWriter(self._part, cf.HashPartitioner(list(self._plan.keys))) as w:
+                # The hot loop: rows and bytes are counted by the partition (its metrics), not
+                # here (``batch.nbytes`` walks every buffer of the batch).
+                write, timeout, clock = w.write, self._plan.timeout, time.perf_counter
                 for batch in self._batches:
-                    start = time.perf_counter()
-                    w.write(batch, timeout=self._plan.timeout)
-                    self.write_seconds += time.perf_counter() - start
-                    self.rows += batch.num_rows
-                    self.bytes += batch.nbytes
+                    start = clock()
+                    write(batch, timeout=timeout)
+                    self.write_seconds += clock() - start
         except BaseException as exc:  # reported by the task's own thread
             self.error = exc
 
@@ -243,13 +299,12 @@ def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
         )
         gate: cf.InputGate | None = None
         writer: _Writer | None = None
-        received = {"rows": 0, "bytes": 0}
 
         served = metrics_url_of(env) if plan.monitor is not None and plan.monitor.metrics else None
         metrics = {"metrics_url": served} if served else {}
 
         def sample() -> dict[str, Any]:
-            return {**_sample(plan, me, part, gate, writer, received), **metrics}
+            return {**_sample(plan, me, part, gate, writer), **metrics}
 
         reporter = Reporter(plan.monitor, sample)
         try:
@@ -257,7 +312,7 @@ def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
             peers = [json.loads(m) for m in ctx.allGather(me_msg)]
             gate = env.create_input_gate([cf.ChannelSpec(p["address"], p["partition"], me) for p in peers])
             writer = _Writer(part, plan, batches)
-            inputs = _receive(gate, plan.timeout, received)
+            inputs = _receive(gate, plan.timeout)
             outputs = plan.func(inputs) if plan.func is not None else inputs
             try:
                 yield from outputs
@@ -285,10 +340,10 @@ def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
                 gate.close()
 
 
-def _receive(gate: cf.InputGate, timeout: float | None, received: dict[str, int]) -> Iterator[pa.RecordBatch]:
-    while (batch := gate.next(timeout=timeout)) is not None:
-        received["rows"] += batch.num_rows
-        received["bytes"] += batch.nbytes
+def _receive(gate: cf.InputGate, timeout: float | None) -> Iterator[pa.RecordBatch]:
+    """The gate's batches until every task's partition has ended (the gate counts them)."""
+    take = gate.next
+    while (batch := take(timeout=timeout)) is not None:
         yield batch
 
 
@@ -298,20 +353,21 @@ def _sample(
     part: cf.ResultPartition,
     gate: cf.InputGate | None,
     writer: _Writer | None,
-    received: dict[str, int],
 ) -> dict[str, Any]:
     pm = part.metrics()
+    gm = gate.metrics() if gate is not None else None
     sample: dict[str, Any] = {
         "job": plan.exchange_id,
         "kind": "exchange",
         "partition_kind": plan.kind,
         "task": task,
         "partition_id": part.id,
-        "rows_in": writer.rows if writer else 0,
-        "bytes_in": writer.bytes if writer else 0,
+        # What the task wrote (its input, split) and what its gate received.
+        "rows_in": pm["rows_written"],
+        "bytes_in": pm["bytes_written"],
         "write_seconds": writer.write_seconds if writer else 0.0,
-        "rows_out": received["rows"],
-        "bytes_out": received["bytes"],
+        "rows_out": gm["rows_received"] if gm is not None else 0,
+        "bytes_out": gm["bytes_received"] if gm is not None else 0,
         "bytes_sent": pm["bytes_written"],
         # The partition's metrics, under their Rust names (creditflow.metrics).
         "out_pool_usage": pm["out_pool_usage"],
@@ -319,8 +375,7 @@ def _sample(
         "level": pm["level"],
         "backpressured_total": pm["backpressured_total"],
     }
-    if gate is not None:
-        gm = gate.metrics()
+    if gm is not None:
         sample["in_pool_usage"] = gm["pool"]["usage"]
         sample["idle_ms_per_second"] = gm["idle_ms_per_second"]
         sample["idle_total"] = gm["idle_total"]

@@ -161,11 +161,11 @@ impl Splitter {
             self.order[*slot] = row as u32;
             *slot += 1;
         }
-        // Columns without nulls of the common types are scattered in one pass (the rows of
+        // Columns without nulls of the common types are split in one pass each (the rows of
         // each piece stay in input order); everything else goes through Arrow's `take`.
         let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::with_capacity(batch.num_columns()); n];
         for col in batch.columns() {
-            let pieces = match scatter(col, &self.ids, &self.counts, n) {
+            let pieces = match scatter(col, &self.ids, &self.order, &self.counts, n) {
                 Some(pieces) => pieces,
                 None => (0..n)
                     .map(|p| {
@@ -196,10 +196,10 @@ impl Splitter {
     }
 }
 
-/// Splits a column without nulls into `n` pieces by partition id, in one pass; `None` for
-/// columns this fast path does not handle. `offsets[p]..offsets[p + 1]` is piece p's row range
-/// in the counting sort, i.e. `offsets[p + 1] - offsets[p]` rows.
-fn scatter(col: &ArrayRef, ids: &[u32], offsets: &[usize], n: usize) -> Option<Vec<ArrayRef>> {
+/// Splits a column without nulls into `n` pieces by partition id; `None` for columns this fast
+/// path does not handle. `order` is the counting sort of the row indices by id, and
+/// `offsets[p]..offsets[p + 1]` is piece p's range in it, i.e. `offsets[p + 1] - offsets[p]` rows.
+fn scatter(col: &ArrayRef, ids: &[u32], order: &[u32], offsets: &[usize], n: usize) -> Option<Vec<ArrayRef>> {
     if col.null_count() != 0 || col.len() != ids.len() {
         return None;
     }
@@ -210,26 +210,32 @@ fn scatter(col: &ArrayRef, ids: &[u32], offsets: &[usize], n: usize) -> Option<V
         DataType::Binary => Some(scatter_bytes::<GenericBinaryType<i32>>(col, ids, &counts)),
         DataType::LargeBinary => Some(scatter_bytes::<GenericBinaryType<i64>>(col, ids, &counts)),
         dt if dt.is_primitive() => match dt.primitive_width()? {
-            1 => Some(scatter_fixed::<u8>(col, ids, &counts)),
-            2 => Some(scatter_fixed::<u16>(col, ids, &counts)),
-            4 => Some(scatter_fixed::<u32>(col, ids, &counts)),
-            8 => Some(scatter_fixed::<u64>(col, ids, &counts)),
-            16 => Some(scatter_fixed::<u128>(col, ids, &counts)),
+            1 => Some(gather_fixed::<u8>(col, order, offsets)),
+            2 => Some(gather_fixed::<u16>(col, order, offsets)),
+            4 => Some(gather_fixed::<u32>(col, order, offsets)),
+            8 => Some(gather_fixed::<u64>(col, order, offsets)),
+            16 => Some(gather_fixed::<u128>(col, order, offsets)),
             _ => None,
         },
         _ => None,
     }
 }
 
-/// Fixed-width values reinterpreted as `T` (same width), scattered by id.
-fn scatter_fixed<T: ArrowNativeType>(col: &ArrayRef, ids: &[u32], counts: &[usize]) -> Vec<ArrayRef> {
+/// Fixed-width values reinterpreted as `T` (same width), piece by piece: each piece is
+/// gathered through its range of `order` into a vector of exactly its length: sequential
+/// writes without a capacity check per value, several times faster than pushing each value
+/// onto its piece's vector in input order (figures: docs/benchmarks.md, PySpark).
+fn gather_fixed<T: ArrowNativeType>(col: &ArrayRef, order: &[u32], offsets: &[usize]) -> Vec<ArrayRef> {
     let data = col.to_data();
     let values: &[T] = &data.buffers()[0].typed_data::<T>()[data.offset()..data.offset() + data.len()];
-    let mut outs: Vec<Vec<T>> = counts.iter().map(|&c| Vec::with_capacity(c)).collect();
-    for (&v, &id) in values.iter().zip(ids) {
-        outs[id as usize].push(v);
-    }
-    outs.into_iter()
+    offsets
+        .windows(2)
+        .map(|w| {
+            order[w[0]..w[1]]
+                .iter()
+                .map(|&r| values[r as usize])
+                .collect::<Vec<T>>()
+        })
         .map(|v| {
             let len = v.len();
             let data = ArrayData::builder(col.data_type().clone())

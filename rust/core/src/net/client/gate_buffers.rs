@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 
 use super::state::{GateBuffers, Received, RecordBytes, RemoteChannel, RemoteGate};
 use super::stats::{RemoteChannelStats, RemoteStats};
+use crate::net::shm::ChannelTransport;
 use crate::base::config::{ChannelSpec, FlowControl};
 use crate::base::error::{Error, Result};
 use crate::memory::PooledSegment;
@@ -177,6 +178,11 @@ impl RemoteGate {
                     queued_buffers: ch.queued(),
                     record_bytes: r.held,
                     record_bytes_peak: r.peak,
+                    transport: if ch.conn.shm.load(std::sync::atomic::Ordering::Relaxed) {
+                        ChannelTransport::Shm
+                    } else {
+                        ChannelTransport::Tcp
+                    },
                 };
                 (ch.spec.clone(), stats)
             })

@@ -73,14 +73,21 @@ mod transport {
             any::<[u8; 32]>(),
             proptest::option::of((any::<[u8; 16]>(), any::<u32>(), any::<u32>(), any::<u64>())),
         )
-            .prop_map(|(version, segment_size, max_frame_size, auth, nonce, shm)| Hello {
-                version,
-                segment_size,
-                max_frame_size,
-                auth,
-                nonce,
-                shm: shm.map(|(boot_id, uid, pid, key)| ShmOffer { boot_id, uid, pid, key }),
-            })
+            .prop_map(
+                |(version, segment_size, max_frame_size, auth, nonce, shm)| Hello {
+                    version,
+                    segment_size,
+                    max_frame_size,
+                    auth,
+                    nonce,
+                    shm: shm.map(|(boot_id, uid, pid, key)| ShmOffer {
+                        boot_id,
+                        uid,
+                        pid,
+                        key,
+                    }),
+                },
+            )
     }
 
     fn error_kind() -> impl Strategy<Value = ErrorKind> {

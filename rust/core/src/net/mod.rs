@@ -20,6 +20,6 @@ mod tls;
 
 pub(crate) use client::{recycle_all, Inbound, RecordBytes, RemoteChannel, RemoteGate};
 pub use client::{RemoteChannelStats, RemoteStats};
-pub use shm::ChannelTransport;
 pub(crate) use runtime::{Transport, TransportConfig};
+pub use shm::ChannelTransport;
 pub(crate) use tls::Tls;

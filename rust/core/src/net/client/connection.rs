@@ -284,7 +284,13 @@ where
 {
     let mut reader = FrameReader::new(rd);
     let offer = if ctx.shm { shm::local_offer(0) } else { None };
-    let hs = handshake::client_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref(), offer);
+    let hs = handshake::client_handshake(
+        &mut reader,
+        &mut wr,
+        ctx.segment_size,
+        ctx.secret.as_deref(),
+        offer,
+    );
     let negotiated = match tokio::time::timeout(ctx.handshake_timeout, hs).await {
         Ok(r) => r?,
         Err(_) => {
@@ -307,8 +313,14 @@ where
                 reader.set_max_frame_size(wire::max_frame_size(negotiated.payload_limit));
                 return run_loops(conn, reader, swr).await;
             }
-            Ok(Err(e)) => log::info!("connection to {}: no shared memory ({e}), staying on TCP", conn.addr),
-            Err(_) => log::info!("connection to {}: no shared-memory link in time, staying on TCP", conn.addr),
+            Ok(Err(e)) => log::info!(
+                "connection to {}: no shared memory ({e}), staying on TCP",
+                conn.addr
+            ),
+            Err(_) => log::info!(
+                "connection to {}: no shared-memory link in time, staying on TCP",
+                conn.addr
+            ),
         }
     }
     run_loops(conn, reader, wr).await

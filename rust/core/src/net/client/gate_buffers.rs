@@ -11,10 +11,10 @@ use tokio::sync::Notify;
 
 use super::state::{GateBuffers, Received, RecordBytes, RemoteChannel, RemoteGate};
 use super::stats::{RemoteChannelStats, RemoteStats};
-use crate::net::shm::ChannelTransport;
 use crate::base::config::{ChannelSpec, FlowControl};
 use crate::base::error::{Error, Result};
 use crate::memory::PooledSegment;
+use crate::net::shm::ChannelTransport;
 use crate::protocol::credit::{
     BufferLease, ChannelCreditStats, ChannelId, ChannelRecordStats, Credit, Delivery, GateCredit,
     GateCreditConfig, ReceiverAction, RecordBudget,

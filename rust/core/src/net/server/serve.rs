@@ -13,8 +13,8 @@ use crate::base::error::{Error, Result};
 use crate::net::handshake;
 use crate::net::io::{self, FrameReader, FrameSource, InFrame};
 use crate::net::limits::{self, Slot};
-use crate::partition::Registry;
 use crate::net::shm::{self, ShmListener};
+use crate::partition::Registry;
 use crate::protocol::wire::{self, Message};
 use crate::serde::Compression;
 
@@ -26,7 +26,13 @@ where
 {
     let mut reader = FrameReader::new(rd);
     let offer = ctx.shm.as_ref().map(|l| l.offer());
-    let hs = handshake::server_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref(), offer);
+    let hs = handshake::server_handshake(
+        &mut reader,
+        &mut wr,
+        ctx.segment_size,
+        ctx.secret.as_deref(),
+        offer,
+    );
     let negotiated = match tokio::time::timeout(ctx.handshake_timeout, hs).await {
         Ok(Ok(n)) => n,
         Ok(Err(e)) => {

@@ -22,7 +22,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage,
+    SendFlags,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{oneshot, watch};
@@ -138,7 +141,10 @@ impl ShmListener {
             }
             Some(Pending::Arrived(_)) => log::warn!("creditflow: a second shared-memory link with one token"),
             None => {
-                let early = pending.values().filter(|p| matches!(p, Pending::Arrived(_))).count();
+                let early = pending
+                    .values()
+                    .filter(|p| matches!(p, Pending::Arrived(_)))
+                    .count();
                 if early < MAX_EARLY {
                     pending.insert(token, Pending::Arrived(sock));
                     let this = Arc::downgrade(self);
@@ -234,7 +240,10 @@ fn region_len(s2c: usize, c2s: usize) -> usize {
 }
 
 /// Server side: checks the client's credentials, creates the region and passes it.
-pub(crate) async fn serve_link(sock: UnixStream, client: &ShmOffer) -> std::io::Result<(ShmReader, ShmWriter)> {
+pub(crate) async fn serve_link(
+    sock: UnixStream,
+    client: &ShmOffer,
+) -> std::io::Result<(ShmReader, ShmWriter)> {
     check_peer(&sock, client.pid)?;
     let (region, fd) = Region::create(region_len(SERVER_TO_CLIENT, CLIENT_TO_SERVER))?;
     let layout = layout_bytes();
@@ -255,12 +264,18 @@ pub(crate) async fn serve_link(sock: UnixStream, client: &ShmOffer) -> std::io::
     let to_client = Ring::new(region.clone(), 0, SERVER_TO_CLIENT);
     let from_client = Ring::new(region, RING_HEADER + SERVER_TO_CLIENT, CLIENT_TO_SERVER);
     let bell = Doorbell::new(sock);
-    Ok((ShmReader::new(from_client, bell.clone()), ShmWriter::new(to_client, bell)))
+    Ok((
+        ShmReader::new(from_client, bell.clone()),
+        ShmWriter::new(to_client, bell),
+    ))
 }
 
 /// Client side: connects to the server's listener, checks its credentials, sends the token
 /// and maps the region it gets.
-pub(crate) async fn connect_link(server: &ShmOffer, token: &Nonce) -> std::io::Result<(ShmReader, ShmWriter)> {
+pub(crate) async fn connect_link(
+    server: &ShmOffer,
+    token: &Nonce,
+) -> std::io::Result<(ShmReader, ShmWriter)> {
     let mut sock = UnixStream::connect(socket_name(server)).await?;
     check_peer(&sock, server.pid)?;
     sock.write_all(token).await?;
@@ -298,12 +313,17 @@ pub(crate) async fn connect_link(server: &ShmOffer, token: &Nonce) -> std::io::R
     let c2s = u64::from_le_bytes(layout[8..].try_into().expect("8 bytes")) as usize;
     let sane = |n: usize| n.is_power_of_two() && (4096..=1 << 30).contains(&n);
     if !sane(s2c) || !sane(c2s) {
-        return Err(std::io::Error::other(format!("bad shared-memory layout {s2c}/{c2s}")));
+        return Err(std::io::Error::other(format!(
+            "bad shared-memory layout {s2c}/{c2s}"
+        )));
     }
     let region = Arc::new(Region::map(&fd, region_len(s2c, c2s))?);
     drop(fd);
     let from_server = Ring::new(region.clone(), 0, s2c);
     let to_server = Ring::new(region, RING_HEADER + s2c, c2s);
     let bell = Doorbell::new(sock);
-    Ok((ShmReader::new(from_server, bell.clone()), ShmWriter::new(to_server, bell)))
+    Ok((
+        ShmReader::new(from_server, bell.clone()),
+        ShmWriter::new(to_server, bell),
+    ))
 }

@@ -36,7 +36,9 @@ impl Region {
     pub(crate) fn map(fd: &OwnedFd, len: usize) -> std::io::Result<Region> {
         let seals = rustix::fs::fcntl_get_seals(fd)?;
         if !seals.contains(SealFlags::SHRINK) {
-            return Err(std::io::Error::other("the shared region is not sealed against shrinking"));
+            return Err(std::io::Error::other(
+                "the shared region is not sealed against shrinking",
+            ));
         }
         let size = rustix::fs::fstat(fd)?.st_size;
         if size < 0 || (size as u64) < len as u64 {
@@ -60,7 +62,8 @@ impl Region {
                 0,
             )?
         };
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| std::io::Error::other("mmap returned null"))?;
+        let ptr =
+            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| std::io::Error::other("mmap returned null"))?;
         Ok(Region { ptr, len })
     }
 

@@ -30,7 +30,10 @@ pub(crate) struct Corrupt;
 
 impl From<Corrupt> for std::io::Error {
     fn from(_: Corrupt) -> Self {
-        std::io::Error::new(std::io::ErrorKind::InvalidData, "the peer corrupted a shared ring")
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "the peer corrupted a shared ring",
+        )
     }
 }
 
@@ -129,7 +132,8 @@ impl Ring {
         }
         let tail = self.word64(TAIL).load(Ordering::Relaxed);
         self.copy_out(tail, &mut dst[..n]);
-        self.word64(TAIL).store(tail.wrapping_add(n as u64), Ordering::Release);
+        self.word64(TAIL)
+            .store(tail.wrapping_add(n as u64), Ordering::Release);
         Ok(n)
     }
 

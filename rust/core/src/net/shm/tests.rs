@@ -69,14 +69,20 @@ fn a_corrupted_header_is_an_error_not_an_out_of_bounds_access() {
     let ring = Ring::new(region.clone(), 0, 4096);
     // The peer claims a head far beyond the capacity.
     // SAFETY: the head word at offset 0 of the header, written as the peer would.
-    unsafe { (*(region.base() as *const std::sync::atomic::AtomicU64)).store(1 << 40, std::sync::atomic::Ordering::SeqCst) };
+    unsafe {
+        (*(region.base() as *const std::sync::atomic::AtomicU64))
+            .store(1 << 40, std::sync::atomic::Ordering::SeqCst)
+    };
     let mut buf = [MaybeUninit::<u8>::uninit(); 16];
     assert!(ring.pop(&mut buf).is_err());
     assert!(ring.push(&[IoSlice::new(b"x")]).is_err());
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// A listener and a linked pair (server halves, client halves) in this process.
@@ -115,7 +121,12 @@ fn a_link_carries_bytes_both_ways_and_ends_cleanly() {
         });
         let mut got = Vec::new();
         crd.read_to_end(&mut got).await.unwrap();
-        assert!(got == expect, "the stream arrived changed ({} of {} bytes)", got.len(), expect.len());
+        assert!(
+            got == expect,
+            "the stream arrived changed ({} of {} bytes)",
+            got.len(),
+            expect.len()
+        );
         cwr.write_all(b"credit").await.unwrap();
         let mut small = [0u8; 6];
         srd.read_exact(&mut small).await.unwrap();
@@ -134,7 +145,10 @@ fn a_dropped_peer_ends_a_waiting_reader_and_writer_at_once() {
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         drop(server);
-        let r = tokio::time::timeout(Duration::from_secs(2), read).await.expect("the reader woke").unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(2), read)
+            .await
+            .expect("the reader woke")
+            .unwrap();
         assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::ConnectionReset);
         // The writer fails too (now, or once the ring is full).
         let big = vec![0u8; 1 << 20];
@@ -179,7 +193,9 @@ fn a_server_claiming_another_pid_is_refused() {
         // The name is made from the pid, so connect by the real name with the wrong claim.
         let real = listener.offer();
         let err = async {
-            let sock = tokio::net::UnixStream::connect(format!("\0creditflow-shm-{}-{:016x}", real.pid, real.key)).await?;
+            let sock =
+                tokio::net::UnixStream::connect(format!("\0creditflow-shm-{}-{:016x}", real.pid, real.key))
+                    .await?;
             super::link::check_peer(&sock, offer.pid)
         }
         .await

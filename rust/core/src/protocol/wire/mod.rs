@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | 0 | 4 | frame length, u32: the **whole** frame, these 4 bytes included (≥ 10) |
 //! | 4 | 4 | magic `b"CFLW"` ([`MAGIC`]) |
-//! | 8 | 1 | protocol version, 2 ([`PROTOCOL_VERSION`]; version 1 had no record body buffers, see [`crate::protocol::credit`]) |
+//! | 8 | 1 | protocol version, 4 ([`PROTOCOL_VERSION`]; version 3 had no shared-memory block in Hello, version 1 no record body buffers, see [`crate::protocol::credit`]) |
 //! | 9 | 1 | message type ([`MessageType`]) |
 //!
 //! Bodies, in field order (`rid` = receiver id, u64; `str` = u32 byte length + UTF-8 bytes):

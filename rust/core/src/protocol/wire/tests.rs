@@ -108,7 +108,34 @@ fn record_messages_are_rid_and_u64_and_never_zero() {
     });
     assert_eq!(
         bytes,
-        [26, 0, 0, 0, b'C', b'F', b'L', b'W', PROTOCOL_VERSION, 15, 1, 0, 0, 0, 0, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0]
+        [
+            26,
+            0,
+            0,
+            0,
+            b'C',
+            b'F',
+            b'L',
+            b'W',
+            PROTOCOL_VERSION,
+            15,
+            1,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            2,
+            1,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0
+        ]
     );
     for msg in [
         Message::RecordGrant {

@@ -153,3 +153,75 @@ def test_a_killed_producer_fails_the_gate_in_time_and_its_region_is_unmapped(wor
     while (new := fds().keys() - fds_before.keys()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not new, {fd: fds().get(fd) for fd in new}
+
+
+# ------------------------------------------------------------------- a garbage peer over shm
+
+RING_HEADER = 4096
+
+
+def boot_id() -> bytes:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return bytes.fromhex(f.read().strip().replace("-", ""))
+
+
+def garbage_link(addr: str, garbage: bytes) -> bytes:
+    """Sets up a shared-memory link to the environment at ``addr`` by hand (Hello with an
+    offer, AuthProof, the Unix socket, the region's descriptor), writes ``garbage`` into the
+    ring to the server and rings; returns what the doorbell socket gave until it closed."""
+    import mmap
+    import socket
+    import struct
+
+    from test_faults import AUTH_PROOF, HELLO, frame
+
+    host, port = addr.rsplit(":", 1)
+    nonce = bytes(range(32))
+    offer = struct.pack("<B16sIIQ", 1, boot_id(), os.getuid(), os.getpid(), 0)
+    hello = struct.pack("<BIIB", 4, 32 * 1024, 32 * 1024 + 35, 0) + nonce + offer
+    with socket.create_connection((host, int(port)), timeout=5) as tcp:
+        tcp.sendall(frame(HELLO, hello))
+        ack = tcp.recv(10 + 107, socket.MSG_WAITALL)
+        assert ack[8:10] == bytes([4, 2]), ack
+        flag, _boot, _uid, pid, key = struct.unpack_from("<B16sIIQ", ack, 10 + 42)
+        assert flag == 1, "the environment offers shared memory"
+        tcp.sendall(frame(AUTH_PROOF, bytes(32)))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as link:
+            link.settimeout(5)
+            link.connect(f"\0creditflow-shm-{pid}-{key:016x}")
+            link.sendall(nonce)
+            layout, fds, _, _ = socket.recv_fds(link, 16, 1)
+            s2c, c2s = struct.unpack("<QQ", layout)
+            (fd,) = fds
+            size = 2 * RING_HEADER + s2c + c2s
+            with mmap.mmap(fd, size) as region:
+                os.close(fd)
+                ring = RING_HEADER + s2c  # client -> server
+                region[ring + RING_HEADER : ring + RING_HEADER + len(garbage)] = garbage
+                struct.pack_into("<Q", region, ring, len(garbage))
+                link.sendall(b"\x01")
+                got = b""
+                try:
+                    while chunk := link.recv(4096):
+                        got += chunk
+                except (ConnectionResetError, TimeoutError) as exc:
+                    assert isinstance(exc, ConnectionResetError), "the environment kept the link open"
+                return got
+
+
+@pytest.mark.parametrize("garbage", [b"\xff" * 64, b"\x0a\x00\x00\x00CFLW\x04\x63"], ids=["random", "bad type"])
+def test_garbage_through_a_link_closes_it_and_the_environment_serves_on(garbage: bytes) -> None:
+    with cf.NetworkEnvironment(memory="4MiB") as env:
+        part = env.create_partition("p", 1)
+        garbage_link(env.address, garbage)
+        # The environment goes on serving a well-behaved peer over shared memory.
+        with cf.NetworkEnvironment(memory="4MiB") as peer:
+            gate = peer.create_input_gate([cf.ChannelSpec(env.address, "p", 0)])
+            batches = [type_batch(i, ROWS) for i in range(5)]
+            with cf.RecordWriter(part, cf.ForwardPartitioner(), timeout=10) as w:
+                w.write(batches[0])
+                first = gate.next(timeout=10)
+                assert transports(peer) == {"shm"}
+                for b in batches[1:]:
+                    w.write(b)
+            assert_batches_equal([first, *gate], batches)

@@ -58,7 +58,7 @@ impl Ring {
     /// does not fit (the caller lays the region out).
     pub(crate) fn new(region: Arc<Region>, offset: usize, cap: usize) -> Ring {
         assert!(cap.is_power_of_two());
-        assert!(offset % RING_HEADER == 0 && offset + RING_HEADER + cap <= region.len());
+        assert!(offset.is_multiple_of(RING_HEADER) && offset + RING_HEADER + cap <= region.len());
         // SAFETY: in bounds, checked above.
         let header = unsafe { region.base().add(offset) };
         // SAFETY: in bounds, checked above.

@@ -364,7 +364,12 @@ def test_remote_all_to_all_4x4(benchmark: object, report: Any) -> None:
 
 
 def _three_way(
-    benchmark: object, report: Any, name: str, shm: Callable[[], float], tcp: Callable[[], float], raw: Callable[[], float]
+    benchmark: object,
+    report: Any,
+    name: str,
+    shm: Callable[[], float],
+    tcp: Callable[[], float],
+    raw: Callable[[], float],
 ) -> None:
     """5 rounds (after one warm-up), each timing raw TCP, creditflow over TCP and creditflow
     over shared memory back to back on the same bytes; reports the median shared-memory GB/s

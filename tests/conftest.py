@@ -82,7 +82,9 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
         from remote_worker import SHARED_MEMORY_VAR
 
         monkeypatch.setenv(SHARED_MEMORY_VAR, "0")
-        monkeypatch.setattr(cf, "NetworkEnvironment", functools.partial(cf.NetworkEnvironment, shared_memory=False))
+        monkeypatch.setattr(
+            cf, "NetworkEnvironment", functools.partial(cf.NetworkEnvironment, shared_memory=False)
+        )
     return str(request.param)
 
 

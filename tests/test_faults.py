@@ -129,7 +129,9 @@ def frame(msg_type: int, body: bytes, *, magic: bytes = MAGIC, length: int | Non
 def hello(auth: int) -> bytes:
     nonce = random.Random(auth).randbytes(32)
     # ... then no shared-memory offer (flag 0, boot id, uid, pid, key): this peer stays on TCP.
-    return frame(HELLO, struct.pack("<BIIB", PROTOCOL_VERSION, SEGMENT, SEGMENT + 35, auth) + nonce + bytes(33))
+    return frame(
+        HELLO, struct.pack("<BIIB", PROTOCOL_VERSION, SEGMENT, SEGMENT + 35, auth) + nonce + bytes(33)
+    )
 
 
 def read_to_close(sock: socket.socket, timeout: float = 5.0) -> bytes:

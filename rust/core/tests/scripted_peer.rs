@@ -765,7 +765,7 @@ fn a_wrong_protocol_version_in_hello_is_refused() {
                     receiver: None,
                     kind: ErrorKind::Protocol,
                     message,
-                }] if message.contains(&format!("protocol version {version}, this side 3"))
+                }] if message.contains(&format!("protocol version {version}, this side {PROTOCOL_VERSION}"))
             ),
             "version {version}: {got:?}"
         );

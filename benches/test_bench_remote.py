@@ -46,6 +46,10 @@ ENV: Config = {
     "segment_size": "32KiB",
     **json.loads(os.environ.get("CREDITFLOW_BENCH_ENV", "{}")),
 }
+#: The creditflow-over-TCP rows run with shared memory off (it is on by default between
+#: processes of one host); the shared-memory rows turn it on explicitly.
+TCP_ENV: Config = {**ENV, "shared_memory": False}
+SHM_ENV: Config = {**ENV, "shared_memory": True}
 COUNT = 512  # 65,536-row batches per 1→1 transfer (936 MB)
 COUNT_4X4 = 128  # per producer task: 4 x 128 batches in all
 PROCS_4X4 = int(os.environ.get("CREDITFLOW_BENCH_4X4_PROCESSES", "2"))
@@ -150,7 +154,9 @@ def one_to_one(count: int, verify: str | bool = False, env: Config = ENV) -> dic
     return exchange([producer], consumers)
 
 
-def all_to_all(count: int, verify: str | bool = False, procs: int = PROCS_4X4) -> dict[str, float]:
+def all_to_all(
+    count: int, verify: str | bool = False, procs: int = PROCS_4X4, env: Config = ENV
+) -> dict[str, float]:
     """4 producer tasks (partitions of 4 subpartitions, RoundRobinPartitioner: whole batches in
     turn) and 4 consumer tasks (gates over subpartition j of all 4 partitions: 16 remote
     channels), spread over ``procs`` processes a side, ``4 // procs`` tasks (threads) each."""
@@ -158,7 +164,7 @@ def all_to_all(count: int, verify: str | bool = False, procs: int = PROCS_4X4) -
     per = 4 // procs
     producers = [
         {
-            "env": ENV,
+            "env": env,
             "partitions": [f"p{i * per + t}" for t in range(per)],
             "subpartitions": 4,
             "partitioner": "round_robin",
@@ -173,7 +179,7 @@ def all_to_all(count: int, verify: str | bool = False, procs: int = PROCS_4X4) -
             return [[addresses[p // per], f"p{p}", j] for p in range(4)]
 
         return [
-            {"env": ENV, "gates": [gate(c * per + t) for t in range(per)], "warmup": 4, "verify": verify}
+            {"env": env, "gates": [gate(c * per + t) for t in range(per)], "warmup": 4, "verify": verify}
             for c in range(procs)
         ]
 
@@ -311,12 +317,12 @@ def test_remote_forward_1to1(benchmark: object, report: Any, rawtcp: Path, batch
     and then creditflow on the same bytes; the raw-TCP ratio is the median of the rounds'
     ratios. The Flight ratio uses Flight's own benchmark of the session (measured here if it
     did not run)."""
-    one_to_one(16, verify="ordered")
+    one_to_one(16, verify="ordered", env=TCP_ENV)
     gbps, raw_ratio = _paired(
         benchmark,
         report,
         "remote 1→1",
-        lambda: one_to_one(COUNT)["gbps"],
+        lambda: one_to_one(COUNT, env=TCP_ENV)["gbps"],
         lambda: raw_tcp(rawtcp, COUNT * batch_bytes),
     )
     fl = report.get("flight do_get")
@@ -331,14 +337,14 @@ def test_remote_forward_1to1_tls(benchmark: object, report: Any, tmp_path: Path)
     """The 1→1 transfer over mutual TLS (rustls handshake, TLS 1.3, AES-GCM). Each round runs
     the plaintext 1→1 and then the TLS one; plaintext/TLS is the median of the rounds'
     ratios."""
-    env = {**ENV, "tls": tls_kwargs(make_tls(tmp_path))}
+    env = {**TCP_ENV, "tls": tls_kwargs(make_tls(tmp_path))}
     one_to_one(16, verify="ordered", env=env)
     gbps, tls_over_plain = _paired(
         benchmark,
         report,
         "remote 1→1 tls",
         lambda: one_to_one(COUNT, env=env)["gbps"],
-        lambda: one_to_one(COUNT)["gbps"],
+        lambda: one_to_one(COUNT, env=TCP_ENV)["gbps"],
     )
     report("plaintext/tls", 1 / tls_over_plain, "x", 1.5, higher_is_better=False)
 
@@ -350,8 +356,67 @@ def test_remote_forward_1to1_tls(benchmark: object, report: Any, tmp_path: Path)
 @pytest.mark.usefixtures("transport")
 def test_remote_all_to_all_4x4(benchmark: object, report: Any) -> None:
     """4 producer tasks x 4 consumer tasks, every channel remote; aggregate GB/s."""
-    all_to_all(4, verify=True)
-    _gbps(benchmark, report, "4x4 all-to-all", lambda: all_to_all(COUNT_4X4)["gbps"])
+    all_to_all(4, verify=True, env=TCP_ENV)
+    _gbps(benchmark, report, "4x4 all-to-all", lambda: all_to_all(COUNT_4X4, env=TCP_ENV)["gbps"])
+
+
+# ---------------------------------------------------------------------------- shared memory
+
+
+def _three_way(
+    benchmark: object,
+    report: Any,
+    name: str,
+    shm: Callable[[], float],
+    tcp: Callable[[], float],
+    raw: Callable[[], float],
+) -> None:
+    """5 rounds (after one warm-up), each timing raw TCP, creditflow over TCP and creditflow
+    over shared memory back to back on the same bytes; reports the median shared-memory GB/s
+    and the medians of the rounds' ratios shm/raw TCP and shm/creditflow TCP. Every round's
+    figures are in extra_info."""
+    rounds: list[tuple[float, float, float]] = []
+    _pedantic(benchmark, lambda: rounds.append((raw(), tcp(), shm())), rounds=5)
+    rounds = rounds[1:]  # the warm-up round
+    info = benchmark.extra_info  # type: ignore[attr-defined]
+    info[f"{name} rounds (raw tcp, creditflow tcp, shm)"] = rounds
+    report(name, statistics.median(s for _, _, s in rounds), "GB/s")
+    report(f"{name} tcp (paired)", statistics.median(t for _, t, _ in rounds), "GB/s")
+    report(f"{name} raw tcp (paired)", statistics.median(r for r, _, _ in rounds), "GB/s")
+    report(f"{name}/raw tcp", statistics.median(s / r for r, _, s in rounds), "x", 2.0)
+    report(f"{name}/creditflow tcp", statistics.median(s / t for _, t, s in rounds), "x")
+
+
+@pytest.mark.benchmark(group="remote-shm")
+@pytest.mark.usefixtures("transport")
+def test_remote_forward_1to1_shm(benchmark: object, report: Any, rawtcp: Path, batch_bytes: int) -> None:
+    """The 1→1 transfer over shared memory; each round runs raw TCP, creditflow over TCP and
+    creditflow over shared memory on the same bytes."""
+    one_to_one(16, verify="ordered", env=SHM_ENV)
+    _three_way(
+        benchmark,
+        report,
+        "shm 1→1",
+        lambda: one_to_one(COUNT, env=SHM_ENV)["gbps"],
+        lambda: one_to_one(COUNT, env=TCP_ENV)["gbps"],
+        lambda: raw_tcp(rawtcp, COUNT * batch_bytes),
+    )
+
+
+@pytest.mark.benchmark(group="remote-shm")
+@pytest.mark.usefixtures("transport")
+def test_remote_all_to_all_4x4_shm(benchmark: object, report: Any, rawtcp: Path, batch_bytes: int) -> None:
+    """The 4x4 exchange over shared memory; each round runs raw TCP (one stream of the same
+    bytes), the 4x4 over TCP and the 4x4 over shared memory."""
+    all_to_all(4, verify=True, env=SHM_ENV)
+    _three_way(
+        benchmark,
+        report,
+        "shm 4x4",
+        lambda: all_to_all(COUNT_4X4, env=SHM_ENV)["gbps"],
+        lambda: all_to_all(COUNT_4X4, env=TCP_ENV)["gbps"],
+        lambda: raw_tcp(rawtcp, 4 * COUNT_4X4 * batch_bytes),
+    )
 
 
 # ----------------------------------------------------------------------------------- latency

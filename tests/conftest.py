@@ -75,6 +75,24 @@ def workers() -> Iterator[list[Any]]:
         w.close()
 
 
+@pytest.fixture(params=["shm", "tcp"])
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test once over each transport between environments on this host: ``shm``
+    (shared memory, the default) and ``tcp`` (``shared_memory=False`` in the worker processes
+    and in every environment the test process opens; one side off is enough for TCP)."""
+    if request.param == "tcp":
+        import functools
+
+        import creditflow as cf
+        from remote_worker import SHARED_MEMORY_VAR
+
+        monkeypatch.setenv(SHARED_MEMORY_VAR, "0")
+        monkeypatch.setattr(
+            cf, "NetworkEnvironment", functools.partial(cf.NetworkEnvironment, shared_memory=False)
+        )
+    return str(request.param)
+
+
 @pytest.fixture
 def pipeline(workers: list[Any]) -> Iterator[dict[str, Any]]:
     """source → map → sink (``tests/pipeline_worker.py``), the sink throttled; yields the

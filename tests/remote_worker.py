@@ -333,9 +333,16 @@ def soak_gates(address: str, partitions: int = 4, channels: int = 4) -> list[lis
     return [[[address, f"soak/{p}", c] for p in range(partitions)] for c in range(channels)]
 
 
+#: Set to "0" by the ``transport`` fixture (conftest.py) to run workers without shared memory.
+SHARED_MEMORY_VAR = "CREDITFLOW_TEST_SHARED_MEMORY"
+
+
 def environment(settings: Config) -> cf.NetworkEnvironment:
     """A NetworkEnvironment from JSON settings; ``tls`` holds :class:`cf.TLSConfig` arguments."""
     kwargs = dict(settings)
+    if os.environ.get(SHARED_MEMORY_VAR) == "0":
+        # The tests' ``transport`` fixture: TCP between processes (one side off suffices).
+        kwargs.setdefault("shared_memory", False)
     if "tls" in kwargs:
         kwargs["tls"] = cf.TLSConfig(**kwargs["tls"])
     return cf.NetworkEnvironment(**kwargs)

@@ -21,6 +21,9 @@ import creditflow as cf
 from helpers import Producer
 from remote_worker import Tracker, Worker, seq_batch, wait_all_segments_free
 
+#: Every test runs over shared memory and over TCP (the ``transport`` fixture, conftest.py).
+pytestmark = pytest.mark.usefixtures("transport")
+
 #: A peer's death must reach the survivor within this (a correctness bound, not a timing).
 DEATH_NOTICE = 2.0
 
@@ -111,7 +114,7 @@ def test_consumer_killed_while_the_producer_is_backpressured(workers: list[Worke
 # --------------------------------------------------------------------------- garbage peers
 
 MAGIC = b"CFLW"
-PROTOCOL_VERSION = 3  # codec::PROTOCOL_VERSION
+PROTOCOL_VERSION = 4  # codec::PROTOCOL_VERSION
 HELLO, AUTH_PROOF, ERROR_RESPONSE = 1, 3, 8
 AUTHENTICATION = 3  # error kind
 SEGMENT = 32 * 1024
@@ -125,7 +128,10 @@ def frame(msg_type: int, body: bytes, *, magic: bytes = MAGIC, length: int | Non
 
 def hello(auth: int) -> bytes:
     nonce = random.Random(auth).randbytes(32)
-    return frame(HELLO, struct.pack("<BIIB", PROTOCOL_VERSION, SEGMENT, SEGMENT + 35, auth) + nonce)
+    # ... then no shared-memory offer (flag 0, boot id, uid, pid, key): this peer stays on TCP.
+    return frame(
+        HELLO, struct.pack("<BIIB", PROTOCOL_VERSION, SEGMENT, SEGMENT + 35, auth) + nonce + bytes(33)
+    )
 
 
 def read_to_close(sock: socket.socket, timeout: float = 5.0) -> bytes:
@@ -156,7 +162,7 @@ def garbage_peer(addr: str, name: str) -> bytes:
             s.sendall(hello(auth=0))
         elif name == "wrong hmac":
             s.sendall(hello(auth=1))
-            ack = s.recv(10 + 74, socket.MSG_WAITALL)
+            ack = s.recv(10 + 107, socket.MSG_WAITALL)
             assert ack[4:10] == MAGIC + bytes([PROTOCOL_VERSION, 2]), f"expected a HelloAck, got {ack!r}"
             server_nonce = ack[10 + 10 : 10 + 42]
             tag = hmac.new(b"not the secret", server_nonce, hashlib.sha256).digest()

@@ -21,12 +21,15 @@ import creditflow as cf
 from remote_worker import Tracker, Worker
 from test_faults import AUTH_PROOF, MAGIC, PROTOCOL_VERSION, error_kind, frame, hello, read_to_close
 
+#: Every test runs over shared memory and over TCP (the ``transport`` fixture, conftest.py).
+pytestmark = pytest.mark.usefixtures("transport")
+
 SECRET = b"s3cret"
 HANDSHAKE_TIMEOUT = 2.0
 LIMITS = {"max_connections": 3, "max_channels_per_connection": 2, "max_outstanding_requests": 8}
 PROTOCOL, AUTHENTICATION, LIMIT_EXCEEDED = 2, 3, 7  # error kinds
 PARTITION_REQUEST = 4
-HELLO_ACK_LEN = 10 + 74
+HELLO_ACK_LEN = 10 + 107
 #: Healthy batches, read at a pace that keeps the exchange going while the abuse runs.
 COUNT = 200
 PACE = 0.02

@@ -68,6 +68,7 @@ SCALARS: dict[str, type] = {
     "Duration": float,  # seconds
     "std::time::Duration": float,
     "ChannelKind": str,
+    "ChannelTransport": str,
 }
 #: Fields converted otherwise than their Rust type says (rust/python/src/metrics.rs).
 CONVERTED: dict[tuple[str, str], object] = {

@@ -127,6 +127,9 @@ class NetworkEnvironment:
     - ``wire_compression=None`` (choice): Arrow IPC body compression (``"lz4"`` or ``"zstd"``) of the batches
       this environment serializes for readers (remote, or local with ``local_handoff=False``): pays on slow
       links, costs CPU on fast ones; ``None`` = uncompressed
+    - ``shared_memory=True`` (flag): carry a connection's frames through shared memory instead of TCP when
+      both environments offer it and run on one host as one user (Linux); the TCP handshake still
+      authenticates. ``False`` here or on the peer: TCP
     """
 
     def __new__(
@@ -158,6 +161,7 @@ class NetworkEnvironment:
         spill_dir: str | None = None,
         max_spill: int | str | None = None,
         wire_compression: str | None = None,
+        shared_memory: bool = True,
     ) -> Self: ...
     @property
     def address(self) -> str:

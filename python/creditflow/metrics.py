@@ -218,6 +218,8 @@ class RemoteChannelStats(TypedDict):
     record_bytes: int
     #: The largest ``record_bytes`` so far.
     record_bytes_peak: int
+    #: What carries the channel's frames: ``"tcp"`` (TCP or TLS) or ``"shm"`` (shared memory).
+    transport: str
 
 
 class ChannelMetrics(TypedDict):

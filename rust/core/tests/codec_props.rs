@@ -71,14 +71,23 @@ mod transport {
             any::<u32>(),
             prop_oneof![Just(AuthMode::None), Just(AuthMode::HmacSha256)],
             any::<[u8; 32]>(),
+            proptest::option::of((any::<[u8; 16]>(), any::<u32>(), any::<u32>(), any::<u64>())),
         )
-            .prop_map(|(version, segment_size, max_frame_size, auth, nonce)| Hello {
-                version,
-                segment_size,
-                max_frame_size,
-                auth,
-                nonce,
-            })
+            .prop_map(
+                |(version, segment_size, max_frame_size, auth, nonce, shm)| Hello {
+                    version,
+                    segment_size,
+                    max_frame_size,
+                    auth,
+                    nonce,
+                    shm: shm.map(|(boot_id, uid, pid, key)| ShmOffer {
+                        boot_id,
+                        uid,
+                        pid,
+                        key,
+                    }),
+                },
+            )
     }
 
     fn error_kind() -> impl Strategy<Value = ErrorKind> {
@@ -335,6 +344,7 @@ mod transport {
                 max_frame_size: LIMIT as u32,
                 auth: AuthMode::HmacSha256,
                 nonce: [3; 32],
+                shm: None,
             }),
             Message::PartitionRequest {
                 partition_id: "p-1".into(),

@@ -247,6 +247,7 @@ fn hello(segment_size: usize) -> Hello {
         max_frame_size: max_frame_size(segment_size) as u32,
         auth: AuthMode::None,
         nonce: [7; NONCE_LEN],
+        shm: None,
     }
 }
 
@@ -747,9 +748,10 @@ fn a_data_buffer_from_a_client_closes_the_connection() {
 fn a_wrong_protocol_version_in_hello_is_refused() {
     let env = env_with(true, |_| {});
     // Version 1 peers count credit differently (no record body buffers), version 2 peers
-    // start records without record grants: refused too, with the versions named.
-    assert_eq!(PROTOCOL_VERSION, 3);
-    for version in [1, 2, PROTOCOL_VERSION + 1] {
+    // start records without record grants, version 3 peers send a shorter Hello (no
+    // shared-memory block): refused too, with the versions named.
+    assert_eq!(PROTOCOL_VERSION, 4);
+    for version in [1, 2, 3, PROTOCOL_VERSION + 1] {
         let mut p = Peer::new(TcpStream::connect(env.address()).unwrap());
         p.send(&[Message::Hello(Hello {
             version,
@@ -763,7 +765,7 @@ fn a_wrong_protocol_version_in_hello_is_refused() {
                     receiver: None,
                     kind: ErrorKind::Protocol,
                     message,
-                }] if message.contains(&format!("protocol version {version}, this side 3"))
+                }] if message.contains(&format!("protocol version {version}, this side {PROTOCOL_VERSION}"))
             ),
             "version {version}: {got:?}"
         );

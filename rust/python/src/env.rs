@@ -78,7 +78,7 @@ impl NetworkEnvironment {
         handshake_timeout = 10.0, max_connections = 512, max_channels_per_connection = 16384,
         max_outstanding_requests = 4096, tls = None, peer_timeout = 30.0, overdraft_buffers = 5,
         debloat = false, debloat_target = 1.0, debloat_min_buffer = 256, spill_dir = None, max_spill = None,
-        wire_compression = None
+        wire_compression = None, shared_memory = true
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -108,6 +108,7 @@ impl NetworkEnvironment {
         spill_dir: Option<std::path::PathBuf>,
         max_spill: Option<&Bound<'_, PyAny>>,
         wire_compression: Option<&str>,
+        shared_memory: bool,
     ) -> PyResult<Self> {
         let mut config = EnvConfig::default();
         if let Some(m) = memory {
@@ -203,6 +204,7 @@ impl NetworkEnvironment {
                 wire_compression.unwrap_or_default()
             ))
         })?;
+        config.shared_memory = shared_memory;
         let inner = Python::attach(|py| creditflow_core::NetworkEnvironment::new(config).py_err(py))?;
         Ok(NetworkEnvironment {
             inner,

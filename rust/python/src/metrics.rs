@@ -208,8 +208,10 @@ fn remote_channel<'py>(py: Python<'py>, r: &RemoteChannelStats) -> PyResult<Boun
         queued_buffers,
         record_bytes,
         record_bytes_peak,
+        transport,
     } = *r;
     let d = PyDict::new(py);
+    d.set_item("transport", transport.as_str())?;
     put!(d; exclusive_in_use, floating_in_use, credit_announced, credit_unannounced, required, queued_buffers);
     put!(d; record_bytes, record_bytes_peak);
     Ok(d)

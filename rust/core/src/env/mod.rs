@@ -87,6 +87,8 @@ pub struct EnvConfig {
     /// encodes for a remote reader; `None`: uncompressed. Spillable partitions send their
     /// stored stream as it is (compressed by their own `compression`).
     pub wire_compression: Option<Compression>,
+    /// Offer shared-memory links (net/shm) to peers on this host run by this user.
+    pub shared_memory: bool,
 }
 
 impl EnvConfig {
@@ -136,6 +138,7 @@ impl Default for EnvConfig {
             spill_dir: None,
             max_spill: None,
             wire_compression: None,
+            shared_memory: true,
         }
     }
 }
@@ -228,6 +231,7 @@ impl NetworkEnvironment {
                 tls,
                 peer_timeout: config.peer_timeout,
                 wire_compression: config.wire_compression,
+                shared_memory: config.shared_memory,
             },
             Arc::downgrade(&registry),
         )?);

@@ -322,6 +322,15 @@ pub const SETTINGS: &[Setting] = &[
         keyword_only: true,
         doc: "Arrow IPC body compression (`\"lz4\"` or `\"zstd\"`) of the batches this environment serializes for readers (remote, or local with `local_handoff=False`): pays on slow links, costs CPU on fast ones; `None` = uncompressed",
     },
+    Setting {
+        name: "shared_memory",
+        py_type: "bool",
+        default: "True",
+        means: None,
+        unit: Unit::Flag,
+        keyword_only: true,
+        doc: "carry a connection's frames through shared memory instead of TCP when both environments offer it and run on one host as one user (Linux); the TCP handshake still authenticates. `False` here or on the peer: TCP",
+    },
 ];
 
 /// The setting called `name`.
@@ -413,6 +422,7 @@ mod tests {
             spill_dir,
             max_spill,
             wire_compression,
+            shared_memory,
         } = EnvConfig::default();
         let crate::base::config::Limits {
             max_connections,
@@ -467,6 +477,7 @@ mod tests {
                 "wire_compression",
                 wire_compression.map_or(Value::None, |c| Value::Str(c.name().into())),
             ),
+            ("shared_memory", Value::Bool(shared_memory)),
         ])
     }
 

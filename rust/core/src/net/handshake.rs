@@ -7,16 +7,19 @@ use tokio::io::AsyncWrite;
 use super::auth::{self, Role};
 use super::io::{write_message, FrameReader, FrameSource, InFrame};
 use crate::base::error::{Error, Result};
-use crate::protocol::wire::{self, AuthMode, ErrorKind, Hello, Message, PROTOCOL_VERSION};
+use crate::protocol::wire::{self, AuthMode, ErrorKind, Hello, Message, Nonce, ShmOffer, PROTOCOL_VERSION};
 
 /// What the handshake settled.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Negotiated {
     /// Largest data payload either side sends: the smaller segment size.
     pub payload_limit: usize,
+    /// Shared memory, when both sides offered it from one host and one user: the peer's
+    /// offer and the link's token (the client's Hello nonce).
+    pub shm: Option<(ShmOffer, Nonce)>,
 }
 
-fn hello(segment_size: usize, secret: Option<&[u8]>) -> Result<Hello> {
+fn hello(segment_size: usize, secret: Option<&[u8]>, shm: Option<ShmOffer>) -> Result<Hello> {
     Ok(Hello {
         version: PROTOCOL_VERSION,
         segment_size: segment_size as u32,
@@ -27,6 +30,7 @@ fn hello(segment_size: usize, secret: Option<&[u8]>) -> Result<Hello> {
             AuthMode::None
         },
         nonce: auth::nonce()?,
+        shm,
     })
 }
 
@@ -41,7 +45,14 @@ fn negotiate(ours: &Hello, theirs: &Hello) -> Result<Negotiated> {
     if payload_limit == 0 {
         return Err(Error::Protocol("the peer announced segment size 0".into()));
     }
-    Ok(Negotiated { payload_limit })
+    let shm = match (&ours.shm, &theirs.shm) {
+        (Some(a), Some(b)) if a.boot_id == b.boot_id && a.uid == b.uid => Some(*b),
+        _ => None,
+    };
+    Ok(Negotiated {
+        payload_limit,
+        shm: shm.map(|offer| (offer, [0; wire::NONCE_LEN])),
+    })
 }
 
 /// A fatal ErrorResponse received where a handshake message was expected, as an error.
@@ -80,18 +91,22 @@ pub(crate) async fn client_handshake<R, W>(
     w: &mut W,
     segment_size: usize,
     secret: Option<&[u8]>,
+    shm: Option<ShmOffer>,
 ) -> Result<Negotiated>
 where
     R: FrameSource,
     W: AsyncWrite + Unpin,
 {
-    let ours = hello(segment_size, secret)?;
+    let ours = hello(segment_size, secret, shm)?;
     write_message(w, &Message::Hello(ours)).await?;
     let (theirs, tag) = match next_message(r, "HelloAck").await? {
         Message::HelloAck { hello, tag } => (hello, tag),
         other => return Err(unexpected("HelloAck", &other)),
     };
-    let negotiated = negotiate(&ours, &theirs)?;
+    let mut negotiated = negotiate(&ours, &theirs)?;
+    if let Some((_, token)) = &mut negotiated.shm {
+        *token = ours.nonce;
+    }
     let proof = match (secret, theirs.auth) {
         (Some(secret), AuthMode::HmacSha256) => {
             if !auth::verify(secret, Role::Server, &ours.nonce, &tag) {
@@ -125,6 +140,7 @@ pub(crate) async fn server_handshake<R, W>(
     w: &mut W,
     segment_size: usize,
     secret: Option<&[u8]>,
+    shm: Option<ShmOffer>,
 ) -> Result<Negotiated>
 where
     R: FrameSource,
@@ -135,7 +151,7 @@ where
         other => return Err(unexpected("Hello", &other)),
     };
     let refuse = |message: &str| Message::error_response(None, ErrorKind::Authentication, message);
-    let ours = hello(segment_size, secret)?;
+    let ours = hello(segment_size, secret, shm)?;
     let tag = match (secret, theirs.auth) {
         (Some(secret), AuthMode::HmacSha256) => auth::tag(secret, Role::Server, &theirs.nonce),
         (Some(_), AuthMode::None) => {
@@ -150,7 +166,7 @@ where
         }
         (None, AuthMode::None) => Default::default(),
     };
-    let negotiated = match negotiate(&ours, &theirs) {
+    let mut negotiated = match negotiate(&ours, &theirs) {
         Ok(n) => n,
         Err(e) => {
             let _ = write_message(
@@ -161,6 +177,9 @@ where
             return Err(e);
         }
     };
+    if let Some((_, token)) = &mut negotiated.shm {
+        *token = theirs.nonce;
+    }
     write_message(w, &Message::HelloAck { hello: ours, tag }).await?;
     let proof = match next_message(r, "AuthProof").await? {
         Message::AuthProof { tag } => tag,

@@ -115,6 +115,15 @@ impl<R: FrameSource> FrameReader<R> {
         Ok(())
     }
 
+    /// Waits until the peer has sent something (or closed), without taking a frame: bytes
+    /// read stay in the decoder for [`Self::next`]. Cancel-safe.
+    pub(crate) async fn wait_readable(&mut self) -> Result<()> {
+        if self.dec.buffered() == 0 {
+            self.fill().await?;
+        }
+        Ok(())
+    }
+
     /// The next frame. A clean end of stream between frames is `ConnectionLost` too: the
     /// callers know whether they expected it.
     pub(crate) async fn next(&mut self) -> Result<InFrame> {

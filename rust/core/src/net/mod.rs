@@ -15,9 +15,11 @@ mod limits;
 mod liveness;
 mod runtime;
 mod server;
+mod shm;
 mod tls;
 
 pub(crate) use client::{recycle_all, Inbound, RecordBytes, RemoteChannel, RemoteGate};
 pub use client::{RemoteChannelStats, RemoteStats};
 pub(crate) use runtime::{Transport, TransportConfig};
+pub use shm::ChannelTransport;
 pub(crate) use tls::Tls;

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use super::client::{ClientConn, ClientContext, RemoteChannel, RemoteGate};
 use super::limits::{self, Slots};
 use super::server::{self, ServerConn};
+use super::shm::ShmListener;
 use super::tls::{self, Tls, TLS_HANDSHAKE_RECORD};
 use crate::base::config::{Backoff, ChannelSpec, FlowControl, Limits};
 use crate::base::error::{Error, Result};
@@ -35,6 +36,8 @@ pub(crate) struct TransportConfig {
     pub(crate) peer_timeout: Duration,
     /// IPC body compression of the batches encoded for remote readers (handed-off ones).
     pub(crate) wire_compression: Option<Compression>,
+    /// Offer shared-memory links to peers on this host (as server and as client).
+    pub(crate) shared_memory: bool,
 }
 
 /// The TCP side of one environment: a tokio runtime (created with the environment, never at
@@ -77,6 +80,17 @@ impl Transport {
                 .map_err(|e| Error::InvalidArgument(format!("listener: {e}")))?
         };
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let shm = if config.shared_memory {
+            match ShmListener::start(&handle, shutdown_rx.clone()) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    log::info!("creditflow: no shared-memory channels: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let served = Arc::new(Mutex::new(Vec::new()));
         let ctx = AcceptContext {
             segment_size: config.segment_size,
@@ -89,6 +103,7 @@ impl Transport {
             registry,
             shutdown: shutdown_rx,
             served: served.clone(),
+            shm,
         };
         let accept = handle.spawn(accept_loop(listener, ctx));
         Ok(Transport {
@@ -122,6 +137,7 @@ impl Transport {
                         handshake_timeout: self.config.handshake_timeout,
                         tls: self.config.tls.clone(),
                         peer_timeout: self.config.peer_timeout,
+                        shm: self.config.shared_memory,
                     };
                     let c = ClientConn::open(spec.address.clone(), ctx, &self.handle);
                     clients.insert(spec.address.clone(), c.clone());
@@ -205,6 +221,7 @@ struct AcceptContext {
     registry: Weak<Registry>,
     shutdown: watch::Receiver<bool>,
     served: Arc<Mutex<Vec<Weak<ServerConn>>>>,
+    shm: Option<Arc<ShmListener>>,
 }
 
 async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
@@ -219,6 +236,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
         registry,
         mut shutdown,
         served,
+        shm,
     } = ctx;
     let mut connections = tokio::task::JoinSet::new();
     let slots = Slots::default();
@@ -257,6 +275,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, ctx: AcceptContext) {
                     registry: registry.clone(),
                     shutdown: shutdown.clone(),
                     served: served.clone(),
+                    shm: shm.clone(),
                 };
                 connections.spawn(connection(stream, peer.to_string(), tls.clone(), sctx));
             }

@@ -17,6 +17,7 @@ use crate::base::config::{Backoff, ChannelSpec};
 use crate::base::error::{Error, Result};
 use crate::net::handshake;
 use crate::net::io::{self, FrameReader, FrameSource};
+use crate::net::shm;
 use crate::partition::subpartition::Listener;
 use crate::protocol::wire::{self, ErrorKind, Message, ReceiverId};
 
@@ -144,6 +145,8 @@ pub(crate) struct ClientContext {
     pub(crate) tls: Option<Arc<crate::net::tls::Tls>>,
     /// See `liveness`; zero: OS defaults.
     pub(crate) peer_timeout: Duration,
+    /// Offer shared memory to the server (`shared_memory` of the environment).
+    pub(crate) shm: bool,
 }
 
 impl ClientConn {
@@ -158,6 +161,7 @@ impl ClientConn {
             failure: Mutex::new(None),
             closed: Mutex::new(Vec::new()),
             payload_limit: Default::default(),
+            shm: AtomicBool::new(false),
         })
     }
 
@@ -282,7 +286,14 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut reader = FrameReader::new(rd);
-    let hs = handshake::client_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref());
+    let offer = if ctx.shm { shm::local_offer(0) } else { None };
+    let hs = handshake::client_handshake(
+        &mut reader,
+        &mut wr,
+        ctx.segment_size,
+        ctx.secret.as_deref(),
+        offer,
+    );
     let negotiated = match tokio::time::timeout(ctx.handshake_timeout, hs).await {
         Ok(r) => r?,
         Err(_) => {
@@ -294,6 +305,36 @@ where
     };
     conn.payload_limit
         .store(negotiated.payload_limit, Ordering::Relaxed);
+    if let Some((server, token)) = negotiated.shm {
+        match tokio::time::timeout(ctx.handshake_timeout, shm::connect_link(&server, &token)).await {
+            Ok(Ok((srd, swr))) => {
+                // The TCP connection has done its part (authentication); close it.
+                drop((reader, wr));
+                conn.shm.store(true, Ordering::Relaxed);
+                log::debug!("connection to {} uses shared memory", conn.addr);
+                let mut reader = FrameReader::new(srd);
+                reader.set_max_frame_size(wire::max_frame_size(negotiated.payload_limit));
+                return run_loops(conn, reader, swr).await;
+            }
+            Ok(Err(e)) => log::info!(
+                "connection to {}: no shared memory ({e}), staying on TCP",
+                conn.addr
+            ),
+            Err(_) => log::info!(
+                "connection to {}: no shared-memory link in time, staying on TCP",
+                conn.addr
+            ),
+        }
+    }
+    run_loops(conn, reader, wr).await
+}
+
+/// The reader and writer loops of an authenticated connection over its byte stream.
+async fn run_loops<R, W>(conn: &Arc<ClientConn>, mut reader: FrameReader<R>, mut wr: W) -> Result<()>
+where
+    R: FrameSource,
+    W: AsyncWrite + Unpin,
+{
     let result = tokio::select! {
         r = read_loop(conn, &mut reader) => r,
         r = write_loop(conn, &mut wr) => r,

@@ -14,6 +14,7 @@ use super::stats::{RemoteChannelStats, RemoteStats};
 use crate::base::config::{ChannelSpec, FlowControl};
 use crate::base::error::{Error, Result};
 use crate::memory::PooledSegment;
+use crate::net::shm::ChannelTransport;
 use crate::protocol::credit::{
     BufferLease, ChannelCreditStats, ChannelId, ChannelRecordStats, Credit, Delivery, GateCredit,
     GateCreditConfig, ReceiverAction, RecordBudget,
@@ -177,6 +178,11 @@ impl RemoteGate {
                     queued_buffers: ch.queued(),
                     record_bytes: r.held,
                     record_bytes_peak: r.peak,
+                    transport: if ch.conn.shm.load(std::sync::atomic::Ordering::Relaxed) {
+                        ChannelTransport::Shm
+                    } else {
+                        ChannelTransport::Tcp
+                    },
                 };
                 (ch.spec.clone(), stats)
             })

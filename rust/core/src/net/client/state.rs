@@ -133,4 +133,6 @@ pub(crate) struct ClientConn {
     /// The payload limit the handshake settled (0 before it): announced buffer sizes are
     /// clamped to it, as the sender refuses larger ones.
     pub(super) payload_limit: std::sync::atomic::AtomicUsize,
+    /// Whether the connection's frames go through shared memory (set once linked).
+    pub(super) shm: AtomicBool,
 }

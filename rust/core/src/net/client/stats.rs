@@ -1,5 +1,7 @@
 //! What a gate's remote channels report for metrics.
 
+use crate::net::shm::ChannelTransport;
+
 /// A snapshot of a gate's remote buffers (credit mode; in tcp mode only the totals and
 /// queued buffers mean anything).
 #[derive(Debug, Clone, Copy, Default)]
@@ -50,4 +52,6 @@ pub struct RemoteChannelStats {
     pub record_bytes: u64,
     /// The largest `record_bytes` so far.
     pub record_bytes_peak: u64,
+    /// What carries the channel's frames: TCP (or TLS) or shared memory.
+    pub transport: ChannelTransport,
 }

@@ -13,8 +13,9 @@ use crate::base::error::{Error, Result};
 use crate::net::handshake;
 use crate::net::io::{self, FrameReader, FrameSource, InFrame};
 use crate::net::limits::{self, Slot};
+use crate::net::shm::{self, ShmListener};
 use crate::partition::Registry;
-use crate::protocol::wire::Message;
+use crate::protocol::wire::{self, Message};
 use crate::serde::Compression;
 
 /// Serves one accepted, not yet authenticated connection until it ends.
@@ -24,7 +25,14 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut reader = FrameReader::new(rd);
-    let hs = handshake::server_handshake(&mut reader, &mut wr, ctx.segment_size, ctx.secret.as_deref());
+    let offer = ctx.shm.as_ref().map(|l| l.offer());
+    let hs = handshake::server_handshake(
+        &mut reader,
+        &mut wr,
+        ctx.segment_size,
+        ctx.secret.as_deref(),
+        offer,
+    );
     let negotiated = match tokio::time::timeout(ctx.handshake_timeout, hs).await {
         Ok(Ok(n)) => n,
         Ok(Err(e)) => {
@@ -39,6 +47,53 @@ where
             return;
         }
     };
+    if let (Some((client, token)), Some(listener)) = (negotiated.shm, ctx.shm.clone()) {
+        // The client either links up (then sends nothing more on TCP) or stays on TCP (its
+        // first request comes on TCP).
+        let mut expected = listener.expect(token);
+        let mut shutdown = ctx.shutdown.clone();
+        let link = tokio::select! {
+            biased;
+            sock = expected.arrive() => Some(sock),
+            r = reader.wait_readable() => match r {
+                Ok(()) => None,
+                Err(e) => {
+                    log::info!("creditflow: connection from {peer} ended: {e}");
+                    return;
+                }
+            },
+            _ = shutdown.wait_for(|c| *c) => return,
+        };
+        if let Some(sock) = link {
+            match shm::serve_link(sock, &client).await {
+                Ok((srd, swr)) => {
+                    drop((reader, wr));
+                    let mut reader = FrameReader::new(srd);
+                    reader.set_max_frame_size(wire::max_frame_size(negotiated.payload_limit));
+                    log::debug!("creditflow: connection from {peer} uses shared memory");
+                    return serve_conn(reader, swr, peer, ctx, negotiated).await;
+                }
+                Err(e) => {
+                    log::warn!("creditflow: shared-memory link from {peer} failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+    serve_conn(reader, wr, peer, ctx, negotiated).await
+}
+
+/// Serves an authenticated connection over its byte stream (TCP, TLS or shared memory).
+async fn serve_conn<R, W>(
+    mut reader: FrameReader<R>,
+    mut wr: W,
+    peer: String,
+    ctx: ServeContext,
+    negotiated: handshake::Negotiated,
+) where
+    R: FrameSource,
+    W: AsyncWrite + Unpin,
+{
     let conn = Arc::new(ServerConn {
         peer: peer.clone(),
         payload_limit: negotiated.payload_limit,
@@ -119,6 +174,8 @@ pub(crate) struct ServeContext {
     pub(crate) registry: Weak<Registry>,
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
     pub(crate) served: Arc<Mutex<Vec<Weak<ServerConn>>>>,
+    /// Shared-memory links this environment offers; `None`: TCP only.
+    pub(crate) shm: Option<Arc<ShmListener>>,
 }
 
 /// How long a closing connection may take to write what is queued, and to see the peer close.

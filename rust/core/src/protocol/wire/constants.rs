@@ -7,7 +7,7 @@ pub use crate::base::event::MAX_EVENT_PAYLOAD_LEN;
 pub const MAGIC: [u8; 4] = *b"CFLW";
 
 /// The frame format version this side speaks; a frame with any other version is rejected.
-pub const PROTOCOL_VERSION: u8 = 3;
+pub const PROTOCOL_VERSION: u8 = 4;
 
 /// Bytes of the header every frame starts with: length, magic, version, message type.
 pub const HEADER_LEN: usize = 10;
@@ -35,7 +35,9 @@ pub type Nonce = [u8; NONCE_LEN];
 /// An HMAC-SHA256 tag proving knowledge of the shared secret (the codec only carries it).
 pub type AuthTag = [u8; TAG_LEN];
 
-pub(super) const HELLO_BODY_LEN: usize = 1 + 4 + 4 + 1 + NONCE_LEN;
+/// Bytes of a Hello's shared-memory block: flag, boot id, uid, pid, listener key.
+pub(super) const SHM_OFFER_LEN: usize = 1 + 16 + 4 + 4 + 8;
+pub(super) const HELLO_BODY_LEN: usize = 1 + 4 + 4 + 1 + NONCE_LEN + SHM_OFFER_LEN;
 pub(super) const HELLO_ACK_BODY_LEN: usize = HELLO_BODY_LEN + TAG_LEN;
 pub(super) const PARTITION_REQUEST_FIXED_BODY_LEN: usize = 8 + 4 + 4 + 4;
 pub(super) const BUFFER_RESPONSE_FIXED_BODY_LEN: usize = 8 + 8 + 4 + 1 + 4;

@@ -8,7 +8,7 @@ use super::constants::*;
 use super::error::WireError;
 use super::message::{
     AuthMode, BufferResponse, BufferResponseHeader, ErrorKind, Hello, Message, MessageType, Payload,
-    ReceiverId,
+    ReceiverId, ShmOffer,
 };
 use crate::base::error::Result;
 use crate::base::event::Event;
@@ -253,6 +253,20 @@ fn read_hello(r: &mut Reader<'_>) -> Result<Hello, WireError> {
         max_frame_size: r.u32()?,
         auth: AuthMode::from_u8(r.u8()?)?,
         nonce: r.array()?,
+        shm: {
+            let flag = r.u8()?;
+            let offer = ShmOffer {
+                boot_id: r.array()?,
+                uid: r.u32()?,
+                pid: r.u32()?,
+                key: r.u64()?,
+            };
+            match flag {
+                0 => None,
+                1 => Some(offer),
+                _ => return Err(WireError::UnknownShmFlag(flag)),
+            }
+        },
     })
 }
 

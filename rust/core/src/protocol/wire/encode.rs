@@ -46,6 +46,16 @@ fn put_hello(out: &mut Vec<u8>, hello: &Hello) {
     put_u32(out, hello.max_frame_size);
     out.push(hello.auth as u8);
     out.extend_from_slice(&hello.nonce);
+    match &hello.shm {
+        None => out.extend_from_slice(&[0u8; 1 + 16 + 4 + 4 + 8]),
+        Some(s) => {
+            out.push(1);
+            out.extend_from_slice(&s.boot_id);
+            put_u32(out, s.uid);
+            put_u32(out, s.pid);
+            put_u64(out, s.key);
+        }
+    }
 }
 
 fn frame_len_u32(frame_len: usize) -> Result<u32, WireError> {

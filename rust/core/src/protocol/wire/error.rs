@@ -148,6 +148,9 @@ pub enum WireError {
     /// An auth mode byte other than none or HMAC-SHA256.
     #[error("unknown auth mode {0}")]
     UnknownAuthMode(u8),
+    /// A Hello's shared-memory flag other than 0 (no offer) or 1 (an offer).
+    #[error("unknown shared-memory flag {0} in Hello")]
+    UnknownShmFlag(u8),
     /// An error kind no [`ErrorKind`](super::ErrorKind) has.
     #[error("unknown error kind {0}")]
     UnknownErrorKind(u16),

@@ -137,6 +137,24 @@ pub struct Hello {
     pub auth: AuthMode,
     /// Its challenge: the other side answers with an HMAC of it.
     pub nonce: Nonce,
+    /// Shared-memory channels: `Some` when the side offers them (protocol version 4).
+    pub shm: Option<ShmOffer>,
+}
+
+/// What a side that offers shared-memory channels says about itself in its Hello. Both sides
+/// use shared memory only when both offer it with the same boot id and uid (one host, one
+/// user); the pids and the key name the server's Unix socket and are checked against the
+/// socket's peer credentials.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShmOffer {
+    /// `/proc/sys/kernel/random/boot_id` as 16 bytes.
+    pub boot_id: [u8; 16],
+    /// The process's real uid.
+    pub uid: u32,
+    /// The process's pid.
+    pub pid: u32,
+    /// A server's random listener key (its socket's name); a client sends 0.
+    pub key: u64,
 }
 
 /// Why a channel or connection failed, in an ErrorResponse.

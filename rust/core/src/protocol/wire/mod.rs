@@ -10,15 +10,15 @@
 //! |---|---|---|
 //! | 0 | 4 | frame length, u32: the **whole** frame, these 4 bytes included (≥ 10) |
 //! | 4 | 4 | magic `b"CFLW"` ([`MAGIC`]) |
-//! | 8 | 1 | protocol version, 2 ([`PROTOCOL_VERSION`]; version 1 had no record body buffers, see [`crate::protocol::credit`]) |
+//! | 8 | 1 | protocol version, 4 ([`PROTOCOL_VERSION`]; version 3 had no shared-memory block in Hello, version 1 no record body buffers, see [`crate::protocol::credit`]) |
 //! | 9 | 1 | message type ([`MessageType`]) |
 //!
 //! Bodies, in field order (`rid` = receiver id, u64; `str` = u32 byte length + UTF-8 bytes):
 //!
 //! | type | message | body | body bytes |
 //! |---|---|---|---|
-//! | 1 | Hello | version u8, segment_size u32, max_frame_size u32, auth u8 (0 none, 1 HMAC-SHA256), nonce \[32\] | 42 |
-//! | 2 | HelloAck | the Hello fields, then tag \[32\] (HMAC of the client's nonce) | 74 |
+//! | 1 | Hello | version u8, segment_size u32, max_frame_size u32, auth u8 (0 none, 1 HMAC-SHA256), nonce \[32\], shm u8 (0 none, 1 offer), boot_id \[16\], uid u32, pid u32, key u64 | 75 |
+//! | 2 | HelloAck | the Hello fields, then tag \[32\] (HMAC of the client's nonce) | 107 |
 //! | 3 | AuthProof | tag \[32\] (HMAC of the server's nonce) | 32 |
 //! | 4 | PartitionRequest | rid, subpartition u32, initial credit u32, partition id `str` (≤ 1024 bytes) | 20 + id |
 //! | 5 | AddCredit | rid, credit u32 (> 0) | 12 |
@@ -136,7 +136,7 @@ pub use encode::{encode, encode_buffer_response_header};
 pub use error::WireError;
 pub use message::{
     truncate_utf8, AuthMode, BufferResponse, BufferResponseHeader, ErrorKind, Hello, Message, MessageType,
-    Payload, ReceiverId,
+    Payload, ReceiverId, ShmOffer,
 };
 
 pub use crate::base::event::Event;

@@ -15,6 +15,7 @@ fn hello(auth: AuthMode) -> Hello {
         max_frame_size: max_frame_size(32 << 10) as u32,
         auth,
         nonce: std::array::from_fn(|i| i as u8),
+        shm: None,
     }
 }
 
@@ -23,7 +24,15 @@ fn one_of_each() -> Vec<Message<'static>> {
     vec![
         Message::Hello(hello(AuthMode::None)),
         Message::HelloAck {
-            hello: hello(AuthMode::HmacSha256),
+            hello: Hello {
+                shm: Some(ShmOffer {
+                    boot_id: [0x5a; 16],
+                    uid: 1000,
+                    pid: 4242,
+                    key: 0x0102_0304_0506_0708,
+                }),
+                ..hello(AuthMode::HmacSha256)
+            },
             tag: [0xab; TAG_LEN],
         },
         Message::AuthProof { tag: [7; TAG_LEN] },
@@ -99,7 +108,34 @@ fn record_messages_are_rid_and_u64_and_never_zero() {
     });
     assert_eq!(
         bytes,
-        [26, 0, 0, 0, b'C', b'F', b'L', b'W', 3, 15, 1, 0, 0, 0, 0, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0]
+        [
+            26,
+            0,
+            0,
+            0,
+            b'C',
+            b'F',
+            b'L',
+            b'W',
+            PROTOCOL_VERSION,
+            15,
+            1,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            2,
+            1,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0
+        ]
     );
     for msg in [
         Message::RecordGrant {
@@ -153,7 +189,7 @@ fn every_message_type_round_trips() {
 #[test]
 fn header_is_length_magic_version_type_little_endian() {
     let bytes = encoded(&Message::CloseRequest);
-    assert_eq!(bytes, [10, 0, 0, 0, b'C', b'F', b'L', b'W', 3, 10]);
+    assert_eq!(bytes, [10, 0, 0, 0, b'C', b'F', b'L', b'W', PROTOCOL_VERSION, 10]);
     let bytes = encoded(&Message::AddCredit {
         receiver: ReceiverId(1),
         credit: Credit::new(0x0102),
@@ -349,6 +385,9 @@ fn zero_credit_zero_backlog_and_bad_enums_are_rejected() {
     let mut bytes = encoded(&Message::Hello(hello(AuthMode::None)));
     bytes[HEADER_LEN + 9] = 9;
     assert_eq!(peer_error(decode(&bytes)), WireError::UnknownAuthMode(9));
+    let mut bytes = encoded(&Message::Hello(hello(AuthMode::None)));
+    bytes[HEADER_LEN + 10 + NONCE_LEN] = 2;
+    assert_eq!(peer_error(decode(&bytes)), WireError::UnknownShmFlag(2));
     let mut bytes = encoded(&one_of_each()[6]);
     bytes[HEADER_LEN + 20] = 5;
     assert_eq!(peer_error(decode(&bytes)), WireError::UnknownDataType(5));

@@ -1,0 +1,98 @@
+//! The doorbell: a connected Unix socket between the two processes of a link. A side that
+//! made progress the other waits for writes one byte; a side that sleeps waits for the socket
+//! to become readable. It also tells a dead peer: when the peer's process ends, however it
+//! ends, the kernel closes its end and this side reads end-of-file.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::net::UnixStream;
+
+/// One side's end of the doorbell socket, shared by its reader and writer halves.
+pub(crate) struct Doorbell {
+    sock: UnixStream,
+    dead: AtomicBool,
+}
+
+impl Doorbell {
+    pub(crate) fn new(sock: UnixStream) -> Arc<Doorbell> {
+        Arc::new(Doorbell {
+            sock,
+            dead: AtomicBool::new(false),
+        })
+    }
+
+    /// Wakes the peer. A full socket buffer already holds wake-ups the peer has not taken,
+    /// so a byte that does not fit is not needed.
+    pub(crate) fn ring(&self) {
+        match self.sock.try_write(&[1]) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => self.dead.store(true, Ordering::SeqCst),
+        }
+    }
+
+    /// Takes the pending wake-up bytes; notes end-of-file (the peer is gone).
+    fn drain(&self) {
+        let mut buf = [0u8; 256];
+        loop {
+            match self.sock.try_read(&mut buf) {
+                Ok(0) => {
+                    self.dead.store(true, Ordering::SeqCst);
+                    return;
+                }
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    self.dead.store(true, Ordering::SeqCst);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Whether the peer's end is closed (its process ended or it dropped the link).
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+}
+
+/// A half's wait for the doorbell. Register first (`poll` returning `Pending`), then say
+/// "waiting" in the ring and re-check: a wake-up after the registration is not lost, even
+/// if the other half of this side takes the byte first (readiness wakes every waiter).
+pub(crate) struct Waiter {
+    bell: Arc<Doorbell>,
+    wait: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+impl Waiter {
+    pub(crate) fn new(bell: Arc<Doorbell>) -> Waiter {
+        Waiter { bell, wait: None }
+    }
+
+    pub(crate) fn bell(&self) -> &Arc<Doorbell> {
+        &self.bell
+    }
+
+    /// `Ready` when the doorbell may have rung (or the peer is gone): the caller re-checks
+    /// its condition. `Pending`: registered for the next ring.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let wait = self.wait.get_or_insert_with(|| {
+            let bell = self.bell.clone();
+            Box::pin(async move {
+                let _ = bell.sock.readable().await;
+            })
+        });
+        match wait.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                self.wait = None;
+                self.bell.drain();
+                Poll::Ready(())
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! Setting a link up, after the TCP handshake agreed on shared memory (both offered it, same
+//! boot id, same uid):
+//!
+//! 1. The server environment listens on a Unix socket in the abstract namespace (no file, so
+//!    nothing in `/dev/shm` or `/tmp` to open), named after its pid and a random key it
+//!    announced in its Hello.
+//! 2. The client connects, checks the socket's peer credentials (`SO_PEERCRED`: the server's
+//!    pid and our uid), and sends the nonce of its Hello as the token naming its TCP
+//!    connection.
+//! 3. The server checks the peer credentials in turn (our uid, the client's pid from its
+//!    Hello), creates a sealed `memfd` region with both rings and passes its descriptor
+//!    (`SCM_RIGHTS`) with the layout. Both sides map it and close the descriptor; the socket
+//!    stays open as the doorbell.
+//!
+//! A client that cannot connect (another network namespace, say) keeps using TCP; the server
+//! then sees its next frame on TCP instead of a link.
+
+use std::collections::HashMap;
+use std::io::IoSlice;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage,
+    SendFlags,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{oneshot, watch};
+
+use super::doorbell::Doorbell;
+use super::identity::local_offer;
+use super::region::Region;
+use super::ring::{Ring, RING_HEADER};
+use super::stream::{ShmReader, ShmWriter};
+use crate::protocol::wire::{Nonce, ShmOffer, NONCE_LEN};
+
+/// Data bytes of the ring from server to client (buffers) and from client to server (credit
+/// and requests). What is in flight is bounded by credit, not by these.
+const SERVER_TO_CLIENT: usize = 4 << 20;
+const CLIENT_TO_SERVER: usize = 256 << 10;
+/// Links whose token arrived before their connection asked for it, at most.
+const MAX_EARLY: usize = 64;
+/// How long an accepted socket may take to send its token, and an early one may wait.
+const TOKEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn socket_name(offer: &ShmOffer) -> String {
+    format!("\0creditflow-shm-{}-{:016x}", offer.pid, offer.key)
+}
+
+fn refused(msg: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::PermissionDenied, msg)
+}
+
+/// Checks a link socket's peer: our uid, and the pid the peer announced in its Hello.
+pub(super) fn check_peer(sock: &UnixStream, pid: u32) -> std::io::Result<()> {
+    let cred = sock.peer_cred()?;
+    let uid = rustix::process::getuid().as_raw();
+    if cred.uid() != uid {
+        return Err(refused(format!(
+            "shared-memory peer runs as uid {}, this process as {uid}",
+            cred.uid()
+        )));
+    }
+    if cred.pid() != Some(pid as i32) {
+        return Err(refused(format!(
+            "shared-memory peer is pid {:?}, its handshake said {pid}",
+            cred.pid()
+        )));
+    }
+    Ok(())
+}
+
+enum Pending {
+    /// A served connection waits for its link.
+    Waiting(oneshot::Sender<UnixStream>),
+    /// The link came first.
+    Arrived(UnixStream),
+}
+
+/// The server side's listener for links, one per environment.
+pub(crate) struct ShmListener {
+    offer: ShmOffer,
+    pending: Mutex<HashMap<Nonce, Pending>>,
+}
+
+impl ShmListener {
+    /// Listens (on the runtime of `handle`) until `shutdown`; `None` where shared memory is
+    /// not available.
+    pub(crate) fn start(
+        handle: &tokio::runtime::Handle,
+        shutdown: watch::Receiver<bool>,
+    ) -> std::io::Result<Arc<ShmListener>> {
+        let mut key = [0u8; 8];
+        getrandom::fill(&mut key).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let offer = local_offer(u64::from_le_bytes(key).max(1))
+            .ok_or_else(|| std::io::Error::other("no boot id on this system"))?;
+        let listener = {
+            let _guard = handle.enter();
+            UnixListener::bind(socket_name(&offer))?
+        };
+        let this = Arc::new(ShmListener {
+            offer,
+            pending: Mutex::new(HashMap::new()),
+        });
+        handle.spawn(accept_loop(listener, Arc::downgrade(&this), shutdown));
+        Ok(this)
+    }
+
+    /// What this environment offers in its Hello.
+    pub(crate) fn offer(&self) -> ShmOffer {
+        self.offer
+    }
+
+    /// Waits for the link whose token is `token` (the client's Hello nonce).
+    pub(crate) fn expect(self: &Arc<Self>, token: Nonce) -> Expected {
+        let mut pending = self.pending.lock().unwrap();
+        let (tx, rx) = oneshot::channel();
+        let ready = match pending.remove(&token) {
+            Some(Pending::Arrived(s)) => Some(s),
+            _ => {
+                pending.insert(token, Pending::Waiting(tx));
+                None
+            }
+        };
+        Expected {
+            listener: self.clone(),
+            token,
+            rx,
+            ready,
+        }
+    }
+
+    fn deliver(self: &Arc<Self>, token: Nonce, sock: UnixStream) {
+        let mut pending = self.pending.lock().unwrap();
+        match pending.remove(&token) {
+            Some(Pending::Waiting(tx)) => {
+                let _ = tx.send(sock);
+            }
+            Some(Pending::Arrived(_)) => log::warn!("creditflow: a second shared-memory link with one token"),
+            None => {
+                let early = pending
+                    .values()
+                    .filter(|p| matches!(p, Pending::Arrived(_)))
+                    .count();
+                if early < MAX_EARLY {
+                    pending.insert(token, Pending::Arrived(sock));
+                    let this = Arc::downgrade(self);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(TOKEN_TIMEOUT).await;
+                        if let Some(this) = this.upgrade() {
+                            let mut pending = this.pending.lock().unwrap();
+                            if matches!(pending.get(&token), Some(Pending::Arrived(_))) {
+                                pending.remove(&token);
+                            }
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// A served connection's wait for its link; forgets the token when dropped.
+pub(crate) struct Expected {
+    listener: Arc<ShmListener>,
+    token: Nonce,
+    rx: oneshot::Receiver<UnixStream>,
+    ready: Option<UnixStream>,
+}
+
+impl Expected {
+    /// The link's socket, once the client connected (never, if it does not).
+    pub(crate) async fn arrive(&mut self) -> UnixStream {
+        if let Some(s) = self.ready.take() {
+            return s;
+        }
+        match (&mut self.rx).await {
+            Ok(s) => s,
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+impl Drop for Expected {
+    fn drop(&mut self) {
+        let mut pending = self.listener.pending.lock().unwrap();
+        if matches!(pending.get(&self.token), Some(Pending::Waiting(_))) {
+            pending.remove(&self.token);
+        }
+    }
+}
+
+async fn accept_loop(listener: UnixListener, this: Weak<ShmListener>, mut shutdown: watch::Receiver<bool>) {
+    let uid = rustix::process::getuid().as_raw();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.wait_for(|c| *c) => return,
+        };
+        let Ok((mut sock, _)) = accepted else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let this = this.clone();
+        tokio::spawn(async move {
+            // Another user's process never gets as far as sending a token.
+            match sock.peer_cred() {
+                Ok(c) if c.uid() == uid => {}
+                other => {
+                    log::warn!("creditflow: refused a shared-memory link from {other:?}: not this user");
+                    return;
+                }
+            }
+            let mut token = [0u8; NONCE_LEN];
+            if tokio::time::timeout(TOKEN_TIMEOUT, sock.read_exact(&mut token))
+                .await
+                .is_ok_and(|r| r.is_ok())
+            {
+                if let Some(this) = this.upgrade() {
+                    this.deliver(token, sock);
+                }
+            }
+        });
+    }
+}
+
+/// The layout a server sends with the descriptor: both rings' capacities.
+fn layout_bytes() -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&(SERVER_TO_CLIENT as u64).to_le_bytes());
+    b[8..].copy_from_slice(&(CLIENT_TO_SERVER as u64).to_le_bytes());
+    b
+}
+
+fn region_len(s2c: usize, c2s: usize) -> usize {
+    2 * RING_HEADER + s2c + c2s
+}
+
+/// Server side: checks the client's credentials, creates the region and passes it.
+pub(crate) async fn serve_link(
+    sock: UnixStream,
+    client: &ShmOffer,
+) -> std::io::Result<(ShmReader, ShmWriter)> {
+    check_peer(&sock, client.pid)?;
+    let (region, fd) = Region::create(region_len(SERVER_TO_CLIENT, CLIENT_TO_SERVER))?;
+    let layout = layout_bytes();
+    sock.async_io(Interest::WRITABLE, || {
+        let fds = [fd.as_fd()];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        control.push(SendAncillaryMessage::ScmRights(&fds));
+        let n = rustix::net::sendmsg(&sock, &[IoSlice::new(&layout)], &mut control, SendFlags::NOSIGNAL)?;
+        if n != layout.len() {
+            return Err(std::io::Error::other("short write of the shared-memory layout"));
+        }
+        Ok(())
+    })
+    .await?;
+    drop(fd);
+    let region = Arc::new(region);
+    let to_client = Ring::new(region.clone(), 0, SERVER_TO_CLIENT);
+    let from_client = Ring::new(region, RING_HEADER + SERVER_TO_CLIENT, CLIENT_TO_SERVER);
+    let bell = Doorbell::new(sock);
+    Ok((
+        ShmReader::new(from_client, bell.clone()),
+        ShmWriter::new(to_client, bell),
+    ))
+}
+
+/// Client side: connects to the server's listener, checks its credentials, sends the token
+/// and maps the region it gets.
+pub(crate) async fn connect_link(
+    server: &ShmOffer,
+    token: &Nonce,
+) -> std::io::Result<(ShmReader, ShmWriter)> {
+    let mut sock = UnixStream::connect(socket_name(server)).await?;
+    check_peer(&sock, server.pid)?;
+    sock.write_all(token).await?;
+    let mut layout = [0u8; 16];
+    let fd: OwnedFd = loop {
+        sock.readable().await?;
+        let got = sock.try_io(Interest::READABLE, || {
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let mut iov = [std::io::IoSliceMut::new(&mut layout)];
+            let msg = rustix::net::recvmsg(&sock, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
+            let mut fd = None;
+            for m in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(fds) = m {
+                    for f in fds {
+                        // More than one descriptor: keep the first, close the rest.
+                        fd.get_or_insert(f);
+                    }
+                }
+            }
+            Ok((msg.bytes, fd))
+        });
+        match got {
+            Ok((16, Some(fd))) => break fd,
+            Ok((n, _)) => {
+                return Err(std::io::Error::other(format!(
+                    "the server sent {n} bytes and no region instead of a shared-memory layout"
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    let s2c = u64::from_le_bytes(layout[..8].try_into().expect("8 bytes")) as usize;
+    let c2s = u64::from_le_bytes(layout[8..].try_into().expect("8 bytes")) as usize;
+    let sane = |n: usize| n.is_power_of_two() && (4096..=1 << 30).contains(&n);
+    if !sane(s2c) || !sane(c2s) {
+        return Err(std::io::Error::other(format!(
+            "bad shared-memory layout {s2c}/{c2s}"
+        )));
+    }
+    let region = Arc::new(Region::map(&fd, region_len(s2c, c2s))?);
+    drop(fd);
+    let from_server = Ring::new(region.clone(), 0, s2c);
+    let to_server = Ring::new(region, RING_HEADER + s2c, c2s);
+    let bell = Doorbell::new(sock);
+    Ok((
+        ShmReader::new(from_server, bell.clone()),
+        ShmWriter::new(to_server, bell),
+    ))
+}

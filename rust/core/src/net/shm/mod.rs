@@ -1,0 +1,43 @@
+//! Shared-memory channels: when a producer and a consumer environment run on one host as one
+//! user, their connection's byte stream moves from the TCP socket to two rings in a memory
+//! region only the two processes map. The frames, and so the credit protocol, backlog,
+//! events, barriers, debloating and metrics, are the same as over TCP; only the pipe under
+//! them changes, after the (TCP) handshake has authenticated the peer.
+//!
+//! Rooms: `identity` (what a side says about itself: boot id, uid, pid), `region` (a sealed
+//! `memfd` mapped shared), `ring` (a single-producer single-consumer byte ring in the region),
+//! `doorbell` (the Unix socket that wakes a sleeping side and tells a dead peer), `stream`
+//! (the rings as `AsyncRead` / `AsyncWrite` halves), `link` (the Unix socket listener, the
+//! peer-credential checks and the descriptor passing that set a link up).
+
+mod doorbell;
+mod identity;
+mod link;
+mod region;
+mod ring;
+mod stream;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use identity::local_offer;
+pub(crate) use link::{connect_link, serve_link, ShmListener};
+
+/// The transport a connection's channels use, as metrics name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ChannelTransport {
+    /// Frames over the TCP (or TLS) connection.
+    #[default]
+    Tcp,
+    /// Frames through shared-memory rings.
+    Shm,
+}
+
+impl ChannelTransport {
+    /// `"tcp"` or `"shm"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChannelTransport::Tcp => "tcp",
+            ChannelTransport::Shm => "shm",
+        }
+    }
+}

@@ -1,0 +1,251 @@
+"""Shared-memory channels between two real processes (issue 19): exactness over shared
+memory, the fallback to TCP when either side turns it off, a killed peer (noticed within 2 s,
+its region unmapped), and batches a consumer holds staying as they were while the producer
+goes on writing through the same rings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import time
+
+import pytest
+
+import creditflow as cf
+from helpers import assert_batches_equal
+from remote_worker import Tracker, Worker, type_batch, wait_all_segments_free
+from test_remote import ROWS, expected_per_channel, split_by_channel, start_producer
+
+#: A peer's death must reach the survivor within this (a correctness bound, not a timing).
+DEATH_NOTICE = 2.0
+
+
+def transports(env: cf.NetworkEnvironment) -> set[str]:
+    """The transports the channels of ``env``'s gates use."""
+    return {
+        c["remote"]["transport"]
+        for g in env.metrics()["gates"].values()
+        for c in g["channels"]
+        if c["remote"]
+    }
+
+
+def shared_mappings() -> int:
+    """Mappings of shared-memory regions in this process (``memfd:creditflow-shm``)."""
+    with open("/proc/self/maps") as f:
+        return sum("creditflow-shm" in line for line in f)
+
+
+def fds() -> dict[str, str]:
+    """This process's open file descriptors and what they point at."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+    return out
+
+
+@pytest.mark.parametrize(
+    ("producer_shm", "consumer_shm", "want"),
+    [(True, True, "shm"), (False, True, "tcp"), (True, False, "tcp")],
+    ids=["both-on", "producer-off", "consumer-off"],
+)
+def test_hash_exchange_is_exact_over_shared_memory_and_falls_back_to_tcp(
+    workers: list[Worker], producer_shm: bool, consumer_shm: bool, want: str
+) -> None:
+    expected = expected_per_channel()
+    workers.append(p := start_producer({"shared_memory": producer_shm}))
+    addr = p.wait_for("address")["address"]
+    with cf.NetworkEnvironment(memory="16MiB", shared_memory=consumer_shm) as env:
+        gate = env.create_input_gate([cf.ChannelSpec(addr, "p", i) for i in range(4)])
+        first = gate.next(timeout=30)
+        assert first is not None
+        assert transports(env) == {want}
+        got = [first, *gate]
+        for c, (g, w) in enumerate(zip(split_by_channel(got, expected), expected, strict=True)):
+            assert len(g) == len(w), f"channel {c}"
+            assert_batches_equal(g, w)
+        gate.close()
+        wait_all_segments_free(env.metrics, "consumer")
+
+
+def test_sixteen_channels_from_four_producers_are_exact_over_shared_memory(workers: list[Worker]) -> None:
+    producers = []
+    for n in range(4):
+        spec = {
+            "id": "p",
+            "subpartitions": 4,
+            "partitioner": "round_robin",
+            "data": "seq",
+            "count": 40,
+            "rows": 4096,
+        }
+        spec["producer"] = n
+        workers.append(w := Worker("producer", env={"memory": "8MiB"}, partitions=[spec]))
+        producers.append(w)
+    addrs = [w.wait_for("address")["address"] for w in producers]
+    with cf.NetworkEnvironment(memory="16MiB") as env:
+        gates = [env.create_input_gate([cf.ChannelSpec(a, "p", c) for a in addrs]) for c in range(4)]
+        tracker = Tracker()
+        for g in gates:
+            first = g.next(timeout=30)
+            assert first is not None
+            tracker.add(first)
+        assert transports(env) == {"shm"}
+        for g in gates:
+            for b in g:
+                tracker.add(b)
+        s = tracker.stats()
+        assert (s["duplicated"], s["out_of_order"], s["corrupted"]) == (0, 0, 0)
+        assert s["batches"] == 4 * 40
+        assert s["unique"] == {f"{n}/{c}": 10 for n in range(4) for c in range(4)}
+        for g in gates:
+            g.close()
+
+
+def test_batches_a_consumer_holds_do_not_change_while_more_data_flows(workers: list[Worker]) -> None:
+    # Many times the rings' size goes through the link after the first batches are taken.
+    count = 400
+    workers.append(p := start_producer(subpartitions=1, partitioner="forward", count=count))
+    addr = p.wait_for("address")["address"]
+    with cf.NetworkEnvironment(memory="16MiB") as env:
+        gate = env.create_input_gate([cf.ChannelSpec(addr, "p", 0)])
+        held = [gate.next(timeout=30) for _ in range(8)]
+        assert transports(env) == {"shm"}
+        assert all(b is not None for b in held)
+        before = [b.serialize().to_pybytes() for b in held if b is not None]
+        rest = list(gate)
+        assert len(rest) == count - len(held)
+        assert [b.serialize().to_pybytes() for b in held if b is not None] == before
+        assert_batches_equal(
+            [b for b in held if b is not None], [type_batch(i, ROWS) for i in range(len(held))]
+        )
+        gate.close()
+
+
+def test_a_killed_producer_fails_the_gate_in_time_and_its_region_is_unmapped(workers: list[Worker]) -> None:
+    spec = {
+        "id": "p",
+        "subpartitions": 1,
+        "partitioner": "forward",
+        "data": "seq",
+        "count": None,
+        "rows": 4096,
+    }
+    workers.append(p := Worker("producer", env={"memory": "4MiB"}, partitions=[spec]))
+    addr = p.wait_for("address")["address"]
+    mappings_before, fds_before = shared_mappings(), fds()
+    with cf.NetworkEnvironment(memory="4MiB") as env:
+        gate = env.create_input_gate([cf.ChannelSpec(addr, "p", 0)])
+        tracker = Tracker()
+        for _ in range(20):
+            b = gate.next(timeout=10)
+            assert b is not None
+            tracker.add(b)
+        assert transports(env) == {"shm"}
+        assert shared_mappings() > mappings_before, "the consumer maps the link's region"
+        p.kill()
+        killed = time.monotonic()
+        with pytest.raises(cf.ConnectionLostError):  # noqa: PT012 (queued batches come first)
+            while time.monotonic() - killed < 10:
+                try:
+                    b = gate.next(timeout=0.1)
+                except cf.TimeoutError:
+                    continue
+                assert b is not None, "a killed producer's stream must not look complete"
+                tracker.add(b)
+        noticed = time.monotonic() - killed
+        assert noticed < DEATH_NOTICE, f"the consumer noticed the death after {noticed:.2f} s"
+        s = tracker.stats()
+        assert (s["duplicated"], s["out_of_order"], s["corrupted"]) == (0, 0, 0)
+        # The connection is gone, and with it the mapping and the doorbell socket.
+        deadline = time.monotonic() + 5
+        while shared_mappings() > mappings_before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert shared_mappings() == mappings_before
+        gate.close()
+    # The environment's own descriptors (its runtime's) go with the last handle to it.
+    del gate, env
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while (new := fds().keys() - fds_before.keys()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not new, {fd: fds().get(fd) for fd in new}
+
+
+# ------------------------------------------------------------------- a garbage peer over shm
+
+RING_HEADER = 4096
+
+
+def boot_id() -> bytes:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return bytes.fromhex(f.read().strip().replace("-", ""))
+
+
+def garbage_link(addr: str, garbage: bytes) -> bytes:
+    """Sets up a shared-memory link to the environment at ``addr`` by hand (Hello with an
+    offer, AuthProof, the Unix socket, the region's descriptor), writes ``garbage`` into the
+    ring to the server and rings; returns what the doorbell socket gave until it closed."""
+    import mmap
+    import socket
+    import struct
+
+    from test_faults import AUTH_PROOF, HELLO, frame
+
+    host, port = addr.rsplit(":", 1)
+    nonce = bytes(range(32))
+    offer = struct.pack("<B16sIIQ", 1, boot_id(), os.getuid(), os.getpid(), 0)
+    hello = struct.pack("<BIIB", 4, 32 * 1024, 32 * 1024 + 35, 0) + nonce + offer
+    with socket.create_connection((host, int(port)), timeout=5) as tcp:
+        tcp.sendall(frame(HELLO, hello))
+        ack = tcp.recv(10 + 107, socket.MSG_WAITALL)
+        assert ack[8:10] == bytes([4, 2]), ack
+        flag, _boot, _uid, pid, key = struct.unpack_from("<B16sIIQ", ack, 10 + 42)
+        assert flag == 1, "the environment offers shared memory"
+        tcp.sendall(frame(AUTH_PROOF, bytes(32)))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as link:
+            link.settimeout(5)
+            link.connect(f"\0creditflow-shm-{pid}-{key:016x}")
+            link.sendall(nonce)
+            layout, fds, _, _ = socket.recv_fds(link, 16, 1)
+            s2c, c2s = struct.unpack("<QQ", layout)
+            (fd,) = fds
+            size = 2 * RING_HEADER + s2c + c2s
+            with mmap.mmap(fd, size) as region:
+                os.close(fd)
+                ring = RING_HEADER + s2c  # client -> server
+                region[ring + RING_HEADER : ring + RING_HEADER + len(garbage)] = garbage
+                struct.pack_into("<Q", region, ring, len(garbage))
+                link.sendall(b"\x01")
+                got = b""
+                try:
+                    while chunk := link.recv(4096):
+                        got += chunk
+                except ConnectionResetError:
+                    pass
+                except TimeoutError:
+                    pytest.fail("the environment kept the link open")
+                return got
+
+
+@pytest.mark.parametrize(
+    "garbage", [b"\xff" * 64, b"\x0a\x00\x00\x00CFLW\x04\x63"], ids=["random", "bad type"]
+)
+def test_garbage_through_a_link_closes_it_and_the_environment_serves_on(garbage: bytes) -> None:
+    with cf.NetworkEnvironment(memory="4MiB") as env:
+        part = env.create_partition("p", 1)
+        garbage_link(env.address, garbage)
+        # The environment goes on serving a well-behaved peer over shared memory.
+        with cf.NetworkEnvironment(memory="4MiB") as peer:
+            gate = peer.create_input_gate([cf.ChannelSpec(env.address, "p", 0)])
+            batches = [type_batch(i, ROWS) for i in range(5)]
+            with cf.RecordWriter(part, cf.ForwardPartitioner(), timeout=10) as w:
+                w.write(batches[0])
+                first = gate.next(timeout=10)
+                assert transports(peer) == {"shm"}
+                for b in batches[1:]:
+                    w.write(b)
+            assert_batches_equal([first, *gate], batches)

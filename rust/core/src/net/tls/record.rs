@@ -112,6 +112,9 @@ pub(crate) struct RecordReader<R> {
     plain: (usize, usize),
     /// close_notify arrived.
     closed: bool,
+    /// Plaintext bytes opened straight into callers' buffers (tests check the fast path runs).
+    #[cfg(test)]
+    direct_bytes: usize,
 }
 
 impl<R: AsyncRead + Unpin> RecordReader<R> {
@@ -125,6 +128,8 @@ impl<R: AsyncRead + Unpin> RecordReader<R> {
             end: 0,
             plain: (0, 0),
             closed: false,
+            #[cfg(test)]
+            direct_bytes: 0,
         }
     }
 
@@ -167,6 +172,10 @@ impl<R: AsyncRead + Unpin> RecordReader<R> {
                 .map_err(|_| invalid("TLS record failed authentication"))?;
             let (content_type, content_len) = inner_type(out)?;
             if content_type == APPLICATION_DATA {
+                #[cfg(test)]
+                {
+                    self.direct_bytes += content_len;
+                }
                 return Ok(Opened::Direct(content_len));
             }
             // A control record (rare): its content back into the buffer, handled below.
@@ -503,126 +512,4 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for RecordWriter<W> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use aws_lc_rs::aead::NONCE_LEN;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio_rustls::rustls::crypto::cipher::{AeadKey, Iv};
-    use tokio_rustls::rustls::ConnectionTrafficSecrets;
-
-    fn suite() -> ConnectionTrafficSecrets {
-        ConnectionTrafficSecrets::Aes128Gcm {
-            key: AeadKey::from([0u8; 32]),
-            iv: Iv::from([0u8; NONCE_LEN]),
-        }
-    }
-
-    fn direction(secret: u8) -> Direction {
-        Direction::new(&suite(), &[secret; 32], 0).unwrap()
-    }
-
-    /// Records `data` as one writer seals them (rekeying every `per_key` records), written in
-    /// pieces of `piece` bytes.
-    async fn sealed(data: &[u8], per_key: u64, piece: usize) -> Vec<u8> {
-        let (a, mut b) = tokio::io::duplex(1 << 24);
-        let mut w = RecordWriter::new(a, direction(7), Arc::default());
-        w.set_records_per_key(per_key);
-        for chunk in data.chunks(piece) {
-            w.write_all(chunk).await.unwrap();
-        }
-        w.shutdown().await.unwrap();
-        drop(w);
-        let mut out = Vec::new();
-        b.read_to_end(&mut out).await.unwrap();
-        out
-    }
-
-    async fn opened(wire: Vec<u8>, read_size: usize) -> io::Result<Vec<u8>> {
-        let mut r = RecordReader::new(&wire[..], direction(7), Arc::default());
-        let mut out = Vec::new();
-        let mut buf = vec![0u8; read_size];
-        loop {
-            let n = r.read(&mut buf).await?;
-            if n == 0 {
-                return Ok(out);
-            }
-            out.extend_from_slice(&buf[..n]);
-        }
-    }
-
-    fn pattern(n: usize) -> Vec<u8> {
-        (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
-    }
-
-    #[tokio::test]
-    async fn records_round_trip_across_key_updates_and_read_sizes() {
-        let data = pattern(300_000);
-        for (per_key, piece, read) in [(3, 1000, 777), (1 << 24, 70_000, 65_536), (1, 16_384, 1)] {
-            let wire = sealed(&data, per_key, piece).await;
-            assert_eq!(opened(wire, read).await.unwrap(), data, "per_key {per_key}");
-        }
-    }
-
-    #[tokio::test]
-    async fn vectored_writes_fill_records_and_keep_the_order() {
-        let data = pattern(100_000);
-        let (a, mut b) = tokio::io::duplex(1 << 20);
-        let mut w = RecordWriter::new(a, direction(7), Arc::default());
-        let mut slices: Vec<IoSlice<'_>> = data.chunks(3_000).map(IoSlice::new).collect();
-        let mut slices = &mut slices[..];
-        while !slices.is_empty() {
-            let n = w.write_vectored(slices).await.unwrap();
-            IoSlice::advance_slices(&mut slices, n);
-        }
-        w.shutdown().await.unwrap();
-        drop(w);
-        let mut wire = Vec::new();
-        b.read_to_end(&mut wire).await.unwrap();
-        // Full records: ceil(100,000 / 16 KiB) data records plus close_notify.
-        let records = wire.len() - data.len() - 2 - 7 * (HEADER_LEN + 1 + TAG_LEN);
-        assert_eq!(
-            records,
-            HEADER_LEN + 1 + TAG_LEN,
-            "one record per 16 KiB, then the alert"
-        );
-        assert_eq!(opened(wire, 4096).await.unwrap(), data);
-    }
-
-    #[tokio::test]
-    async fn tampered_truncated_or_foreign_records_are_errors() {
-        let data = pattern(40_000);
-        let wire = sealed(&data, 1 << 24, 40_000).await;
-        for at in [0, 3, 4, 100, 20_000, wire.len() - 30] {
-            let mut bad = wire.clone();
-            bad[at] ^= 0x40;
-            let e = opened(bad, 4096).await.unwrap_err();
-            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "byte {at}: {e}");
-        }
-        let e = opened(wire[..wire.len() / 2].to_vec(), 4096).await.unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
-        // Another key: authentication fails.
-        let mut r = RecordReader::new(&wire[..], direction(8), Arc::default());
-        let e = r.read(&mut [0u8; 10]).await.unwrap_err();
-        assert!(e.to_string().contains("authentication"), "{e}");
-    }
-
-    #[tokio::test]
-    async fn a_key_update_request_is_answered_by_the_writer() {
-        // A reader that saw update_requested makes its connection's writer rekey.
-        let shared = Arc::new(Shared::default());
-        shared.update_requested.store(true, Ordering::Release);
-        let (a, mut b) = tokio::io::duplex(1 << 20);
-        let mut w = RecordWriter::new(a, direction(7), shared.clone());
-        w.write_all(b"after").await.unwrap();
-        w.flush().await.unwrap();
-        assert!(!shared.update_requested.load(Ordering::Acquire));
-        assert_eq!(
-            w.tx.seq, 1,
-            "the KeyUpdate went out under the old key, the data under the new"
-        );
-        drop(w);
-        let mut wire = Vec::new();
-        b.read_to_end(&mut wire).await.unwrap();
-        assert_eq!(opened(wire, 100).await.unwrap(), b"after");
-    }
-}
+mod tests;

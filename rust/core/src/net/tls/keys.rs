@@ -9,7 +9,10 @@ use aws_lc_rs::aead::{self, LessSafeKey, Nonce, UnboundKey, NONCE_LEN};
 use aws_lc_rs::hkdf;
 use tokio_rustls::rustls::ConnectionTrafficSecrets;
 
-use super::record::invalid;
+/// An error for malformed or unusable TLS data.
+pub(super) fn invalid(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
 
 /// One direction's keys: the traffic secret (for KeyUpdate), the AEAD key, the IV and the
 /// sequence number of the next record.

@@ -5,9 +5,11 @@
 //! socket into its deframer in 4 KiB pieces, the decrypted record into a new buffer, that
 //! into ours), and both directions share one connection object behind a lock. Here each
 //! direction has its own state, so the read half and the write half of a connection share
-//! nothing but a flag: [`RecordReader`] reads ciphertext in large reads, opens each record in
-//! place and hands out the plaintext (one copy, into the caller's buffer); [`RecordWriter`]
-//! copies plaintext into records and seals them in place.
+//! nothing but a flag, and no plaintext is copied on the data path: [`RecordReader`] reads
+//! ciphertext in large reads and opens a record whose plaintext fits in the caller's buffer
+//! straight into it (others in place, then copied out); [`RecordWriter`] seals a large slice
+//! from the caller's memory into its output, and copies only small slices (frame headers,
+//! control messages) together into shared records.
 //!
 //! The records are standard TLS 1.3 application-data records (opaque type 23, legacy version
 //! 0x0303, at most 2^14 bytes of plaintext; the real content type and no padding inside; nonce =
@@ -28,7 +30,7 @@ use std::task::{ready, Context, Poll};
 use aws_lc_rs::aead::Aad;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::keys::Direction;
+use super::keys::{invalid, Direction};
 
 /// Bytes of a record header.
 const HEADER_LEN: usize = 5;
@@ -52,10 +54,6 @@ const WRITE_BATCH: usize = 256 * 1024;
 /// Slices of at least this many bytes are sealed in records of their own, straight from the
 /// caller's memory; shorter ones are copied together into shared records.
 const SEAL_DIRECT_MIN: usize = 4096;
-
-pub(super) fn invalid(msg: impl Into<String>) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg.into())
-}
 
 /// A fatal TLS alert from the peer (its description byte), as the inner error of the
 /// `io::Error` a reader returns: the handshake turns it into a message (`verify::explain`).

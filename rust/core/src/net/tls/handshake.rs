@@ -32,7 +32,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::rustls::{self, RootCertStore};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use super::record::{Direction, RecordReader, RecordWriter, Shared};
+use super::keys::Direction;
+use super::record::{RecordReader, RecordWriter, Shared};
 use super::verify::{alert_of, explain, ClientVerifier, Files, Peer, ServerVerifier};
 use crate::base::config::TlsSettings;
 use crate::base::error::{Error, Result};

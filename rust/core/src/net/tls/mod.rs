@@ -4,6 +4,7 @@
 //! certificates are checked by `verify` (WebPKI, plus certificates pinned in `ca`).
 
 mod handshake;
+mod keys;
 mod record;
 mod verify;
 

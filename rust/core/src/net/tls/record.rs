@@ -5,9 +5,11 @@
 //! socket into its deframer in 4 KiB pieces, the decrypted record into a new buffer, that
 //! into ours), and both directions share one connection object behind a lock. Here each
 //! direction has its own state, so the read half and the write half of a connection share
-//! nothing but a flag: [`RecordReader`] reads ciphertext in large reads, opens each record in
-//! place and hands out the plaintext (one copy, into the caller's buffer); [`RecordWriter`]
-//! copies plaintext into records and seals them in place.
+//! nothing but a flag, and no plaintext is copied on the data path: [`RecordReader`] reads
+//! ciphertext in large reads and opens a record whose plaintext fits in the caller's buffer
+//! straight into it (others in place, then copied out); [`RecordWriter`] seals a large slice
+//! from the caller's memory into its output, and copies only small slices (frame headers,
+//! control messages) together into shared records.
 //!
 //! The records are standard TLS 1.3 application-data records (opaque type 23, legacy version
 //! 0x0303, at most 2^14 bytes of plaintext; the real content type and no padding inside; nonce =
@@ -19,15 +21,16 @@
 //! any other alert an error. Suites: the three TLS 1.3 ones.
 
 use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey, NONCE_LEN};
-use aws_lc_rs::hkdf;
+use aws_lc_rs::aead::Aad;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio_rustls::rustls::ConnectionTrafficSecrets;
+
+use super::keys::{invalid, Direction};
 
 /// Bytes of a record header.
 const HEADER_LEN: usize = 5;
@@ -48,10 +51,9 @@ pub(crate) const RECORDS_PER_KEY: u64 = 1 << 24;
 const READ_BUFFER: usize = 256 * 1024;
 /// Plaintext a write takes at a time, at most (then written to the socket in one call).
 const WRITE_BATCH: usize = 256 * 1024;
-
-fn invalid(msg: impl Into<String>) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg.into())
-}
+/// Slices of at least this many bytes are sealed in records of their own, straight from the
+/// caller's memory; shorter ones are copied together into shared records.
+const SEAL_DIRECT_MIN: usize = 4096;
 
 /// A fatal TLS alert from the peer (its description byte), as the inner error of the
 /// `io::Error` a reader returns: the handshake turns it into a message (`verify::explain`).
@@ -66,115 +68,33 @@ impl std::fmt::Display for PeerAlert {
 
 impl std::error::Error for PeerAlert {}
 
-/// One direction's keys: the traffic secret (for KeyUpdate), the AEAD key, the IV and the
-/// sequence number of the next record.
-pub(crate) struct Direction {
-    aead: &'static aead::Algorithm,
-    hkdf: hkdf::Algorithm,
-    secret: Vec<u8>,
-    key: LessSafeKey,
-    iv: [u8; NONCE_LEN],
-    seq: u64,
-}
-
-/// An output length for HKDF-Expand.
-struct Len(usize);
-
-impl hkdf::KeyType for Len {
-    fn len(&self) -> usize {
-        self.0
-    }
-}
-
-/// HKDF-Expand-Label (RFC 8446 §7.1) with an empty context.
-fn expand_label(alg: hkdf::Algorithm, secret: &[u8], label: &[u8], out: &mut [u8]) -> io::Result<()> {
-    let prk = hkdf::Prk::new_less_safe(alg, secret);
-    let len = (out.len() as u16).to_be_bytes();
-    let label_len = [(6 + label.len()) as u8];
-    let info: [&[u8]; 5] = [&len, &label_len, b"tls13 ", label, &[0]];
-    prk.expand(&info, Len(out.len()))
-        .and_then(|okm| okm.fill(out))
-        .map_err(|_| invalid("HKDF-Expand-Label failed"))
-}
-
-impl Direction {
-    /// Keys from a traffic secret of the suite `suite` (the variant of rustls's extracted
-    /// secrets), starting at sequence number `seq`.
-    pub(crate) fn new(suite: &ConnectionTrafficSecrets, secret: &[u8], seq: u64) -> io::Result<Direction> {
-        let (aead, hkdf) = match suite {
-            ConnectionTrafficSecrets::Aes128Gcm { .. } => (&aead::AES_128_GCM, hkdf::HKDF_SHA256),
-            ConnectionTrafficSecrets::Aes256Gcm { .. } => (&aead::AES_256_GCM, hkdf::HKDF_SHA384),
-            ConnectionTrafficSecrets::Chacha20Poly1305 { .. } => {
-                (&aead::CHACHA20_POLY1305, hkdf::HKDF_SHA256)
-            }
-            _ => return Err(invalid("unsupported TLS cipher suite")),
-        };
-        let mut d = Direction {
-            aead,
-            hkdf,
-            secret: secret.to_vec(),
-            key: LessSafeKey::new(
-                UnboundKey::new(aead, &vec![0; aead.key_len()]).map_err(|_| invalid("AEAD key"))?,
-            ),
-            iv: [0; NONCE_LEN],
-            seq,
-        };
-        d.derive()?;
-        Ok(d)
-    }
-
-    /// Key and IV from the current secret.
-    fn derive(&mut self) -> io::Result<()> {
-        let mut key = vec![0; self.aead.key_len()];
-        expand_label(self.hkdf, &self.secret, b"key", &mut key)?;
-        expand_label(self.hkdf, &self.secret, b"iv", &mut self.iv)?;
-        self.key = LessSafeKey::new(UnboundKey::new(self.aead, &key).map_err(|_| invalid("AEAD key"))?);
-        Ok(())
-    }
-
-    /// Whether the key and IV are the ones rustls derived (`suite`'s): a check that the
-    /// secrets logged and extracted belong together.
-    pub(crate) fn matches(&self, suite: &ConnectionTrafficSecrets) -> bool {
-        let (key, iv) = match suite {
-            ConnectionTrafficSecrets::Aes128Gcm { key, iv }
-            | ConnectionTrafficSecrets::Aes256Gcm { key, iv }
-            | ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => (key, iv),
-            _ => return false,
-        };
-        let mut ours = vec![0; self.aead.key_len()];
-        expand_label(self.hkdf, &self.secret, b"key", &mut ours).is_ok()
-            && ours == key.as_ref()
-            && self.iv[..] == *iv.as_ref()
-    }
-
-    /// KeyUpdate: the next generation of secret, key and IV; the sequence restarts at 0.
-    fn update(&mut self) -> io::Result<()> {
-        let mut next = vec![0; self.secret.len()];
-        expand_label(self.hkdf, &self.secret, b"traffic upd", &mut next)?;
-        self.secret = next;
-        self.seq = 0;
-        self.derive()
-    }
-
-    /// The nonce of the next record; counts it.
-    fn next_nonce(&mut self) -> io::Result<Nonce> {
-        let mut nonce = self.iv;
-        for (n, s) in nonce[NONCE_LEN - 8..].iter_mut().zip(self.seq.to_be_bytes()) {
-            *n ^= s;
-        }
-        self.seq = self
-            .seq
-            .checked_add(1)
-            .ok_or_else(|| invalid("TLS sequence number exhausted"))?;
-        Ok(Nonce::assume_unique_for_key(nonce))
-    }
-}
-
 /// What the two halves of one connection share: the peer asked for a KeyUpdate, which the
 /// writer must answer with its own.
 #[derive(Default)]
 pub(crate) struct Shared {
     update_requested: AtomicBool,
+}
+
+/// What [`RecordReader::open_next`] did.
+enum Opened {
+    /// A whole record is not buffered yet.
+    NeedMore,
+    /// Application data of this many bytes went straight into the caller's buffer.
+    Direct(usize),
+    /// The record was opened in the read buffer: its data, if any, is in `plain`.
+    InPlace,
+}
+
+/// The inner content type of an opened record (its last nonzero byte; zeros after it are
+/// padding) and the length of the content before it.
+fn inner_type(plain: &[u8]) -> io::Result<(u8, usize)> {
+    let Some(type_at) = plain.iter().rposition(|&b| b != 0) else {
+        return Err(invalid("TLS record without a content type"));
+    };
+    if type_at > MAX_PLAINTEXT {
+        return Err(invalid(format!("TLS record with {type_at} bytes of plaintext")));
+    }
+    Ok((plain[type_at], type_at))
 }
 
 /// The read half: ciphertext in, plaintext out.
@@ -190,6 +110,9 @@ pub(crate) struct RecordReader<R> {
     plain: (usize, usize),
     /// close_notify arrived.
     closed: bool,
+    /// Plaintext bytes opened straight into callers' buffers (tests check the fast path runs).
+    #[cfg(test)]
+    direct_bytes: usize,
 }
 
 impl<R: AsyncRead + Unpin> RecordReader<R> {
@@ -203,14 +126,19 @@ impl<R: AsyncRead + Unpin> RecordReader<R> {
             end: 0,
             plain: (0, 0),
             closed: false,
+            #[cfg(test)]
+            direct_bytes: 0,
         }
     }
 
-    /// Opens the record at `start` if it is all there; `Ok(false)` if more bytes are needed.
-    fn open_next(&mut self) -> io::Result<bool> {
+    /// Opens the record at `start` if it is all there. An application-data record whose
+    /// plaintext (with its content-type byte) fits in `dst` is decrypted straight into it
+    /// (`Opened::Direct`, no copy after the AEAD); any other is opened in place and its
+    /// content left in `plain` (`Opened::InPlace`).
+    fn open_next(&mut self, dst: &mut [MaybeUninit<u8>]) -> io::Result<Opened> {
         let have = &self.buf[self.start..self.end];
         if have.len() < HEADER_LEN {
-            return Ok(false);
+            return Ok(Opened::NeedMore);
         }
         let header: [u8; HEADER_LEN] = have[..HEADER_LEN].try_into().expect("5 bytes");
         let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
@@ -224,25 +152,42 @@ impl<R: AsyncRead + Unpin> RecordReader<R> {
             return Err(invalid(format!("TLS record of {len} bytes")));
         }
         if have.len() < HEADER_LEN + len {
-            return Ok(false);
+            return Ok(Opened::NeedMore);
         }
         let body = self.start + HEADER_LEN;
         self.start = body + len;
         let nonce = self.rx.next_nonce()?;
-        let plain = self
-            .rx
-            .key
-            .open_in_place(nonce, Aad::from(header), &mut self.buf[body..body + len])
-            .map_err(|_| invalid("TLS record failed authentication"))?;
-        // The content type is the last nonzero byte; zeros after it are padding.
-        let Some(type_at) = plain.iter().rposition(|&b| b != 0) else {
-            return Err(invalid("TLS record without a content type"));
+        let inner_len = len - TAG_LEN;
+        let (content_type, content_len) = if inner_len <= dst.len() {
+            // SAFETY: the AEAD only writes `out` (every byte of it, before anything reads it),
+            // so no uninitialized byte is read; `dst` is not used as uninitialized afterwards
+            // where it was written.
+            let out = unsafe { &mut *(&mut dst[..inner_len] as *mut [MaybeUninit<u8>] as *mut [u8]) };
+            let (ciphertext, tag) = self.buf[body..body + len].split_at(inner_len);
+            self.rx
+                .key
+                .open_separate_gather(nonce, Aad::from(header), ciphertext, tag, out)
+                .map_err(|_| invalid("TLS record failed authentication"))?;
+            let (content_type, content_len) = inner_type(out)?;
+            if content_type == APPLICATION_DATA {
+                #[cfg(test)]
+                {
+                    self.direct_bytes += content_len;
+                }
+                return Ok(Opened::Direct(content_len));
+            }
+            // A control record (rare): its content back into the buffer, handled below.
+            self.buf[body..body + content_len].copy_from_slice(&out[..content_len]);
+            (content_type, content_len)
+        } else {
+            let plain = self
+                .rx
+                .key
+                .open_in_place(nonce, Aad::from(header), &mut self.buf[body..body + len])
+                .map_err(|_| invalid("TLS record failed authentication"))?;
+            inner_type(plain)?
         };
-        if type_at > MAX_PLAINTEXT {
-            return Err(invalid(format!("TLS record with {type_at} bytes of plaintext")));
-        }
-        let content_type = plain[type_at];
-        let content = body..body + type_at;
+        let content = body..body + content_len;
         match content_type {
             APPLICATION_DATA => self.plain = (content.start, content.end),
             HANDSHAKE => self.on_handshake(content.start, content.end)?,
@@ -257,7 +202,7 @@ impl<R: AsyncRead + Unpin> RecordReader<R> {
             }
             other => return Err(invalid(format!("TLS record of content type {other}"))),
         }
-        Ok(true)
+        Ok(Opened::InPlace)
     }
 
     /// Post-handshake messages: KeyUpdate is followed, anything else (tickets) ignored.
@@ -288,62 +233,104 @@ impl<R: AsyncRead + Unpin> RecordReader<R> {
     }
 }
 
-impl<R: AsyncRead + Unpin> AsyncRead for RecordReader<R> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
+impl<R: AsyncRead + Unpin> RecordReader<R> {
+    /// Plaintext into `first` and, once `first` is full, into `second` (the contract of
+    /// `FrameSource::poll_read_two`): a record that fits in `first` is decrypted straight
+    /// into it; what is left of a record opened in place is copied. Returns as soon as some
+    /// plaintext was handed out; `(0, 0)` is the end of the stream.
+    fn poll_plain(
+        &mut self,
         cx: &mut Context<'_>,
-        out: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
+        first: &mut [MaybeUninit<u8>],
+        second: &mut [u8],
+    ) -> Poll<io::Result<(usize, usize)>> {
         loop {
-            let (a, b) = this.plain;
+            let (a, b) = self.plain;
             if a < b {
-                let n = (b - a).min(out.remaining());
-                out.put_slice(&this.buf[a..a + n]);
-                this.plain.0 += n;
-                return Poll::Ready(Ok(()));
+                let n = (b - a).min(first.len());
+                // SAFETY: `n` bytes fit in both; the read buffer and `first` do not overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(self.buf[a..].as_ptr(), first.as_mut_ptr().cast::<u8>(), n)
+                };
+                let m = if n == first.len() {
+                    (b - a - n).min(second.len())
+                } else {
+                    0
+                };
+                second[..m].copy_from_slice(&self.buf[a + n..a + n + m]);
+                self.plain.0 += n + m;
+                return Poll::Ready(Ok((n, m)));
             }
-            if this.closed {
-                return Poll::Ready(Ok(()));
+            if self.closed || first.is_empty() {
+                return Poll::Ready(Ok((0, 0)));
             }
-            if this.open_next()? {
-                continue;
+            match self.open_next(first)? {
+                Opened::Direct(0) | Opened::InPlace => continue,
+                Opened::Direct(n) => return Poll::Ready(Ok((n, 0))),
+                Opened::NeedMore => {}
             }
             // Room for a whole record after what is buffered: move the partial one to the front.
-            if this.buf.len() - this.start < HEADER_LEN + MAX_CIPHERTEXT || this.start == this.end {
-                this.buf.copy_within(this.start..this.end, 0);
-                this.end -= this.start;
-                this.start = 0;
-                this.plain = (0, 0);
+            if self.buf.len() - self.start < HEADER_LEN + MAX_CIPHERTEXT || self.start == self.end {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+                self.plain = (0, 0);
             }
-            let mut rb = ReadBuf::new(&mut this.buf[this.end..]);
-            ready!(Pin::new(&mut this.io).poll_read(cx, &mut rb))?;
+            let mut rb = ReadBuf::new(&mut self.buf[self.end..]);
+            ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb))?;
             let n = rb.filled().len();
             if n == 0 {
-                if this.start == this.end {
+                if self.start == self.end {
                     // The peer closed without close_notify: the end of the stream, as for TCP.
-                    return Poll::Ready(Ok(()));
+                    return Poll::Ready(Ok((0, 0)));
                 }
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     "the peer closed the connection in the middle of a TLS record",
                 )));
             }
-            this.end += n;
+            self.end += n;
         }
     }
 }
 
-impl<R: AsyncRead + Unpin> crate::net::io::FrameSource for RecordReader<R> {}
+impl<R: AsyncRead + Unpin> AsyncRead for RecordReader<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        // SAFETY: `poll_plain` only writes initialized bytes into it, and reports how many.
+        let unfilled = unsafe { out.unfilled_mut() };
+        let (n, _) = ready!(self.poll_plain(cx, unfilled, &mut []))?;
+        // SAFETY: `poll_plain` initialized the first `n` bytes of the unfilled part.
+        unsafe { out.assume_init(n) };
+        out.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<R: AsyncRead + Unpin> crate::net::io::FrameSource for RecordReader<R> {
+    fn poll_read_two(
+        &mut self,
+        cx: &mut Context<'_>,
+        first: &mut [MaybeUninit<u8>],
+        second: &mut [u8],
+    ) -> Poll<io::Result<(usize, usize)>> {
+        self.poll_plain(cx, first, second)
+    }
+}
 
 /// The write half: plaintext in, records out.
 pub(crate) struct RecordWriter<W> {
     io: W,
     tx: Direction,
     shared: Arc<Shared>,
-    /// Sealed records not yet written: `out[pos..]`.
+    /// Sealed records not yet written: `out[pos..filled]` (`out` stays initialized, so a
+    /// record is sealed into it without zeroing it first).
     out: Vec<u8>,
     pos: usize,
+    filled: usize,
     /// Records under one key before a KeyUpdate.
     records_per_key: u64,
     /// close_notify was sealed.
@@ -356,10 +343,9 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
             io,
             tx,
             shared,
-            out: Vec::with_capacity(
-                WRITE_BATCH + WRITE_BATCH / MAX_PLAINTEXT * (HEADER_LEN + 1 + TAG_LEN) + 64,
-            ),
+            out: vec![0; WRITE_BATCH + WRITE_BATCH / SEAL_DIRECT_MIN * (HEADER_LEN + 1 + TAG_LEN) + 64],
             pos: 0,
+            filled: 0,
             records_per_key: RECORDS_PER_KEY,
             close_sent: false,
         }
@@ -381,39 +367,58 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
         self.seal_one(content_type, parts)
     }
 
+    /// Appends one record. One part is sealed from where it is into the output (the AEAD
+    /// reads it once); several are copied together and sealed in place.
     fn seal_one(&mut self, content_type: u8, parts: &[&[u8]]) -> io::Result<()> {
         let len: usize = parts.iter().map(|p| p.len()).sum::<usize>() + 1;
-        let header_at = self.out.len();
-        let wire_len = (len + TAG_LEN) as u16;
-        self.out.extend_from_slice(&[APPLICATION_DATA, 3, 3]);
-        self.out.extend_from_slice(&wire_len.to_be_bytes());
-        for p in parts {
-            self.out.extend_from_slice(p);
+        let at = self.filled;
+        let end = at + HEADER_LEN + len + TAG_LEN;
+        if self.out.len() < end {
+            self.out.resize(end, 0);
         }
-        self.out.push(content_type);
-        let header: [u8; HEADER_LEN] = self.out[header_at..header_at + HEADER_LEN]
-            .try_into()
-            .expect("5 bytes");
+        let wire_len = ((len + TAG_LEN) as u16).to_be_bytes();
+        let header = [APPLICATION_DATA, 3, 3, wire_len[0], wire_len[1]];
+        self.out[at..at + HEADER_LEN].copy_from_slice(&header);
+        let body = &mut self.out[at + HEADER_LEN..end];
         let nonce = self.tx.next_nonce()?;
-        let tag = self
-            .tx
-            .key
-            .seal_in_place_separate_tag(nonce, Aad::from(header), &mut self.out[header_at + HEADER_LEN..])
-            .map_err(|_| invalid("TLS record sealing failed"))?;
-        self.out.extend_from_slice(tag.as_ref());
+        let sealed = if let [part] = parts {
+            let (ciphertext, type_and_tag) = body.split_at_mut(part.len());
+            self.tx.key.seal_out_of_place_scatter(
+                nonce,
+                Aad::from(header),
+                part,
+                ciphertext,
+                &[content_type],
+                type_and_tag,
+            )
+        } else {
+            let mut i = 0;
+            for p in parts {
+                body[i..i + p.len()].copy_from_slice(p);
+                i += p.len();
+            }
+            body[i] = content_type;
+            let (inner, tag_out) = body.split_at_mut(len);
+            self.tx
+                .key
+                .seal_in_place_separate_tag(nonce, Aad::from(header), inner)
+                .map(|tag| tag_out.copy_from_slice(tag.as_ref()))
+        };
+        sealed.map_err(|_| invalid("TLS record sealing failed"))?;
+        self.filled = end;
         Ok(())
     }
 
     /// Writes pending records until done (`Ready(Ok)`) or the socket is full (`Pending`).
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.pos < self.out.len() {
-            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.out[self.pos..]))?;
+        while self.pos < self.filled {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.out[self.pos..self.filled]))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             self.pos += n;
         }
-        self.out.clear();
+        self.filled = 0;
         self.pos = 0;
         Poll::Ready(Ok(()))
     }
@@ -431,33 +436,44 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for RecordWriter<W> {
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
         ready!(this.poll_drain(cx))?;
-        // Gather up to WRITE_BATCH bytes into records of at most MAX_PLAINTEXT.
+        // Up to WRITE_BATCH bytes into records of at most MAX_PLAINTEXT: a large slice (a data
+        // payload) in records of its own, sealed from where it is; small ones (frame headers,
+        // control messages) gathered into shared records.
         let mut taken = 0;
         let mut parts: Vec<&[u8]> = Vec::new();
         let mut in_record = 0;
-        let mut slices = bufs.iter().map(|b| &b[..]).filter(|b| !b.is_empty());
-        let mut current: Option<&[u8]> = slices.next();
-        while let Some(mut piece) = current {
+        for slice in bufs.iter() {
+            let mut piece = &slice[..];
+            while !piece.is_empty() && taken < WRITE_BATCH {
+                let budget = WRITE_BATCH - taken;
+                let n = if piece.len() >= SEAL_DIRECT_MIN && budget >= SEAL_DIRECT_MIN {
+                    if !parts.is_empty() {
+                        this.seal(APPLICATION_DATA, &parts)?;
+                        parts.clear();
+                        in_record = 0;
+                    }
+                    // The slice's last byte is left to the next record: a reader reading the
+                    // payload into a buffer of its size then has room for this record's
+                    // content-type byte too, and opens it straight into that buffer.
+                    let n = (piece.len() - 1).min(MAX_PLAINTEXT).min(budget);
+                    this.seal(APPLICATION_DATA, &[&piece[..n]])?;
+                    n
+                } else {
+                    let n = piece.len().min(MAX_PLAINTEXT - in_record).min(budget);
+                    parts.push(&piece[..n]);
+                    in_record += n;
+                    if in_record == MAX_PLAINTEXT {
+                        this.seal(APPLICATION_DATA, &parts)?;
+                        parts.clear();
+                        in_record = 0;
+                    }
+                    n
+                };
+                piece = &piece[n..];
+                taken += n;
+            }
             if taken == WRITE_BATCH {
                 break;
-            }
-            let room = (MAX_PLAINTEXT - in_record).min(WRITE_BATCH - taken);
-            if piece.len() > room {
-                let (head, tail) = piece.split_at(room);
-                parts.push(head);
-                piece = tail;
-                current = Some(piece);
-            } else {
-                parts.push(piece);
-                current = slices.next();
-            }
-            let n = parts.last().map_or(0, |p| p.len());
-            in_record += n;
-            taken += n;
-            if in_record == MAX_PLAINTEXT {
-                this.seal(APPLICATION_DATA, &parts)?;
-                parts.clear();
-                in_record = 0;
             }
         }
         if !parts.is_empty() {
@@ -494,124 +510,4 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for RecordWriter<W> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio_rustls::rustls::crypto::cipher::{AeadKey, Iv};
-
-    fn suite() -> ConnectionTrafficSecrets {
-        ConnectionTrafficSecrets::Aes128Gcm {
-            key: AeadKey::from([0u8; 32]),
-            iv: Iv::from([0u8; NONCE_LEN]),
-        }
-    }
-
-    fn direction(secret: u8) -> Direction {
-        Direction::new(&suite(), &[secret; 32], 0).unwrap()
-    }
-
-    /// Records `data` as one writer seals them (rekeying every `per_key` records), written in
-    /// pieces of `piece` bytes.
-    async fn sealed(data: &[u8], per_key: u64, piece: usize) -> Vec<u8> {
-        let (a, mut b) = tokio::io::duplex(1 << 24);
-        let mut w = RecordWriter::new(a, direction(7), Arc::default());
-        w.set_records_per_key(per_key);
-        for chunk in data.chunks(piece) {
-            w.write_all(chunk).await.unwrap();
-        }
-        w.shutdown().await.unwrap();
-        drop(w);
-        let mut out = Vec::new();
-        b.read_to_end(&mut out).await.unwrap();
-        out
-    }
-
-    async fn opened(wire: Vec<u8>, read_size: usize) -> io::Result<Vec<u8>> {
-        let mut r = RecordReader::new(&wire[..], direction(7), Arc::default());
-        let mut out = Vec::new();
-        let mut buf = vec![0u8; read_size];
-        loop {
-            let n = r.read(&mut buf).await?;
-            if n == 0 {
-                return Ok(out);
-            }
-            out.extend_from_slice(&buf[..n]);
-        }
-    }
-
-    fn pattern(n: usize) -> Vec<u8> {
-        (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
-    }
-
-    #[tokio::test]
-    async fn records_round_trip_across_key_updates_and_read_sizes() {
-        let data = pattern(300_000);
-        for (per_key, piece, read) in [(3, 1000, 777), (1 << 24, 70_000, 65_536), (1, 16_384, 1)] {
-            let wire = sealed(&data, per_key, piece).await;
-            assert_eq!(opened(wire, read).await.unwrap(), data, "per_key {per_key}");
-        }
-    }
-
-    #[tokio::test]
-    async fn vectored_writes_fill_records_and_keep_the_order() {
-        let data = pattern(100_000);
-        let (a, mut b) = tokio::io::duplex(1 << 20);
-        let mut w = RecordWriter::new(a, direction(7), Arc::default());
-        let mut slices: Vec<IoSlice<'_>> = data.chunks(3_000).map(IoSlice::new).collect();
-        let mut slices = &mut slices[..];
-        while !slices.is_empty() {
-            let n = w.write_vectored(slices).await.unwrap();
-            IoSlice::advance_slices(&mut slices, n);
-        }
-        w.shutdown().await.unwrap();
-        drop(w);
-        let mut wire = Vec::new();
-        b.read_to_end(&mut wire).await.unwrap();
-        // Full records: ceil(100,000 / 16 KiB) data records plus close_notify.
-        let records = wire.len() - data.len() - 2 - 7 * (HEADER_LEN + 1 + TAG_LEN);
-        assert_eq!(
-            records,
-            HEADER_LEN + 1 + TAG_LEN,
-            "one record per 16 KiB, then the alert"
-        );
-        assert_eq!(opened(wire, 4096).await.unwrap(), data);
-    }
-
-    #[tokio::test]
-    async fn tampered_truncated_or_foreign_records_are_errors() {
-        let data = pattern(40_000);
-        let wire = sealed(&data, 1 << 24, 40_000).await;
-        for at in [0, 3, 4, 100, 20_000, wire.len() - 30] {
-            let mut bad = wire.clone();
-            bad[at] ^= 0x40;
-            let e = opened(bad, 4096).await.unwrap_err();
-            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "byte {at}: {e}");
-        }
-        let e = opened(wire[..wire.len() / 2].to_vec(), 4096).await.unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
-        // Another key: authentication fails.
-        let mut r = RecordReader::new(&wire[..], direction(8), Arc::default());
-        let e = r.read(&mut [0u8; 10]).await.unwrap_err();
-        assert!(e.to_string().contains("authentication"), "{e}");
-    }
-
-    #[tokio::test]
-    async fn a_key_update_request_is_answered_by_the_writer() {
-        // A reader that saw update_requested makes its connection's writer rekey.
-        let shared = Arc::new(Shared::default());
-        shared.update_requested.store(true, Ordering::Release);
-        let (a, mut b) = tokio::io::duplex(1 << 20);
-        let mut w = RecordWriter::new(a, direction(7), shared.clone());
-        w.write_all(b"after").await.unwrap();
-        w.flush().await.unwrap();
-        assert!(!shared.update_requested.load(Ordering::Acquire));
-        assert_eq!(
-            w.tx.seq, 1,
-            "the KeyUpdate went out under the old key, the data under the new"
-        );
-        drop(w);
-        let mut wire = Vec::new();
-        b.read_to_end(&mut wire).await.unwrap();
-        assert_eq!(opened(wire, 100).await.unwrap(), b"after");
-    }
-}
+mod tests;

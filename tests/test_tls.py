@@ -30,6 +30,16 @@ from tls_certs import make_tls, openssl_self_signed, tls_kwargs
 COUNT = 200
 
 
+@pytest.fixture(autouse=True)
+def over_tcp(transport: str) -> None:
+    """Every test here runs over TCP, where TLS records carry the frames: between environments
+    of one host they would otherwise move to shared memory after the TLS handshake."""
+    assert transport == "tcp"
+
+
+pytestmark = pytest.mark.parametrize("transport", ["tcp"], indirect=True)
+
+
 def check_all_arrived(tracker: Tracker, producer: Worker) -> None:
     """The ``COUNT`` batches ``producer`` wrote each arrived once, in order, intact."""
     stats = tracker.stats()

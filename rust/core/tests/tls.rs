@@ -121,6 +121,9 @@ fn env(tls: Option<TlsSettings>) -> NetworkEnvironment {
         memory: 4 << 20,
         tls,
         secret: Some(b"s3cret".to_vec()),
+        // What TLS protects goes over TCP: between environments of one host the frames would
+        // otherwise move to shared memory after the TLS handshake.
+        shared_memory: false,
         ..EnvConfig::default()
     })
     .unwrap()

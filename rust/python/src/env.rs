@@ -302,7 +302,9 @@ impl NetworkEnvironment {
 
     /// Metrics of the environment, its partitions and gates (``creditflow.metrics.EnvMetrics``).
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        crate::metrics::env(py, &self.inner.metrics())
+        // Without the GIL: collecting takes every partition's and gate's locks.
+        let m = py.detach(|| self.inner.metrics());
+        crate::metrics::env(py, &m)
     }
 
     /// Closes connections and the listener, releases every partition and stops the

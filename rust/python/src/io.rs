@@ -326,7 +326,9 @@ impl RecordWriter {
 
     /// The partition's metrics (``creditflow.metrics.PartitionMetrics``).
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        crate::metrics::partition(py, &self.partition.metrics())
+        // Without the GIL: collecting takes the partition's locks.
+        let m = py.detach(|| self.partition.metrics());
+        crate::metrics::partition(py, &m)
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {

@@ -77,7 +77,10 @@ impl ResultPartition {
 
     /// This partition's metrics (``creditflow.metrics.PartitionMetrics``).
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        crate::metrics::partition(py, &self.inner.metrics())
+        // Without the GIL: collecting takes the partition's locks, which a writer may hold
+        // while it waits for the GIL (a Ctrl-C check).
+        let m = py.detach(|| self.inner.metrics());
+        crate::metrics::partition(py, &m)
     }
 
     fn __repr__(&self) -> String {

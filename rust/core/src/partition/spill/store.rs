@@ -350,7 +350,9 @@ impl SpillStore {
                 }
                 Err(e) => return Err(e),
             }
-            let nap = wait.tick()?.min(NAP);
+            // Not under the store's lock: the tick may check for Ctrl-C, which takes the GIL,
+            // and a Python thread holding the GIL may be waiting for this lock (metrics()).
+            let nap = MutexGuard::unlocked(st, || wait.tick())?.min(NAP);
             self.room.wait_for(st, nap);
         }
     }

@@ -46,6 +46,21 @@ def endless_seq_producer(part: cf.ResultPartition) -> tuple[Producer, list[int]]
 # ---------------------------------------------------------------------------- killed peers
 
 
+def read_until_connection_lost(gate: cf.InputGate, tracker: Tracker) -> float:
+    """Reads what a killed producer had sent into ``tracker`` until the gate raises
+    ConnectionLostError (within 10 s, else the test fails); returns the seconds it took."""
+    killed = time.monotonic()
+    with pytest.raises(cf.ConnectionLostError):  # noqa: PT012 (queued batches come first)
+        while time.monotonic() - killed < 10:
+            try:
+                b = gate.next(timeout=0.1)
+            except cf.TimeoutError:
+                continue
+            assert b is not None, "a killed producer's stream must not look complete"
+            tracker.add(b)
+    return time.monotonic() - killed
+
+
 def test_producer_killed_mid_stream(workers: list[Worker]) -> None:
     spec = {
         "id": "p",
@@ -65,16 +80,7 @@ def test_producer_killed_mid_stream(workers: list[Worker]) -> None:
             assert b is not None
             tracker.add(b)
         p.kill()
-        killed = time.monotonic()
-        with pytest.raises(cf.ConnectionLostError):  # noqa: PT012 (queued batches come first)
-            while time.monotonic() - killed < 10:
-                try:
-                    b = gate.next(timeout=0.1)
-                except cf.TimeoutError:
-                    continue
-                assert b is not None, "a killed producer's stream must not look complete"
-                tracker.add(b)
-        noticed = time.monotonic() - killed
+        noticed = read_until_connection_lost(gate, tracker)
         assert noticed < DEATH_NOTICE, f"the consumer noticed the death after {noticed:.2f} s"
         s = tracker.stats()
         assert (s["duplicated"], s["out_of_order"], s["corrupted"]) == (0, 0, 0)

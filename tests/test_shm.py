@@ -16,6 +16,7 @@ import pytest
 import creditflow as cf
 from helpers import assert_batches_equal
 from remote_worker import Tracker, Worker, type_batch, wait_all_segments_free
+from test_faults import read_until_connection_lost
 from test_remote import ROWS, expected_per_channel, split_by_channel, start_producer
 
 #: A peer's death must reach the survivor within this (a correctness bound, not a timing).
@@ -147,16 +148,7 @@ def test_a_killed_producer_fails_the_gate_in_time_and_its_region_is_unmapped(wor
         assert transports(env) == {"shm"}
         assert shared_mappings() > mappings_before, "the consumer maps the link's region"
         p.kill()
-        killed = time.monotonic()
-        with pytest.raises(cf.ConnectionLostError):  # noqa: PT012 (queued batches come first)
-            while time.monotonic() - killed < 10:
-                try:
-                    b = gate.next(timeout=0.1)
-                except cf.TimeoutError:
-                    continue
-                assert b is not None, "a killed producer's stream must not look complete"
-                tracker.add(b)
-        noticed = time.monotonic() - killed
+        noticed = read_until_connection_lost(gate, tracker)
         assert noticed < DEATH_NOTICE, f"the consumer noticed the death after {noticed:.2f} s"
         s = tracker.stats()
         assert (s["duplicated"], s["out_of_order"], s["corrupted"]) == (0, 0, 0)

@@ -72,6 +72,27 @@ def test_hash_exchange_is_exact_over_shared_memory_and_falls_back_to_tcp(
         wait_all_segments_free(env.metrics, "consumer")
 
 
+@pytest.mark.parametrize("shared_memory", [True, False], ids=["shm", "tcp"])
+def test_both_sides_metrics_name_the_transport(shared_memory: bool) -> None:
+    """The consumer's channels and the producer's subpartitions say what carries their frames."""
+    want = "shm" if shared_memory else "tcp"
+    with (
+        cf.NetworkEnvironment(memory="16MiB", shared_memory=shared_memory) as producer,
+        cf.NetworkEnvironment(memory="16MiB") as consumer,
+    ):
+        part = producer.create_partition("p", 2)
+        gate = consumer.create_input_gate([cf.ChannelSpec(producer.address, "p", i) for i in range(2)])
+        with cf.RecordWriter(part, cf.BroadcastPartitioner()) as w:
+            w.write(type_batch(0, 100))
+        got = list(gate)
+        assert sum(b.num_rows for b in got) == 200
+        assert transports(consumer) == {want}
+        remotes = [s["remote"] for s in part.metrics()["subpartitions"]]
+        assert [r["transport"] if r else None for r in remotes] == [want, want]
+        assert all(r and r["buffers_sent"] > 0 for r in remotes)
+        gate.close()
+
+
 def test_sixteen_channels_from_four_producers_are_exact_over_shared_memory(workers: list[Worker]) -> None:
     producers = []
     for n in range(4):

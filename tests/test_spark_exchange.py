@@ -36,6 +36,7 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 import creditflow.spark as cfs  # noqa: E402
+from creditflow.spark._driver import is_connect  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -241,6 +242,23 @@ def test_bad_arguments_are_refused_on_the_driver(spark: SparkSession) -> None:
         cfs.exchange(df, "id", memory="128KiB")
     with pytest.raises(ValueError, match="num_partitions"):
         cfs.exchange(df, "id", num_partitions=0)
+    with pytest.raises(ValueError, match="rendezvous must be one of"):
+        cfs.exchange(df, "id", rendezvous="carrier-pigeon")  # type: ignore[arg-type]
+
+
+def test_tasks_meet_through_the_driver_or_spark_s_barrier(spark: SparkSession) -> None:
+    """Classic sessions default to the driver's rendezvous and can choose Spark's allGather;
+    Connect sessions use allGather and refuse the driver's (their client may be unreachable)."""
+    df = spark.range(0, 5_000, numPartitions=2).select("id", (F.col("id") % 97).alias("k")).cache()
+    want = placement(df.repartition(2, "k"))
+    choices: list[Any] = [None, "barrier"]
+    if is_connect(spark):
+        with pytest.raises(ValueError, match="needs a classic session"):
+            cfs.exchange(df, "k", rendezvous="driver")
+    else:
+        choices.append("driver")
+    for choice in choices:
+        assert placement(cfs.exchange(df, "k", rendezvous=choice)) == want, choice
 
 
 def test_failed_task_fails_its_peers_and_the_retried_stage_is_clean(

@@ -59,6 +59,8 @@ class RemoteReaderMetrics(TypedDict):
 
     #: The consumer's connection address.
     peer: str
+    #: What carries the frames to it: ``"tcp"`` (TCP or TLS) or ``"shm"`` (shared memory).
+    transport: str
     #: Buffers the sender may still send (the receiver's credit).
     credit: int
     #: Data buffers written to the connection.

@@ -1,8 +1,9 @@
 """``exchange``: a pipelined, backpressured repartition-by-key inside one barrier stage.
 
 Every task of a barrier ``mapInArrow`` stage gets its Python worker's environment, creates
-a partition with one subpartition per task, tells the others where it is with
-``BarrierTaskContext.allGather``, and then does two things at once:
+a partition with one subpartition per task, tells the others where it is (through the
+driver's rendezvous on a classic session, ``BarrierTaskContext.allGather`` on a Connect one:
+see :mod:`creditflow.spark._rendezvous`), and then does two things at once:
 
 * a writer thread pushes the task's input through ``RecordWriter(HashPartitioner(keys))``:
   row r goes to task ``pmod(hash(keys), n)``, Spark's own rule, so rows land where
@@ -34,8 +35,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 import creditflow as cf
-from creditflow.spark._driver import check_slots, prepare
+from creditflow.spark._driver import check_slots, is_connect, prepare
 from creditflow.spark._process import EnvSettings, metrics_url_of, task_environment
+from creditflow.spark._rendezvous import driver_rendezvous, gather
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
 
 #: What ``func`` receives and returns: the batches of one output partition.
@@ -43,6 +45,9 @@ PartitionFunction = Callable[[Iterator[pa.RecordBatch]], Iterable[pa.RecordBatch
 
 #: The partition kinds an exchange can use (``kind=``).
 ExchangeKind = Literal["pipelined", "hybrid"]
+
+#: How an exchange's tasks learn where the others are (``rendezvous=``).
+Rendezvous = Literal["driver", "barrier"]
 
 #: Segments a hybrid partition's pool needs beyond a pipelined one's (its readers' disk reads;
 #: docs/design.md "Memory").
@@ -61,6 +66,8 @@ class _Plan:
     timeout: float | None
     func: PartitionFunction | None
     monitor: MonitorHandle | None
+    #: The driver's rendezvous (address, key); None: Spark's ``allGather``.
+    rendezvous: tuple[str, str] | None = None
 
 
 def exchange(
@@ -79,6 +86,7 @@ def exchange(
     spill_dir: str | None = None,
     timeout: float | None = 600.0,
     monitor: Monitor | None = None,
+    rendezvous: Rendezvous | None = None,
 ) -> DataFrame:
     """Repartitions ``df`` by ``keys`` through creditflow, pipelined, in one barrier stage.
 
@@ -118,13 +126,21 @@ def exchange(
         timeout: Longest a task waits without progress (for a buffer, for data, or for its
             consumers to finish reading), in seconds; None waits without limit.
         monitor: A :class:`creditflow.spark.Monitor` that receives live per-task metrics.
+        rendezvous: How the tasks learn where the others are. ``"driver"`` (the default on a
+            classic session): through a small server in this process, which the executors
+            reach as they reach the driver. ``"barrier"`` (the default, and the only choice,
+            on a Spark Connect session, whose client the executors may not reach): Spark's
+            ``BarrierTaskContext.allGather``, which answers up to a second late. Choose
+            ``"barrier"`` when a firewall lets executors reach only the driver's Spark ports.
 
     Raises:
         ValueError: for fewer task slots than partitions (at once, naming both numbers and
-            the fix), bad keys, an unknown ``kind``, or a bad setting.
+            the fix), bad keys, an unknown ``kind`` or ``rendezvous``, or a bad setting.
     """
     if kind not in get_args(ExchangeKind):
         raise ValueError(f"kind must be one of {list(get_args(ExchangeKind))}, got {kind!r}")
+    if rendezvous is not None and rendezvous not in get_args(Rendezvous):
+        raise ValueError(f"rendezvous must be one of {list(get_args(Rendezvous))}, got {rendezvous!r}")
     key_list = (keys,) if isinstance(keys, str) else tuple(keys)
     if not key_list:
         raise ValueError("exchange needs at least one key column")
@@ -160,6 +176,7 @@ def exchange(
     # Fail on the driver for settings the tasks would refuse (memory too small for n tasks...).
     _check_settings(settings, n, kind)
     plan = _Plan(
+        rendezvous=_rendezvous_of(spark, rendezvous),
         exchange_id=uuid.uuid4().hex[:12],
         keys=key_list,
         num_tasks=n,
@@ -172,6 +189,27 @@ def exchange(
     out_schema = df.schema if schema is None else schema
 
     return _fusing(df, plan, out_schema)
+
+
+def _rendezvous_of(spark: Any, choice: Rendezvous | None) -> tuple[str, str] | None:
+    """The driver rendezvous's (address, key) the tasks use, or None for ``allGather``."""
+    connect = is_connect(spark)
+    if choice == "driver" and connect:
+        raise ValueError(
+            "rendezvous='driver' needs a classic session: the executors of a Spark Connect "
+            "session may not reach its client (use rendezvous='barrier', the default there)"
+        )
+    if choice == "barrier" or (choice is None and connect):
+        return None
+    host = spark.conf.get("spark.driver.host", None) or "127.0.0.1"
+    tracker = spark.sparkContext.statusTracker()
+
+    def stage_attempt(stage: int) -> int:
+        info = tracker.getStageInfo(stage)
+        return int(info.currentAttemptId) if info is not None else 0
+
+    r = driver_rendezvous(host, stage_attempt)
+    return (r.address, r.key)
 
 
 def _fusing(df: DataFrame, plan: _Plan, schema: StructType | str, profile: Any = None) -> DataFrame:
@@ -308,8 +346,7 @@ def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
 
         reporter = Reporter(plan.monitor, sample)
         try:
-            me_msg = json.dumps({"address": env.address, "partition": part.id})
-            peers = [json.loads(m) for m in ctx.allGather(me_msg)]
+            peers = _meet(plan, ctx, {"address": env.address, "partition": part.id}, tasks)
             gate = env.create_input_gate([cf.ChannelSpec(p["address"], p["partition"], me) for p in peers])
             writer = _Writer(part, plan, batches)
             inputs = _receive(gate, plan.timeout)
@@ -338,6 +375,30 @@ def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
                 writer.join()
             if gate is not None:
                 gate.close()
+
+
+def _meet(plan: _Plan, ctx: BarrierTaskContext, me: dict[str, Any], tasks: int) -> list[dict[str, Any]]:
+    """Every task's ``me``, by task index (this one's included)."""
+    if plan.rendezvous is None:
+        return [json.loads(m) for m in ctx.allGather(json.dumps(me))]
+    address, key = plan.rendezvous
+    try:
+        return gather(
+            address,
+            key,
+            group=plan.exchange_id,
+            stage=ctx.stageId(),
+            tasks=tasks,
+            task=ctx.partitionId(),
+            attempt=ctx.taskAttemptId(),
+            entry=me,
+            timeout=plan.timeout,
+        )
+    except OSError as exc:
+        raise RuntimeError(
+            f"this exchange task cannot reach the driver's rendezvous at {address} ({exc}); if a "
+            "firewall lets executors reach only the driver's Spark ports, pass rendezvous='barrier'"
+        ) from exc
 
 
 def _receive(gate: cf.InputGate, timeout: float | None) -> Iterator[pa.RecordBatch]:

@@ -58,12 +58,14 @@ fn pool<'py>(py: Python<'py>, p: &PoolStats) -> PyResult<Bound<'py, PyDict>> {
 fn remote_reader<'py>(py: Python<'py>, r: &RemoteReaderMetrics) -> PyResult<Bound<'py, PyDict>> {
     let RemoteReaderMetrics {
         peer,
+        transport,
         credit,
         buffers_sent,
         bytes_sent,
     } = r;
     let d = PyDict::new(py);
     put!(d; peer, credit, buffers_sent, bytes_sent);
+    d.set_item("transport", transport.as_str())?;
     Ok(d)
 }
 

@@ -22,6 +22,27 @@ impl Counter {
     }
 }
 
+/// The transport a connection's channels use, as metrics name it (both sides: the receiving
+/// channel and the subpartition that sends to it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ChannelTransport {
+    /// Frames over the TCP (or TLS) connection.
+    #[default]
+    Tcp,
+    /// Frames through shared-memory rings.
+    Shm,
+}
+
+impl ChannelTransport {
+    /// `"tcp"` or `"shm"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChannelTransport::Tcp => "tcp",
+            ChannelTransport::Shm => "shm",
+        }
+    }
+}
+
 /// How long the last window a meter reports covers.
 pub const METER_WINDOW: Duration = Duration::from_secs(1);
 

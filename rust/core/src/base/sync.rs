@@ -2,7 +2,7 @@
 //! parts can be model-checked (`RUSTFLAGS="--cfg loom" cargo test -p creditflow-core --release loom`).
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Condvar, Mutex};
 // Arc stays std's under loom (loom's cannot be a method receiver); it guards no data race.
@@ -10,7 +10,7 @@ pub(crate) use loom::sync::{Condvar, Mutex};
 pub(crate) use std::sync::Arc;
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Arc, Condvar, Mutex};
 

@@ -1,7 +1,7 @@
 //! Snapshots of a partition's metrics: the partition, each subpartition, and a remote reader's
 //! view from the sending side.
 
-use crate::base::metrics::BackpressureLevel;
+use crate::base::metrics::{BackpressureLevel, ChannelTransport};
 use crate::memory::PoolStats;
 use crate::partition::spill::SpillMetrics;
 
@@ -58,6 +58,8 @@ pub struct SubpartitionMetrics {
 pub struct RemoteReaderMetrics {
     /// The consumer's connection address.
     pub peer: String,
+    /// Whether the connection's frames go through TCP or shared memory.
+    pub transport: ChannelTransport,
     /// Buffers the sender may still send (the receiver's credit).
     pub credit: u64,
     /// Data buffers written to the connection.

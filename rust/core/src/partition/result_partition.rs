@@ -652,6 +652,7 @@ impl ResultPartition {
                     bytes_out: s.bytes_out(),
                     remote: s.remote_reader().map(|r| RemoteReaderMetrics {
                         peer: r.peer.clone(),
+                        transport: r.transport,
                         credit: r.credit(),
                         buffers_sent: r.buffers_sent(),
                         bytes_sent: r.bytes_sent(),

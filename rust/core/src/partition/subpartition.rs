@@ -25,7 +25,7 @@ use arrow_array::RecordBatch;
 
 use super::buffer::{BufferConsumer, BufferSlice};
 use crate::base::event::Event;
-use crate::base::metrics::Counter;
+use crate::base::metrics::{ChannelTransport, Counter};
 use crate::base::sync::{AtomicBool, AtomicUsize, Ordering, Queue};
 use crate::memory::Reservation;
 
@@ -114,6 +114,8 @@ pub struct Subpartition {
 pub struct RemoteReaderStats {
     /// Address of the connection's peer (`host:port`).
     pub peer: String,
+    /// Whether the connection's frames go through TCP or shared memory.
+    pub transport: ChannelTransport,
     credit: AtomicU64,
     buffers_sent: Counter,
     bytes_sent: Counter,
@@ -201,11 +203,12 @@ impl Subpartition {
         self.bytes_out.get()
     }
 
-    /// Marks the reader as remote, at `peer`; returns its stats (set once: the first peer
-    /// stays, as a subpartition is read once).
-    pub fn set_remote_reader(&self, peer: &str) -> &RemoteReaderStats {
+    /// Marks the reader as remote, at `peer` over `transport`; returns its stats (set once:
+    /// the first peer stays, as a subpartition is read once).
+    pub fn set_remote_reader(&self, peer: &str, transport: ChannelTransport) -> &RemoteReaderStats {
         self.remote.get_or_init(|| RemoteReaderStats {
             peer: peer.to_string(),
+            transport,
             credit: AtomicU64::new(0),
             buffers_sent: Counter::default(),
             bytes_sent: Counter::default(),

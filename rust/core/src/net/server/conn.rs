@@ -11,6 +11,7 @@ use super::frames::{Item, OutFrame, MAX_WRITE_BYTES, MAX_WRITE_FRAMES};
 use super::reader::SubReader;
 use crate::base::config::Limits;
 use crate::base::error::{Error, Result};
+use crate::base::metrics::ChannelTransport;
 use crate::partition::Registry;
 use crate::protocol::credit::{Credit, DataType, QueueHead, ReadyQueue, SenderCredit};
 use crate::protocol::wire::{self, ErrorKind, Message, ReceiverId, BUFFER_RESPONSE_HEADER_LEN};
@@ -26,6 +27,8 @@ pub(super) struct ServerState {
 /// One accepted connection.
 pub(crate) struct ServerConn {
     pub(super) peer: String,
+    /// What carries this connection's frames (metrics of the subpartitions it serves).
+    pub(super) transport: ChannelTransport,
     pub(super) payload_limit: usize,
     pub(super) limits: Limits,
     /// IPC body compression of handed-off batches encoded for this peer.
@@ -158,7 +161,7 @@ impl ServerConn {
         let attached = partition
             .open_reader(subpartition as usize, listener)
             .inspect(|sub| {
-                sub.set_remote_reader(&self.peer)
+                sub.set_remote_reader(&self.peer, self.transport)
                     .set_credit(u64::from(initial_credit.get()));
             });
         match attached {

@@ -13,7 +13,7 @@ use crate::base::error::{Error, Result};
 use crate::net::handshake;
 use crate::net::io::{self, FrameReader, FrameSource, InFrame};
 use crate::net::limits::{self, Slot};
-use crate::net::shm::{self, ShmListener};
+use crate::net::shm::{self, ChannelTransport, ShmListener};
 use crate::partition::Registry;
 use crate::protocol::wire::{self, Message};
 use crate::serde::Compression;
@@ -71,7 +71,7 @@ where
                     let mut reader = FrameReader::new(srd);
                     reader.set_max_frame_size(wire::max_frame_size(negotiated.payload_limit));
                     log::debug!("creditflow: connection from {peer} uses shared memory");
-                    return serve_conn(reader, swr, peer, ctx, negotiated).await;
+                    return serve_conn(reader, swr, peer, ChannelTransport::Shm, ctx, negotiated).await;
                 }
                 Err(e) => {
                     log::warn!("creditflow: shared-memory link from {peer} failed: {e}");
@@ -80,7 +80,7 @@ where
             }
         }
     }
-    serve_conn(reader, wr, peer, ctx, negotiated).await
+    serve_conn(reader, wr, peer, ChannelTransport::Tcp, ctx, negotiated).await
 }
 
 /// Serves an authenticated connection over its byte stream (TCP, TLS or shared memory).
@@ -88,6 +88,7 @@ async fn serve_conn<R, W>(
     mut reader: FrameReader<R>,
     mut wr: W,
     peer: String,
+    transport: ChannelTransport,
     ctx: ServeContext,
     negotiated: handshake::Negotiated,
 ) where
@@ -96,6 +97,7 @@ async fn serve_conn<R, W>(
 {
     let conn = Arc::new(ServerConn {
         peer: peer.clone(),
+        transport,
         payload_limit: negotiated.payload_limit,
         limits: ctx.limits,
         wire_compression: ctx.wire_compression,

@@ -21,23 +21,4 @@ mod tests;
 
 pub(crate) use identity::local_offer;
 pub(crate) use link::{connect_link, serve_link, ShmListener};
-
-/// The transport a connection's channels use, as metrics name it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum ChannelTransport {
-    /// Frames over the TCP (or TLS) connection.
-    #[default]
-    Tcp,
-    /// Frames through shared-memory rings.
-    Shm,
-}
-
-impl ChannelTransport {
-    /// `"tcp"` or `"shm"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChannelTransport::Tcp => "tcp",
-            ChannelTransport::Shm => "shm",
-        }
-    }
-}
+pub use crate::base::metrics::ChannelTransport;

@@ -12,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::doorbell::{Doorbell, Waiter};
 use super::ring::Ring;
+use crate::base::byte_ring::ReaderState;
 use crate::net::io::FrameSource;
 
 fn peer_gone() -> std::io::Error {
@@ -39,12 +40,10 @@ impl ShmReader {
     /// stream, an error when the peer is gone with nothing left to read.
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<bool>> {
         loop {
-            if self.ring.readable()? > 0 {
-                self.ring.clear_reader_waiting();
-                return Poll::Ready(Ok(true));
-            }
-            if self.ring.is_closed() {
-                return Poll::Ready(Ok(false));
+            match self.ring.reader_state()? {
+                ReaderState::Data => return Poll::Ready(Ok(true)),
+                ReaderState::Closed => return Poll::Ready(Ok(false)),
+                ReaderState::Empty => {}
             }
             if self.waiter.bell().is_dead() {
                 return Poll::Ready(Err(peer_gone()));
@@ -53,7 +52,7 @@ impl ShmReader {
                 continue;
             }
             self.ring.set_reader_waiting();
-            if self.ring.readable()? > 0 || self.ring.is_closed() || self.waiter.bell().is_dead() {
+            if self.ring.reader_state()? != ReaderState::Empty || self.waiter.bell().is_dead() {
                 continue;
             }
             return Poll::Pending;

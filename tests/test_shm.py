@@ -84,9 +84,11 @@ def test_both_sides_metrics_name_the_transport(shared_memory: bool) -> None:
         gate = consumer.create_input_gate([cf.ChannelSpec(producer.address, "p", i) for i in range(2)])
         with cf.RecordWriter(part, cf.BroadcastPartitioner()) as w:
             w.write(type_batch(0, 100))
-        got = list(gate)
+            first = gate.next(timeout=30)
+            assert first is not None
+            assert transports(consumer) == {want}  # while the channels are open
+        got = [first, *gate]
         assert sum(b.num_rows for b in got) == 200
-        assert transports(consumer) == {want}
         remotes = [s["remote"] for s in part.metrics()["subpartitions"]]
         assert [r["transport"] if r else None for r in remotes] == [want, want]
         assert all(r and r["buffers_sent"] > 0 for r in remotes)

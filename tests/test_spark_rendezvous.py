@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("pyspark")
-from creditflow.spark._rendezvous import Rendezvous, gather  # noqa: E402
-
+from creditflow.spark._rendezvous import Rendezvous, gather
 
 #: Each stage's current attempt, as the driver's status tracker would say.
 ATTEMPTS: dict[int, int] = {}
@@ -101,7 +100,8 @@ def test_a_retried_stage_meets_apart_from_its_failed_attempt(rdv: Rendezvous) ->
     ATTEMPTS[1] = 1
     second = meet(rdv, "r", 2, [(1, 6), (0, 5)])
     waiting.join(60)
-    assert isinstance(first[(0, 1)], RuntimeError) and "started again" in str(first[(0, 1)])
+    assert isinstance(first[(0, 1)], RuntimeError)
+    assert "started again" in str(first[(0, 1)])
     want = [{"task": 0, "attempt": 5}, {"task": 1, "attempt": 6}]
     assert second == {(0, 5): want, (1, 6): want}
     assert rdv._groups == {}
@@ -115,10 +115,12 @@ def test_of_two_task_attempts_of_one_index_the_newer_wins(rdv: Rendezvous) -> No
     newer = threading.Thread(target=lambda: got.update(meet(rdv, "n", 2, [(0, 9)])))
     newer.start()
     waiting.join(60)
-    assert isinstance(got[(0, 3)], RuntimeError) and "newer task attempt" in str(got[(0, 3)])
+    assert isinstance(got[(0, 3)], RuntimeError)
+    assert "newer task attempt" in str(got[(0, 3)])
     # A straggler older than the group's entry is refused, the group untouched.
     late = meet(rdv, "n", 2, [(0, 2)])
-    assert isinstance(late[(0, 2)], RuntimeError) and "older" in str(late[(0, 2)])
+    assert isinstance(late[(0, 2)], RuntimeError)
+    assert "older" in str(late[(0, 2)])
     done = meet(rdv, "n", 2, [(1, 10)])
     newer.join(60)
     assert done[(1, 10)] == got[(0, 9)] == [{"task": 0, "attempt": 9}, {"task": 1, "attempt": 10}]
@@ -126,7 +128,9 @@ def test_of_two_task_attempts_of_one_index_the_newer_wins(rdv: Rendezvous) -> No
 
 def test_a_peer_without_the_key_is_refused(rdv: Rendezvous) -> None:
     with pytest.raises(multiprocessing.AuthenticationError):
-        gather(rdv.address, "not-the-key", group="k", stage=1, tasks=1, task=0, attempt=0, entry={}, timeout=5)
+        gather(
+            rdv.address, "not-the-key", group="k", stage=1, tasks=1, task=0, attempt=0, entry={}, timeout=5
+        )
     assert rdv._groups == {}
 
 

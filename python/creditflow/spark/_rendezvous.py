@@ -166,7 +166,15 @@ def gather(
     answer = _messages.send(
         address,
         key,
-        {"group": group, "stage": stage, "tasks": tasks, "task": task, "attempt": attempt, "entry": entry, "timeout": timeout},
+        {
+            "group": group,
+            "stage": stage,
+            "tasks": tasks,
+            "task": task,
+            "attempt": attempt,
+            "entry": entry,
+            "timeout": timeout,
+        },
         reply=True,
         # The rendezvous answers at its own deadline; wait a little longer than it.
         timeout=365 * 86400.0 if timeout is None else timeout + 30.0,

@@ -19,6 +19,6 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
+pub use crate::base::metrics::ChannelTransport;
 pub(crate) use identity::local_offer;
 pub(crate) use link::{connect_link, serve_link, ShmListener};
-pub use crate::base::metrics::ChannelTransport;

@@ -53,3 +53,41 @@ def test_many_peers_connecting_at_once_all_get_through() -> None:
         assert sorted(m["peer"] for m in got) == list(range(PEERS))
     finally:
         inbox.close()
+
+
+def test_telling_a_gone_receiver_that_the_job_failed_leaves_the_job_s_error_to_raise(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``send`` tells its receiver when the job fails and raises the job's error; a receiver
+    that is gone must not turn that error into a ConnectionRefusedError."""
+    from creditflow.spark.stream import _tell_job_failed
+
+    inbox = Inbox(lambda m: None, host="127.0.0.1", key="k" * 32, name="test-inbox")
+    address = inbox.address
+    inbox.close()  # nobody listens there any more
+
+    def job() -> None:
+        try:
+            raise ValueError("the job's own error")
+        except ValueError as exc:
+            _tell_job_failed(address, "k" * 32, "job-1", exc)
+            raise
+
+    with pytest.raises(ValueError, match="the job's own error"):
+        job()
+    assert f"could not tell the receiver at {address} that the job failed" in caplog.text
+
+
+def test_a_reachable_receiver_is_told_that_the_job_failed() -> None:
+    got: list[Message] = []
+    inbox = Inbox(got.append, host="127.0.0.1", key="k" * 32, name="test-inbox")
+    try:
+        from creditflow.spark.stream import _tell_job_failed
+
+        _tell_job_failed(inbox.address, "k" * 32, "job-2", RuntimeError("boom"))
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == [{"kind": "job_failed", "job": "job-2", "error": "boom"}]
+    finally:
+        inbox.close()

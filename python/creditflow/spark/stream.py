@@ -26,6 +26,8 @@ consumer can read the whole DataFrame again (epochs) without Spark computing it 
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
 import queue
 import secrets
 import threading
@@ -47,6 +49,8 @@ from creditflow.spark._messages import Closeable
 from creditflow.spark._process import EnvSettings, host_towards, metrics_url_of, task_environment
 from creditflow.spark._spool import Spool
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
+
+_log = logging.getLogger(__name__)
 
 #: How long a registration waits for the receiver's answer.
 REGISTER_TIMEOUT = 30.0
@@ -433,7 +437,7 @@ def send(
         # On Connect this runs a probe job over df, which fails where the job would.
         n = prepare(df)
     except BaseException as exc:
-        _messages.send(address, secret, {"kind": "job_failed", "job": job, "error": str(exc)[:2000]})
+        _tell_job_failed(address, secret, job, exc)
         raise
     _register_job(plan, n)
     try:
@@ -443,9 +447,19 @@ def send(
 
         rows = df.mapInArrow(run, _STATS_SCHEMA).collect()
     except BaseException as exc:
-        _messages.send(address, secret, {"kind": "job_failed", "job": job, "error": str(exc)[:2000]})
+        _tell_job_failed(address, secret, job, exc)
         raise
     return [r.asDict() for r in sorted(rows, key=lambda r: (r.partition, r.attempt))]
+
+
+def _tell_job_failed(address: str, secret: str, job: str, exc: BaseException) -> None:
+    """Tells the receiver at ``address`` that ``job`` failed with ``exc``, best effort: a
+    receiver that is gone or unreachable is logged, so that the caller raises the job's own
+    error rather than the notice's."""
+    try:
+        _messages.send(address, secret, {"kind": "job_failed", "job": job, "error": str(exc)[:2000]})
+    except (OSError, EOFError, multiprocessing.AuthenticationError) as notice:
+        _log.warning("creditflow: could not tell the receiver at %s that the job failed: %s", address, notice)
 
 
 def _register_job(plan: _SendPlan, num_partitions: int) -> None:
@@ -578,8 +592,6 @@ def _send_from_driver(df: DataFrame, plan: _SendPlan) -> dict[str, Any]:
         try:
             stats = _stream_partition(env, plan, 0, 0, iter(table.to_batches()))
         except BaseException as exc:
-            _messages.send(
-                plan.address, plan.env.secret, {"kind": "job_failed", "job": plan.job, "error": str(exc)}
-            )
+            _tell_job_failed(plan.address, plan.env.secret, plan.job, exc)
             raise
     return stats

@@ -117,6 +117,27 @@ def test_consumer_killed_while_the_producer_is_backpressured(workers: list[Worke
         wait_all_segments_free(env.metrics, "producer")
 
 
+def test_wait_consumed_fails_when_a_consumer_is_killed_before_reading_everything(
+    workers: list[Worker],
+) -> None:
+    """A finished partition whose consumer died with data unread is not consumed: waiting for
+    it must fail, not return as if everything had been delivered."""
+    # The producer holds the whole stream (about 10 MB); the consumer's 4 MiB cannot, so the
+    # end of the partition is still queued when the consumer dies.
+    with cf.NetworkEnvironment(memory="64MiB") as env:
+        part = env.create_partition("p", 1)
+        cfg = {"env": {"memory": "4MiB"}, "gates": [[[env.address, "p", 0]]], "data": "seq", "pause_after": 2}
+        workers.append(c := Worker("consumer", **cfg))
+        with cf.RecordWriter(part, cf.RoundRobinPartitioner(), timeout=30) as w:
+            for i in range(100):
+                w.write(seq_batch(0, i, 1, 4096))
+        c.wait_for("paused")
+        c.kill()
+        with pytest.raises(cf.ConnectionLostError, match="went away"):
+            part.wait_consumed(timeout=10)
+        wait_all_segments_free(env.metrics, "producer")
+
+
 # --------------------------------------------------------------------------- garbage peers
 
 MAGIC = b"CFLW"

@@ -238,7 +238,9 @@ class ResultPartition:
         """Blocks until every reader received everything up to end-of-partition.
 
         The partition is then released. Raises :class:`TimeoutError` after ``timeout``
-        seconds. The GIL is released and Ctrl-C interrupts.
+        seconds, and :class:`ConnectionLostError` when a reader went away (its process
+        ended, its connection broke) before it had read everything. The GIL is released and
+        Ctrl-C interrupts.
         """
     def metrics(self) -> PartitionMetrics:
         """This partition's metrics (``creditflow.metrics.PartitionMetrics``)."""

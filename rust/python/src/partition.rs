@@ -63,7 +63,8 @@ impl ResultPartition {
 
     /// Blocks until every reader received everything up to end-of-partition (the partition
     /// is then released). ``timeout`` in seconds; raises :class:`TimeoutError` when it runs
-    /// out. The GIL is released and Ctrl-C interrupts.
+    /// out, and :class:`ConnectionLostError` when a reader went away before it had read
+    /// everything. The GIL is released and Ctrl-C interrupts.
     #[pyo3(signature = (timeout=None))]
     fn wait_consumed(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let inner = self.inner.clone();

@@ -611,14 +611,20 @@ impl ResultPartition {
     /// subpartition's reader received everything and went away (or the partition was
     /// released explicitly). A producer that must outlive its consumers' reads (a Spark task
     /// whose process may be reused or stopped) waits here before it lets go of its
-    /// environment. Fails with `Timeout` when `wait` runs out.
+    /// environment. Fails with `Timeout` when `wait` runs out, and with `ConnectionLost`
+    /// when a consumer went away before it had read everything (its process ended, its
+    /// connection broke): what it had not read is lost, which its producer must not take for
+    /// a delivery.
     pub fn wait_consumed(&self, wait: &mut Wait<'_>) -> Result<()> {
         const POLL: std::time::Duration = std::time::Duration::from_millis(2);
         while !self.is_released() {
             let slice = wait.tick()?;
             std::thread::sleep(slice.min(POLL));
         }
-        Ok(())
+        match self.lost.lock().unwrap().as_ref() {
+            Some(msg) => Err(Error::ConnectionLost(msg.clone())),
+            None => Ok(()),
+        }
     }
 
     #[cfg(not(loom))] // only the environment, the gates and the network call it: not in loom builds

@@ -186,6 +186,10 @@ sanitize: ## Core tests under AddressSanitizer/LeakSanitizer (RUSTC_BOOTSTRAP=1 
 fuzz-cmin: ## Minimize the fuzz corpus (keeps the inputs that add coverage)
 	cd fuzz && for t in $(FUZZ_TARGETS); do $(FUZZ) cmin -O $$t corpus/$$t; done
 
+.PHONY: fuzz-seeds
+fuzz-seeds: ## Write the frame decoder's seeds (built from the wire format) into its corpus
+	cargo run -q -p creditflow-core --features fuzz --example fuzz_seeds
+
 # Not part of `test` (root): 4x4 channels between two network namespaces, random stalls, every
 # third exchange over the userspace wire at 20 ms delay + 1% loss, a link cut every --cut-every
 # seconds and a fresh exchange after each; SOAK_NETNS_MINUTES (30).

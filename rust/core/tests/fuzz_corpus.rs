@@ -42,3 +42,24 @@ fn credit_corpus() {
 fn ready_queue_corpus() {
     replay("ready_queue", creditflow_core::fuzz::ready_queue::run);
 }
+
+/// The seeds built from the current wire format are in the committed corpus (a change of
+/// the format without `make fuzz-seeds` leaves the fuzzer starting from stale inputs).
+#[test]
+fn frame_decoder_corpus_holds_the_current_seeds() {
+    let have: std::collections::HashSet<Vec<u8>> = corpus("frame_decoder")
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    let seeds = creditflow_core::fuzz::frames::seeds();
+    let missing = seeds.iter().filter(|s| !have.contains(*s)).count();
+    assert_eq!(
+        missing,
+        0,
+        "{missing} of {} seeds missing from fuzz/corpus/frame_decoder: run `make fuzz-seeds`",
+        seeds.len()
+    );
+    for seed in &seeds {
+        creditflow_core::fuzz::frames::run(seed);
+    }
+}

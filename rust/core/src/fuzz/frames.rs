@@ -15,7 +15,7 @@ use std::borrow::Cow;
 
 use super::Bytes;
 use crate::protocol::wire::{
-    encode, max_frame_size, BufferResponse, Decoder, Frame, Message, Payload, WireError,
+    encode, max_frame_size, samples, BufferResponse, Decoder, Frame, Message, Payload, WireError,
     MAX_CONTROL_FRAME_LEN,
 };
 
@@ -258,4 +258,58 @@ pub fn run(data: &[u8]) {
             reference.failed
         );
     }
+}
+
+/// Seed inputs for the fuzzer (and regression inputs for the corpus replay), built with the
+/// encoder from one message of every type ([`samples::one_of_each`]), so they follow the
+/// wire format: every mode under four chunkings, over the stream of every message that fits
+/// a handshaken frame and over a large data frame followed by the stream's start; then each
+/// message alone, handshaken, in two chunkings.
+pub fn seeds() -> Vec<Vec<u8>> {
+    let limit = max_frame_size(SEGMENT);
+    let frames: Vec<Vec<u8>> = samples::one_of_each()
+        .iter()
+        .map(|m| {
+            let mut b = Vec::new();
+            encode(m, &mut b).expect("a sample message encodes");
+            b
+        })
+        .collect();
+    let stream: Vec<u8> = frames
+        .iter()
+        .filter(|f| f.len() <= limit)
+        .flatten()
+        .copied()
+        .collect();
+    let mut big = Vec::new();
+    let data = Message::BufferResponse(BufferResponse {
+        receiver: crate::protocol::wire::ReceiverId(9),
+        sequence_number: 0,
+        backlog: 0,
+        payload: Payload::Data(Cow::Owned(vec![0; SEGMENT])),
+    });
+    encode(&data, &mut big).expect("a data frame encodes");
+    big.extend_from_slice(&stream[..stream.len().min(200)]);
+    let prefix = |mode: u8, sizes: &[u16]| -> Vec<u8> {
+        let mut p = vec![mode, (sizes.len() - 1) as u8];
+        for s in sizes {
+            p.extend_from_slice(&s.to_le_bytes());
+        }
+        p
+    };
+    let chunkings: [&[u16]; 4] = [&[1], &[7, 3], &[4096], &[35, 1, 100]];
+    let mut out = Vec::new();
+    for mode in 0..8u8 {
+        for sizes in chunkings {
+            for body in [&stream, &big] {
+                out.push([prefix(mode, sizes), body.clone()].concat());
+            }
+        }
+    }
+    for f in &frames {
+        for sizes in [&[1u16][..], &[35, 1, 100]] {
+            out.push([prefix(3, sizes), f.clone()].concat());
+        }
+    }
+    out
 }

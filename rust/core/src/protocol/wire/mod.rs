@@ -123,6 +123,9 @@ mod decoder;
 mod encode;
 mod error;
 mod message;
+#[cfg(any(test, feature = "fuzz"))]
+#[doc(hidden)]
+pub mod samples;
 #[cfg(test)]
 mod tests;
 

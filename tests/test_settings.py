@@ -226,6 +226,22 @@ def test_exchange_defaults_are_the_task_settings() -> None:
         "exclusive_buffers",
         "floating_buffers",
         "spill_dir",
+        "wire_compression",
+        "shared_memory",
     ]
     for name in shared:
         assert same(params[name].default, defaults[name]), name
+
+
+def test_the_spark_layer_accepts_the_wire_compressions_the_core_does() -> None:
+    import creditflow as cf
+    from creditflow.spark._process import WIRE_COMPRESSIONS, check_wire_compression
+
+    for name in (None, *WIRE_COMPRESSIONS):
+        check_wire_compression(name)
+        cf.NetworkEnvironment(memory="1MiB", wire_compression=name).close()
+    for bad in ("gzip", "LZ4", ""):
+        with pytest.raises(ValueError, match="wire_compression must be"):
+            check_wire_compression(bad)
+        with pytest.raises(ValueError, match="wire_compression must be"):
+            cf.NetworkEnvironment(memory="1MiB", wire_compression=bad)

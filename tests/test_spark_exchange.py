@@ -246,7 +246,7 @@ def test_bad_arguments_are_refused_on_the_driver(spark: SparkSession) -> None:
         cfs.exchange(df, "id", rendezvous="carrier-pigeon")  # type: ignore[arg-type]
 
 
-def test_tasks_meet_through_the_driver_or_spark_s_barrier(spark: SparkSession) -> None:
+def test_tasks_meet_through_the_driver_or_allgather_and_take_their_settings(spark: SparkSession) -> None:
     """Classic sessions default to the driver's rendezvous and can choose Spark's allGather;
     Connect sessions use allGather and refuse the driver's (their client may be unreachable)."""
     df = spark.range(0, 5_000, numPartitions=2).select("id", (F.col("id") % 97).alias("k")).cache()
@@ -259,6 +259,10 @@ def test_tasks_meet_through_the_driver_or_spark_s_barrier(spark: SparkSession) -
         choices.append("driver")
     for choice in choices:
         assert placement(cfs.exchange(df, "k", rendezvous=choice)) == want, choice
+    # Compressed, and over loopback TCP instead of shared memory: the same rows in the same places.
+    assert placement(cfs.exchange(df, "k", wire_compression="lz4", shared_memory=False)) == want
+    with pytest.raises(ValueError, match="wire_compression must be"):
+        cfs.exchange(df, "k", wire_compression="gzip")
 
 
 def test_failed_task_fails_its_peers_and_the_retried_stage_is_clean(

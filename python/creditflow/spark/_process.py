@@ -46,6 +46,21 @@ class EnvSettings:
     max_connections: int = 512
     #: Where hybrid partitions spill (an exchange with ``kind="hybrid"``); None = system temp.
     spill_dir: str | None = None
+    #: IPC body compression of what the task sends ("lz4", "zstd"); None = uncompressed.
+    wire_compression: str | None = None
+    #: Tasks on one host exchange through shared memory (False: loopback TCP).
+    shared_memory: bool = True
+
+
+#: The values ``wire_compression`` takes besides None (the core's; tests/test_settings.py checks
+#: that it accepts exactly these), so a bad one fails on the driver instead of in every task.
+WIRE_COMPRESSIONS = ("lz4", "zstd")
+
+
+def check_wire_compression(value: str | None) -> None:
+    """Raises ValueError unless ``value`` is None or one of :data:`WIRE_COMPRESSIONS`."""
+    if value is not None and value not in WIRE_COMPRESSIONS:
+        raise ValueError(f'wire_compression must be None, "lz4" or "zstd", got {value!r}')
 
 
 #: The defaults of :class:`EnvSettings` that differ from ``NetworkEnvironment``'s, and why.
@@ -109,6 +124,8 @@ class _Cache:
                 advertise=settings.advertise,
                 spill_dir=settings.spill_dir,
                 max_connections=settings.max_connections,
+                wire_compression=settings.wire_compression,
+                shared_memory=settings.shared_memory,
             )
             self.envs[settings] = (env, 1)
             return env

@@ -36,7 +36,7 @@ from pyspark.sql.types import StructType
 
 import creditflow as cf
 from creditflow.spark._driver import check_slots, is_connect, prepare
-from creditflow.spark._process import EnvSettings, metrics_url_of, task_environment
+from creditflow.spark._process import EnvSettings, check_wire_compression, metrics_url_of, task_environment
 from creditflow.spark._rendezvous import driver_rendezvous, gather
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
 
@@ -84,6 +84,8 @@ def exchange(
     floating_buffers: int = 8,
     kind: ExchangeKind = "pipelined",
     spill_dir: str | None = None,
+    wire_compression: str | None = None,
+    shared_memory: bool = True,
     timeout: float | None = 600.0,
     monitor: Monitor | None = None,
     rendezvous: Rendezvous | None = None,
@@ -123,6 +125,9 @@ def exchange(
             has been read). See docs/design.md "Spillable partitions".
         spill_dir: Where ``kind="hybrid"`` spills (default: ``creditflow-spill`` in the
             system temp dir), as for :class:`creditflow.NetworkEnvironment`.
+        wire_compression, shared_memory: as for :class:`creditflow.NetworkEnvironment`:
+            ``"lz4"`` or ``"zstd"`` compresses what each task sends (pays between hosts on
+            a slow network); ``shared_memory=False`` keeps tasks of one host on loopback TCP.
         timeout: Longest a task waits without progress (for a buffer, for data, or for its
             consumers to finish reading), in seconds; None waits without limit.
         monitor: A :class:`creditflow.spark.Monitor` that receives live per-task metrics.
@@ -139,6 +144,7 @@ def exchange(
     """
     if kind not in get_args(ExchangeKind):
         raise ValueError(f"kind must be one of {list(get_args(ExchangeKind))}, got {kind!r}")
+    check_wire_compression(wire_compression)
     if rendezvous is not None and rendezvous not in get_args(Rendezvous):
         raise ValueError(f"rendezvous must be one of {list(get_args(Rendezvous))}, got {rendezvous!r}")
     key_list = (keys,) if isinstance(keys, str) else tuple(keys)
@@ -169,6 +175,8 @@ def exchange(
         exclusive_buffers=exclusive_buffers,
         floating_buffers=floating_buffers,
         spill_dir=spill_dir,
+        wire_compression=wire_compression,
+        shared_memory=shared_memory,
         # Every peer reads this task's partition over a connection of its own: past 512 tasks
         # the default limit would refuse some of them.
         max_connections=max(EnvSettings.max_connections, 2 * n),

@@ -46,7 +46,13 @@ from creditflow.metrics import EnvMetrics, SpillMetrics
 from creditflow.spark import _messages
 from creditflow.spark._driver import prepare
 from creditflow.spark._messages import Closeable
-from creditflow.spark._process import EnvSettings, host_towards, metrics_url_of, task_environment
+from creditflow.spark._process import (
+    EnvSettings,
+    check_wire_compression,
+    host_towards,
+    metrics_url_of,
+    task_environment,
+)
 from creditflow.spark._spool import Spool
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
 
@@ -411,6 +417,7 @@ def send(
     via: Literal["executors", "driver"] = "executors",
     memory: int | str = "16MiB",
     segment_size: int | str = "32KiB",
+    wire_compression: str | None = None,
     timeout: float | None = 600.0,
     monitor: Monitor | None = None,
 ) -> list[dict[str, Any]]:
@@ -421,6 +428,8 @@ def send(
     computation; ``memory`` bounds what each task holds in flight. With ``via="driver"`` the
     driver collects ``df.toArrow()`` (the whole result in driver memory) and streams that.
 
+    ``wire_compression`` (``"lz4"``, ``"zstd"``) compresses what the tasks send, as for
+    :class:`creditflow.NetworkEnvironment` (pays when the receiver is across a slow link).
     ``timeout`` bounds each wait for buffer space or for the receiver to finish reading, in
     seconds. Returns one dict per partition: ``partition``, ``attempt``, ``accepted``,
     ``rows``, ``bytes``, ``seconds``. Raises what the job raised, after telling the
@@ -428,8 +437,11 @@ def send(
     """
     if via not in ("executors", "driver"):
         raise ValueError(f'via must be "executors" or "driver", got {via!r}')
+    check_wire_compression(wire_compression)
     job = uuid.uuid4().hex[:12]
-    settings = EnvSettings(secret=secret, memory=memory, segment_size=segment_size)
+    settings = EnvSettings(
+        secret=secret, memory=memory, segment_size=segment_size, wire_compression=wire_compression
+    )
     plan = _SendPlan(job, address, settings, timeout, monitor.handle if monitor is not None else None)
     if via == "driver":
         return [_send_from_driver(df, plan)]
@@ -587,7 +599,11 @@ def _send_from_driver(df: DataFrame, plan: _SendPlan) -> dict[str, Any]:
     host = host_towards(plan.address)
     bind = "127.0.0.1:0" if host == "127.0.0.1" else f"{host}:0"
     with cf.NetworkEnvironment(
-        memory=plan.env.memory, segment_size=plan.env.segment_size, bind=bind, secret=plan.env.secret
+        memory=plan.env.memory,
+        segment_size=plan.env.segment_size,
+        bind=bind,
+        secret=plan.env.secret,
+        wire_compression=plan.env.wire_compression,
     ) as env:
         try:
             stats = _stream_partition(env, plan, 0, 0, iter(table.to_batches()))

@@ -17,8 +17,9 @@ column); the figures are medians over the rounds.
 
 **Cheap function** (:func:`test_spark_cheap_function`): ``f`` only counts its rows and sums
 ``value``, so what an exchange itself costs is not hidden behind ``f`` (a group-by's cost halves
-after an exchange, a count's does not). Five pipelines: the floor, Spark's shuffle, the fused
-``exchange(df, "key", func=f)``, the chained ``exchange(df, "key").mapInArrow(f)`` (fused too)
+after an exchange, a count's does not). Six pipelines: the floor, Spark's shuffle, the fused
+``exchange(df, "key", func=f)``, the same with ``shared_memory=False`` (loopback TCP between
+the tasks instead of shared memory), the chained ``exchange(df, "key").mapInArrow(f)`` (fused too)
 and the unfused ``exchange(df, "key").select("*").mapInArrow(f)`` (a second JVM -> Python -> JVM
 pass, which Spark does not fuse into the barrier stage). Same rounds and rotation; the figures
 are medians and their ratios to the floor, of wall time and of the CPU seconds the whole
@@ -192,6 +193,8 @@ def cheap_pipelines(spark: SparkSession) -> dict[str, Callable[[], DataFrame]]:
         "floor": lambda: df.mapInArrow(f, CHEAP_SCHEMA),
         "spark": lambda: df.repartition(2, "key").mapInArrow(f, CHEAP_SCHEMA),
         "fused": lambda: cfs.exchange(df, "key", func=f, schema=CHEAP_SCHEMA),
+        # The same over loopback TCP: what shared memory (the default on one host) saves.
+        "fused_tcp": lambda: cfs.exchange(df, "key", func=f, schema=CHEAP_SCHEMA, shared_memory=False),
         # mapInArrow right after exchange() joins the exchange's stage (fused as well)...
         "chained": lambda: cfs.exchange(df, "key").mapInArrow(f, CHEAP_SCHEMA),
         # ...while after any other step it is a second Python pass, as Spark plans it.
@@ -199,7 +202,7 @@ def cheap_pipelines(spark: SparkSession) -> dict[str, Callable[[], DataFrame]]:
     }
 
 
-# Twenty runs of 20 M rows (a check and three rounds of five pipelines): more than the
+# Twenty-four runs of 20 M rows (a check and three rounds of six pipelines): more than the
 # suite's 300 s default on a loaded 2-core machine.
 @pytest.mark.timeout(3600)
 def test_spark_cheap_function(benchmark: Any, report: Any, spark: SparkSession) -> None:
@@ -209,7 +212,7 @@ def test_spark_cheap_function(benchmark: Any, report: Any, spark: SparkSession) 
     results = {name: sorted((r["n"], r["total"]) for r in make().collect()) for name, make in runs.items()}
     for name, parts in results.items():
         assert sum(n for n, _ in parts) == ROWS, (name, parts)
-    for name in ("fused", "chained", "unfused"):
+    for name in ("fused", "fused_tcp", "chained", "unfused"):
         assert [n for n, _ in results[name]] == [n for n, _ in results["spark"]], (name, results)
         for (_, a), (_, b) in zip(results[name], results["spark"], strict=True):
             assert abs(a - b) <= 1e-9 * max(abs(b), 1.0), (name, results)
@@ -247,6 +250,7 @@ def test_spark_cheap_function(benchmark: Any, report: Any, spark: SparkSession) 
     )
     report("cheap: spark shuffle / floor", med["spark"] / med["floor"], "x", None, higher_is_better=False)
     report("cheap: spark shuffle / fused exchange", med["spark"] / med["fused"], "x", None)
+    report("cheap: fused over TCP / over shared memory", med["fused_tcp"] / med["fused"], "x", None)
     cpu = {name: statistics.median(cs) for name, cs in cpus.items()}
     if cpu["floor"] > 0:  # CPU seconds: Linux only
         # The target (<= 1.10x the floor) holds for CPU seconds too: on an idle 2-core

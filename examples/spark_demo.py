@@ -550,6 +550,22 @@ def timing_lines(cfg: Config, t: Timings, generate_seconds: float) -> list[str]:
             "  for the same Python work the exchange is faster than Spark's shuffle: one stage, rows"
             " moved in memory between the tasks, no shuffle files"
         )
+    else:
+        ex, sh = t.rounds["exchange"], t.rounds["shuffle_arrow"]
+        overlap = min(ex) <= max(sh) and min(sh) <= max(ex)
+        if overlap:
+            lines.append(
+                "  for the same Python work the exchange and Spark's shuffle took the same time here"
+                " (their runs' ranges overlap: within this machine's noise): at this size the Python"
+                " aggregation dominates both"
+            )
+        else:
+            gap = t.exchange - t.shuffle_arrow
+            lines.append(
+                f"  for the same Python work Spark's shuffle was faster here, by {gap:.1f} s:"
+                " for this workload its shuffle moved the rows more cheaply than the exchange (README:"
+                " when the exchange pays)"
+            )
     if t.spark_groupby < t.exchange:
         lines.append(
             "  Spark's own groupBy is faster for this workload: it aggregates in the JVM with generated"

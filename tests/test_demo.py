@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +62,36 @@ def test_quick_demo_verifies_against_spark_and_shows_backpressure(tmp_path: Path
     ), out
     assert chart.stat().st_size > 10_000
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("exchange", "shuffle", "says"),
+    [
+        ([3.0, 3.1, 3.2], [3.8, 3.9, 4.0], "the exchange is faster than Spark's shuffle"),
+        ([3.9, 4.0, 4.5], [3.8, 3.9, 3.9], "took the same time here (their runs' ranges overlap"),
+        ([5.0, 5.1, 5.2], [3.8, 3.9, 4.0], "Spark's shuffle was faster here, by 1.2 s"),
+    ],
+    ids=["exchange-faster", "within-noise", "shuffle-faster"],
+)
+def test_the_timings_say_which_is_faster_for_the_same_work(
+    exchange: list[float], shuffle: list[float], says: str
+) -> None:
+    """Whichever way the exchange and Spark's shuffle (the same Python work) compare, the demo
+    says so: faster, the same within the runs' spread, or slower and by how much."""
+    sys.path.insert(0, str(DEMO.parent))
+    import spark_demo
+
+    cfg: Any = type("Cfg", (), {"timing_rounds": 3, "rows": 4_000_000})()
+    t = spark_demo.Timings(
+        exchange=sorted(exchange)[1],
+        shuffle_arrow=sorted(shuffle)[1],
+        floor=3.9,
+        spark_groupby=2.2,
+        rounds={"exchange": exchange, "shuffle_arrow": shuffle, "floor": [3.9], "spark_groupby": [2.2]},
+    )
+    text = "\n".join(spark_demo.timing_lines(cfg, t, 5.5))
+    assert says in text
+    others = {"exchange is faster", "took the same time", "shuffle was faster"} - {
+        s for s in ("exchange is faster", "took the same time", "shuffle was faster") if s in says
+    }
+    assert not any(o in text for o in others), text

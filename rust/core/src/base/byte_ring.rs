@@ -220,7 +220,7 @@ impl ByteRing {
         self.words().reader_waiting.0.store(0, Ordering::Relaxed);
     }
 
-    /// Producer, before sleeping on a full ring; the caller re-checks `writable` afterwards.
+    /// Producer, before sleeping on a full ring; the caller re-checks `may_write` afterwards.
     pub(crate) fn set_writer_waiting(&self) {
         self.words().writer_waiting.0.store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
@@ -234,11 +234,23 @@ impl ByteRing {
         w.load(Ordering::SeqCst) != 0 && w.swap(0, Ordering::SeqCst) != 0
     }
 
-    /// Consumer, after `pop`: whether the producer sleeps on a full ring.
+    /// Producer: whether a write of `need` bytes goes ahead now: all of them fit, or at least
+    /// half the ring is free (then as much as fits goes). Otherwise the producer sleeps until
+    /// half the ring is free, so that a ring the consumer drains slowly is refilled in large
+    /// writes, one wake-up each, instead of a frame per wake-up.
+    pub(crate) fn may_write(&self, need: usize) -> Result<bool, Corrupt> {
+        Ok(self.writable()? >= need.min(self.cap / 2).max(1))
+    }
+
+    /// Consumer, after `pop`: whether to wake the producer, which sleeps until half the ring
+    /// is free (see `may_write`). The consumer pops until the ring is empty before it sleeps,
+    /// so the pop that frees the half always comes.
     pub(crate) fn take_writer_waiting(&self) -> bool {
         fence(Ordering::SeqCst);
         let w = &self.words().writer_waiting.0;
-        w.load(Ordering::SeqCst) != 0 && w.swap(0, Ordering::SeqCst) != 0
+        w.load(Ordering::SeqCst) != 0
+            && self.writable().map_or(true, |free| free >= self.cap / 2)
+            && w.swap(0, Ordering::SeqCst) != 0
     }
 
     /// Producer: no more bytes will come (a clean end of stream once the rest is read).
@@ -304,7 +316,7 @@ mod loom_tests {
 
     struct Shared {
         header: RingHeader,
-        data: std::cell::UnsafeCell<[u8; 2]>,
+        data: std::cell::UnsafeCell<[u8; 4]>,
         bell: Bell,
     }
 
@@ -313,74 +325,93 @@ mod loom_tests {
     // SAFETY: as above.
     unsafe impl Sync for Shared {}
 
-    fn ring(s: &Shared) -> ByteRing {
+    fn ring(s: &Shared, cap: usize) -> ByteRing {
         // SAFETY: the memory lives in `s`, which the caller's `Arc` keeps alive.
-        unsafe { ByteRing::from_raw(&s.header, s.data.get().cast::<u8>(), 2) }
+        unsafe { ByteRing::from_raw(&s.header, s.data.get().cast::<u8>(), cap) }
     }
 
-    /// The producer writes three bytes through a two-byte ring and closes it; the consumer
-    /// reads them in order and then sees the close. Each side sleeps when it cannot go on.
-    #[test]
-    fn loom_ring_wake_ups_are_never_lost() {
-        loom::model(|| {
-            let s = Arc::new(Shared {
-                header: RingHeader::new(),
-                data: std::cell::UnsafeCell::new([0; 2]),
-                bell: Bell {
-                    rings: Mutex::new(0),
-                    cv: Condvar::new(),
-                },
-            });
-            let p = s.clone();
-            let producer = loom::thread::spawn(move || {
-                let r = ring(&p);
-                for b in [1u8, 2, 3] {
-                    loop {
-                        if r.push(&[IoSlice::new(&[b])]).unwrap() == 1 {
+    /// The producer writes `messages` through a ring of `cap` bytes and closes it, as the
+    /// link's writer half does (waiting until `may_write`); the consumer reads one byte at a
+    /// time, as the link's reader half does, and then sees the close. Each side sleeps when
+    /// it cannot go on; a lost wake-up leaves both asleep, which loom reports.
+    fn producer_and_consumer(cap: usize, messages: &'static [&'static [u8]]) {
+        let s = Arc::new(Shared {
+            header: RingHeader::new(),
+            data: std::cell::UnsafeCell::new([0; 4]),
+            bell: Bell {
+                rings: Mutex::new(0),
+                cv: Condvar::new(),
+            },
+        });
+        let p = s.clone();
+        let producer = loom::thread::spawn(move || {
+            let r = ring(&p, cap);
+            for m in messages {
+                let mut sent = 0;
+                while sent < m.len() {
+                    let rest = &m[sent..];
+                    if r.may_write(rest.len()).unwrap() {
+                        let n = r.push(&[IoSlice::new(rest)]).unwrap();
+                        if n > 0 {
+                            sent += n;
                             if r.take_reader_waiting() {
                                 p.bell.ring();
                             }
-                            break;
-                        }
-                        let seen = p.bell.register();
-                        r.set_writer_waiting();
-                        if r.writable().unwrap() > 0 {
                             continue;
                         }
-                        p.bell.sleep(seen);
                     }
-                }
-                r.close();
-                if r.take_reader_waiting() {
-                    p.bell.ring();
-                }
-            });
-            let r = ring(&s);
-            let mut got = Vec::new();
-            loop {
-                let state = r.reader_state().unwrap();
-                if state == ReaderState::Data {
-                    let mut b = [MaybeUninit::uninit(); 1];
-                    assert_eq!(r.pop(&mut b).unwrap(), 1);
-                    // SAFETY: `pop` initialized it.
-                    got.push(unsafe { b[0].assume_init() });
-                    if r.take_writer_waiting() {
-                        s.bell.ring();
+                    let seen = p.bell.register();
+                    r.set_writer_waiting();
+                    if r.may_write(rest.len()).unwrap() {
+                        continue;
                     }
-                    continue;
+                    p.bell.sleep(seen);
                 }
-                if state == ReaderState::Closed {
-                    break;
-                }
-                let seen = s.bell.register();
-                r.set_reader_waiting();
-                if r.reader_state().unwrap() != ReaderState::Empty {
-                    continue;
-                }
-                s.bell.sleep(seen);
             }
-            producer.join().unwrap();
-            assert_eq!(got, [1, 2, 3]);
+            r.close();
+            if r.take_reader_waiting() {
+                p.bell.ring();
+            }
         });
+        let r = ring(&s, cap);
+        let mut got = Vec::new();
+        loop {
+            let state = r.reader_state().unwrap();
+            if state == ReaderState::Data {
+                let mut b = [MaybeUninit::uninit(); 1];
+                assert_eq!(r.pop(&mut b).unwrap(), 1);
+                // SAFETY: `pop` initialized it.
+                got.push(unsafe { b[0].assume_init() });
+                if r.take_writer_waiting() {
+                    s.bell.ring();
+                }
+                continue;
+            }
+            if state == ReaderState::Closed {
+                break;
+            }
+            let seen = s.bell.register();
+            r.set_reader_waiting();
+            if r.reader_state().unwrap() != ReaderState::Empty {
+                continue;
+            }
+            s.bell.sleep(seen);
+        }
+        producer.join().unwrap();
+        let want: Vec<u8> = messages.iter().flat_map(|m| m.iter().copied()).collect();
+        assert_eq!(got, want);
+    }
+
+    /// Three one-byte writes through a two-byte ring.
+    #[test]
+    fn loom_ring_wake_ups_are_never_lost() {
+        loom::model(|| producer_and_consumer(2, &[&[1], &[2], &[3]]));
+    }
+
+    /// Two-byte writes through a four-byte ring read a byte at a time: the producer waits for
+    /// half the ring, the consumer wakes it only then.
+    #[test]
+    fn loom_ring_writer_waits_for_half_the_ring_without_losing_a_wake_up() {
+        loom::model(|| producer_and_consumer(4, &[&[1, 2], &[3, 4], &[5, 6]]));
     }
 }

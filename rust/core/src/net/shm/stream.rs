@@ -142,22 +142,25 @@ impl AsyncWrite for ShmWriter {
         if bufs.iter().all(|b| b.is_empty()) {
             return Poll::Ready(Ok(0));
         }
+        let need: usize = bufs.iter().map(|b| b.len()).sum();
         loop {
             if this.waiter.bell().is_dead() || this.ring.is_closed() {
                 return Poll::Ready(Err(peer_gone()));
             }
-            let n = this.ring.push(bufs)?;
-            if n > 0 {
-                if this.ring.take_reader_waiting() {
-                    this.waiter.bell().ring();
+            if this.ring.may_write(need)? {
+                let n = this.ring.push(bufs)?;
+                if n > 0 {
+                    if this.ring.take_reader_waiting() {
+                        this.waiter.bell().ring();
+                    }
+                    return Poll::Ready(Ok(n));
                 }
-                return Poll::Ready(Ok(n));
             }
             if this.waiter.poll(cx).is_ready() {
                 continue;
             }
             this.ring.set_writer_waiting();
-            if this.ring.writable()? > 0 || this.waiter.bell().is_dead() {
+            if this.ring.may_write(need)? || this.waiter.bell().is_dead() {
                 continue;
             }
             return Poll::Pending;

@@ -91,3 +91,58 @@ def test_a_reachable_receiver_is_told_that_the_job_failed() -> None:
         assert got == [{"kind": "job_failed", "job": "job-2", "error": "boom"}]
     finally:
         inbox.close()
+
+
+PRODUCER = """
+import os, sys, time
+import pyarrow as pa
+import creditflow as cf
+env = cf.NetworkEnvironment(secret=sys.argv[1])
+part = env.create_partition("p", 1)
+w = cf.RecordWriter(part, cf.ForwardPartitioner())
+w.write(pa.record_batch({"x": pa.array(range(1000))}))
+w.flush()
+print(env.address, flush=True)
+sys.stdin.readline()
+os._exit(1)  # as a PySpark worker whose task failed: at once, nothing closed
+"""
+
+
+def test_a_broken_connection_gives_way_to_the_job_s_error() -> None:
+    """A failed Spark task's worker exits at once, so the receiver may see its connection
+    break before the driver's word that the job failed arrives: the consumer must raise the
+    job's error, not the broken connection."""
+    import subprocess
+    import sys
+
+    import creditflow as cf
+    import creditflow.spark as cfs
+    from creditflow.spark import _messages
+
+    with (
+        cfs.Receiver(timeout=60) as rx,
+        subprocess.Popen(
+            [sys.executable, "-c", PRODUCER, rx.secret],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as proc,
+    ):
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        address = proc.stdout.readline().strip()
+        job = {"kind": "job", "job": "j1", "num_partitions": 1}
+        assert _messages.send(rx.address, rx.secret, job, reply=True)["accept"]
+        part = {"kind": "partition", "job": "j1", "partition": 0, "address": address, "partition_id": "p"}
+        assert _messages.send(rx.address, rx.secret, part, reply=True)["accept"]
+        first = rx.next(timeout=30)
+        assert first is not None
+        assert first.num_rows == 1000
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        proc.wait(30)
+        time.sleep(0.5)  # the connection is broken by now; the job's failure comes after
+        failed = {"kind": "job_failed", "job": "j1", "error": "the source broke"}
+        _messages.send(rx.address, rx.secret, failed)
+        with pytest.raises(cf.ProducerFailedError, match="the source broke"):
+            rx.next(timeout=30)

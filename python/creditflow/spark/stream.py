@@ -60,6 +60,9 @@ _log = logging.getLogger(__name__)
 
 #: How long a registration waits for the receiver's answer.
 REGISTER_TIMEOUT = 30.0
+#: How long a partition's broken connection waits for the driver's word that the job failed
+#: (then the consumer raises the job's error rather than the connection's).
+JOB_FAILED_GRACE = 5.0
 #: How often blocked receiver threads look whether the receiver closed.
 _POLL = 0.1
 
@@ -165,6 +168,7 @@ class Receiver(Closeable):
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queued)
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._job_failed = threading.Event()
         self._job: str | None = None
         self._num_partitions: int | None = None
         self._accepted: dict[int, str] = {}
@@ -192,6 +196,7 @@ class Receiver(Closeable):
                 mine = msg.get("job") == self._job
             if mine:
                 self._fail(cf.ProducerFailedError(f"the Spark job failed: {msg.get('error')}"))
+                self._job_failed.set()
             return None
         if kind == "delivered" and msg.get("job") == self._job:
             return self._delivered(int(msg["partition"]))
@@ -270,6 +275,11 @@ class Receiver(Closeable):
                         if not self._deliver(batch):
                             return
             except Exception as exc:
+                if isinstance(exc, cf.ConnectionLostError):
+                    # A PySpark worker whose task failed exits at once: its connection can break
+                    # before its failure arrives. The driver tells of the failed job: give that
+                    # a moment, so the consumer sees the job's error, not the broken connection.
+                    self._job_failed.wait(JOB_FAILED_GRACE)
                 if not self._closed.is_set():
                     self._fail(exc)
                 cause = self._spool.failure if self._spool is not None else None

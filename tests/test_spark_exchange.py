@@ -761,3 +761,25 @@ def test_connect_server_whose_workers_lack_creditflow_says_so(tmp_path: Path) ->
     assert re.search(
         r"RAISED: Spark's Python workers cannot import (creditflow|pyarrow): .*PYSPARK_PYTHON", out
     ), out
+
+
+def test_a_stage_attempt_with_fewer_tasks_than_the_exchange_is_refused() -> None:
+    """Spark can retry a barrier stage for only the partitions it lacks output for; split over
+    fewer tasks the rows would land in the wrong partitions, so such an attempt must fail
+    (seen once: a retried exchange returned 41,360 rows, 30,680 distinct, of 40,000)."""
+    from creditflow.spark._process import EnvSettings
+    from creditflow.spark.exchange import _check_whole_stage, _Plan
+
+    plan = _Plan(
+        exchange_id="x",
+        keys=("k",),
+        num_tasks=2,
+        kind="pipelined",
+        env=EnvSettings(secret="s"),
+        timeout=None,
+        func=None,
+        monitor=None,
+    )
+    _check_whole_stage(plan, 2)
+    with pytest.raises(RuntimeError, match="runs 1 of the exchange's 2 tasks"):
+        _check_whole_stage(plan, 1)

@@ -335,6 +335,7 @@ class _Writer:
 
 def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     ctx = BarrierTaskContext.get()
+    _check_whole_stage(plan, len(ctx.getTaskInfos()))
     me = ctx.partitionId()
     host = ctx.getTaskInfos()[me].address.rpartition(":")[0]
     with task_environment(plan.env, host) as env:
@@ -383,6 +384,20 @@ def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
                 writer.join()
             if gate is not None:
                 gate.close()
+
+
+def _check_whole_stage(plan: _Plan, tasks: int) -> None:
+    """Refuses to run in a stage attempt with fewer tasks than the exchange has: Spark can
+    retry a barrier stage for only the partitions it has no output for (when a task of the
+    failed attempt finished just before the failure was handled), and split over fewer tasks
+    the rows would go to the wrong ones, silently. Failing makes Spark run the stage again."""
+    if tasks != plan.num_tasks:
+        raise RuntimeError(
+            f"creditflow exchange {plan.exchange_id}: this stage attempt runs {tasks} of the "
+            f"exchange's {plan.num_tasks} tasks (Spark retried only some tasks of the barrier "
+            "stage); an exchange needs all of them at once, so this attempt fails rather than "
+            "put rows in the wrong partitions"
+        )
 
 
 def _meet(plan: _Plan, ctx: BarrierTaskContext, me: dict[str, Any], tasks: int) -> list[dict[str, Any]]:

@@ -37,9 +37,8 @@ MAX_GROUPS = 1024
 @dataclass
 class _Group:
     tasks: int
-    entries: dict[int, Any] = field(default_factory=dict)
-    #: Each entry's Spark task attempt id.
-    attempts: dict[int, int] = field(default_factory=dict)
+    #: Each task's Spark task attempt id and entry.
+    entries: dict[int, tuple[int, Any]] = field(default_factory=dict)
     answered: int = 0
     failed: str | None = None
 
@@ -85,15 +84,14 @@ class Rendezvous(_messages.Closeable):
                 group = self._groups[name] = _Group(tasks)
             if group.tasks != tasks:
                 return {"error": f"{name} has {group.tasks} tasks, task {task} says {tasks}"}
-            if attempt <= group.attempts.get(task, -1):
+            if attempt <= group.entries.get(task, (-1, None))[0]:
                 return {"error": f"task {task} of {name}: attempt {attempt} is older than the group's"}
-            group.entries[task] = entry
-            group.attempts[task] = attempt
+            group.entries[task] = (attempt, entry)
             self._cond.notify_all()
             while (
                 len(group.entries) < group.tasks
                 and group.failed is None
-                and group.attempts.get(task) == attempt
+                and group.entries[task][0] == attempt
             ):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -102,7 +100,7 @@ class Rendezvous(_messages.Closeable):
                     )
                     break
                 self._cond.wait(left)
-            if group.attempts.get(task) != attempt:
+            if group.entries[task][0] != attempt:
                 return {"error": f"task {task} of {name} arrived again in a newer task attempt"}
             group.answered += 1
             done = group.failed is not None or group.answered == group.tasks
@@ -111,7 +109,7 @@ class Rendezvous(_messages.Closeable):
             if group.failed is not None:
                 self._cond.notify_all()
                 return {"error": group.failed}
-            return {"entries": [group.entries[i] for i in range(group.tasks)]}
+            return {"entries": [group.entries[i][1] for i in range(group.tasks)]}
 
     def _fail_older(self, prefix: str, generation: int) -> None:
         """Fails the groups of earlier attempts of the stage ``prefix`` names (lock held)."""

@@ -335,12 +335,12 @@ class _Writer:
 
 def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     ctx = BarrierTaskContext.get()
-    _check_whole_stage(plan, len(ctx.getTaskInfos()))
+    infos = ctx.getTaskInfos()
+    tasks = len(infos)
+    _check_whole_stage(plan, tasks)
     me = ctx.partitionId()
-    host = ctx.getTaskInfos()[me].address.rpartition(":")[0]
+    host = infos[me].address.rpartition(":")[0]
     with task_environment(plan.env, host) as env:
-        # The stage's own count of tasks (the driver's plan.num_tasks, unless the plan changed).
-        tasks = len(ctx.getTaskInfos())
         part = env.create_partition(
             f"cf-exchange/{plan.exchange_id}/{ctx.taskAttemptId()}", tasks, kind=plan.kind
         )

@@ -749,9 +749,10 @@ fn a_wrong_protocol_version_in_hello_is_refused() {
     let env = env_with(true, |_| {});
     // Version 1 peers count credit differently (no record body buffers), version 2 peers
     // start records without record grants, version 3 peers send a shorter Hello (no
-    // shared-memory block): refused too, with the versions named.
-    assert_eq!(PROTOCOL_VERSION, 4);
-    for version in [1, 2, 3, PROTOCOL_VERSION + 1] {
+    // shared-memory block), version 4 peers do not know SharedBuffer: refused too, with the
+    // versions named.
+    assert_eq!(PROTOCOL_VERSION, 5);
+    for version in [1, 2, 3, 4, PROTOCOL_VERSION + 1] {
         let mut p = Peer::new(TcpStream::connect(env.address()).unwrap());
         p.send(&[Message::Hello(Hello {
             version,

@@ -9,19 +9,34 @@ use super::framing::LengthPrefix;
 use crate::base::error::{Error, Result};
 
 /// Gathers the records of a subpartition's byte stream, each into one 64-byte aligned buffer
-/// of exactly its length (the length prefix is not kept). Two ways in, freely mixed:
+/// of exactly its length (the length prefix is not kept). Three ways in, freely mixed:
 ///
 /// * [`RecordAssembler::push`] copies stream bytes in (a local channel's buffers, or the
 ///   length prefixes and small pieces of a remote one);
 /// * [`RecordAssembler::body_spare`] and [`RecordAssembler::commit_body`] let a reader put
 ///   the body bytes of the record in progress straight where they belong, so a remote
-///   channel's socket reads land in the record without a copy out of a segment.
+///   channel's socket reads land in the record without a copy out of a segment;
+/// * [`RecordAssembler::push_shared`] takes stream bytes that stay where they are (a
+///   shared-memory link's heap): a record that lies whole in them is not copied at all.
 pub struct RecordAssembler {
     prefix: LengthPrefix,
-    /// The record being gathered and how long it will be.
-    body: Option<(MutableBuffer, usize)>,
+    /// The record being gathered.
+    body: Option<Body>,
     /// Largest record accepted (guards against a corrupt length).
     max_record: usize,
+}
+
+/// A record in progress.
+enum Body {
+    /// Copied into a buffer of its own, which will hold `.1` bytes.
+    Own(MutableBuffer, usize),
+    /// Already where it lies (shared memory): the whole record, of which `have` bytes have
+    /// arrived in the stream so far.
+    Shared { buf: Buffer, have: usize },
+}
+
+fn shared_misplaced() -> Error {
+    Error::Protocol("a record placed in shared memory continues somewhere else".into())
 }
 
 impl RecordAssembler {
@@ -50,14 +65,24 @@ impl RecordAssembler {
 
     /// Bytes of the body in progress still to come (0 while a length prefix is expected).
     pub fn body_missing(&self) -> usize {
-        self.body.as_ref().map_or(0, |(buf, want)| want - buf.len())
+        match &self.body {
+            None => 0,
+            Some(Body::Own(buf, want)) => want - buf.len(),
+            Some(Body::Shared { buf, have }) => buf.len() - have,
+        }
+    }
+
+    /// True while the record in progress lies in shared memory (its bytes come only through
+    /// [`RecordAssembler::push_shared`]).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.body, Some(Body::Shared { .. }))
     }
 
     /// The space the next [`RecordAssembler::body_missing`] body bytes go into (empty while
-    /// a length prefix is expected). Write a prefix of it, then call
+    /// a length prefix is expected or the record is shared). Write a prefix of it, then call
     /// [`RecordAssembler::commit_body`].
     pub fn body_spare(&mut self) -> &mut [MaybeUninit<u8>] {
-        let Some((buf, want)) = self.body.as_mut() else {
+        let Some(Body::Own(buf, want)) = self.body.as_mut() else {
             return &mut [];
         };
         let (len, want) = (buf.len(), *want);
@@ -78,13 +103,19 @@ impl RecordAssembler {
     /// and `n` must not exceed [`RecordAssembler::body_missing`] (checked: panics).
     pub unsafe fn commit_body(&mut self, n: usize) -> Option<Buffer> {
         assert!(n <= self.body_missing(), "commit_body past the end of the record");
-        let (buf, want) = self.body.as_mut()?;
+        let Some(Body::Own(buf, want)) = self.body.as_mut() else {
+            assert_eq!(n, 0, "commit_body of a shared record");
+            return None;
+        };
         // SAFETY: the caller initialized these `n` bytes, within the capacity (checked above).
         unsafe { buf.set_len(buf.len() + n) };
         if buf.len() < *want {
             return None;
         }
-        self.body.take().map(|(buf, _)| buf.into())
+        match self.body.take() {
+            Some(Body::Own(buf, _)) => Some(buf.into()),
+            _ => unreachable!("an own body"),
+        }
     }
 
     /// Feeds stream bytes (copied); each completed record's body is passed to `done`, in
@@ -100,12 +131,29 @@ impl RecordAssembler {
         &mut self,
         mut bytes: &[u8],
         mut start: impl FnMut(u64) -> Result<()>,
+        done: impl FnMut(Buffer) -> Result<()>,
+    ) -> Result<()> {
+        self.push_shared(&mut bytes, |_, _| None, &mut start, done)
+    }
+
+    /// Feeds stream bytes that stay where they are (a shared-memory link's heap, which holds
+    /// the rest of the stream's item after them). When a length prefix completes at
+    /// `bytes[at..]`, `adopt(at, len)` may return the record's `len` bytes in place (a buffer
+    /// over that same memory, holding it valid); the record is then not copied, and the bytes
+    /// that follow, in this call and later ones, must be exactly its next ones. Otherwise as
+    /// [`RecordAssembler::push_checked`].
+    pub fn push_shared(
+        &mut self,
+        bytes: &mut &[u8],
+        mut adopt: impl FnMut(usize, usize) -> Option<Buffer>,
+        mut start: impl FnMut(u64) -> Result<()>,
         mut done: impl FnMut(Buffer) -> Result<()>,
     ) -> Result<()> {
+        let base = bytes.as_ptr() as usize;
         while !bytes.is_empty() {
             match self.body.as_mut() {
                 None => {
-                    if let Some(len) = self.prefix.take(&mut bytes) {
+                    if let Some(len) = self.prefix.take(bytes) {
                         if len > self.max_record as u64 || len == 0 {
                             return Err(Error::Protocol(format!(
                                 "record length {len} outside 1..={} bytes",
@@ -113,16 +161,41 @@ impl RecordAssembler {
                             )));
                         }
                         start(len)?;
-                        self.body = Some((MutableBuffer::with_capacity(len as usize), len as usize));
+                        let len = len as usize;
+                        let at = bytes.as_ptr() as usize - base;
+                        self.body = Some(match adopt(at, len) {
+                            Some(buf) if buf.len() == len && buf.as_ptr() == bytes.as_ptr() => {
+                                Body::Shared { buf, have: 0 }
+                            }
+                            Some(_) => return Err(shared_misplaced()),
+                            None => Body::Own(MutableBuffer::with_capacity(len), len),
+                        });
                     }
                 }
-                Some((buf, want)) => {
+                Some(Body::Own(buf, want)) => {
                     let n = (*want - buf.len()).min(bytes.len());
                     buf.extend_from_slice(&bytes[..n]);
-                    bytes = &bytes[n..];
+                    *bytes = &bytes[n..];
                     if buf.len() == *want {
-                        let (buf, _) = self.body.take().expect("body present");
+                        let Some(Body::Own(buf, _)) = self.body.take() else {
+                            unreachable!("an own body")
+                        };
                         done(buf.into())?;
+                    }
+                }
+                Some(Body::Shared { buf, have }) => {
+                    // Not a copy: the bytes must be the record's own, where it lies.
+                    if bytes.as_ptr() != buf.as_ptr().wrapping_add(*have) {
+                        return Err(shared_misplaced());
+                    }
+                    let n = (buf.len() - *have).min(bytes.len());
+                    *have += n;
+                    *bytes = &bytes[n..];
+                    if *have == buf.len() {
+                        let Some(Body::Shared { buf, .. }) = self.body.take() else {
+                            unreachable!("a shared body")
+                        };
+                        done(buf)?;
                     }
                 }
             }

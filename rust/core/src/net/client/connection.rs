@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
-use super::read_loop::read_loop;
+use super::read_loop::{read_loop, Items};
 use super::state::{ClientConn, Inbox, Outbox, RemoteChannel, RemoteGate};
 use crate::base::config::{Backoff, ChannelSpec};
 use crate::base::error::{Error, Result};
@@ -307,14 +307,14 @@ where
         .store(negotiated.payload_limit, Ordering::Relaxed);
     if let Some((server, token)) = negotiated.shm {
         match tokio::time::timeout(ctx.handshake_timeout, shm::connect_link(&server, &token)).await {
-            Ok(Ok((srd, swr))) => {
+            Ok(Ok((srd, swr, heap))) => {
                 // The TCP connection has done its part (authentication); close it.
                 drop((reader, wr));
                 conn.shm.store(true, Ordering::Relaxed);
                 log::debug!("connection to {} uses shared memory", conn.addr);
                 let mut reader = FrameReader::new(srd);
                 reader.set_max_frame_size(wire::max_frame_size(negotiated.payload_limit));
-                return run_loops(conn, reader, swr).await;
+                return run_loops(conn, reader, swr, Some(Items::new(heap))).await;
             }
             Ok(Err(e)) => log::info!(
                 "connection to {}: no shared memory ({e}), staying on TCP",
@@ -326,17 +326,23 @@ where
             ),
         }
     }
-    run_loops(conn, reader, wr).await
+    run_loops(conn, reader, wr, None).await
 }
 
-/// The reader and writer loops of an authenticated connection over its byte stream.
-async fn run_loops<R, W>(conn: &Arc<ClientConn>, mut reader: FrameReader<R>, mut wr: W) -> Result<()>
+/// The reader and writer loops of an authenticated connection over its byte stream (and a
+/// shared-memory link's heap).
+async fn run_loops<R, W>(
+    conn: &Arc<ClientConn>,
+    mut reader: FrameReader<R>,
+    mut wr: W,
+    items: Option<Items>,
+) -> Result<()>
 where
     R: FrameSource,
     W: AsyncWrite + Unpin,
 {
     let result = tokio::select! {
-        r = read_loop(conn, &mut reader) => r,
+        r = read_loop(conn, &mut reader, items) => r,
         r = write_loop(conn, &mut wr) => r,
     };
     if let Err(Error::Protocol(m)) = &result {

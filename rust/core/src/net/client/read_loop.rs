@@ -11,13 +11,16 @@ use arrow_buffer::Buffer;
 
 use super::gate_buffers::Landing;
 use super::retry::schedule_retry;
-use super::state::{ClientConn, Inbound, Received, RecordBytes};
+use super::state::{ClientConn, Inbound, Received, RecordBytes, RemoteChannel};
 use crate::base::config::ChannelSpec;
+use crate::memory::PooledSegment;
+use crate::protocol::credit::BufferLease;
 use crate::base::error::{Error, Result};
 use crate::base::event::Event;
 use crate::net::handshake;
 use crate::net::io::{FrameReader, FrameSource, InFrame};
-use crate::protocol::wire::{ErrorKind, Message, Payload, ReceiverId};
+use crate::net::shm::{HeapLease, HeapReader};
+use crate::protocol::wire::{ErrorKind, Message, Payload, ReceiverId, SharedBuffer};
 use crate::serde::RecordAssembler;
 
 /// The error a channel fails with for an ErrorResponse about it.
@@ -42,6 +45,53 @@ struct Assembly {
     bytes: RecordBytes,
     /// Buffers recycled since the last one that completed a record (for the counters).
     uncounted: usize,
+}
+
+/// The heap items of a shared-memory link that channels are reading: the lease on each item
+/// whose first buffer came and whose last has not, and where its next buffer starts.
+pub(super) struct Items {
+    heap: HeapReader,
+    open: HashMap<ReceiverId, (Arc<HeapLease>, u64)>,
+}
+
+impl Items {
+    pub(super) fn new(heap: HeapReader) -> Items {
+        Items {
+            heap,
+            open: HashMap::new(),
+        }
+    }
+
+    /// The lease on `b`'s item, checked against the channel's earlier buffers: an item's
+    /// buffers come in order, from its start, one item at a time per channel. The reader lets
+    /// go of it after the item's last buffer (the records decoded in place keep it).
+    fn lease(&mut self, b: &SharedBuffer) -> Result<Arc<HeapLease>> {
+        if b.offset == 0 {
+            let lease = self.heap.lease(b.item, b.item_len).map_err(Error::Protocol)?;
+            self.open.insert(b.receiver, (Arc::new(lease), 0));
+        }
+        let bad = || {
+            Error::Protocol(format!(
+                "{}: a shared buffer at {} of the item at {} out of order",
+                b.receiver, b.offset, b.item
+            ))
+        };
+        let (lease, next) = self.open.get_mut(&b.receiver).ok_or_else(bad)?;
+        if lease.start() != b.item || lease.len() != b.item_len || *next != b.offset {
+            return Err(bad());
+        }
+        *next += u64::from(b.len);
+        let lease = lease.clone();
+        if b.offset + u64::from(b.len) == b.item_len {
+            self.open.remove(&b.receiver);
+        }
+        Ok(lease)
+    }
+
+    /// A channel went away: its item in progress is not the reader's to hold any more.
+    fn forget(&mut self, rid: &ReceiverId) {
+        self.open.remove(rid);
+    }
 }
 
 /// Pieces of a record body shorter than this that the decoder does not already hold are
@@ -96,9 +146,131 @@ pub(super) async fn read_records<R: FrameSource>(
     Ok(Ok(()))
 }
 
+/// Hands on what a data buffer completed: the records (with the buffer's segment, which holds
+/// the credit until they are taken), or the segment back at once when it completed none; a
+/// channel whose stream broke is failed.
+fn hand_on(
+    conn: &Arc<ClientConn>,
+    assemblies: &mut HashMap<ReceiverId, Assembly>,
+    ch: &Arc<RemoteChannel>,
+    rid: ReceiverId,
+    (seg, lease): (PooledSegment, Option<BufferLease>),
+    records: Vec<Buffer>,
+    outcome: Result<()>,
+) {
+    let a = assemblies.get_mut(&rid).expect("the buffer's assembly");
+    let completed: u64 = records.iter().map(|r| r.len() as u64).sum();
+    let received = Received {
+        segment: Some(seg),
+        records,
+        buffers: a.uncounted + 1,
+        lease,
+        gate: ch.gate.clone(),
+        record_bytes: Some(a.bytes.split(completed)),
+    };
+    if received.records.is_empty() {
+        // Only part of a record in progress: its bytes are in the record,
+        // so the buffer and its credit go back now (drop).
+        a.uncounted += 1;
+        drop(received);
+    } else {
+        a.uncounted = 0;
+        ch.push(Inbound::Data(received));
+    }
+    if let Err(e) = outcome {
+        assemblies.remove(&rid);
+        if let Some(ch) = conn.remove(rid) {
+            ch.fail(Error::Protocol(format!("channel {:?}: {e}", ch.spec)));
+        }
+    }
+}
+
+/// The assembly of `rid`'s records, made on its first buffer.
+fn assembly<'a>(
+    assemblies: &'a mut HashMap<ReceiverId, Assembly>,
+    ch: &RemoteChannel,
+    rid: ReceiverId,
+) -> &'a mut Assembly {
+    assemblies.entry(rid).or_insert_with(|| Assembly {
+        records: RecordAssembler::new(ch.gate.max_record),
+        bytes: RecordBytes::empty(ch.gate.clone(), ch.cid),
+        uncounted: 0,
+    })
+}
+
+/// A SharedBuffer: the buffer's bytes are in the link's heap, where a record that lies whole
+/// in its item is decoded in place; everything else is as for a data BufferResponse.
+async fn read_shared(
+    conn: &Arc<ClientConn>,
+    assemblies: &mut HashMap<ReceiverId, Assembly>,
+    items: &mut Items,
+    b: SharedBuffer,
+) -> Result<()> {
+    let lease = items.lease(&b)?;
+    let rid = b.receiver;
+    let Some(ch) = conn.channel(rid) else {
+        assemblies.remove(&rid);
+        return Ok(());
+    };
+    let header = b.header();
+    let offset = b.offset as usize;
+    let bytes = lease
+        .bytes(offset, header.payload_len)
+        .expect("the wire and the lease checked the range");
+    let adopt = |at: usize, len: usize| lease.buffer(offset + at, len);
+    let inside_record = assemblies
+        .get(&rid)
+        .is_some_and(|a| header.payload_len < a.records.body_missing());
+    match ch.gate.take_buffer(&ch, header, inside_record).await? {
+        Landing::Record => {
+            let a = assemblies.get_mut(&rid).expect("inside its record");
+            let mut rest = bytes;
+            let outcome = a.records.push_shared(
+                &mut rest,
+                adopt,
+                |_| unreachable!("a buffer inside a record starts none"),
+                |_| unreachable!("a buffer inside a record does not end it"),
+            );
+            a.uncounted += 1;
+            if let Err(e) = outcome {
+                assemblies.remove(&rid);
+                if let Some(ch) = conn.remove(rid) {
+                    ch.fail(Error::Protocol(format!("channel {:?}: {e}", ch.spec)));
+                }
+            }
+        }
+        Landing::Segment(seg, credit) => {
+            let a = assembly(assemblies, &ch, rid);
+            let mut records = Vec::new();
+            let started = &mut a.bytes.bytes;
+            let mut rest = bytes;
+            let outcome = a.records.push_shared(
+                &mut rest,
+                adopt,
+                |n| {
+                    ch.gate.records_started(ch.cid, n)?;
+                    *started += n;
+                    Ok(())
+                },
+                |record| {
+                    records.push(record);
+                    Ok(())
+                },
+            );
+            hand_on(conn, assemblies, &ch, rid, (seg, credit), records, outcome);
+            if ch.gate.credit_running_low(&ch) {
+                tokio::task::yield_now().await;
+            }
+        }
+        Landing::Drop => {}
+    }
+    Ok(())
+}
+
 pub(super) async fn read_loop<R: FrameSource>(
     conn: &Arc<ClientConn>,
     reader: &mut FrameReader<R>,
+    mut items: Option<Items>,
 ) -> Result<()> {
     let mut assemblies: HashMap<ReceiverId, Assembly> = HashMap::new();
     loop {
@@ -108,14 +280,34 @@ pub(super) async fn read_loop<R: FrameSource>(
         let frame = reader.next().await?;
         for rid in std::mem::take(&mut *conn.closed.lock().unwrap()) {
             assemblies.remove(&rid);
+            if let Some(items) = items.as_mut() {
+                items.forget(&rid);
+            }
         }
         match frame {
+            InFrame::Message(Message::SharedBuffer(b)) => {
+                let Some(items) = items.as_mut() else {
+                    return Err(Error::Protocol(
+                        "a shared buffer on a connection without shared memory".into(),
+                    ));
+                };
+                read_shared(conn, &mut assemblies, items, b).await?;
+            }
             InFrame::Data(header) => {
                 let Some(ch) = conn.channel(header.receiver) else {
                     assemblies.remove(&header.receiver);
                     reader.skip_payload().await?;
                     continue;
                 };
+                if assemblies
+                    .get(&header.receiver)
+                    .is_some_and(|a| a.records.is_shared())
+                {
+                    return Err(Error::Protocol(format!(
+                        "{}: a buffer inside a record placed in shared memory",
+                        header.receiver
+                    )));
+                }
                 let inside_record = assemblies
                     .get(&header.receiver)
                     .is_some_and(|a| header.payload_len < a.records.body_missing());
@@ -141,11 +333,7 @@ pub(super) async fn read_loop<R: FrameSource>(
                                 dst.len()
                             )));
                         }
-                        let a = assemblies.entry(header.receiver).or_insert_with(|| Assembly {
-                            records: RecordAssembler::new(ch.gate.max_record),
-                            bytes: RecordBytes::empty(ch.gate.clone(), ch.cid),
-                            uncounted: 0,
-                        });
+                        let a = assembly(&mut assemblies, &ch, header.receiver);
                         let mut records = Vec::new();
                         let started = &mut a.bytes.bytes;
                         let outcome =
@@ -156,30 +344,7 @@ pub(super) async fn read_loop<R: FrameSource>(
                                 Ok(())
                             })
                             .await?;
-                        let completed: u64 = records.iter().map(|r| r.len() as u64).sum();
-                        let received = Received {
-                            segment: Some(seg),
-                            records,
-                            buffers: a.uncounted + 1,
-                            lease,
-                            gate: ch.gate.clone(),
-                            record_bytes: Some(a.bytes.split(completed)),
-                        };
-                        if received.records.is_empty() {
-                            // Only part of a record in progress: its bytes are in the record,
-                            // so the buffer and its credit go back now (drop).
-                            a.uncounted += 1;
-                            drop(received);
-                        } else {
-                            a.uncounted = 0;
-                            ch.push(Inbound::Data(received));
-                        }
-                        if let Err(e) = outcome {
-                            assemblies.remove(&header.receiver);
-                            if let Some(ch) = conn.remove(header.receiver) {
-                                ch.fail(Error::Protocol(format!("channel {:?}: {e}", ch.spec)));
-                            }
-                        }
+                        hand_on(conn, &mut assemblies, &ch, header.receiver, (seg, lease), records, outcome);
                         if ch.gate.credit_running_low(&ch) {
                             tokio::task::yield_now().await;
                         }

@@ -7,14 +7,15 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::Notify;
 
-use super::frames::{Item, OutFrame, MAX_WRITE_BYTES, MAX_WRITE_FRAMES};
+use super::frames::{Cursor, Item, OutFrame, Part, Placement, MAX_WRITE_BYTES, MAX_WRITE_FRAMES};
 use super::reader::SubReader;
 use crate::base::config::Limits;
 use crate::base::error::{Error, Result};
 use crate::base::metrics::ChannelTransport;
+use crate::net::shm::{HeapWriter, MIN_ITEM};
 use crate::partition::Registry;
 use crate::protocol::credit::{Credit, DataType, QueueHead, ReadyQueue, SenderCredit};
-use crate::protocol::wire::{self, ErrorKind, Message, ReceiverId, BUFFER_RESPONSE_HEADER_LEN};
+use crate::protocol::wire::{self, ErrorKind, Message, ReceiverId, SharedBuffer, BUFFER_RESPONSE_HEADER_LEN};
 use crate::serde::{Compression, RecordFraming};
 
 #[derive(Default)]
@@ -40,6 +41,26 @@ pub(crate) struct ServerConn {
     pub(super) wake: Notify,
     /// The environment closes: the writer stops once it has nothing left to write.
     pub(super) closing: std::sync::atomic::AtomicBool,
+    /// A shared-memory link's heap, where handed-off records go whole (`None` over TCP).
+    pub(super) heap: Option<HeapWriter>,
+}
+
+/// Decides where an item not sent from yet goes: a handed-off record of at least
+/// [`MIN_ITEM`] bytes into the link's heap if it has room, anything else inline.
+fn place(heap: Option<&HeapWriter>, cursor: &mut Cursor) {
+    if cursor.placement != Placement::Undecided {
+        return;
+    }
+    cursor.placement = match heap {
+        Some(heap) if cursor.remaining >= MIN_ITEM => heap
+            .place(cursor.remaining, cursor.parts.iter().map(Part::bytes))
+            .map_or(Placement::Inline, |item| Placement::Heap {
+                item,
+                len: cursor.remaining as u64,
+                sent: 0,
+            }),
+        _ => Placement::Inline,
+    };
 }
 
 impl ServerConn {
@@ -315,7 +336,16 @@ impl ServerConn {
             }
             let frame = match r.queue.front_mut().expect("available means non-empty") {
                 Item::Data(cursor) => {
+                    place(self.heap.as_ref(), cursor);
                     let (parts, len) = cursor.take();
+                    let shared = match &mut cursor.placement {
+                        Placement::Heap { item, len: item_len, sent } => {
+                            let at = *sent;
+                            *sent += len as u64;
+                            Some((*item, *item_len, at))
+                        }
+                        _ => None,
+                    };
                     let started = parts
                         .iter()
                         .map(|part| r.framing.advance(part.bytes()))
@@ -343,11 +373,28 @@ impl ServerConn {
                         stats.count_sent(len);
                         stats.set_credit(u64::from(r.credit.credit().get()));
                     }
-                    let head = wire::encode_buffer_response_header(rid, header, len)?;
-                    OutFrame {
-                        head: head.to_vec(),
-                        parts,
-                        _hold: hold,
+                    match shared {
+                        Some((item, item_len, offset)) => {
+                            // The bytes are in the heap already: the frame names their place.
+                            let msg = Message::SharedBuffer(SharedBuffer {
+                                receiver: rid,
+                                sequence_number: header.sequence_number,
+                                backlog: header.backlog,
+                                item,
+                                item_len,
+                                offset,
+                                len: u32::try_from(len).expect("a buffer fits a u32"),
+                            });
+                            OutFrame {
+                                _hold: hold,
+                                ..OutFrame::control(&msg)?
+                            }
+                        }
+                        None => OutFrame {
+                            head: wire::encode_buffer_response_header(rid, header, len)?.to_vec(),
+                            parts,
+                            _hold: hold,
+                        },
                     }
                 }
                 Item::Event(_) => {

@@ -50,6 +50,18 @@ impl Part {
     }
 }
 
+/// Where an item's bytes travel: after each frame's header (inline), or placed whole in a
+/// shared-memory link's heap, the frames naming their place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Placement {
+    /// A handed-off record not sent from yet: placed in the heap at its first frame if the
+    /// connection has one with room, else inline.
+    Undecided,
+    Inline,
+    /// In the heap at `item` (`len` bytes), `sent` of them named by frames so far.
+    Heap { item: u64, len: u64, sent: u64 },
+}
+
 /// Stream bytes still to send from one polled item, cut into payloads of at most `limit`
 /// bytes: the negotiated size, or the buffer size the reader's gate announced when the item
 /// was queued (buffer debloating).
@@ -59,6 +71,7 @@ pub(super) struct Cursor {
     pub(super) limit: usize,
     /// The handed-off batch whose segments account for the bytes; released with the last chunk.
     pub(super) hold: Option<LocalBatch>,
+    pub(super) placement: Placement,
 }
 
 impl Cursor {

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::frames::{Cursor, Item, Part};
+use super::frames::{Cursor, Item, Part, Placement};
 use crate::base::error::Result;
 use crate::base::event::Event;
 use crate::partition::subpartition::{Polled, Subpartition};
@@ -53,6 +53,7 @@ impl SubReader {
                         remaining,
                         limit,
                         hold: None,
+                        placement: Placement::Inline,
                     })
                 }
                 Polled::Batch(lb) => {
@@ -75,6 +76,7 @@ impl SubReader {
                         remaining,
                         limit,
                         hold: Some(lb),
+                        placement: Placement::Undecided,
                     })
                 }
                 Polled::Event(e) => {

@@ -13,7 +13,7 @@ use crate::base::error::{Error, Result};
 use crate::net::handshake;
 use crate::net::io::{self, FrameReader, FrameSource, InFrame};
 use crate::net::limits::{self, Slot};
-use crate::net::shm::{self, ChannelTransport, ShmListener};
+use crate::net::shm::{self, ChannelTransport, HeapWriter, ShmListener};
 use crate::partition::Registry;
 use crate::protocol::wire::{self, Message};
 use crate::serde::Compression;
@@ -66,12 +66,13 @@ where
         };
         if let Some(sock) = link {
             match shm::serve_link(sock, &client).await {
-                Ok((srd, swr)) => {
+                Ok((srd, swr, heap)) => {
                     drop((reader, wr));
                     let mut reader = FrameReader::new(srd);
                     reader.set_max_frame_size(wire::max_frame_size(negotiated.payload_limit));
                     log::debug!("creditflow: connection from {peer} uses shared memory");
-                    return serve_conn(reader, swr, peer, ChannelTransport::Shm, ctx, negotiated).await;
+                    let link = (ChannelTransport::Shm, Some(heap));
+                    return serve_conn(reader, swr, peer, link, ctx, negotiated).await;
                 }
                 Err(e) => {
                     log::warn!("creditflow: shared-memory link from {peer} failed: {e}");
@@ -80,15 +81,16 @@ where
             }
         }
     }
-    serve_conn(reader, wr, peer, ChannelTransport::Tcp, ctx, negotiated).await
+    serve_conn(reader, wr, peer, (ChannelTransport::Tcp, None), ctx, negotiated).await
 }
 
-/// Serves an authenticated connection over its byte stream (TCP, TLS or shared memory).
+/// Serves an authenticated connection over its byte stream (TCP, TLS or shared memory; a
+/// shared-memory link comes with its heap).
 async fn serve_conn<R, W>(
     mut reader: FrameReader<R>,
     mut wr: W,
     peer: String,
-    transport: ChannelTransport,
+    (transport, heap): (ChannelTransport, Option<HeapWriter>),
     ctx: ServeContext,
     negotiated: handshake::Negotiated,
 ) where
@@ -106,6 +108,7 @@ async fn serve_conn<R, W>(
         signalled: Mutex::new(Vec::new()),
         wake: Notify::new(),
         closing: Default::default(),
+        heap,
     });
     ctx.served.lock().unwrap().push(Arc::downgrade(&conn));
     let mut shutdown = ctx.shutdown.clone();

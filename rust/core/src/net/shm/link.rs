@@ -31,6 +31,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{oneshot, watch};
 
 use super::doorbell::Doorbell;
+use super::heap::{heap_region_len, sane_heap, HeapReader, HeapWriter, HEAP_BYTES};
 use super::identity::local_offer;
 use super::region::Region;
 use super::ring::{Ring, RING_HEADER};
@@ -227,25 +228,35 @@ async fn accept_loop(listener: UnixListener, this: Weak<ShmListener>, mut shutdo
     }
 }
 
-/// The layout a server sends with the descriptor: both rings' capacities.
-fn layout_bytes() -> [u8; 16] {
-    let mut b = [0u8; 16];
+/// Bytes of the layout a server sends with the descriptor.
+const LAYOUT_LEN: usize = 24;
+
+/// The layout a server sends with the descriptor: both rings' capacities and the heap's size.
+fn layout_bytes() -> [u8; LAYOUT_LEN] {
+    let mut b = [0u8; LAYOUT_LEN];
     b[..8].copy_from_slice(&(SERVER_TO_CLIENT as u64).to_le_bytes());
-    b[8..].copy_from_slice(&(CLIENT_TO_SERVER as u64).to_le_bytes());
+    b[8..16].copy_from_slice(&(CLIENT_TO_SERVER as u64).to_le_bytes());
+    b[16..].copy_from_slice(&(HEAP_BYTES as u64).to_le_bytes());
     b
 }
 
-fn region_len(s2c: usize, c2s: usize) -> usize {
+/// Where the heap starts: after both rings.
+fn heap_offset(s2c: usize, c2s: usize) -> usize {
     2 * RING_HEADER + s2c + c2s
 }
 
+fn region_len(s2c: usize, c2s: usize, heap: usize) -> usize {
+    heap_offset(s2c, c2s) + heap_region_len(heap)
+}
+
+/// What a link gives either side: the reading and writing halves, and the heap (the server
+/// places records in it, the client reads them there).
+pub(crate) type Link<H> = (ShmReader, ShmWriter, H);
+
 /// Server side: checks the client's credentials, creates the region and passes it.
-pub(crate) async fn serve_link(
-    sock: UnixStream,
-    client: &ShmOffer,
-) -> std::io::Result<(ShmReader, ShmWriter)> {
+pub(crate) async fn serve_link(sock: UnixStream, client: &ShmOffer) -> std::io::Result<Link<HeapWriter>> {
     check_peer(&sock, client.pid)?;
-    let (region, fd) = Region::create(region_len(SERVER_TO_CLIENT, CLIENT_TO_SERVER))?;
+    let (region, fd) = Region::create(region_len(SERVER_TO_CLIENT, CLIENT_TO_SERVER, HEAP_BYTES))?;
     let layout = layout_bytes();
     sock.async_io(Interest::WRITABLE, || {
         let fds = [fd.as_fd()];
@@ -262,24 +273,23 @@ pub(crate) async fn serve_link(
     drop(fd);
     let region = Arc::new(region);
     let to_client = Ring::new(region.clone(), 0, SERVER_TO_CLIENT);
-    let from_client = Ring::new(region, RING_HEADER + SERVER_TO_CLIENT, CLIENT_TO_SERVER);
+    let from_client = Ring::new(region.clone(), RING_HEADER + SERVER_TO_CLIENT, CLIENT_TO_SERVER);
+    let heap = HeapWriter::new(region, heap_offset(SERVER_TO_CLIENT, CLIENT_TO_SERVER), HEAP_BYTES);
     let bell = Doorbell::new(sock);
     Ok((
         ShmReader::new(from_client, bell.clone()),
         ShmWriter::new(to_client, bell),
+        heap,
     ))
 }
 
 /// Client side: connects to the server's listener, checks its credentials, sends the token
 /// and maps the region it gets.
-pub(crate) async fn connect_link(
-    server: &ShmOffer,
-    token: &Nonce,
-) -> std::io::Result<(ShmReader, ShmWriter)> {
+pub(crate) async fn connect_link(server: &ShmOffer, token: &Nonce) -> std::io::Result<Link<HeapReader>> {
     let mut sock = UnixStream::connect(socket_name(server)).await?;
     check_peer(&sock, server.pid)?;
     sock.write_all(token).await?;
-    let mut layout = [0u8; 16];
+    let mut layout = [0u8; LAYOUT_LEN];
     let fd: OwnedFd = loop {
         sock.readable().await?;
         let got = sock.try_io(Interest::READABLE, || {
@@ -299,7 +309,7 @@ pub(crate) async fn connect_link(
             Ok((msg.bytes, fd))
         });
         match got {
-            Ok((16, Some(fd))) => break fd,
+            Ok((LAYOUT_LEN, Some(fd))) => break fd,
             Ok((n, _)) => {
                 return Err(std::io::Error::other(format!(
                     "the server sent {n} bytes and no region instead of a shared-memory layout"
@@ -310,20 +320,23 @@ pub(crate) async fn connect_link(
         }
     };
     let s2c = u64::from_le_bytes(layout[..8].try_into().expect("8 bytes")) as usize;
-    let c2s = u64::from_le_bytes(layout[8..].try_into().expect("8 bytes")) as usize;
+    let c2s = u64::from_le_bytes(layout[8..16].try_into().expect("8 bytes")) as usize;
+    let heap = u64::from_le_bytes(layout[16..].try_into().expect("8 bytes")) as usize;
     let sane = |n: usize| n.is_power_of_two() && (4096..=1 << 30).contains(&n);
-    if !sane(s2c) || !sane(c2s) {
+    if !sane(s2c) || !sane(c2s) || !sane_heap(heap) {
         return Err(std::io::Error::other(format!(
-            "bad shared-memory layout {s2c}/{c2s}"
+            "bad shared-memory layout {s2c}/{c2s}/{heap}"
         )));
     }
-    let region = Arc::new(Region::map(&fd, region_len(s2c, c2s))?);
+    let region = Arc::new(Region::map(&fd, region_len(s2c, c2s, heap))?);
     drop(fd);
     let from_server = Ring::new(region.clone(), 0, s2c);
-    let to_server = Ring::new(region, RING_HEADER + s2c, c2s);
+    let to_server = Ring::new(region.clone(), RING_HEADER + s2c, c2s);
+    let heap = HeapReader::new(region, heap_offset(s2c, c2s), heap);
     let bell = Doorbell::new(sock);
     Ok((
         ShmReader::new(from_server, bell.clone()),
         ShmWriter::new(to_server, bell),
+        heap,
     ))
 }

@@ -6,11 +6,13 @@
 //!
 //! Rooms: `identity` (what a side says about itself: boot id, uid, pid), `region` (a sealed
 //! `memfd` mapped shared), `ring` (a single-producer single-consumer byte ring in the region),
+//! `heap` (chunks where the producer puts whole records for the consumer to decode in place),
 //! `doorbell` (the Unix socket that wakes a sleeping side and tells a dead peer), `stream`
 //! (the rings as `AsyncRead` / `AsyncWrite` halves), `link` (the Unix socket listener, the
 //! peer-credential checks and the descriptor passing that set a link up).
 
 mod doorbell;
+mod heap;
 mod identity;
 mod link;
 mod region;
@@ -20,5 +22,6 @@ mod stream;
 mod tests;
 
 pub use crate::base::metrics::ChannelTransport;
+pub(crate) use heap::{HeapLease, HeapReader, HeapWriter, MIN_ITEM};
 pub(crate) use identity::local_offer;
 pub(crate) use link::{connect_link, serve_link, ShmListener};

@@ -89,8 +89,8 @@ fn runtime() -> tokio::runtime::Runtime {
 async fn linked() -> (
     Arc<ShmListener>,
     tokio::sync::watch::Sender<bool>,
-    (super::stream::ShmReader, super::stream::ShmWriter),
-    (super::stream::ShmReader, super::stream::ShmWriter),
+    super::link::Link<super::HeapWriter>,
+    super::link::Link<super::HeapReader>,
 ) {
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let listener = ShmListener::start(&tokio::runtime::Handle::current(), stop_rx).unwrap();
@@ -108,7 +108,7 @@ async fn linked() -> (
 #[test]
 fn a_link_carries_bytes_both_ways_and_ends_cleanly() {
     runtime().block_on(async {
-        let (_l, _stop, (mut srd, mut swr), (mut crd, mut cwr)) = linked().await;
+        let (_l, _stop, (mut srd, mut swr, _), (mut crd, mut cwr, _)) = linked().await;
         // More than the ring holds, so the writer sleeps on a full ring and is woken.
         let data: Vec<u8> = (0..(9u64 << 20)).map(byte_at).collect();
         let expect = data.clone();
@@ -135,10 +135,30 @@ fn a_link_carries_bytes_both_ways_and_ends_cleanly() {
     });
 }
 
+/// A record the server places in the heap is the client's to read, at the place the server
+/// names, in the client's own mapping; the server reuses the chunks only after the client let
+/// go of them, and a client holding the record past the server's end still reads it.
+#[test]
+fn a_placed_record_is_read_in_the_peers_mapping_until_dropped() {
+    runtime().block_on(async {
+        let (_l, _stop, (srd, swr, heap_w), (_crd, _cwr, heap_r)) = linked().await;
+        let record: Vec<u8> = (0..300_000u64).map(byte_at).collect();
+        let start = heap_w.place(record.len(), record.chunks(4096)).unwrap();
+        let lease = std::sync::Arc::new(heap_r.lease(start, record.len() as u64).unwrap());
+        let buf = lease.buffer(0, record.len()).unwrap();
+        drop(lease);
+        assert!(buf.as_slice() == &record[..]);
+        let again = heap_w.place(record.len(), record.chunks(4096)).unwrap();
+        assert_ne!(again, start, "chunks in use were placed again");
+        drop((srd, swr, heap_w));
+        assert!(buf.as_slice() == &record[..], "the record changed after the server's end");
+    });
+}
+
 #[test]
 fn a_dropped_peer_ends_a_waiting_reader_and_writer_at_once() {
     runtime().block_on(async {
-        let (_l, _stop, server, (mut crd, mut cwr)) = linked().await;
+        let (_l, _stop, server, (mut crd, mut cwr, _)) = linked().await;
         let read = tokio::spawn(async move {
             let mut b = [0u8; 1];
             crd.read(&mut b).await

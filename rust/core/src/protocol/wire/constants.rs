@@ -7,7 +7,7 @@ pub use crate::base::event::MAX_EVENT_PAYLOAD_LEN;
 pub const MAGIC: [u8; 4] = *b"CFLW";
 
 /// The frame format version this side speaks; a frame with any other version is rejected.
-pub const PROTOCOL_VERSION: u8 = 4;
+pub const PROTOCOL_VERSION: u8 = 5;
 
 /// Bytes of the header every frame starts with: length, magic, version, message type.
 pub const HEADER_LEN: usize = 10;
@@ -42,6 +42,7 @@ pub(super) const HELLO_ACK_BODY_LEN: usize = HELLO_BODY_LEN + TAG_LEN;
 pub(super) const PARTITION_REQUEST_FIXED_BODY_LEN: usize = 8 + 4 + 4 + 4;
 pub(super) const BUFFER_RESPONSE_FIXED_BODY_LEN: usize = 8 + 8 + 4 + 1 + 4;
 pub(super) const ERROR_RESPONSE_FIXED_BODY_LEN: usize = 1 + 8 + 2 + 4;
+pub(super) const SHARED_BUFFER_BODY_LEN: usize = 8 + 8 + 4 + 8 + 8 + 8 + 4;
 /// Encoded size of the longest event: tag + length + message or user payload.
 pub(super) const MAX_EVENT_LEN: usize = 1 + 4 + max(MAX_MESSAGE_LEN, MAX_EVENT_PAYLOAD_LEN);
 

@@ -8,7 +8,7 @@ use super::constants::*;
 use super::error::WireError;
 use super::message::{
     AuthMode, BufferResponse, BufferResponseHeader, ErrorKind, Hello, Message, MessageType, Payload,
-    ReceiverId, ShmOffer,
+    ReceiverId, SharedBuffer, ShmOffer,
 };
 use crate::base::error::Result;
 use crate::base::event::Event;
@@ -288,6 +288,7 @@ fn body_name(ty: MessageType) -> &'static str {
         NewBufferSize => "NewBufferSize body",
         RecordAnnouncement => "RecordAnnouncement body",
         RecordGrant => "RecordGrant body",
+        SharedBuffer => "SharedBuffer body",
     }
 }
 
@@ -408,6 +409,21 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
             } else {
                 Message::RecordAnnouncement { receiver, bytes }
             }
+        }
+        MessageType::SharedBuffer => {
+            let b = SharedBuffer {
+                receiver: ReceiverId(r.u64()?),
+                sequence_number: r.u64()?,
+                backlog: r.u32()?,
+                item: r.u64()?,
+                item_len: r.u64()?,
+                offset: r.u64()?,
+                len: r.u32()?,
+            };
+            if b.len == 0 || b.item_len == 0 || b.offset.checked_add(u64::from(b.len)).is_none_or(|e| e > b.item_len) {
+                return Err(WireError::SharedBufferOutOfItem(b));
+            }
+            Message::SharedBuffer(b)
         }
         MessageType::BufferResponse => unreachable!("handled above"),
     };

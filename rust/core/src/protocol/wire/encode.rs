@@ -169,6 +169,18 @@ fn encode_body(msg: &Message<'_>, out: &mut Vec<u8>, start: usize) -> Result<(),
             put_u64(out, receiver.0);
             put_u64(out, *bytes);
         }
+        Message::SharedBuffer(b) => {
+            if b.len == 0 || b.item_len == 0 || b.offset.checked_add(u64::from(b.len)).is_none_or(|e| e > b.item_len) {
+                return Err(WireError::SharedBufferOutOfItem(*b));
+            }
+            put_u64(out, b.receiver.0);
+            put_u64(out, b.sequence_number);
+            put_u32(out, b.backlog);
+            put_u64(out, b.item);
+            put_u64(out, b.item_len);
+            put_u64(out, b.offset);
+            put_u32(out, b.len);
+        }
         Message::CloseRequest => {}
     }
     let frame_len = frame_len_u32(out.len() - start)?;

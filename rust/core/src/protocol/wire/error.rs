@@ -139,6 +139,9 @@ pub enum WireError {
         /// The channel.
         receiver: ReceiverId,
     },
+    /// A SharedBuffer that is empty or reaches past its item.
+    #[error("SharedBuffer for {} of {} bytes at {} of an item of {} bytes", .0.receiver, .0.len, .0.offset, .0.item_len)]
+    SharedBufferOutOfItem(super::SharedBuffer),
     /// A fatal ErrorResponse that names a channel.
     #[error("fatal ErrorResponse with receiver id {0}, expected 0")]
     FatalWithReceiver(u64),

@@ -45,6 +45,9 @@ pub enum MessageType {
     RecordAnnouncement = 14,
     /// Receiver → sender: more record bytes for a channel (protocol version 3).
     RecordGrant = 15,
+    /// Sender → receiver, over shared memory only: a data buffer whose bytes lie in the
+    /// link's heap (protocol version 5).
+    SharedBuffer = 16,
 }
 
 impl MessageType {
@@ -67,6 +70,7 @@ impl MessageType {
             13 => NewBufferSize,
             14 => RecordAnnouncement,
             15 => RecordGrant,
+            16 => SharedBuffer,
             _ => return None,
         })
     }
@@ -93,6 +97,7 @@ impl MessageType {
             CancelPartitionRequest | PartitionNotFound | ResumeConsumption => exact(8),
             CloseRequest => exact(0),
             RecordAnnouncement | RecordGrant => exact(8 + 8),
+            SharedBuffer => exact(SHARED_BUFFER_BODY_LEN),
         }
     }
 }
@@ -285,6 +290,41 @@ pub struct BufferResponseHeader {
     pub payload_len: usize,
 }
 
+/// A data buffer whose bytes the sender put in the shared-memory link's heap instead of
+/// after the header: bytes `offset..offset + len` of the item of `item_len` bytes at heap
+/// offset `item` (one handed-off record, prefix included, placed whole before its first
+/// buffer). Credit, backlog and sequence numbers are a data BufferResponse's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SharedBuffer {
+    /// The channel it is for.
+    pub receiver: ReceiverId,
+    /// Position in the channel, from 0.
+    pub sequence_number: u64,
+    /// Data buffers still queued at the sender after this one.
+    pub backlog: u32,
+    /// Heap offset of the item.
+    pub item: u64,
+    /// Bytes of the item (> 0).
+    pub item_len: u64,
+    /// Where this buffer starts in the item.
+    pub offset: u64,
+    /// Bytes of this buffer (> 0; `offset + len <= item_len`).
+    pub len: u32,
+}
+
+impl SharedBuffer {
+    /// The header of the data BufferResponse this buffer stands for.
+    pub fn header(&self) -> BufferResponseHeader {
+        BufferResponseHeader {
+            receiver: self.receiver,
+            sequence_number: self.sequence_number,
+            backlog: self.backlog,
+            data_type: DataType::Data,
+            payload_len: self.len as usize,
+        }
+    }
+}
+
 impl BufferResponseHeader {
     /// The fields the credit state machine needs
     /// ([`GateCredit::on_buffer_response`](crate::protocol::credit::GateCredit::on_buffer_response)).
@@ -393,6 +433,8 @@ pub enum Message<'a> {
         /// Record bytes granted.
         bytes: u64,
     },
+    /// Sender → receiver over shared memory: a data buffer in the link's heap.
+    SharedBuffer(SharedBuffer),
 }
 
 impl Message<'_> {
@@ -414,6 +456,7 @@ impl Message<'_> {
             Message::NewBufferSize { .. } => MessageType::NewBufferSize,
             Message::RecordAnnouncement { .. } => MessageType::RecordAnnouncement,
             Message::RecordGrant { .. } => MessageType::RecordGrant,
+            Message::SharedBuffer(_) => MessageType::SharedBuffer,
         }
     }
 
@@ -462,6 +505,7 @@ impl Message<'_> {
                 Message::RecordAnnouncement { receiver, bytes }
             }
             Message::RecordGrant { receiver, bytes } => Message::RecordGrant { receiver, bytes },
+            Message::SharedBuffer(b) => Message::SharedBuffer(b),
         }
     }
 }

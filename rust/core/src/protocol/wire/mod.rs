@@ -32,6 +32,7 @@
 //! | 13 | NewBufferSize (receiver → sender; buffer debloating) | rid, size u32 (> 0, ≤ the sender's segment size) | 12 |
 //! | 14 | RecordAnnouncement (sender → receiver; version 3) | rid, bytes u64 (> 0): record bytes the next buffer starts | 16 |
 //! | 15 | RecordGrant (receiver → sender; version 3) | rid, bytes u64 (> 0): more record bytes | 16 |
+//! | 16 | SharedBuffer (sender → receiver, shared-memory links only; version 5) | rid, sequence number u64, backlog u32, item u64 (heap offset), item length u64 (> 0), offset u64, length u32 (> 0, offset + length ≤ item length): a data buffer whose bytes are in the link's heap | 48 |
 //!
 //! An event payload (data type 1) is a tag u8: 0 EndOfPartition (nothing follows),
 //! 1 ProducerFailed (message `str`, ≤ 2048 bytes), 2 user event (u32 length + bytes,
@@ -139,7 +140,7 @@ pub use encode::{encode, encode_buffer_response_header};
 pub use error::WireError;
 pub use message::{
     truncate_utf8, AuthMode, BufferResponse, BufferResponseHeader, ErrorKind, Hello, Message, MessageType,
-    Payload, ReceiverId, ShmOffer,
+    Payload, ReceiverId, SharedBuffer, ShmOffer,
 };
 
 pub use crate::base::event::Event;

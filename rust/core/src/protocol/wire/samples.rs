@@ -100,5 +100,14 @@ pub fn one_of_each() -> Vec<Message<'static>> {
             receiver: r,
             bytes: u64::MAX,
         },
+        Message::SharedBuffer(SharedBuffer {
+            receiver: r,
+            sequence_number: 8,
+            backlog: 3,
+            item: 65_592,
+            item_len: 1_827_930,
+            offset: 32_768,
+            len: 32_768,
+        }),
     ]
 }

@@ -11,6 +11,7 @@ import gc
 import os
 import time
 
+import pyarrow as pa
 import pytest
 
 import creditflow as cf
@@ -149,6 +150,51 @@ def test_batches_a_consumer_holds_do_not_change_while_more_data_flows(workers: l
         gate.close()
 
 
+def shared_ranges() -> list[tuple[int, int]]:
+    """Address ranges of this process's shared-memory region mappings."""
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "creditflow-shm" in line:
+                lo, hi = line.split()[0].split("-")
+                out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+def in_shared_memory(b: pa.RecordBatch, ranges: list[tuple[int, int]]) -> bool:
+    """Whether every buffer of ``b`` lies in a shared region (decoded in place)."""
+    addresses = [buf.address for col in b.columns for buf in col.buffers() if buf is not None]
+    return all(any(lo <= a < hi for lo, hi in ranges) for a in addresses)
+
+
+def test_held_batches_fill_the_heap_then_records_come_inline_and_all_arrive_intact(
+    workers: list[Worker],
+) -> None:
+    # 163 KB batches: the link's heap (32 MiB) holds about 170 of them.
+    count = 400
+    workers.append(p := start_producer(subpartitions=1, partitioner="forward", count=count))
+    addr = p.wait_for("address")["address"]
+    want = [type_batch(i, ROWS) for i in range(count)]
+    with cf.NetworkEnvironment(memory="16MiB") as env:
+        gate = env.create_input_gate([cf.ChannelSpec(addr, "p", 0)])
+        held = [gate.next(timeout=30) for _ in range(300)]
+        assert transports(env) == {"shm"}
+        ranges = shared_ranges()
+        placed = [in_shared_memory(b, ranges) for b in held if b is not None]
+        # In place until the heap was full of held batches, then inline: no wait, no deadlock.
+        assert placed[0], "the first batch was not decoded in place"
+        assert 100 < sum(placed) < 300, f"{sum(placed)} of 300 held batches in place"
+        assert_batches_equal([b for b in held if b is not None], want[:300])
+        # Dropped, the held batches free the heap: the producer places records again.
+        del held, placed
+        gc.collect()
+        rest = list(gate)
+        assert len(rest) == count - 300
+        assert in_shared_memory(rest[-1], shared_ranges()), "the heap was not freed"
+        assert_batches_equal(rest, want[300:])
+        gate.close()
+
+
 def test_a_killed_producer_fails_the_gate_in_time_and_its_region_is_unmapped(workers: list[Worker]) -> None:
     spec = {
         "id": "p",
@@ -168,6 +214,7 @@ def test_a_killed_producer_fails_the_gate_in_time_and_its_region_is_unmapped(wor
             b = gate.next(timeout=10)
             assert b is not None
             tracker.add(b)
+        held = b.serialize().to_pybytes()
         assert transports(env) == {"shm"}
         assert shared_mappings() > mappings_before, "the consumer maps the link's region"
         p.kill()
@@ -175,7 +222,15 @@ def test_a_killed_producer_fails_the_gate_in_time_and_its_region_is_unmapped(wor
         assert noticed < DEATH_NOTICE, f"the consumer noticed the death after {noticed:.2f} s"
         s = tracker.stats()
         assert (s["duplicated"], s["out_of_order"], s["corrupted"]) == (0, 0, 0)
-        # The connection is gone, and with it the mapping and the doorbell socket.
+        # The batch still held (decoded in place from the link's heap) keeps the region
+        # mapped and unchanged after the producer's death ...
+        time.sleep(0.2)
+        assert b.serialize().to_pybytes() == held
+        assert shared_mappings() > mappings_before, "a held batch lost its memory"
+        # ... and once it is dropped, the connection being gone, the mapping and the doorbell
+        # socket are gone too.
+        del b
+        gc.collect()
         deadline = time.monotonic() + 5
         while shared_mappings() > mappings_before and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -208,16 +263,16 @@ def garbage_link(addr: str, garbage: bytes) -> bytes:
     import socket
     import struct
 
-    from test_faults import AUTH_PROOF, HELLO, frame
+    from test_faults import AUTH_PROOF, HELLO, PROTOCOL_VERSION, frame
 
     host, port = addr.rsplit(":", 1)
     nonce = bytes(range(32))
     offer = struct.pack("<B16sIIQ", 1, boot_id(), os.getuid(), os.getpid(), 0)
-    hello = struct.pack("<BIIB", 4, 32 * 1024, 32 * 1024 + 35, 0) + nonce + offer
+    hello = struct.pack("<BIIB", PROTOCOL_VERSION, 32 * 1024, 32 * 1024 + 35, 0) + nonce + offer
     with socket.create_connection((host, int(port)), timeout=5) as tcp:
         tcp.sendall(frame(HELLO, hello))
         ack = tcp.recv(10 + 107, socket.MSG_WAITALL)
-        assert ack[8:10] == bytes([4, 2]), ack
+        assert ack[8:10] == bytes([PROTOCOL_VERSION, 2]), ack
         flag, _boot, _uid, pid, key = struct.unpack_from("<B16sIIQ", ack, 10 + 42)
         assert flag == 1, "the environment offers shared memory"
         tcp.sendall(frame(AUTH_PROOF, bytes(32)))
@@ -225,10 +280,10 @@ def garbage_link(addr: str, garbage: bytes) -> bytes:
             link.settimeout(5)
             link.connect(f"\0creditflow-shm-{pid}-{key:016x}")
             link.sendall(nonce)
-            layout, fds, _, _ = socket.recv_fds(link, 16, 1)
-            s2c, c2s = struct.unpack("<QQ", layout)
+            layout, fds, _, _ = socket.recv_fds(link, 24, 1)
+            s2c, c2s, heap = struct.unpack("<QQQ", layout)
             (fd,) = fds
-            size = 2 * RING_HEADER + s2c + c2s
+            size = 2 * RING_HEADER + s2c + c2s + RING_HEADER + heap
             with mmap.mmap(fd, size) as region:
                 os.close(fd)
                 ring = RING_HEADER + s2c  # client -> server
@@ -247,7 +302,7 @@ def garbage_link(addr: str, garbage: bytes) -> bytes:
 
 
 @pytest.mark.parametrize(
-    "garbage", [b"\xff" * 64, b"\x0a\x00\x00\x00CFLW\x04\x63"], ids=["random", "bad type"]
+    "garbage", [b"\xff" * 64, b"\x0a\x00\x00\x00CFLW\x05\x63"], ids=["random", "bad type"]
 )
 def test_garbage_through_a_link_closes_it_and_the_environment_serves_on(garbage: bytes) -> None:
     with cf.NetworkEnvironment(memory="4MiB") as env:

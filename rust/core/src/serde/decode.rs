@@ -285,6 +285,11 @@ fn check_offsets<O: ArrowNativeType>(
     }
     if utf8 {
         let used = &values[first as usize..last as usize];
+        if used.is_ascii() {
+            // Valid UTF-8, and every byte starts a character, so every offset (all of them
+            // lie in `first..=last`) is on a boundary: nothing more to check.
+            return Ok(());
+        }
         if std::str::from_utf8(used).is_err() {
             return err("invalid UTF-8 in a string column");
         }
@@ -301,4 +306,26 @@ fn check_offsets<O: ArrowNativeType>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_offsets;
+
+    #[test]
+    fn strings_are_checked_per_character_unless_all_ascii() {
+        assert!(check_offsets(&[0i32, 2, 3, 6], b"abcdef", true).is_ok());
+        // "a", "é", "€", "b": 1, 2, 3 and 1 bytes.
+        let s = "aé€b".as_bytes();
+        assert!(check_offsets(&[0i32, 1, 3, 6, 7], s, true).is_ok());
+        let split = check_offsets(&[0i32, 2, 7], s, true).unwrap_err();
+        assert!(split.to_string().contains("splits"), "{split}");
+        // Binary values are not characters.
+        assert!(check_offsets(&[0i32, 2, 7], s, false).is_ok());
+        let bad = check_offsets(&[0i32, 2], &[0x61, 0xff], true).unwrap_err();
+        assert!(bad.to_string().contains("UTF-8"), "{bad}");
+        // An ASCII range still has its offsets checked for order and range.
+        assert!(check_offsets(&[0i32, 3, 2], b"abc", true).is_err());
+        assert!(check_offsets(&[0i32, 4], b"abc", true).is_err());
+    }
 }

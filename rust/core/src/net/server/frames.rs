@@ -147,7 +147,8 @@ pub(super) struct OutFrame {
 
 impl OutFrame {
     pub(super) fn control(msg: &Message<'_>) -> Result<OutFrame> {
-        let mut head = Vec::with_capacity(32);
+        // Room for every fixed-size message (a SharedBuffer is 58 bytes) without a regrowth.
+        let mut head = Vec::with_capacity(64);
         wire::encode(msg, &mut head)?;
         Ok(OutFrame {
             head,

@@ -214,12 +214,17 @@ fn bench_serde(c: &mut Criterion) {
         m.extend_from_slice(&record[RECORD_HEADER_LEN..]);
         m.into()
     };
-    g.bench_function("RecordDeserializer::push_record 65536 rows (decoded in place)", |b| {
-        b.iter(|| {
-            deserializer.push_record(whole.clone(), &mut out).expect("push_record");
-            black_box(out.pop_front().expect("a batch"))
-        })
-    });
+    g.bench_function(
+        "RecordDeserializer::push_record 65536 rows (decoded in place)",
+        |b| {
+            b.iter(|| {
+                deserializer
+                    .push_record(whole.clone(), &mut out)
+                    .expect("push_record");
+                black_box(out.pop_front().expect("a batch"))
+            })
+        },
+    );
 
     g.bench_function("encode + copy into segments + push, 65536 rows", |b| {
         let global = global_pool();

@@ -113,7 +113,11 @@ impl ChunkMap {
         while c < end {
             let bit = c % 64;
             let take = (64 - bit).min(end - c);
-            let mask = if take == 64 { u64::MAX } else { ((1u64 << take) - 1) << bit };
+            let mask = if take == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << take) - 1) << bit
+            };
             op(self.word(c / 64), mask);
             c += take;
         }

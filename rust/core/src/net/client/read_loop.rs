@@ -13,13 +13,13 @@ use super::gate_buffers::Landing;
 use super::retry::schedule_retry;
 use super::state::{ClientConn, Inbound, Received, RecordBytes, RemoteChannel};
 use crate::base::config::ChannelSpec;
-use crate::memory::PooledSegment;
-use crate::protocol::credit::BufferLease;
 use crate::base::error::{Error, Result};
 use crate::base::event::Event;
+use crate::memory::PooledSegment;
 use crate::net::handshake;
 use crate::net::io::{FrameReader, FrameSource, InFrame};
 use crate::net::shm::{HeapLease, HeapReader};
+use crate::protocol::credit::BufferLease;
 use crate::protocol::wire::{ErrorKind, Message, Payload, ReceiverId, SharedBuffer};
 use crate::serde::RecordAssembler;
 
@@ -344,7 +344,15 @@ pub(super) async fn read_loop<R: FrameSource>(
                                 Ok(())
                             })
                             .await?;
-                        hand_on(conn, &mut assemblies, &ch, header.receiver, (seg, lease), records, outcome);
+                        hand_on(
+                            conn,
+                            &mut assemblies,
+                            &ch,
+                            header.receiver,
+                            (seg, lease),
+                            records,
+                            outcome,
+                        );
                         if ch.gate.credit_running_low(&ch) {
                             tokio::task::yield_now().await;
                         }

@@ -339,7 +339,11 @@ impl ServerConn {
                     place(self.heap.as_ref(), cursor);
                     let (parts, len) = cursor.take();
                     let shared = match &mut cursor.placement {
-                        Placement::Heap { item, len: item_len, sent } => {
+                        Placement::Heap {
+                            item,
+                            len: item_len,
+                            sent,
+                        } => {
                             let at = *sent;
                             *sent += len as u64;
                             Some((*item, *item_len, at))

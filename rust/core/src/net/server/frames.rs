@@ -59,7 +59,11 @@ pub(super) enum Placement {
     Undecided,
     Inline,
     /// In the heap at `item` (`len` bytes), `sent` of them named by frames so far.
-    Heap { item: u64, len: u64, sent: u64 },
+    Heap {
+        item: u64,
+        len: u64,
+        sent: u64,
+    },
 }
 
 /// Stream bytes still to send from one polled item, cut into payloads of at most `limit`

@@ -148,7 +148,10 @@ impl HeapReader {
         let (Ok(start), Ok(len)) = (usize::try_from(start), usize::try_from(len)) else {
             return Err(format!("heap item {start}+{len} out of range"));
         };
-        if len == 0 || start % HEAP_CHUNK != ITEM_PAD || start.checked_add(len).is_none_or(|e| e > self.heap.len) {
+        if len == 0
+            || start % HEAP_CHUNK != ITEM_PAD
+            || start.checked_add(len).is_none_or(|e| e > self.heap.len)
+        {
             return Err(format!(
                 "heap item of {len} bytes at {start} is not one a producer places in a heap of {} bytes",
                 self.heap.len
@@ -240,7 +243,10 @@ mod tests {
         assert_eq!(lease.bytes(0, item.len()).unwrap(), &item[..]);
         let batch = lease.buffer(RECORD_HEADER_LEN, 5000).unwrap();
         assert_eq!(batch.as_ptr() as usize % 64, 0, "the record is 64-byte aligned");
-        assert_eq!(batch.as_slice(), &item[RECORD_HEADER_LEN..RECORD_HEADER_LEN + 5000]);
+        assert_eq!(
+            batch.as_slice(),
+            &item[RECORD_HEADER_LEN..RECORD_HEADER_LEN + 5000]
+        );
         assert!(lease.bytes(1, item.len()).is_none());
         assert!(lease.buffer(item.len() - 10, 11).is_none());
         drop(lease);
@@ -257,11 +263,19 @@ mod tests {
     #[test]
     fn a_full_heap_refuses_and_bad_places_are_refused() {
         let (w, r) = heap(2 * HEAP_CHUNK);
-        assert!(w.place(2 * HEAP_CHUNK, std::iter::empty()).is_none(), "the pad does not fit");
+        assert!(
+            w.place(2 * HEAP_CHUNK, std::iter::empty()).is_none(),
+            "the pad does not fit"
+        );
         let big = vec![3u8; 2 * HEAP_CHUNK - ITEM_PAD];
         let start = w.place(big.len(), [&big[..]].into_iter()).unwrap();
         assert!(w.place(1, [&[1u8][..]].into_iter()).is_none());
-        for (s, l) in [(0, 10), (ITEM_PAD as u64, 0), (ITEM_PAD as u64, 2 * HEAP_CHUNK as u64), (u64::MAX, 1)] {
+        for (s, l) in [
+            (0, 10),
+            (ITEM_PAD as u64, 0),
+            (ITEM_PAD as u64, 2 * HEAP_CHUNK as u64),
+            (u64::MAX, 1),
+        ] {
             assert!(r.lease(s, l).is_err(), "{s}+{l}");
         }
         drop(r.lease(start, big.len() as u64).unwrap());

@@ -274,7 +274,11 @@ pub(crate) async fn serve_link(sock: UnixStream, client: &ShmOffer) -> std::io::
     let region = Arc::new(region);
     let to_client = Ring::new(region.clone(), 0, SERVER_TO_CLIENT);
     let from_client = Ring::new(region.clone(), RING_HEADER + SERVER_TO_CLIENT, CLIENT_TO_SERVER);
-    let heap = HeapWriter::new(region, heap_offset(SERVER_TO_CLIENT, CLIENT_TO_SERVER), HEAP_BYTES);
+    let heap = HeapWriter::new(
+        region,
+        heap_offset(SERVER_TO_CLIENT, CLIENT_TO_SERVER),
+        HEAP_BYTES,
+    );
     let bell = Doorbell::new(sock);
     Ok((
         ShmReader::new(from_client, bell.clone()),

@@ -151,7 +151,10 @@ fn a_placed_record_is_read_in_the_peers_mapping_until_dropped() {
         let again = heap_w.place(record.len(), record.chunks(4096)).unwrap();
         assert_ne!(again, start, "chunks in use were placed again");
         drop((srd, swr, heap_w));
-        assert!(buf.as_slice() == &record[..], "the record changed after the server's end");
+        assert!(
+            buf.as_slice() == &record[..],
+            "the record changed after the server's end"
+        );
     });
 }
 

@@ -420,7 +420,7 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
                 offset: r.u64()?,
                 len: r.u32()?,
             };
-            if b.len == 0 || b.item_len == 0 || b.offset.checked_add(u64::from(b.len)).is_none_or(|e| e > b.item_len) {
+            if !b.is_within_item() {
                 return Err(WireError::SharedBufferOutOfItem(b));
             }
             Message::SharedBuffer(b)

@@ -170,7 +170,7 @@ fn encode_body(msg: &Message<'_>, out: &mut Vec<u8>, start: usize) -> Result<(),
             put_u64(out, *bytes);
         }
         Message::SharedBuffer(b) => {
-            if b.len == 0 || b.item_len == 0 || b.offset.checked_add(u64::from(b.len)).is_none_or(|e| e > b.item_len) {
+            if !b.is_within_item() {
                 return Err(WireError::SharedBufferOutOfItem(*b));
             }
             put_u64(out, b.receiver.0);

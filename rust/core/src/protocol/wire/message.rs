@@ -313,6 +313,17 @@ pub struct SharedBuffer {
 }
 
 impl SharedBuffer {
+    /// Whether the buffer is non-empty and lies within a non-empty item (the codec refuses
+    /// any other, both ways).
+    pub fn is_within_item(&self) -> bool {
+        self.len > 0
+            && self.item_len > 0
+            && self
+                .offset
+                .checked_add(u64::from(self.len))
+                .is_some_and(|end| end <= self.item_len)
+    }
+
     /// The header of the data BufferResponse this buffer stands for.
     pub fn header(&self) -> BufferResponseHeader {
         BufferResponseHeader {

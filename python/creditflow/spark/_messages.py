@@ -132,9 +132,13 @@ class Inbox:
                         self._check_ended(exc)
                         return
         finally:
+            # Whoever takes the connection out of the set closes it: here, or close() (two
+            # closes of one Connection from two threads can both reach os.close).
             with self._lock:
+                mine = conn in self._conns
                 self._conns.discard(conn)
-            conn.close()
+            if mine:
+                conn.close()
 
     def _check_ended(self, exc: BaseException) -> None:
         """Re-raises ``exc`` unless it only says that the connection ended: the peer went
@@ -155,5 +159,6 @@ class Inbox:
         self._listener.close()
         with self._lock:
             conns = list(self._conns)
+            self._conns.clear()
         for conn in conns:
             conn.close()

@@ -92,7 +92,7 @@ impl ChunkMap {
     }
 
     /// Chunks in use now (a snapshot).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn in_use(&self) -> usize {
         let full = (0..Self::words_for(self.chunks))
             .map(|i| self.word(i).load(Ordering::Acquire).count_ones() as usize)

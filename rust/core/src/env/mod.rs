@@ -232,6 +232,7 @@ impl NetworkEnvironment {
                 peer_timeout: config.peer_timeout,
                 wire_compression: config.wire_compression,
                 shared_memory: config.shared_memory,
+                memory: config.memory,
             },
             Arc::downgrade(&registry),
         )?);

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use super::client::{ClientConn, ClientContext, RemoteChannel, RemoteGate};
 use super::limits::{self, Slots};
 use super::server::{self, ServerConn};
-use super::shm::ShmListener;
+use super::shm::{self, ShmListener};
 use super::tls::{self, Tls, TLS_HANDSHAKE_RECORD};
 use crate::base::config::{Backoff, ChannelSpec, FlowControl, Limits};
 use crate::base::error::{Error, Result};
@@ -38,6 +38,8 @@ pub(crate) struct TransportConfig {
     pub(crate) wire_compression: Option<Compression>,
     /// Offer shared-memory links to peers on this host (as server and as client).
     pub(crate) shared_memory: bool,
+    /// The environment's `memory`, which sizes the heap of the links it serves.
+    pub(crate) memory: usize,
 }
 
 /// The TCP side of one environment: a tokio runtime (created with the environment, never at
@@ -81,7 +83,7 @@ impl Transport {
         };
         let (shutdown, shutdown_rx) = watch::channel(false);
         let shm = if config.shared_memory {
-            match ShmListener::start(&handle, shutdown_rx.clone()) {
+            match ShmListener::start(&handle, shutdown_rx.clone(), shm::heap_bytes_for(config.memory)) {
                 Ok(l) => Some(l),
                 Err(e) => {
                     log::info!("creditflow: no shared-memory channels: {e}");

@@ -314,7 +314,7 @@ where
                 log::debug!("connection to {} uses shared memory", conn.addr);
                 let mut reader = FrameReader::new(srd);
                 reader.set_max_frame_size(wire::max_frame_size(negotiated.payload_limit));
-                return run_loops(conn, reader, swr, Some(Items::new(heap))).await;
+                return run_loops(conn, reader, swr, heap.map(Items::new)).await;
             }
             Ok(Err(e)) => log::info!(
                 "connection to {}: no shared memory ({e}), staying on TCP",

@@ -206,12 +206,18 @@ async fn read_shared(
     items: &mut Items,
     b: SharedBuffer,
 ) -> Result<()> {
-    let lease = items.lease(&b)?;
     let rid = b.receiver;
     let Some(ch) = conn.channel(rid) else {
+        // A channel closed here: the rest of its item is dropped unread, and an item that
+        // starts now is freed at once.
+        items.forget(&rid);
         assemblies.remove(&rid);
+        if b.offset == 0 {
+            drop(items.heap.lease(b.item, b.item_len).map_err(Error::Protocol)?);
+        }
         return Ok(());
     };
+    let lease = items.lease(&b)?;
     let header = b.header();
     let offset = b.offset as usize;
     let bytes = lease

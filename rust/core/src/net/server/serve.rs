@@ -65,13 +65,13 @@ where
             _ = shutdown.wait_for(|c| *c) => return,
         };
         if let Some(sock) = link {
-            match shm::serve_link(sock, &client).await {
+            match shm::serve_link(sock, &client, listener.heap_bytes()).await {
                 Ok((srd, swr, heap)) => {
                     drop((reader, wr));
                     let mut reader = FrameReader::new(srd);
                     reader.set_max_frame_size(wire::max_frame_size(negotiated.payload_limit));
                     log::debug!("creditflow: connection from {peer} uses shared memory");
-                    let link = (ChannelTransport::Shm, Some(heap));
+                    let link = (ChannelTransport::Shm, heap);
                     return serve_conn(reader, swr, peer, link, ctx, negotiated).await;
                 }
                 Err(e) => {

@@ -22,8 +22,10 @@ use crate::serde::RECORD_HEADER_LEN;
 
 /// Bytes per chunk of the heap.
 pub(crate) const HEAP_CHUNK: usize = 64 << 10;
-/// Bytes of heap a link's region has (its pages are only used once written).
+/// Most bytes of heap a link's region has (its pages are only used once written).
 pub(crate) const HEAP_BYTES: usize = 32 << 20;
+/// Fewest chunks worth a heap: below, records go inline.
+const MIN_HEAP_CHUNKS: usize = 4;
 /// Bytes before the heap's chunks: the chunk map, on a page of its own.
 pub(crate) const HEAP_HEADER: usize = 4096;
 /// Largest heap a client accepts from a server's layout.
@@ -41,9 +43,21 @@ pub(crate) const fn heap_region_len(heap: usize) -> usize {
     HEAP_HEADER + heap
 }
 
-/// Whether a server's announced heap size is one this side maps.
+/// The heap of each link a producer environment with `memory` bytes of segments serves: a
+/// quarter of `memory`, at most [`HEAP_BYTES`]; none (0) when that is under four chunks. Its
+/// pages are memory besides `memory`, used once records are placed.
+pub(crate) fn heap_bytes_for(memory: usize) -> usize {
+    let heap = (memory / 4 / HEAP_CHUNK * HEAP_CHUNK).min(HEAP_BYTES);
+    if heap < MIN_HEAP_CHUNKS * HEAP_CHUNK {
+        0
+    } else {
+        heap
+    }
+}
+
+/// Whether a server's announced heap size is one this side maps (0: no heap).
 pub(crate) fn sane_heap(heap: usize) -> bool {
-    heap > 0 && heap.is_multiple_of(HEAP_CHUNK) && heap <= MAX_HEAP_BYTES
+    heap.is_multiple_of(HEAP_CHUNK) && heap <= MAX_HEAP_BYTES
 }
 
 /// The chunks an item of `len` bytes at heap offset `start` spans.
@@ -71,7 +85,7 @@ impl Heap {
     /// The heap of `len` bytes whose header is at `offset` of `region`; panics if it does not
     /// fit (the link lays the region out).
     fn new(region: Arc<Region>, offset: usize, len: usize) -> Heap {
-        assert!(sane_heap(len));
+        assert!(sane_heap(len) && len > 0);
         assert!(offset.is_multiple_of(HEAP_HEADER) && offset + heap_region_len(len) <= region.len());
         // SAFETY: in bounds (checked above); the region is page aligned and `offset` a multiple
         // of a page, so the words are aligned; the mapping lives as long as `_region`.
@@ -258,6 +272,16 @@ mod tests {
         assert_eq!(w.chunks_in_use(), 1);
         drop(r.lease(next, 10).unwrap());
         assert_eq!(w.chunks_in_use(), 0);
+    }
+
+    #[test]
+    fn a_links_heap_is_a_quarter_of_memory_within_bounds() {
+        assert_eq!(heap_bytes_for(64 << 20), 16 << 20);
+        assert_eq!(heap_bytes_for(16 << 20), 4 << 20);
+        assert_eq!(heap_bytes_for(1 << 30), HEAP_BYTES);
+        assert_eq!(heap_bytes_for(1 << 20), 4 * HEAP_CHUNK);
+        assert_eq!(heap_bytes_for(512 << 10), 0, "under four chunks: no heap");
+        assert!(sane_heap(0) && sane_heap(HEAP_BYTES) && !sane_heap(HEAP_CHUNK + 1));
     }
 
     #[test]

@@ -31,7 +31,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{oneshot, watch};
 
 use super::doorbell::Doorbell;
-use super::heap::{heap_region_len, sane_heap, HeapReader, HeapWriter, HEAP_BYTES};
+use super::heap::{heap_region_len, sane_heap, HeapReader, HeapWriter};
 use super::identity::local_offer;
 use super::region::Region;
 use super::ring::{Ring, RING_HEADER};
@@ -85,14 +85,17 @@ enum Pending {
 pub(crate) struct ShmListener {
     offer: ShmOffer,
     pending: Mutex<HashMap<Nonce, Pending>>,
+    /// Bytes of heap each link gets (0: none).
+    heap: usize,
 }
 
 impl ShmListener {
-    /// Listens (on the runtime of `handle`) until `shutdown`; `None` where shared memory is
-    /// not available.
+    /// Listens (on the runtime of `handle`) until `shutdown`; an error where shared memory
+    /// is not available. Each link gets `heap` bytes of heap (0: none).
     pub(crate) fn start(
         handle: &tokio::runtime::Handle,
         shutdown: watch::Receiver<bool>,
+        heap: usize,
     ) -> std::io::Result<Arc<ShmListener>> {
         let mut key = [0u8; 8];
         getrandom::fill(&mut key).map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -103,11 +106,17 @@ impl ShmListener {
             UnixListener::bind(socket_name(&offer))?
         };
         let this = Arc::new(ShmListener {
+            heap,
             offer,
             pending: Mutex::new(HashMap::new()),
         });
         handle.spawn(accept_loop(listener, Arc::downgrade(&this), shutdown));
         Ok(this)
+    }
+
+    /// Bytes of heap each link this listener sets up gets.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.heap
     }
 
     /// What this environment offers in its Hello.
@@ -232,11 +241,11 @@ async fn accept_loop(listener: UnixListener, this: Weak<ShmListener>, mut shutdo
 const LAYOUT_LEN: usize = 24;
 
 /// The layout a server sends with the descriptor: both rings' capacities and the heap's size.
-fn layout_bytes() -> [u8; LAYOUT_LEN] {
+fn layout_bytes(heap: usize) -> [u8; LAYOUT_LEN] {
     let mut b = [0u8; LAYOUT_LEN];
     b[..8].copy_from_slice(&(SERVER_TO_CLIENT as u64).to_le_bytes());
     b[8..16].copy_from_slice(&(CLIENT_TO_SERVER as u64).to_le_bytes());
-    b[16..].copy_from_slice(&(HEAP_BYTES as u64).to_le_bytes());
+    b[16..].copy_from_slice(&(heap as u64).to_le_bytes());
     b
 }
 
@@ -246,18 +255,23 @@ fn heap_offset(s2c: usize, c2s: usize) -> usize {
 }
 
 fn region_len(s2c: usize, c2s: usize, heap: usize) -> usize {
-    heap_offset(s2c, c2s) + heap_region_len(heap)
+    heap_offset(s2c, c2s) + if heap > 0 { heap_region_len(heap) } else { 0 }
 }
 
-/// What a link gives either side: the reading and writing halves, and the heap (the server
-/// places records in it, the client reads them there).
-pub(crate) type Link<H> = (ShmReader, ShmWriter, H);
+/// What a link gives either side: the reading and writing halves, and the heap if it has one
+/// (the server places records in it, the client reads them there).
+pub(crate) type Link<H> = (ShmReader, ShmWriter, Option<H>);
 
 /// Server side: checks the client's credentials, creates the region and passes it.
-pub(crate) async fn serve_link(sock: UnixStream, client: &ShmOffer) -> std::io::Result<Link<HeapWriter>> {
+/// `heap`: bytes of the link's heap ([`super::heap_bytes_for`]; 0 for none).
+pub(crate) async fn serve_link(
+    sock: UnixStream,
+    client: &ShmOffer,
+    heap: usize,
+) -> std::io::Result<Link<HeapWriter>> {
     check_peer(&sock, client.pid)?;
-    let (region, fd) = Region::create(region_len(SERVER_TO_CLIENT, CLIENT_TO_SERVER, HEAP_BYTES))?;
-    let layout = layout_bytes();
+    let (region, fd) = Region::create(region_len(SERVER_TO_CLIENT, CLIENT_TO_SERVER, heap))?;
+    let layout = layout_bytes(heap);
     sock.async_io(Interest::WRITABLE, || {
         let fds = [fd.as_fd()];
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
@@ -274,11 +288,8 @@ pub(crate) async fn serve_link(sock: UnixStream, client: &ShmOffer) -> std::io::
     let region = Arc::new(region);
     let to_client = Ring::new(region.clone(), 0, SERVER_TO_CLIENT);
     let from_client = Ring::new(region.clone(), RING_HEADER + SERVER_TO_CLIENT, CLIENT_TO_SERVER);
-    let heap = HeapWriter::new(
-        region,
-        heap_offset(SERVER_TO_CLIENT, CLIENT_TO_SERVER),
-        HEAP_BYTES,
-    );
+    let offset = heap_offset(SERVER_TO_CLIENT, CLIENT_TO_SERVER);
+    let heap = (heap > 0).then(|| HeapWriter::new(region, offset, heap));
     let bell = Doorbell::new(sock);
     Ok((
         ShmReader::new(from_client, bell.clone()),
@@ -336,7 +347,7 @@ pub(crate) async fn connect_link(server: &ShmOffer, token: &Nonce) -> std::io::R
     drop(fd);
     let from_server = Ring::new(region.clone(), 0, s2c);
     let to_server = Ring::new(region.clone(), RING_HEADER + s2c, c2s);
-    let heap = HeapReader::new(region, heap_offset(s2c, c2s), heap);
+    let heap = (heap > 0).then(|| HeapReader::new(region, heap_offset(s2c, c2s), heap));
     let bell = Doorbell::new(sock);
     Ok((
         ShmReader::new(from_server, bell.clone()),

@@ -22,6 +22,6 @@ mod stream;
 mod tests;
 
 pub use crate::base::metrics::ChannelTransport;
-pub(crate) use heap::{HeapLease, HeapReader, HeapWriter, MIN_ITEM};
+pub(crate) use heap::{heap_bytes_for, HeapLease, HeapReader, HeapWriter, MIN_ITEM};
 pub(crate) use identity::local_offer;
 pub(crate) use link::{connect_link, serve_link, ShmListener};

@@ -93,14 +93,14 @@ async fn linked() -> (
     super::link::Link<super::HeapReader>,
 ) {
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
-    let listener = ShmListener::start(&tokio::runtime::Handle::current(), stop_rx).unwrap();
+    let listener = ShmListener::start(&tokio::runtime::Handle::current(), stop_rx, 8 << 20).unwrap();
     let token = [7u8; 32];
     let me: ShmOffer = super::local_offer(0).unwrap();
     let mut expected = listener.expect(token);
     let server_offer = listener.offer();
     let client = tokio::spawn(async move { connect_link(&server_offer, &token).await.unwrap() });
     let sock = expected.arrive().await;
-    let server = serve_link(sock, &me).await.unwrap();
+    let server = serve_link(sock, &me, listener.heap_bytes()).await.unwrap();
     let client = client.await.unwrap();
     (listener, stop, server, client)
 }
@@ -142,6 +142,7 @@ fn a_link_carries_bytes_both_ways_and_ends_cleanly() {
 fn a_placed_record_is_read_in_the_peers_mapping_until_dropped() {
     runtime().block_on(async {
         let (_l, _stop, (srd, swr, heap_w), (_crd, _cwr, heap_r)) = linked().await;
+        let (heap_w, heap_r) = (heap_w.unwrap(), heap_r.unwrap());
         let record: Vec<u8> = (0..300_000u64).map(byte_at).collect();
         let start = heap_w.place(record.len(), record.chunks(4096)).unwrap();
         let lease = std::sync::Arc::new(heap_r.lease(start, record.len() as u64).unwrap());
@@ -192,7 +193,7 @@ fn a_dropped_peer_ends_a_waiting_reader_and_writer_at_once() {
 fn a_client_claiming_another_pid_is_refused() {
     runtime().block_on(async {
         let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-        let listener = ShmListener::start(&tokio::runtime::Handle::current(), stop_rx).unwrap();
+        let listener = ShmListener::start(&tokio::runtime::Handle::current(), stop_rx, 8 << 20).unwrap();
         let token = [9u8; 32];
         let mut me = super::local_offer(0).unwrap();
         me.pid = me.pid.wrapping_add(1);
@@ -200,7 +201,7 @@ fn a_client_claiming_another_pid_is_refused() {
         let offer = listener.offer();
         let client = tokio::spawn(async move { connect_link(&offer, &token).await });
         let sock = expected.arrive().await;
-        let err = serve_link(sock, &me).await.err().expect("refused");
+        let err = serve_link(sock, &me, 0).await.err().expect("refused");
         assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied);
         assert!(client.await.unwrap().is_err(), "the client gets no region");
     });
@@ -210,7 +211,7 @@ fn a_client_claiming_another_pid_is_refused() {
 fn a_server_claiming_another_pid_is_refused() {
     runtime().block_on(async {
         let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-        let listener = ShmListener::start(&tokio::runtime::Handle::current(), stop_rx).unwrap();
+        let listener = ShmListener::start(&tokio::runtime::Handle::current(), stop_rx, 8 << 20).unwrap();
         let mut offer = listener.offer();
         offer.pid = offer.pid.wrapping_add(1);
         // The name is made from the pid, so connect by the real name with the wrong claim.

@@ -232,6 +232,39 @@ def test_held_batches_fill_the_heap_then_records_come_inline_and_all_arrive_inta
         gate.close()
 
 
+@pytest.mark.parametrize("shared_memory", [True, False], ids=["shm", "tcp"])
+def test_a_record_placed_in_the_heap_goes_out_in_two_frames(shared_memory: bool) -> None:
+    """Over shared memory a record in the heap costs the frames that take credit when it is
+    sent inline (the one that starts it and the one that completes it) and no others; over
+    TCP the same record is a frame per segment. Read in lockstep, so no batch waits in the
+    heap and every record is placed."""
+    count, seg = 6, 32 << 10
+    batches = [type_batch(i, 20_000) for i in range(count)]  # about 1.6 MB each
+    with (
+        cf.NetworkEnvironment(memory="64MiB", segment_size=seg, shared_memory=shared_memory) as producer,
+        cf.NetworkEnvironment(memory="64MiB", segment_size=seg) as consumer,
+    ):
+        part = producer.create_partition("p", 1)
+        gate = consumer.create_input_gate([cf.ChannelSpec(producer.address, "p", 0)])
+        got = []
+        with cf.RecordWriter(part, cf.ForwardPartitioner()) as w:
+            for b in batches:
+                w.write(b)
+                got.append(gate.next(timeout=30))
+                assert transports(consumer) == ({"shm"} if shared_memory else {"tcp"})
+        assert gate.next(timeout=30) is None
+        assert_batches_equal([g for g in got if g is not None], batches)
+        ranges = shared_ranges()
+        assert [in_shared_memory(g, ranges) for g in got if g is not None] == [shared_memory] * count
+        remote = part.metrics()["subpartitions"][0]["remote"]
+        assert remote is not None
+        if shared_memory:
+            assert remote["buffers_sent"] == 2 * count
+        else:
+            assert remote["buffers_sent"] >= count * (1_500_000 // seg)
+        gate.close()
+
+
 def test_a_killed_producer_fails_the_gate_in_time_and_its_region_is_unmapped(workers: list[Worker]) -> None:
     spec = {
         "id": "p",

@@ -46,21 +46,34 @@ pub(crate) struct ServerConn {
 }
 
 /// Decides where an item not sent from yet goes: a handed-off record of at least
-/// [`MIN_ITEM`] bytes into the link's heap if it has room, anything else inline.
-fn place(heap: Option<&HeapWriter>, cursor: &mut Cursor) {
+/// [`MIN_ITEM`] bytes into the link's heap if it has room, anything else inline. A record in
+/// the heap goes out in two SharedBuffer frames: the first as long as an inline record's
+/// first buffer (it starts the record: a credit and the record's grant), then the rest in one
+/// (it completes the record: a credit, as the last buffer of an inline record takes). So the
+/// credit a record takes, and with it the records in flight, are as inline; only the frames
+/// of the record's body, which take no credit and name bytes already in place, become one.
+/// Returns the frames this takes off the backlog.
+fn place(heap: Option<&HeapWriter>, cursor: &mut Cursor) -> usize {
     if cursor.placement != Placement::Undecided {
-        return;
+        return 0;
     }
-    cursor.placement = match heap {
-        Some(heap) if cursor.remaining >= MIN_ITEM => heap
-            .place(cursor.remaining, cursor.parts.iter().map(Part::bytes))
-            .map_or(Placement::Inline, |item| Placement::Heap {
-                item,
-                len: cursor.remaining as u64,
-                sent: 0,
-            }),
-        _ => Placement::Inline,
+    let placed = match heap {
+        Some(heap) if cursor.remaining >= MIN_ITEM => {
+            heap.place(cursor.remaining, cursor.parts.iter().map(Part::bytes))
+        }
+        _ => None,
     };
+    let Some(item) = placed else {
+        cursor.placement = Placement::Inline;
+        return 0;
+    };
+    cursor.placement = Placement::Heap {
+        item,
+        len: cursor.remaining as u64,
+        sent: 0,
+    };
+    let frames = cursor.chunks();
+    frames - frames.min(2)
 }
 
 impl ServerConn {
@@ -336,7 +349,7 @@ impl ServerConn {
             }
             let frame = match r.queue.front_mut().expect("available means non-empty") {
                 Item::Data(cursor) => {
-                    place(self.heap.as_ref(), cursor);
+                    r.chunks -= place(self.heap.as_ref(), cursor);
                     let (parts, len) = cursor.take();
                     let shared = match &mut cursor.placement {
                         Placement::Heap {
@@ -346,6 +359,8 @@ impl ServerConn {
                         } => {
                             let at = *sent;
                             *sent += len as u64;
+                            // The rest of the record in one frame (see `place`).
+                            cursor.limit = cursor.remaining.max(1);
                             Some((*item, *item_len, at))
                         }
                         _ => None,

@@ -226,12 +226,12 @@ def latencies() -> list[float]:
     return [(r - s) * 1e6 for s, r in zip(sent, received, strict=True)][LAT_WARMUP:]
 
 
-def head_of_line(flow_control: str) -> dict[str, Any]:
+def head_of_line(flow_control: str, shared_memory: bool = False) -> dict[str, Any]:
     """Two channels ("hol/a", "hol/b") from one producer environment to one consumer
-    environment, so over one connection. B writes alone, then A too, then A's reader stops
-    for STALL seconds, then B alone again (see HOL_SOLO). Returns B's GB/s alone, while
-    sharing the connection and during the stall, and stall / alone in %."""
-    env = {**ENV, "flow_control": flow_control}
+    environment, so over one connection (TCP unless ``shared_memory``). B writes alone, then A
+    too, then A's reader stops for STALL seconds, then B alone again (see HOL_SOLO). Returns
+    B's GB/s alone, while sharing the connection and during the stall, and stall / alone in %."""
+    env = {**(SHM_ENV if shared_memory else TCP_ENV), "flow_control": flow_control}
     with Worker("hol-producer", env=env) as prod:
         address = prod.read()["address"]
         with Worker("hol-consumer", env=env, producer=address, stall=STALL) as cons:
@@ -444,17 +444,29 @@ def test_remote_small_batch_latency(benchmark: object, report: Any) -> None:
 
 
 @pytest.mark.benchmark(group="remote-head-of-line")
-@pytest.mark.parametrize("flow_control", ["credit", "tcp"])
+@pytest.mark.parametrize(
+    ("flow_control", "shared_memory"),
+    [("credit", False), ("tcp", False), ("credit", True)],
+    ids=["credit", "tcp", "credit-shm"],
+)
 @pytest.mark.usefixtures("transport")
-def test_remote_head_of_line(benchmark: object, report: Any, flow_control: str) -> None:
-    """B's throughput while A's consumer stalls, relative to B alone, over one connection."""
+def test_remote_head_of_line(benchmark: object, report: Any, flow_control: str, shared_memory: bool) -> None:
+    """B's throughput while A's consumer stalls, relative to B alone, over one connection: the
+    multiplexed TCP connection, which is what credit-based flow control keeps flowing (target
+    for ``credit``), and for information a shared-memory link, where B alone runs several
+    times as fast through the heap and a stalled A holds up to half of it."""
     runs: list[dict[str, float]] = []
-    _pedantic(benchmark, lambda: runs.append(head_of_line(flow_control)), rounds=3, warmup=0)
+    _pedantic(benchmark, lambda: runs.append(head_of_line(flow_control, shared_memory)), rounds=3, warmup=0)
     percent = statistics.median(r["percent"] for r in runs)
     benchmark.extra_info["runs"] = runs  # type: ignore[attr-defined]
+    name = f"{flow_control}{' over shm' if shared_memory else ''}"
     report(
-        f"{flow_control}: other channel during stall",
+        f"{name}: other channel during stall",
         percent,
         "%",
-        80.0 if flow_control == "credit" else None,
+        80.0 if flow_control == "credit" and not shared_memory else None,
     )
+    if shared_memory:
+        report(
+            f"{name}: other channel during stall, GB/s", statistics.median(r["stalled"] for r in runs), "GB/s"
+        )

@@ -151,6 +151,23 @@ def test_batches_a_consumer_holds_do_not_change_while_more_data_flows(workers: l
         gate.close()
 
 
+def start_writers(
+    parts: dict[str, cf.ResultPartition], batches: list[pa.RecordBatch], count: int
+) -> list[threading.Thread]:
+    """A thread per partition writing ``count`` of ``batches`` in turn (a failed write ends it
+    quietly: the test looks at what arrived)."""
+
+    def write(part: cf.ResultPartition) -> None:
+        with contextlib.suppress(cf.CreditflowError), cf.RecordWriter(part) as w:
+            for i in range(count):
+                w.write(batches[i % len(batches)])
+
+    threads = [threading.Thread(target=write, args=(p,), daemon=True) for p in parts.values()]
+    for t in threads:
+        t.start()
+    return threads
+
+
 def test_a_gate_closed_in_the_middle_of_a_placed_record_leaves_the_link_serving_the_others() -> None:
     """Two gates of one consumer share one link to the producer. Closing one while the producer
     is still sending the buffers of a record it placed in the heap must not break the link:
@@ -162,15 +179,7 @@ def test_a_gate_closed_in_the_middle_of_a_placed_record_leaves_the_link_serving_
     ):
         parts = {n: producer.create_partition(n, 1) for n in ("a", "b")}
         batches = [type_batch(i, 20_000) for i in range(4)]  # about 1.6 MB each
-
-        def write(name: str) -> None:
-            with contextlib.suppress(cf.CreditflowError), cf.RecordWriter(parts[name]) as w:
-                for i in range(count):
-                    w.write(batches[i % 4])
-
-        threads = [threading.Thread(target=write, args=(n,), daemon=True) for n in parts]
-        for t in threads:
-            t.start()
+        threads = start_writers(parts, batches, count)
         a = consumer.create_input_gate([cf.ChannelSpec(producer.address, "a", 0)])
         b = consumer.create_input_gate([cf.ChannelSpec(producer.address, "b", 0)])
         assert a.next(timeout=30) is not None
@@ -263,6 +272,37 @@ def test_a_record_placed_in_the_heap_goes_out_in_two_frames(shared_memory: bool)
         else:
             assert remote["buffers_sent"] >= count * (1_500_000 // seg)
         gate.close()
+
+
+def test_a_stalled_channel_leaves_half_the_heap_to_its_link_neighbour() -> None:
+    """Two channels share one link; A's consumer never reads while it has credit for more
+    records than the heap holds. A may take at most half the heap while B places records too,
+    so B's records keep being decoded in place (without that, A's held records filled the heap
+    and B's came inline)."""
+    count = 60
+    with (
+        cf.NetworkEnvironment(memory="16MiB") as producer,  # a 4 MiB heap per link
+        cf.NetworkEnvironment(memory="64MiB", floating_buffers=64) as consumer,
+    ):
+        parts = {n: producer.create_partition(n, 1) for n in ("a", "b")}
+        batches = [type_batch(i, 6_000) for i in range(4)]  # about 0.5 MB each
+        a = consumer.create_input_gate([cf.ChannelSpec(producer.address, "a", 0)])
+        b = consumer.create_input_gate([cf.ChannelSpec(producer.address, "b", 0)])
+        threads = start_writers(parts, batches, count)
+        ranges: list[tuple[int, int]] = []
+        placed = []
+        for batch in b:  # each batch dropped before the next: B holds nothing
+            ranges = ranges or shared_ranges()
+            placed.append(in_shared_memory(batch, ranges))
+            assert batch.equals(batches[(len(placed) - 1) % 4]), f"B's batch {len(placed) - 1}"
+        assert len(placed) == count
+        # Long after A's consumer stopped, B's records still find room in the heap (typically
+        # a few in every ten; none once A's records had filled it).
+        late = sum(placed[count // 2 :])
+        assert late >= 3, "B's records in place: " + "".join("P" if p else "." for p in placed)
+        assert len(list(a)) == count
+        for t in threads:
+            t.join(30)
 
 
 def test_a_killed_producer_fails_the_gate_in_time_and_its_region_is_unmapped(workers: list[Worker]) -> None:

@@ -91,6 +91,17 @@ impl ChunkMap {
         });
     }
 
+    /// Allocating side: whether chunk `c` is free (the freeing side cleared it; it stays so
+    /// until this side allocates it again). Out of range: false.
+    pub(crate) fn is_free(&self, c: usize) -> bool {
+        c < self.chunks && self.word(c / 64).load(Ordering::Acquire) >> (c % 64) & 1 == 0
+    }
+
+    /// Chunks in the map.
+    pub(crate) fn chunks(&self) -> usize {
+        self.chunks
+    }
+
     /// Chunks in use now (a snapshot).
     #[cfg(all(test, not(loom)))]
     pub(crate) fn in_use(&self) -> usize {

@@ -52,15 +52,19 @@ pub(crate) struct ServerConn {
 /// (it completes the record: a credit, as the last buffer of an inline record takes). So the
 /// credit a record takes, and with it the records in flight, are as inline; only the frames
 /// of the record's body, which take no credit and name bytes already in place, become one.
-/// Returns the frames this takes off the backlog.
-fn place(heap: Option<&HeapWriter>, cursor: &mut Cursor) -> usize {
+/// `readers` is how many channels the link serves: with more than one, none holds more than
+/// half the heap (see [`HeapWriter::place`]). Returns the frames this takes off the backlog.
+fn place(heap: Option<&HeapWriter>, rid: ReceiverId, readers: usize, cursor: &mut Cursor) -> usize {
     if cursor.placement != Placement::Undecided {
         return 0;
     }
     let placed = match heap {
-        Some(heap) if cursor.remaining >= MIN_ITEM => {
-            heap.place(cursor.remaining, cursor.parts.iter().map(Part::bytes))
-        }
+        Some(heap) if cursor.remaining >= MIN_ITEM => heap.place(
+            rid.0,
+            readers > 1,
+            cursor.remaining,
+            cursor.parts.iter().map(Part::bytes),
+        ),
         _ => None,
     };
     let Some(item) = placed else {
@@ -340,6 +344,7 @@ impl ServerConn {
         }
         while bytes < MAX_WRITE_BYTES && frames.len() < MAX_WRITE_FRAMES {
             let Some(rid) = st.ready.dequeue() else { break };
+            let readers = st.readers.len();
             let Some(r) = st.readers.get_mut(&rid) else {
                 continue;
             };
@@ -349,7 +354,7 @@ impl ServerConn {
             }
             let frame = match r.queue.front_mut().expect("available means non-empty") {
                 Item::Data(cursor) => {
-                    r.chunks -= place(self.heap.as_ref(), cursor);
+                    r.chunks -= place(self.heap.as_ref(), rid, readers, cursor);
                     let (parts, len) = cursor.take();
                     let shared = match &mut cursor.placement {
                         Placement::Heap {

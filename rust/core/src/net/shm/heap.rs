@@ -9,9 +9,15 @@
 //! of it and dropped every batch built on it ([`HeapLease`]). So a batch a user holds never
 //! changes under it, however long it is held; a heap filled with held batches only makes the
 //! producer send the next records inline, through the ring, as before.
+//!
+//! The channels of a link share its heap, and a consumer that stops reading keeps what it was
+//! sent. So that one stalled channel cannot take the heap from the others, the producer keeps
+//! a ledger of the items it placed and whom for: while the link serves more than one channel,
+//! a channel that holds items may place more only within half the heap (a link's only channel
+//! may use all of it).
 
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow_buffer::Buffer;
 
@@ -105,23 +111,55 @@ impl Heap {
     }
 }
 
+/// An item placed and not yet freed by the consumer: its chunks and whom it was placed for.
+struct Placed {
+    first: usize,
+    chunks: usize,
+    owner: u64,
+}
+
 /// The producer's side: places items.
 pub(crate) struct HeapWriter {
     heap: Heap,
+    /// Items placed and, as far as this side has looked, not freed (see the module docs).
+    ledger: Mutex<Vec<Placed>>,
 }
 
 impl HeapWriter {
     pub(crate) fn new(region: Arc<Region>, offset: usize, len: usize) -> HeapWriter {
         HeapWriter {
             heap: Heap::new(region, offset, len),
+            ledger: Mutex::new(Vec::new()),
         }
     }
 
-    /// Copies an item of `len` bytes, the concatenation of `parts`, into free chunks and
-    /// returns its heap offset; `None` when no run of free chunks is long enough.
-    pub(crate) fn place<'a>(&self, len: usize, parts: impl Iterator<Item = &'a [u8]>) -> Option<u64> {
+    /// Copies an item of `len` bytes, the concatenation of `parts`, into free chunks for
+    /// `owner` (the channel it goes to) and returns its heap offset; `None` when no run of
+    /// free chunks is long enough, or when `shared` (the link serves other channels too) and
+    /// `owner` would hold more than half the heap.
+    pub(crate) fn place<'a>(
+        &self,
+        owner: u64,
+        shared: bool,
+        len: usize,
+        parts: impl Iterator<Item = &'a [u8]>,
+    ) -> Option<u64> {
         let (_, chunks) = span(ITEM_PAD, len);
-        let first = self.heap.map.alloc(chunks)?;
+        let first = {
+            let mut items = self.ledger.lock().unwrap();
+            // The consumer frees an item's chunks together, and only this side sets bits
+            // again (below, after this pruning): an item whose first chunk is free is gone.
+            items.retain(|p| !self.heap.map.is_free(p.first));
+            if shared {
+                let held: usize = items.iter().filter(|p| p.owner == owner).map(|p| p.chunks).sum();
+                if held > 0 && held + chunks > self.heap.map.chunks() / 2 {
+                    return None;
+                }
+            }
+            let first = self.heap.map.alloc(chunks)?;
+            items.push(Placed { first, chunks, owner });
+            first
+        };
         let start = first * HEAP_CHUNK + ITEM_PAD;
         let mut at = start;
         for p in parts {
@@ -250,7 +288,7 @@ mod tests {
         let (w, r) = heap(4 * HEAP_CHUNK);
         let item: Vec<u8> = (0..HEAP_CHUNK + 100).map(|i| (i * 7) as u8).collect();
         let (a, b) = item.split_at(1000);
-        let start = w.place(item.len(), [a, b].into_iter()).unwrap();
+        let start = w.place(0, false, item.len(), [a, b].into_iter()).unwrap();
         assert_eq!(start as usize, ITEM_PAD);
         assert_eq!(w.chunks_in_use(), 2);
         let lease = Arc::new(r.lease(start, item.len() as u64).unwrap());
@@ -266,11 +304,44 @@ mod tests {
         drop(lease);
         // The buffer still holds the chunks: the next item goes after them.
         assert_eq!(w.chunks_in_use(), 2);
-        let next = w.place(10, [&[1u8; 10][..]].into_iter()).unwrap();
+        let next = w.place(1, false, 10, [&[1u8; 10][..]].into_iter()).unwrap();
         assert_eq!(next as usize, 2 * HEAP_CHUNK + ITEM_PAD);
         drop(batch);
         assert_eq!(w.chunks_in_use(), 1);
         drop(r.lease(next, 10).unwrap());
+        assert_eq!(w.chunks_in_use(), 0);
+    }
+
+    #[test]
+    fn a_channel_sharing_the_link_holds_at_most_half_the_heap() {
+        let (w, r) = heap(8 * HEAP_CHUNK);
+        let item = |chunks: usize| vec![7u8; chunks * HEAP_CHUNK - ITEM_PAD];
+        let (one, two, five) = (item(1), item(2), item(5));
+        let place = |owner: u64, shared: bool, bytes: &[u8]| {
+            let start = w.place(owner, shared, bytes.len(), [bytes].into_iter())?;
+            Some((start, bytes.len()))
+        };
+        // A link's only channel may take more than half; holding nothing, so may any channel.
+        let alone = place(1, false, &five).unwrap();
+        assert!(
+            place(1, true, &one).is_none(),
+            "past half the heap while sharing the link"
+        );
+        let mut held = vec![place(2, true, &two).unwrap()];
+        assert!(place(2, true, &two).is_none(), "no run of two free chunks left");
+        // Freed by the consumer, channel 1's items no longer count.
+        drop(r.lease(alone.0, alone.1 as u64).unwrap());
+        held.push(place(1, true, &two).unwrap());
+        held.push(place(1, true, &two).unwrap());
+        assert!(
+            place(1, true, &one).is_none(),
+            "channel 1 holds four of eight chunks"
+        );
+        held.push(place(2, true, &one).unwrap());
+        assert_eq!(w.chunks_in_use(), 7);
+        for (start, len) in held {
+            drop(r.lease(start, len as u64).unwrap());
+        }
         assert_eq!(w.chunks_in_use(), 0);
     }
 
@@ -288,12 +359,12 @@ mod tests {
     fn a_full_heap_refuses_and_bad_places_are_refused() {
         let (w, r) = heap(2 * HEAP_CHUNK);
         assert!(
-            w.place(2 * HEAP_CHUNK, std::iter::empty()).is_none(),
+            w.place(0, false, 2 * HEAP_CHUNK, std::iter::empty()).is_none(),
             "the pad does not fit"
         );
         let big = vec![3u8; 2 * HEAP_CHUNK - ITEM_PAD];
-        let start = w.place(big.len(), [&big[..]].into_iter()).unwrap();
-        assert!(w.place(1, [&[1u8][..]].into_iter()).is_none());
+        let start = w.place(0, false, big.len(), [&big[..]].into_iter()).unwrap();
+        assert!(w.place(0, false, 1, [&[1u8][..]].into_iter()).is_none());
         for (s, l) in [
             (0, 10),
             (ITEM_PAD as u64, 0),
@@ -303,6 +374,6 @@ mod tests {
             assert!(r.lease(s, l).is_err(), "{s}+{l}");
         }
         drop(r.lease(start, big.len() as u64).unwrap());
-        assert!(w.place(1, [&[1u8][..]].into_iter()).is_some());
+        assert!(w.place(0, false, 1, [&[1u8][..]].into_iter()).is_some());
     }
 }

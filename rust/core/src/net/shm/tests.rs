@@ -144,12 +144,12 @@ fn a_placed_record_is_read_in_the_peers_mapping_until_dropped() {
         let (_l, _stop, (srd, swr, heap_w), (_crd, _cwr, heap_r)) = linked().await;
         let (heap_w, heap_r) = (heap_w.unwrap(), heap_r.unwrap());
         let record: Vec<u8> = (0..300_000u64).map(byte_at).collect();
-        let start = heap_w.place(record.len(), record.chunks(4096)).unwrap();
+        let start = heap_w.place(0, false, record.len(), record.chunks(4096)).unwrap();
         let lease = std::sync::Arc::new(heap_r.lease(start, record.len() as u64).unwrap());
         let buf = lease.buffer(0, record.len()).unwrap();
         drop(lease);
         assert!(buf.as_slice() == &record[..]);
-        let again = heap_w.place(record.len(), record.chunks(4096)).unwrap();
+        let again = heap_w.place(0, false, record.len(), record.chunks(4096)).unwrap();
         assert_ne!(again, start, "chunks in use were placed again");
         drop((srd, swr, heap_w));
         assert!(

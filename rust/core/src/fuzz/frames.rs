@@ -16,7 +16,7 @@ use std::borrow::Cow;
 use super::Bytes;
 use crate::protocol::wire::{
     encode, max_frame_size, samples, BufferResponse, Decoder, Frame, Message, Payload, WireError,
-    MAX_CONTROL_FRAME_LEN,
+    BUFFER_RESPONSE_HEADER_LEN, MAX_CONTROL_FRAME_LEN,
 };
 
 /// Segment size after the "handshake".
@@ -121,9 +121,13 @@ fn chunked(sock: &mut Socket<'_>, limit: usize, split: bool, skip: bool) -> Outc
                 messages.push(m);
             }
             Ok(Some(Err(header))) => {
+                // The decoder bounds a data payload by the frame limit (control frames, and
+                // so events, may be longer than a small segment); the receiver refuses a data
+                // payload longer than its segment itself (scripted_peer's
+                // b_oversized_frame_is_a_protocol_error).
                 assert!(
-                    header.payload_len <= SEGMENT,
-                    "a payload over the segment size was accepted"
+                    header.payload_len + BUFFER_RESPONSE_HEADER_LEN <= limit,
+                    "a payload over the frame limit was accepted"
                 );
                 let mut segment = vec![0u8; header.payload_len];
                 let mut done = if skip { 0 } else { dec.read_payload(&mut segment) };

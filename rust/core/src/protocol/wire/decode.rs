@@ -262,7 +262,9 @@ fn read_hello(r: &mut Reader<'_>) -> Result<Hello, WireError> {
                 key: r.u64()?,
             };
             match flag {
-                0 => None,
+                // Canonical: no offer means zeros in its place (they are encoded so).
+                0 if offer == ShmOffer::default() => None,
+                0 => return Err(WireError::ShmOfferWithoutFlag),
                 1 => Some(offer),
                 _ => return Err(WireError::UnknownShmFlag(flag)),
             }

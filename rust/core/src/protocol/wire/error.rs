@@ -154,6 +154,9 @@ pub enum WireError {
     /// A Hello's shared-memory flag other than 0 (no offer) or 1 (an offer).
     #[error("unknown shared-memory flag {0} in Hello")]
     UnknownShmFlag(u8),
+    /// A Hello without a shared-memory offer (flag 0) whose offer bytes are not all zero.
+    #[error("Hello without a shared-memory offer has non-zero bytes in its place")]
+    ShmOfferWithoutFlag,
     /// An error kind no [`ErrorKind`](super::ErrorKind) has.
     #[error("unknown error kind {0}")]
     UnknownErrorKind(u16),

@@ -150,7 +150,7 @@ pub struct Hello {
 /// use shared memory only when both offer it with the same boot id and uid (one host, one
 /// user); the pids and the key name the server's Unix socket and are checked against the
 /// socket's peer credentials.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ShmOffer {
     /// `/proc/sys/kernel/random/boot_id` as 16 bytes.
     pub boot_id: [u8; 16],

@@ -298,6 +298,11 @@ fn zero_credit_zero_backlog_and_bad_enums_are_rejected() {
     let mut bytes = encoded(&Message::Hello(hello(AuthMode::None)));
     bytes[HEADER_LEN + 10 + NONCE_LEN] = 2;
     assert_eq!(peer_error(decode(&bytes)), WireError::UnknownShmFlag(2));
+    // No offer, but something in its place: not the bytes an encoder writes (found by the
+    // frame_decoder fuzz target: re-encoding gave other bytes).
+    let mut bytes = encoded(&Message::Hello(hello(AuthMode::None)));
+    bytes[HEADER_LEN + 11 + NONCE_LEN] = 0x0c;
+    assert_eq!(peer_error(decode(&bytes)), WireError::ShmOfferWithoutFlag);
     let mut bytes = encoded(&one_of_each()[6]);
     bytes[HEADER_LEN + 20] = 5;
     assert_eq!(peer_error(decode(&bytes)), WireError::UnknownDataType(5));

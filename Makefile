@@ -182,9 +182,12 @@ sanitize: ## Core tests under AddressSanitizer/LeakSanitizer (RUSTC_BOOTSTRAP=1 
 	RUSTC_BOOTSTRAP=1 RUSTFLAGS="-Zsanitizer=address" ASAN_OPTIONS="detect_leaks=1" \
 		cargo test -p creditflow-core --target $(HOST_TRIPLE) --target-dir target/asan --lib --tests
 
+# Minimizing drops inputs that add no coverage, the frame decoder's seeds among them: they
+# are written back after it. fuzz/regressions/ (inputs that once broke a target) is not touched.
 .PHONY: fuzz-cmin
-fuzz-cmin: ## Minimize the fuzz corpus (keeps the inputs that add coverage)
+fuzz-cmin: ## Minimize the fuzz corpus (keeps the inputs that add coverage, and the seeds)
 	cd fuzz && for t in $(FUZZ_TARGETS); do $(FUZZ) cmin -O $$t corpus/$$t; done
+	$(MAKE) fuzz-seeds
 
 .PHONY: fuzz-seeds
 fuzz-seeds: ## Write the frame decoder's seeds (built from the wire format) into its corpus

@@ -1,24 +1,34 @@
 //! Replays the committed fuzz corpus (`fuzz/corpus/<target>/`) through the same harnesses
 //! the cargo-fuzz targets run (`creditflow_core::fuzz`), so every interesting input found
-//! by fuzzing stays a regression test in the normal `cargo test`.
+//! by fuzzing stays a regression test in the normal `cargo test`; and the inputs that once
+//! broke a target (`fuzz/regressions/<target>/`, kept out of the corpus so that minimizing it
+//! cannot drop them).
 
 use std::path::{Path, PathBuf};
 
-fn corpus(target: &str) -> Vec<PathBuf> {
+/// The files of `fuzz/<kind>/<target>/`, sorted; none if the folder does not exist.
+fn files(kind: &str, target: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/corpus")
+        .join("../../fuzz")
+        .join(kind)
         .join(target);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .collect();
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries.map(|e| e.unwrap().path()).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && kind == "regressions" => Vec::new(),
+        Err(e) => panic!("{}: {e}", dir.display()),
+    };
     files.sort();
-    assert!(!files.is_empty(), "{} is empty", dir.display());
+    files
+}
+
+fn corpus(target: &str) -> Vec<PathBuf> {
+    let files = files("corpus", target);
+    assert!(!files.is_empty(), "fuzz/corpus/{target} is empty");
     files
 }
 
 fn replay(target: &str, run: fn(&[u8])) {
-    for path in corpus(target) {
+    for path in corpus(target).into_iter().chain(files("regressions", target)) {
         let data = std::fs::read(&path).unwrap();
         let result = std::panic::catch_unwind(|| run(&data));
         assert!(result.is_ok(), "{} fails", path.display());
@@ -28,6 +38,10 @@ fn replay(target: &str, run: fn(&[u8])) {
 #[test]
 fn frame_decoder_corpus() {
     replay("frame_decoder", creditflow_core::fuzz::frames::run);
+    assert!(
+        !files("regressions", "frame_decoder").is_empty(),
+        "the frame decoder's regressions are gone"
+    );
 }
 
 #[test]

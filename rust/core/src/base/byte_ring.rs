@@ -281,7 +281,7 @@ mod tests {
     }
 }
 
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 mod loom_tests {
     //! The wake-up protocol of both sides, as the link's reader and writer halves run it
     //! (`net::shm::stream`), around a doorbell that wakes a sleeper only when rung after it

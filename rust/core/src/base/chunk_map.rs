@@ -217,7 +217,7 @@ mod tests {
     }
 }
 
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 mod loom_tests {
     //! The producer allocates a chunk, writes and publishes it; the consumer reads and frees
     //! it, on another thread; the producer allocates both chunks (possible only after the

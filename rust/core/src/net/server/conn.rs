@@ -76,8 +76,7 @@ fn place(heap: Option<&HeapWriter>, rid: ReceiverId, readers: usize, cursor: &mu
         len: cursor.remaining as u64,
         sent: 0,
     };
-    let frames = cursor.chunks();
-    frames - frames.min(2)
+    cursor.chunks().saturating_sub(2)
 }
 
 impl ServerConn {

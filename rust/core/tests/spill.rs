@@ -35,11 +35,12 @@ fn config(dir: &Path, max_spill: Option<u64>) -> EnvConfig {
     }
 }
 
-fn tempdir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("creditflow-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A directory of the test's own under the system temp dir, removed with its files when dropped.
+fn tempdir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("creditflow-test-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// Batch `i`: 200 rows whose values encode `i`, plus a compressible text column.
@@ -132,9 +133,10 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 
 #[test]
 fn blocking_writes_ten_times_memory_unread_then_local_and_remote_readers_read_it_twice() {
-    let dir = tempdir("blocking");
-    let env = NetworkEnvironment::new(config(&dir, None)).unwrap();
-    let other = NetworkEnvironment::new(config(&dir, None)).unwrap();
+    let scratch = tempdir("blocking");
+    let dir = scratch.path();
+    let env = NetworkEnvironment::new(config(dir, None)).unwrap();
+    let other = NetworkEnvironment::new(config(dir, None)).unwrap();
     let part = env
         .create_spillable_partition("b", 1, SpillKind::Blocking, None)
         .unwrap();
@@ -143,7 +145,7 @@ fn blocking_writes_ten_times_memory_unread_then_local_and_remote_readers_read_it
     let m = part.metrics().spill.unwrap();
     assert!(m.spilled_bytes as usize > 8 * MEMORY, "{m:?}");
     assert!(m.memory_segments <= MEMORY / SEGMENT, "{m:?}");
-    assert_eq!(files_in(&dir), 1);
+    assert_eq!(files_in(dir), 1);
     let want: Vec<i64> = (0..n).collect();
     for _ in 0..2 {
         assert_eq!(read_all(&env, &env, "b").unwrap(), want, "local reader");
@@ -151,7 +153,7 @@ fn blocking_writes_ten_times_memory_unread_then_local_and_remote_readers_read_it
     }
     assert!(part.metrics().spill.unwrap().read_back_bytes >= 4 * m.spilled_bytes);
     part.release();
-    assert_eq!(files_in(&dir), 0, "release removes the files");
+    assert_eq!(files_in(dir), 0, "release removes the files");
     assert!(matches!(
         read_all(&env, &env, "b"),
         Err(Error::PartitionNotFound(_))
@@ -163,16 +165,17 @@ fn blocking_writes_ten_times_memory_unread_then_local_and_remote_readers_read_it
     env.close();
     other.close();
     assert!(
-        walk(&dir).is_empty(),
+        walk(dir).is_empty(),
         "close removes the directories: {:?}",
-        walk(&dir)
+        walk(dir)
     );
 }
 
 #[test]
 fn blocking_readers_wait_for_the_end_and_concurrent_readers_each_get_everything() {
-    let dir = tempdir("concurrent");
-    let env = Arc::new(NetworkEnvironment::new(config(&dir, None)).unwrap());
+    let scratch = tempdir("concurrent");
+    let dir = scratch.path();
+    let env = Arc::new(NetworkEnvironment::new(config(dir, None)).unwrap());
     let part = env
         .create_spillable_partition("c", 1, SpillKind::Blocking, None)
         .unwrap();
@@ -192,8 +195,9 @@ fn blocking_readers_wait_for_the_end_and_concurrent_readers_each_get_everything(
 
 #[test]
 fn hybrid_readers_read_while_the_writer_writes_and_a_selective_one_reads_once() {
-    let dir = tempdir("hybrid");
-    let env = Arc::new(NetworkEnvironment::new(config(&dir, None)).unwrap());
+    let scratch = tempdir("hybrid");
+    let dir = scratch.path();
+    let env = Arc::new(NetworkEnvironment::new(config(dir, None)).unwrap());
     let part = env
         .create_spillable_partition("h", 1, SpillKind::Hybrid { replay: false }, None)
         .unwrap();
@@ -237,8 +241,9 @@ fn hybrid_readers_read_while_the_writer_writes_and_a_selective_one_reads_once() 
 
 #[test]
 fn hybrid_with_replay_is_read_again_from_the_start() {
-    let dir = tempdir("replay");
-    let env = NetworkEnvironment::new(config(&dir, None)).unwrap();
+    let scratch = tempdir("replay");
+    let dir = scratch.path();
+    let env = NetworkEnvironment::new(config(dir, None)).unwrap();
     let part = env
         .create_spillable_partition("r", 1, SpillKind::Hybrid { replay: true }, Some(Compression::Lz4))
         .unwrap();
@@ -251,8 +256,9 @@ fn hybrid_with_replay_is_read_again_from_the_start() {
 
 #[test]
 fn a_selective_hybrid_subpartition_has_one_reader() {
-    let dir = tempdir("once");
-    let env = NetworkEnvironment::new(config(&dir, None)).unwrap();
+    let scratch = tempdir("once");
+    let dir = scratch.path();
+    let env = NetworkEnvironment::new(config(dir, None)).unwrap();
     let part = env
         .create_spillable_partition("o", 1, SpillKind::Hybrid { replay: false }, None)
         .unwrap();
@@ -264,8 +270,9 @@ fn a_selective_hybrid_subpartition_has_one_reader() {
 
 #[test]
 fn compression_shrinks_what_is_stored_and_reads_back_the_same() {
-    let dir = tempdir("codec");
-    let env = NetworkEnvironment::new(config(&dir, None)).unwrap();
+    let scratch = tempdir("codec");
+    let dir = scratch.path();
+    let env = NetworkEnvironment::new(config(dir, None)).unwrap();
     let mut sizes = Vec::new();
     for (i, codec) in [None, Some(Compression::Lz4), Some(Compression::Zstd)]
         .into_iter()
@@ -284,8 +291,9 @@ fn compression_shrinks_what_is_stored_and_reads_back_the_same() {
 
 #[test]
 fn at_max_spill_a_blocking_writer_fails_and_its_readers_get_the_failure_not_data() {
-    let dir = tempdir("maxspill");
-    let env = NetworkEnvironment::new(config(&dir, Some(2 * MEMORY as u64))).unwrap();
+    let scratch = tempdir("maxspill");
+    let dir = scratch.path();
+    let env = NetworkEnvironment::new(config(dir, Some(2 * MEMORY as u64))).unwrap();
     let part = env
         .create_spillable_partition("m", 1, SpillKind::Blocking, None)
         .unwrap();
@@ -305,8 +313,9 @@ fn at_max_spill_a_blocking_writer_fails_and_its_readers_get_the_failure_not_data
 
 #[test]
 fn at_max_spill_a_selective_hybrid_writer_backpressures_instead() {
-    let dir = tempdir("hybridcap");
-    let env = Arc::new(NetworkEnvironment::new(config(&dir, Some(MEMORY as u64))).unwrap());
+    let scratch = tempdir("hybridcap");
+    let dir = scratch.path();
+    let env = Arc::new(NetworkEnvironment::new(config(dir, Some(MEMORY as u64))).unwrap());
     let part = env
         .create_spillable_partition("hc", 1, SpillKind::Hybrid { replay: false }, None)
         .unwrap();
@@ -452,10 +461,11 @@ mod props {
             codec in codec(),
             segments in 16..48usize,
         ) {
-            let dir = tempdir("props");
+            let scratch = tempdir("props");
+    let dir = scratch.path();
             let env = NetworkEnvironment::new(EnvConfig {
                 memory: (segments + subs + 9) * SEGMENT,
-                ..config(&dir, None)
+                ..config(dir, None)
             })
             .unwrap();
             let part = env.create_spillable_partition("p", subs, kind, codec).unwrap();
@@ -482,13 +492,14 @@ mod props {
 
 #[test]
 fn a_spill_file_changed_on_disk_fails_its_readers_instead_of_delivering_other_bytes() {
-    let dir = tempdir("corrupt");
-    let env = NetworkEnvironment::new(config(&dir, None)).unwrap();
+    let scratch = tempdir("corrupt");
+    let dir = scratch.path();
+    let env = NetworkEnvironment::new(config(dir, None)).unwrap();
     let part = env
         .create_spillable_partition("x", 1, SpillKind::Blocking, None)
         .unwrap();
     write(&part, ten_times_memory());
-    let file = walk(&dir)
+    let file = walk(dir)
         .into_iter()
         .find(|p| p.extension().is_some_and(|e| e == "spill"))
         .unwrap();

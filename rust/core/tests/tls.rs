@@ -5,7 +5,6 @@
 //! their validity period and host name; every refusal says which file and how to fix it.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,17 +19,12 @@ use creditflow_core::partition::partitioner::Partitioner;
 use creditflow_core::partition::writer::RecordWriter;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 
-/// A directory of its own per call, removed at the end of the process by nobody: the files
-/// are a few KiB under the system temp dir.
-fn scratch_dir() -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "creditflow-tls-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A directory of the test's own under the system temp dir, removed with its files when dropped.
+fn scratch_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("creditflow-tls-")
+        .tempdir()
+        .unwrap()
 }
 
 /// A CA and one certificate it signed for localhost / 127.0.0.1, as PEM files in `dir`.
@@ -186,8 +180,9 @@ fn exchange(
 
 #[test]
 fn a_mutual_tls_exchange_delivers_everything_in_order() {
-    let dir = scratch_dir();
-    let tls = pki(&dir, "ok");
+    let scratch = scratch_dir();
+    let dir = scratch.path();
+    let tls = pki(dir, "ok");
     let (producer, consumer) = (env(Some(tls.clone())), env(Some(tls)));
     let rows = exchange(&producer, &consumer, 50).unwrap();
     assert_eq!(rows, (0..50_000).collect::<Vec<i64>>());
@@ -195,8 +190,9 @@ fn a_mutual_tls_exchange_delivers_everything_in_order() {
 
 #[test]
 fn a_plaintext_peer_is_refused_by_a_tls_listener_with_a_clear_error() {
-    let dir = scratch_dir();
-    let (producer, consumer) = (env(Some(pki(&dir, "srv"))), env(None));
+    let scratch = scratch_dir();
+    let dir = scratch.path();
+    let (producer, consumer) = (env(Some(pki(dir, "srv"))), env(None));
     let err = exchange(&producer, &consumer, 5).unwrap_err();
     assert!(
         matches!(&err, Error::Authentication(m) if m.contains("requires TLS")),
@@ -206,8 +202,9 @@ fn a_plaintext_peer_is_refused_by_a_tls_listener_with_a_clear_error() {
 
 #[test]
 fn a_tls_client_is_refused_by_a_plaintext_listener_with_a_clear_error() {
-    let dir = scratch_dir();
-    let (producer, consumer) = (env(None), env(Some(pki(&dir, "cli"))));
+    let scratch = scratch_dir();
+    let dir = scratch.path();
+    let (producer, consumer) = (env(None), env(Some(pki(dir, "cli"))));
     let err = exchange(&producer, &consumer, 5).unwrap_err();
     assert!(
         matches!(&err, Error::Authentication(m) if m.contains("did not answer in TLS")),
@@ -217,17 +214,19 @@ fn a_tls_client_is_refused_by_a_plaintext_listener_with_a_clear_error() {
 
 #[test]
 fn a_certificate_from_another_ca_is_refused() {
-    let dir = scratch_dir();
-    let (producer, consumer) = (env(Some(pki(&dir, "a"))), env(Some(pki(&dir, "b"))));
+    let scratch = scratch_dir();
+    let dir = scratch.path();
+    let (producer, consumer) = (env(Some(pki(dir, "a"))), env(Some(pki(dir, "b"))));
     let m = refusal(&producer, &consumer);
     assert!(m.contains("is not trusted"), "{m}");
 }
 
 #[test]
 fn a_self_signed_ca_certificate_pinned_in_ca_works_both_ways() {
-    let dir = scratch_dir();
+    let scratch = scratch_dir();
+    let dir = scratch.path();
     // The same certificate everywhere, as a guide's `openssl req -x509` one is used.
-    let tls = everyday(&dir, "same");
+    let tls = everyday(dir, "same");
     let (producer, consumer) = (env(Some(tls.clone())), env(Some(tls)));
     assert_eq!(
         exchange(&producer, &consumer, 20).unwrap(),
@@ -235,8 +234,8 @@ fn a_self_signed_ca_certificate_pinned_in_ca_works_both_ways() {
     );
     // Two different ones, each side pinning both: the server pins the client's certificate
     // and the client the server's.
-    let (a, b) = (everyday(&dir, "a"), everyday(&dir, "b"));
-    let both = bundle(&dir, "both.pem", &[&a.cert, &b.cert]);
+    let (a, b) = (everyday(dir, "a"), everyday(dir, "b"));
+    let both = bundle(dir, "both.pem", &[&a.cert, &b.cert]);
     let with_ca = |t: TlsSettings| TlsSettings {
         ca: both.clone(),
         ..t
@@ -250,8 +249,9 @@ fn a_self_signed_ca_certificate_pinned_in_ca_works_both_ways() {
 
 #[test]
 fn a_pinned_certificate_that_expired_is_refused_with_a_clear_message() {
-    let dir = scratch_dir();
-    let tls = self_signed(&dir, "old", &["localhost", "127.0.0.1"], (2019, 2021));
+    let scratch = scratch_dir();
+    let dir = scratch.path();
+    let tls = self_signed(dir, "old", &["localhost", "127.0.0.1"], (2019, 2021));
     let (producer, consumer) = (env(Some(tls.clone())), env(Some(tls.clone())));
     let m = refusal(&producer, &consumer);
     assert!(m.contains("expired on 2021-01-01 00:00:00 UTC"), "{m}");
@@ -261,8 +261,9 @@ fn a_pinned_certificate_that_expired_is_refused_with_a_clear_message() {
 
 #[test]
 fn a_pinned_certificate_for_another_host_is_refused_with_a_clear_message() {
-    let dir = scratch_dir();
-    let tls = self_signed(&dir, "elsewhere", &["db.example.com", "10.1.2.3"], (2020, 2100));
+    let scratch = scratch_dir();
+    let dir = scratch.path();
+    let tls = self_signed(dir, "elsewhere", &["db.example.com", "10.1.2.3"], (2020, 2100));
     let (producer, consumer) = (env(Some(tls.clone())), env(Some(tls)));
     let m = refusal(&producer, &consumer);
     assert!(m.contains("is not valid for \"127.0.0.1\""), "{m}");
@@ -272,9 +273,10 @@ fn a_pinned_certificate_for_another_host_is_refused_with_a_clear_message() {
 
 #[test]
 fn an_unknown_certificate_is_refused_naming_the_ca_file() {
-    let dir = scratch_dir();
+    let scratch = scratch_dir();
+    let dir = scratch.path();
     // Node certificates of another CA.
-    let (a, b) = (pki(&dir, "mine"), pki(&dir, "theirs"));
+    let (a, b) = (pki(dir, "mine"), pki(dir, "theirs"));
     let (producer, consumer) = (env(Some(a)), env(Some(b.clone())));
     let m = refusal(&producer, &consumer);
     assert!(m.contains("the certificate of the server at 127.0.0.1:"), "{m}");
@@ -284,7 +286,7 @@ fn an_unknown_certificate_is_refused_naming_the_ca_file() {
     );
     assert!(m.contains("Fix: add to ca="), "{m}");
     // Another everyday self-signed certificate (with the same name, CN=localhost).
-    let (a, b) = (everyday(&dir, "my-own"), everyday(&dir, "their-own"));
+    let (a, b) = (everyday(dir, "my-own"), everyday(dir, "their-own"));
     let (producer, consumer) = (env(Some(a)), env(Some(b.clone())));
     let m = refusal(&producer, &consumer);
     assert!(m.contains("is a CA certificate (basicConstraints CA:TRUE"), "{m}");
@@ -296,10 +298,11 @@ fn an_unknown_certificate_is_refused_naming_the_ca_file() {
 
 #[test]
 fn a_server_refusing_our_certificate_is_reported_naming_our_cert_file() {
-    let dir = scratch_dir();
-    let (server, client) = (everyday(&dir, "server"), everyday(&dir, "client"));
+    let scratch = scratch_dir();
+    let dir = scratch.path();
+    let (server, client) = (everyday(dir, "server"), everyday(dir, "client"));
     // The client trusts the server; the server knows nothing of the client.
-    let both = bundle(&dir, "client-trusts.pem", &[&client.cert, &server.cert]);
+    let both = bundle(dir, "client-trusts.pem", &[&client.cert, &server.cert]);
     let client = TlsSettings { ca: both, ..client };
     let (producer, consumer) = (env(Some(server)), env(Some(client.clone())));
     let m = refusal(&producer, &consumer);
@@ -315,8 +318,9 @@ fn a_server_refusing_our_certificate_is_reported_naming_our_cert_file() {
 
 #[test]
 fn a_ca_certificate_signed_by_a_trusted_ca_but_not_pinned_is_refused_with_a_clear_message() {
-    let dir = scratch_dir();
-    let mut tls = pki(&dir, "root");
+    let scratch = scratch_dir();
+    let dir = scratch.path();
+    let mut tls = pki(dir, "root");
     let ca_key = KeyPair::generate().unwrap();
     let mut root = CertificateParams::new(Vec::<String>::new()).unwrap();
     root.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -340,8 +344,9 @@ fn a_ca_certificate_signed_by_a_trusted_ca_but_not_pinned_is_refused_with_a_clea
 
 #[test]
 fn missing_pem_files_are_a_clear_error_at_construction() {
-    let dir = scratch_dir();
-    let mut tls = pki(&dir, "x");
+    let scratch = scratch_dir();
+    let dir = scratch.path();
+    let mut tls = pki(dir, "x");
     tls.key = dir.join("no-such-key.pem");
     let err = NetworkEnvironment::new(EnvConfig {
         tls: Some(tls),

@@ -328,15 +328,14 @@ mod tests {
     use tokio::io::{AsyncRead, AsyncWrite};
     use tokio::net::TcpListener;
 
-    /// A CA and a certificate for 127.0.0.1 it signed, as PEM files; mutual TLS.
-    fn settings() -> TlsSettings {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "creditflow-tls-unit-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+    /// Mutual TLS from a CA and a certificate for 127.0.0.1 it signed, read from PEM files in a
+    /// directory removed once they are loaded.
+    fn tls() -> Arc<Tls> {
+        let scratch = tempfile::Builder::new()
+            .prefix("creditflow-tls-unit-")
+            .tempdir()
+            .unwrap();
+        let dir = scratch.path();
         let ca_key = KeyPair::generate().unwrap();
         let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -351,12 +350,13 @@ mod tests {
             std::fs::write(&p, pem).unwrap();
             p
         };
-        TlsSettings {
+        let settings = TlsSettings {
             cert: write("cert.pem", leaf.pem()),
             key: write("key.pem", key.serialize_pem()),
             ca: write("ca.pem", ca_cert.pem()),
             client_auth: true,
-        }
+        };
+        Arc::new(Tls::new(&settings).unwrap())
     }
 
     fn pattern(n: usize, salt: usize) -> Vec<u8> {
@@ -379,7 +379,7 @@ mod tests {
 
     #[tokio::test]
     async fn both_sides_switch_to_our_records_and_rekey() {
-        let tls = Arc::new(Tls::new(&settings()).unwrap());
+        let tls = tls();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let (to_client, to_server) = (pattern(1_000_000, 1), pattern(700_000, 2));
@@ -405,7 +405,7 @@ mod tests {
     /// the client uses our records, each way, with KeyUpdates from both.
     #[tokio::test]
     async fn our_records_interoperate_with_rustls_both_ways() {
-        let tls = Arc::new(Tls::new(&settings()).unwrap());
+        let tls = tls();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let (to_client, to_server) = (pattern(600_000, 3), pattern(900_000, 4));

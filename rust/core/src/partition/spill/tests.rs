@@ -8,11 +8,12 @@ use super::dir::SpillDir;
 use super::file::SpillFile;
 use crate::base::error::Error;
 
-fn root(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("creditflow-unit-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A directory of the test's own under the system temp dir, removed with its files when dropped.
+fn root(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("creditflow-unit-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// A directory as a process that was killed leaves it: files, and a lock file nobody holds.
@@ -26,14 +27,15 @@ fn dead_owner(root: &Path, name: &str) -> PathBuf {
 
 #[test]
 fn a_new_directory_removes_dead_owners_files_and_keeps_live_ones() {
-    let root = root("sweep");
-    let dead = dead_owner(&root, "4242-00000000000000aa");
+    let scratch = root("sweep");
+    let root = scratch.path();
+    let dead = dead_owner(root, "4242-00000000000000aa");
     // Killed between creating its directory and... nothing: no lock file at all.
     let orphan = root.join("4243-00000000000000bb");
     std::fs::create_dir(&orphan).unwrap();
     // Alive: another handle in this process holds its lock (a file lock held by any open
     // file description, as another process's would be).
-    let live = dead_owner(&root, "4244-00000000000000cc");
+    let live = dead_owner(root, "4244-00000000000000cc");
     let held = OpenOptions::new()
         .write(true)
         .open(root.join("4244-00000000000000cc.lock"))
@@ -43,31 +45,32 @@ fn a_new_directory_removes_dead_owners_files_and_keeps_live_ones() {
     let foreign = root.join("data");
     std::fs::create_dir(&foreign).unwrap();
 
-    let dir = SpillDir::open(Some(&root), None).unwrap();
+    let dir = SpillDir::open(Some(root), None).unwrap();
     assert_eq!(dir.swept(), 2);
     assert!(!dead.exists() && !root.join("4242-00000000000000aa.lock").exists());
     assert!(!orphan.exists());
     assert!(live.join("p-0.spill").exists(), "a live owner's files stay");
     assert!(foreign.exists());
-    assert!(dir.path().starts_with(&root));
+    assert!(dir.path().starts_with(root));
 
     // A second directory in the same process does not take the first one for dead.
-    let second = SpillDir::open(Some(&root), None).unwrap();
+    let second = SpillDir::open(Some(root), None).unwrap();
     assert!(dir.path().exists() && second.path().exists());
     let first = dir.path().to_path_buf();
     drop(dir);
     assert!(!first.exists(), "dropping the directory removes it");
     drop(held);
     drop(second);
-    let third = SpillDir::open(Some(&root), None).unwrap();
+    let third = SpillDir::open(Some(root), None).unwrap();
     assert_eq!(third.swept(), 1, "the released lock now reads as dead");
     assert!(!live.exists());
 }
 
 #[test]
 fn files_take_from_the_budget_and_give_back_when_removed() {
-    let root = root("budget");
-    let dir = SpillDir::open(Some(&root), Some(10_000)).unwrap();
+    let scratch = root("budget");
+    let root = scratch.path();
+    let dir = SpillDir::open(Some(root), Some(10_000)).unwrap();
     let file = SpillFile::create(&dir, "p/1 weird:id").unwrap();
     assert!(file
         .path()
@@ -98,7 +101,8 @@ fn files_take_from_the_budget_and_give_back_when_removed() {
 
 #[test]
 fn a_spill_directory_that_cannot_be_created_is_a_clear_error() {
-    let root = root("notadir");
+    let scratch = root("notadir");
+    let root = scratch.path();
     let blocker = root.join("file");
     std::fs::write(&blocker, b"x").unwrap();
     let err = SpillDir::open(Some(&blocker.join("sub")), None).unwrap_err();

@@ -88,7 +88,16 @@ demo: build ## Build, then run the PySpark demo (examples/spark_demo.py; needs J
 # -------------------------------------------------------------------------------------- testing
 
 .PHONY: test
-test: lint test-rust test-python ## Everything CI runs: lint, Rust tests, loom models, Python tests incl. Spark
+test: disk-check lint test-rust test-python ## Everything CI runs: lint, Rust tests, loom models, Python tests incl. Spark
+
+# A fresh clone's build and test run writes about 5 GB (target/ and .venv). A linker that runs
+# out of disk dies with a Bus error that does not say why, so say it first.
+.PHONY: disk-check
+disk-check:
+	@free=$$(df -Pk . | awk 'NR == 2 { print int($$4 / 1048576) }'); \
+	if [ "$$free" -lt 6 ]; then \
+		echo "warning: $$free GB free here; building and testing needs about 5 GB (target/ and .venv)" >&2; \
+	fi
 
 # Test binaries of the bindings crate link libpython (no extension-module there); make it findable
 # for interpreters outside the default library path (pyenv, uv).

@@ -35,14 +35,6 @@ fn config(dir: &Path, max_spill: Option<u64>) -> EnvConfig {
     }
 }
 
-/// A directory of the test's own under the system temp dir, removed with its files when dropped.
-fn tempdir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("creditflow-test-{name}-"))
-        .tempdir()
-        .unwrap()
-}
-
 /// Batch `i`: 200 rows whose values encode `i`, plus a compressible text column.
 fn batch(i: i64) -> RecordBatch {
     let schema = Arc::new(Schema::new(vec![
@@ -133,7 +125,7 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 
 #[test]
 fn blocking_writes_ten_times_memory_unread_then_local_and_remote_readers_read_it_twice() {
-    let scratch = tempdir("blocking");
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let env = NetworkEnvironment::new(config(dir, None)).unwrap();
     let other = NetworkEnvironment::new(config(dir, None)).unwrap();
@@ -173,7 +165,7 @@ fn blocking_writes_ten_times_memory_unread_then_local_and_remote_readers_read_it
 
 #[test]
 fn blocking_readers_wait_for_the_end_and_concurrent_readers_each_get_everything() {
-    let scratch = tempdir("concurrent");
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let env = Arc::new(NetworkEnvironment::new(config(dir, None)).unwrap());
     let part = env
@@ -195,7 +187,7 @@ fn blocking_readers_wait_for_the_end_and_concurrent_readers_each_get_everything(
 
 #[test]
 fn hybrid_readers_read_while_the_writer_writes_and_a_selective_one_reads_once() {
-    let scratch = tempdir("hybrid");
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let env = Arc::new(NetworkEnvironment::new(config(dir, None)).unwrap());
     let part = env
@@ -241,7 +233,7 @@ fn hybrid_readers_read_while_the_writer_writes_and_a_selective_one_reads_once() 
 
 #[test]
 fn hybrid_with_replay_is_read_again_from_the_start() {
-    let scratch = tempdir("replay");
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let env = NetworkEnvironment::new(config(dir, None)).unwrap();
     let part = env
@@ -256,7 +248,7 @@ fn hybrid_with_replay_is_read_again_from_the_start() {
 
 #[test]
 fn a_selective_hybrid_subpartition_has_one_reader() {
-    let scratch = tempdir("once");
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let env = NetworkEnvironment::new(config(dir, None)).unwrap();
     let part = env
@@ -270,7 +262,7 @@ fn a_selective_hybrid_subpartition_has_one_reader() {
 
 #[test]
 fn compression_shrinks_what_is_stored_and_reads_back_the_same() {
-    let scratch = tempdir("codec");
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let env = NetworkEnvironment::new(config(dir, None)).unwrap();
     let mut sizes = Vec::new();
@@ -291,7 +283,7 @@ fn compression_shrinks_what_is_stored_and_reads_back_the_same() {
 
 #[test]
 fn at_max_spill_a_blocking_writer_fails_and_its_readers_get_the_failure_not_data() {
-    let scratch = tempdir("maxspill");
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let env = NetworkEnvironment::new(config(dir, Some(2 * MEMORY as u64))).unwrap();
     let part = env
@@ -313,7 +305,7 @@ fn at_max_spill_a_blocking_writer_fails_and_its_readers_get_the_failure_not_data
 
 #[test]
 fn at_max_spill_a_selective_hybrid_writer_backpressures_instead() {
-    let scratch = tempdir("hybridcap");
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let env = Arc::new(NetworkEnvironment::new(config(dir, Some(MEMORY as u64))).unwrap());
     let part = env
@@ -461,7 +453,7 @@ mod props {
             codec in codec(),
             segments in 16..48usize,
         ) {
-            let scratch = tempdir("props");
+            let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
             let env = NetworkEnvironment::new(EnvConfig {
                 memory: (segments + subs + 9) * SEGMENT,
@@ -492,7 +484,7 @@ mod props {
 
 #[test]
 fn a_spill_file_changed_on_disk_fails_its_readers_instead_of_delivering_other_bytes() {
-    let scratch = tempdir("corrupt");
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let env = NetworkEnvironment::new(config(dir, None)).unwrap();
     let part = env

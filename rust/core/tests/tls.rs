@@ -19,14 +19,6 @@ use creditflow_core::partition::partitioner::Partitioner;
 use creditflow_core::partition::writer::RecordWriter;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 
-/// A directory of the test's own under the system temp dir, removed with its files when dropped.
-fn scratch_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("creditflow-tls-")
-        .tempdir()
-        .unwrap()
-}
-
 /// A CA and one certificate it signed for localhost / 127.0.0.1, as PEM files in `dir`.
 fn pki(dir: &Path, name: &str) -> TlsSettings {
     let ca_key = KeyPair::generate().unwrap();
@@ -180,7 +172,7 @@ fn exchange(
 
 #[test]
 fn a_mutual_tls_exchange_delivers_everything_in_order() {
-    let scratch = scratch_dir();
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let tls = pki(dir, "ok");
     let (producer, consumer) = (env(Some(tls.clone())), env(Some(tls)));
@@ -190,7 +182,7 @@ fn a_mutual_tls_exchange_delivers_everything_in_order() {
 
 #[test]
 fn a_plaintext_peer_is_refused_by_a_tls_listener_with_a_clear_error() {
-    let scratch = scratch_dir();
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let (producer, consumer) = (env(Some(pki(dir, "srv"))), env(None));
     let err = exchange(&producer, &consumer, 5).unwrap_err();
@@ -202,7 +194,7 @@ fn a_plaintext_peer_is_refused_by_a_tls_listener_with_a_clear_error() {
 
 #[test]
 fn a_tls_client_is_refused_by_a_plaintext_listener_with_a_clear_error() {
-    let scratch = scratch_dir();
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let (producer, consumer) = (env(None), env(Some(pki(dir, "cli"))));
     let err = exchange(&producer, &consumer, 5).unwrap_err();
@@ -214,7 +206,7 @@ fn a_tls_client_is_refused_by_a_plaintext_listener_with_a_clear_error() {
 
 #[test]
 fn a_certificate_from_another_ca_is_refused() {
-    let scratch = scratch_dir();
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let (producer, consumer) = (env(Some(pki(dir, "a"))), env(Some(pki(dir, "b"))));
     let m = refusal(&producer, &consumer);
@@ -223,7 +215,7 @@ fn a_certificate_from_another_ca_is_refused() {
 
 #[test]
 fn a_self_signed_ca_certificate_pinned_in_ca_works_both_ways() {
-    let scratch = scratch_dir();
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     // The same certificate everywhere, as a guide's `openssl req -x509` one is used.
     let tls = everyday(dir, "same");
@@ -249,7 +241,7 @@ fn a_self_signed_ca_certificate_pinned_in_ca_works_both_ways() {
 
 #[test]
 fn a_pinned_certificate_that_expired_is_refused_with_a_clear_message() {
-    let scratch = scratch_dir();
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let tls = self_signed(dir, "old", &["localhost", "127.0.0.1"], (2019, 2021));
     let (producer, consumer) = (env(Some(tls.clone())), env(Some(tls.clone())));
@@ -261,7 +253,7 @@ fn a_pinned_certificate_that_expired_is_refused_with_a_clear_message() {
 
 #[test]
 fn a_pinned_certificate_for_another_host_is_refused_with_a_clear_message() {
-    let scratch = scratch_dir();
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let tls = self_signed(dir, "elsewhere", &["db.example.com", "10.1.2.3"], (2020, 2100));
     let (producer, consumer) = (env(Some(tls.clone())), env(Some(tls)));
@@ -273,7 +265,7 @@ fn a_pinned_certificate_for_another_host_is_refused_with_a_clear_message() {
 
 #[test]
 fn an_unknown_certificate_is_refused_naming_the_ca_file() {
-    let scratch = scratch_dir();
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     // Node certificates of another CA.
     let (a, b) = (pki(dir, "mine"), pki(dir, "theirs"));
@@ -298,7 +290,7 @@ fn an_unknown_certificate_is_refused_naming_the_ca_file() {
 
 #[test]
 fn a_server_refusing_our_certificate_is_reported_naming_our_cert_file() {
-    let scratch = scratch_dir();
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let (server, client) = (everyday(dir, "server"), everyday(dir, "client"));
     // The client trusts the server; the server knows nothing of the client.
@@ -318,7 +310,7 @@ fn a_server_refusing_our_certificate_is_reported_naming_our_cert_file() {
 
 #[test]
 fn a_ca_certificate_signed_by_a_trusted_ca_but_not_pinned_is_refused_with_a_clear_message() {
-    let scratch = scratch_dir();
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let mut tls = pki(dir, "root");
     let ca_key = KeyPair::generate().unwrap();
@@ -344,7 +336,7 @@ fn a_ca_certificate_signed_by_a_trusted_ca_but_not_pinned_is_refused_with_a_clea
 
 #[test]
 fn missing_pem_files_are_a_clear_error_at_construction() {
-    let scratch = scratch_dir();
+    let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let mut tls = pki(dir, "x");
     tls.key = dir.join("no-such-key.pem");

@@ -331,10 +331,7 @@ mod tests {
     /// Mutual TLS from a CA and a certificate for 127.0.0.1 it signed, read from PEM files in a
     /// directory removed once they are loaded.
     fn tls() -> Arc<Tls> {
-        let scratch = tempfile::Builder::new()
-            .prefix("creditflow-tls-unit-")
-            .tempdir()
-            .unwrap();
+        let scratch = tempfile::tempdir().unwrap();
         let dir = scratch.path();
         let ca_key = KeyPair::generate().unwrap();
         let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();

@@ -8,14 +8,6 @@ use super::dir::SpillDir;
 use super::file::SpillFile;
 use crate::base::error::Error;
 
-/// A directory of the test's own under the system temp dir, removed with its files when dropped.
-fn root(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("creditflow-unit-{name}-"))
-        .tempdir()
-        .unwrap()
-}
-
 /// A directory as a process that was killed leaves it: files, and a lock file nobody holds.
 fn dead_owner(root: &Path, name: &str) -> PathBuf {
     let dir = root.join(name);
@@ -27,7 +19,7 @@ fn dead_owner(root: &Path, name: &str) -> PathBuf {
 
 #[test]
 fn a_new_directory_removes_dead_owners_files_and_keeps_live_ones() {
-    let scratch = root("sweep");
+    let scratch = tempfile::tempdir().unwrap();
     let root = scratch.path();
     let dead = dead_owner(root, "4242-00000000000000aa");
     // Killed between creating its directory and... nothing: no lock file at all.
@@ -68,7 +60,7 @@ fn a_new_directory_removes_dead_owners_files_and_keeps_live_ones() {
 
 #[test]
 fn files_take_from_the_budget_and_give_back_when_removed() {
-    let scratch = root("budget");
+    let scratch = tempfile::tempdir().unwrap();
     let root = scratch.path();
     let dir = SpillDir::open(Some(root), Some(10_000)).unwrap();
     let file = SpillFile::create(&dir, "p/1 weird:id").unwrap();
@@ -101,7 +93,7 @@ fn files_take_from_the_budget_and_give_back_when_removed() {
 
 #[test]
 fn a_spill_directory_that_cannot_be_created_is_a_clear_error() {
-    let scratch = root("notadir");
+    let scratch = tempfile::tempdir().unwrap();
     let root = scratch.path();
     let blocker = root.join("file");
     std::fs::write(&blocker, b"x").unwrap();

@@ -57,15 +57,23 @@ TIMEOUT = 120.0  # any single wait of a worker or of the parent
 Config = dict[str, Any]
 
 
-def make_batches(rows: int = ROWS, pool: int = POOL, seed: int = SEED) -> list[pa.RecordBatch]:
+def make_batches(
+    rows: int = ROWS, pool: int = POOL, seed: int = SEED, columns: str = "mixed"
+) -> list[pa.RecordBatch]:
     """``pool`` distinct batches ``k: int64, v: float64, s: utf8`` ("k" + up to 7 digits, about
     8 characters). 65,536 rows are about 1.83 MB of Arrow data (``RecordBatch.nbytes``,
     1,827,677 to 1,827,930 bytes for the default pool: 8 + 8 bytes a row, 4 of offsets, 7.9 of
-    characters, and validity bitmaps). Deterministic: every process that calls this with the
-    same arguments gets the same batches."""
+    characters, and validity bitmaps). ``columns="numeric"``: ``k, a: int64, v, b: float64``
+    instead (32 bytes a row: 65,536 rows are 2 MiB). Deterministic: every process that calls
+    this with the same arguments gets the same batches."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(pool):
+        if columns == "numeric":
+            ints = rng.integers(-(2**62), 2**62, (2, rows))
+            floats = rng.random((2, rows))
+            out.append(pa.record_batch({"k": ints[0], "a": ints[1], "v": floats[0], "b": floats[1]}))
+            continue
         words = np.char.add("k", rng.integers(0, 10**7, rows).astype(str))
         out.append(
             pa.record_batch(
@@ -85,6 +93,28 @@ def payload_bytes(batches: list[pa.RecordBatch], count: int, start: int = 0) -> 
 
 
 # ------------------------------------------------------------------------------- worker side
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process's threads so far, summed by thread name
+    (``creditflow-io``, ``creditflow-flusher``, ``python`` for the interpreter's threads...);
+    empty where ``/proc`` has no per-thread stat."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    with contextlib.suppress(OSError):
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(OSError):
+                stat = (task / "stat").read_text()
+                name = stat[stat.index("(") + 1 : stat.rindex(")")]
+                fields = stat[stat.rindex(")") + 2 :].split()
+                out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def thread_cpu_since(before: dict[str, float]) -> dict[str, float]:
+    """CPU seconds by thread name since ``before`` (a :func:`thread_cpu`)."""
+    now = thread_cpu()
+    return {k: round(v - before.get(k, 0.0), 3) for k, v in now.items()}
 
 
 def emit(**fields: Any) -> None:
@@ -154,8 +184,10 @@ def _gates(env: cf.NetworkEnvironment, specs: list[list[list[Any]]]) -> list[cf.
 
 
 def cf_producer(cfg: Config) -> None:
-    """cfg: env, partitions, subpartitions, partitioner, count, warmup, rows."""
-    batches = make_batches(cfg.get("rows", ROWS))
+    """cfg: env, partitions, subpartitions, partitioner, count, warmup, rows, columns. Its
+    result carries the process's CPU seconds at the start (``cpu0``); after "exit" it reports
+    them again (``cpu1``): the sender loop works until its readers have taken everything."""
+    batches = make_batches(cfg.get("rows", ROWS), columns=cfg.get("columns", "mixed"))
     with environment(cfg["env"]) as env:
         parts = [env.create_partition(pid, cfg["subpartitions"]) for pid in cfg["partitions"]]
         emit(address=env.address)
@@ -179,8 +211,13 @@ def cf_producer(cfg: Config) -> None:
 
             return run
 
+        cpu0 = [0.0]
+        threads0: dict[str, float] = {}
+
         def control() -> None:
             start_at[0] = receive()["start_at"]
+            cpu0[0] = time.process_time()
+            threads0.update(thread_cpu())
             go.set()
 
         run_threads([control] + [writer(p) for p in parts])
@@ -189,13 +226,16 @@ def cf_producer(cfg: Config) -> None:
             t_written=max(ends),
             rows=len(parts) * cfg["count"] * cfg.get("rows", ROWS),
             bytes=len(parts) * payload_bytes(batches, cfg["count"], cfg["warmup"]),
+            cpu0=cpu0[0],
         )
         receive()  # "exit": remote readers may still be reading what is queued here
+        emit(cpu1=time.process_time(), threads=thread_cpu_since(threads0))
 
 
 def cf_consumer(cfg: Config) -> None:
-    """cfg: env, gates, warmup (batches per gate before "warm"), verify, rows."""
-    pool = make_batches(cfg.get("rows", ROWS))
+    """cfg: env, gates, warmup (batches per gate before "warm"), verify, rows, columns. Its
+    result carries the CPU seconds it spent from "warm" to the end of its streams (``cpu``)."""
+    pool = make_batches(cfg.get("rows", ROWS), columns=cfg.get("columns", "mixed"))
     by_first_key = {b.column("k")[0].as_py(): i for i, b in enumerate(pool)}
     with environment(cfg["env"]) as env:
         gates = _gates(env, cfg["gates"])
@@ -227,12 +267,19 @@ def cf_consumer(cfg: Config) -> None:
 
             return run
 
+        cpu0 = [0.0]
+        threads0: dict[str, float] = {}
+
         def announce() -> None:
             warm.wait(TIMEOUT)
+            cpu0[0] = time.process_time()
+            threads0.update(thread_cpu())
             emit(warm=True)
 
         run_threads([announce] + [reader(g) for g in gates])
         emit(
+            cpu=time.process_time() - cpu0[0],
+            threads=thread_cpu_since(threads0),
             t_end=max(t for _, _, t in results),
             rows=sum(r for r, _, _ in results),
             batches=sum(n for _, n, _ in results),
@@ -499,6 +546,51 @@ class Worker(contextlib.AbstractContextManager["Worker"]):
 
     def __exit__(self, *_exc: object) -> None:
         self.kill()
+
+
+def transfer(producers: list[Config], consumers_for: Callable[[list[str]], list[Config]]) -> Config:
+    """Runs one timed transfer: starts the ``cf-producer`` processes (they create their
+    partitions and write their warm-up batches), then the ``cf-consumer`` processes (gates over
+    the producers' addresses, which read the warm-up), then tells every producer to start at
+    the same instant. Checks that every row written was read; returns ``seconds`` (last
+    consumer's end of stream - first timed write), ``bytes`` (payload written), ``gbps``,
+    ``cpu`` (CPU seconds of every process over the transfer, a producer's until its sender
+    loop has sent everything) and ``threads`` (of them, by ``side/thread name``)."""
+    with contextlib.ExitStack() as stack:
+        prods = [stack.enter_context(Worker("cf-producer", **cfg)) for cfg in producers]
+        addresses = [p.read()["address"] for p in prods]
+        cons = [stack.enter_context(Worker("cf-consumer", **cfg)) for cfg in consumers_for(addresses)]
+        for c in cons:
+            if not c.read()["warm"]:
+                raise WorkerError("a consumer did not warm up")
+        start_at = time.monotonic() + 0.05
+        for p in prods:
+            p.send(start_at=start_at)
+        written = [p.read() for p in prods]
+        read = [c.read() for c in cons]
+        for p in prods:
+            p.send(cmd="exit")
+        ends = [p.read() for p in prods]
+        for w in (*prods, *cons):
+            w.wait()
+    rows = sum(w["rows"] for w in written)
+    if sum(r["rows"] for r in read) != rows:
+        raise WorkerError(f"rows read {[r['rows'] for r in read]} != rows written {rows}")
+    seconds = max(r["t_end"] for r in read) - min(w["t0"] for w in written)
+    payload = sum(w["bytes"] for w in written)
+    threads: dict[str, float] = {}
+    for side, reports in (("producer", ends), ("consumer", read)):
+        for r in reports:
+            for name, secs in r["threads"].items():
+                threads[f"{side}/{name}"] = threads.get(f"{side}/{name}", 0.0) + secs
+    return {
+        "seconds": seconds,
+        "bytes": payload,
+        "gbps": payload / seconds / 1e9,
+        "cpu": sum(e["cpu1"] - w["cpu0"] for w, e in zip(written, ends, strict=True))
+        + sum(r["cpu"] for r in read),
+        "threads": threads,
+    }
 
 
 def main(argv: list[str]) -> None:

@@ -25,14 +25,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import creditflow as cf
-from remote import ROWS, TIMEOUT, Config, Worker, make_batches, payload_bytes
+from remote import ROWS, TIMEOUT, Config, Worker, make_batches, payload_bytes, transfer
 
 # Test certificates come from the tests' helper (one copy of the PKI code).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -112,30 +111,9 @@ def batch_bytes() -> int:
 
 
 def exchange(producers: list[Config], consumers_for: Callable[[list[str]], list[Config]]) -> dict[str, float]:
-    """Runs one timed transfer: starts the producer processes (they create their partitions and
-    write their warm-up batches), then the consumer processes (gates over the producers'
-    addresses, which read the warm-up), then tells every producer to start at the same
-    instant. GB/s = payload written / (last consumer's end of stream - first timed write)."""
-    with ExitStack() as stack:
-        prods = [stack.enter_context(Worker("cf-producer", **cfg)) for cfg in producers]
-        addresses = [p.read()["address"] for p in prods]
-        cons = [stack.enter_context(Worker("cf-consumer", **cfg)) for cfg in consumers_for(addresses)]
-        for c in cons:
-            assert c.read()["warm"]
-        start_at = time.monotonic() + 0.05
-        for p in prods:
-            p.send(start_at=start_at)
-        written = [p.read() for p in prods]
-        read = [c.read() for c in cons]
-        for p in prods:
-            p.send(cmd="exit")
-        for w in (*prods, *cons):
-            w.wait()
-    rows = sum(w["rows"] for w in written)
-    assert sum(r["rows"] for r in read) == rows, f"rows read {[r['rows'] for r in read]} != written {rows}"
-    seconds = max(r["t_end"] for r in read) - min(w["t0"] for w in written)
-    payload = sum(w["bytes"] for w in written)
-    return {"seconds": seconds, "bytes": payload, "gbps": payload / seconds / 1e9}
+    """One timed transfer (:func:`remote.transfer`): seconds, bytes and GB/s."""
+    t = transfer(producers, consumers_for)
+    return {k: t[k] for k in ("seconds", "bytes", "gbps")}
 
 
 def one_to_one(count: int, verify: str | bool = False, env: Config = ENV) -> dict[str, float]:

@@ -363,12 +363,14 @@ impl ServerConn {
                         } => {
                             let at = *sent;
                             *sent += len as u64;
-                            // The rest of the record in one frame (see `place`).
-                            cursor.limit = cursor.remaining.max(1);
                             Some((*item, *item_len, at))
                         }
                         _ => None,
                     };
+                    if shared.is_some() {
+                        // The rest of the record in one frame (see `place`).
+                        cursor.rest_in_one();
+                    }
                     let started = parts
                         .iter()
                         .map(|part| r.framing.advance(part.bytes()))

@@ -593,6 +593,60 @@ def transfer(producers: list[Config], consumers_for: Callable[[list[str]], list[
     }
 
 
+#: Head-of-line schedule: B writes alone for ``max(1.5, stall / 2)`` s; then A too; 0.5 s
+#: later A's reader stalls for ``stall`` s; both go on for 0.5 s; A closes, and B writes alone
+#: as long again. B's solo rate is from both solo phases (the first 0.3 s of each not
+#: counted), so a machine that gets busier or quieter during the run biases the ratio less;
+#: together they last about as long as the stall, so the load swings of a shared machine
+#: (±20% over a second or two) weigh on both sides of the ratio alike.
+HOL_SHARED = 0.5
+
+
+def head_of_line(env: Config, stall: float) -> Config:
+    """Two channels ("hol/a", "hol/b") from one producer environment (``env``) to one consumer
+    environment, so over one connection. B writes alone, then A too, then A's reader stops for
+    ``stall`` seconds, then B alone again. Returns B's GB/s alone, while sharing the connection
+    and during the stall, stall / alone in %, and B's GB/s in each 0.25 s."""
+    solo_s = max(1.5, stall / 2)
+    with Worker("hol-producer", env=env) as prod:
+        address = prod.read()["address"]
+        with Worker("hol-consumer", env=env, producer=address, stall=stall) as cons:
+            if not cons.read()["warm"]:
+                raise WorkerError("the consumer did not warm up")
+            t0 = time.monotonic() + 0.1
+            a_start = t0 + solo_s
+            stall_at = a_start + HOL_SHARED
+            a_end = stall_at + stall + HOL_SHARED
+            end = a_end + solo_s
+            prod.send(start={"a": a_start, "b": t0}, end={"a": a_end, "b": end})
+            cons.send(stall_at=stall_at)
+            written = prod.read(timeout=TIMEOUT + end - t0)
+            times = cons.read(timeout=TIMEOUT + end - t0)["times"]
+            prod.send(cmd="exit")
+            prod.wait()
+            cons.wait()
+    for name in ("a", "b"):
+        if len(times[name]) != written["written"][name] - 1:
+            raise WorkerError(f"channel {name} lost batches")
+    size = float(written["batch_bytes"])
+
+    def rate(*windows: tuple[float, float]) -> float:
+        """B's GB/s over these (start, end) windows together."""
+        n = sum(1 for t in times["b"] for lo, hi in windows if lo <= t < hi)
+        return n * size / sum(hi - lo for lo, hi in windows) / 1e9
+
+    solo = rate((t0 + 0.3, a_start), (a_end + 0.3, end))
+    stalled = rate((stall_at, stall_at + stall))
+    return {
+        "solo": solo,
+        "shared": rate((a_start + 0.2, stall_at)),
+        "stalled": stalled,
+        "percent": 100 * stalled / solo,
+        "a_during_stall": sum(1 for t in times["a"] if stall_at + 0.1 <= t < stall_at + stall),
+        "b_timeline": [rate((t0 + i / 4, t0 + (i + 1) / 4)) for i in range(int((end - t0) * 4))],
+    }
+
+
 def main(argv: list[str]) -> None:
     if len(argv) != 3 or argv[1] not in ROLES:
         raise SystemExit(f"usage: {argv[0]} {{{','.join(ROLES)}}} CONFIG_JSON")

@@ -34,10 +34,7 @@ import contextlib
 import gc
 import json
 import os
-import queue
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -49,12 +46,15 @@ import pyarrow as pa
 
 import creditflow as cf
 
+# The worker harness is the tests' (tests/workers.py): one copy for tests and benchmarks.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from workers import Config, WorkerError, emit, environment, partitioner, receive, run_threads, sleep_until
+from workers import Worker as _Worker
+
 ROWS = 65_536
 POOL = 4  # distinct pre-built batches, cycled
 SEED = 11
 TIMEOUT = 120.0  # any single wait of a worker or of the parent
-
-Config = dict[str, Any]
 
 
 def make_batches(
@@ -117,67 +117,6 @@ def thread_cpu_since(before: dict[str, float]) -> dict[str, float]:
     return {k: round(v - before.get(k, 0.0), 3) for k, v in now.items()}
 
 
-def emit(**fields: Any) -> None:
-    sys.stdout.write(json.dumps(fields) + "\n")
-    sys.stdout.flush()
-
-
-def receive() -> Config:
-    line = sys.stdin.readline()
-    if not line:
-        raise SystemExit("the parent closed stdin")
-    msg: Config = json.loads(line)
-    return msg
-
-
-def sleep_until(t: float) -> None:
-    while (left := t - time.monotonic()) > 0:
-        time.sleep(min(left, 0.05))
-
-
-def run_threads(fns: list[Callable[[], None]], timeout: float = TIMEOUT) -> None:
-    """Runs each function in its own thread, joins them, re-raises the first error."""
-    errors: list[BaseException] = []
-
-    def guard(fn: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                fn()
-            except BaseException as exc:
-                errors.append(exc)
-
-        return run
-
-    threads = [threading.Thread(target=guard(fn), daemon=True) for fn in fns]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    if errors:
-        raise errors[0]
-    if any(t.is_alive() for t in threads):
-        raise RuntimeError(f"a thread is still running after {timeout} s")
-
-
-def _partitioner(name: str) -> cf.ForwardPartitioner | cf.RoundRobinPartitioner | cf.HashPartitioner:
-    if name == "forward":
-        return cf.ForwardPartitioner()
-    if name == "round_robin":
-        return cf.RoundRobinPartitioner()
-    if name.startswith("hash:"):
-        return cf.HashPartitioner(name.removeprefix("hash:").split(","))
-    raise ValueError(f"unknown partitioner {name!r}")
-
-
-def environment(settings: Config) -> cf.NetworkEnvironment:
-    """A NetworkEnvironment from JSON settings; ``tls`` holds :class:`cf.TLSConfig` arguments."""
-    kwargs = dict(settings)
-    if "tls" in kwargs:
-        kwargs["tls"] = cf.TLSConfig(**kwargs["tls"])
-    return cf.NetworkEnvironment(**kwargs)
-
-
 def _gates(env: cf.NetworkEnvironment, specs: list[list[list[Any]]]) -> list[cf.InputGate]:
     """One gate per entry of ``specs``; an entry lists channels as [address, partition, sub]."""
     return [env.create_input_gate([cf.ChannelSpec(a, p, s) for a, p, s in chans]) for chans in specs]
@@ -198,7 +137,7 @@ def cf_producer(cfg: Config) -> None:
 
         def writer(part: cf.ResultPartition) -> Callable[[], None]:
             def run() -> None:
-                with cf.RecordWriter(part, _partitioner(cfg["partitioner"]), timeout=TIMEOUT) as w:
+                with cf.RecordWriter(part, partitioner(cfg["partitioner"]), timeout=TIMEOUT) as w:
                     for i in range(cfg["warmup"]):
                         w.write(batches[i % len(batches)])
                     w.flush()
@@ -220,7 +159,7 @@ def cf_producer(cfg: Config) -> None:
             threads0.update(thread_cpu())
             go.set()
 
-        run_threads([control] + [writer(p) for p in parts])
+        run_threads([control] + [writer(p) for p in parts], TIMEOUT)
         emit(
             t0=min(starts),
             t_written=max(ends),
@@ -276,7 +215,7 @@ def cf_consumer(cfg: Config) -> None:
             threads0.update(thread_cpu())
             emit(warm=True)
 
-        run_threads([announce] + [reader(g) for g in gates])
+        run_threads([announce] + [reader(g) for g in gates], TIMEOUT)
         emit(
             cpu=time.process_time() - cpu0[0],
             threads=thread_cpu_since(threads0),
@@ -362,7 +301,7 @@ def hol_producer(cfg: Config) -> None:
             schedule.update(receive())
             go.set()
 
-        run_threads([control, writer("a"), writer("b")])
+        run_threads([control, writer("a"), writer("b")], TIMEOUT)
         emit(written=written, batch_bytes=payload_bytes(batches, len(batches)) / len(batches))
         receive()
 
@@ -405,7 +344,7 @@ def hol_consumer(cfg: Config) -> None:
             stall_at[0] = receive()["stall_at"]
             scheduled.set()
 
-        run_threads([announce, reader("a"), reader("b")])
+        run_threads([announce, reader("a"), reader("b")], TIMEOUT)
         emit(times=times)
 
 
@@ -468,84 +407,11 @@ ROLES: dict[str, Callable[[Config], None]] = {
 # ------------------------------------------------------------------------------- parent side
 
 
-class WorkerError(RuntimeError):
-    pass
+class Worker(_Worker):
+    """A worker process of this script (see the roles above)."""
 
-
-class Worker(contextlib.AbstractContextManager["Worker"]):
-    """A worker process: ``read()`` its next JSON line, ``send(**fields)`` one to it.
-
-    It runs ``script`` (this file; a subclass may point at another script that dispatches
-    roles the same way, e.g. ``benches/test_bench_barrier.py``)."""
-
-    script: Path = Path(__file__).resolve()
-
-    def __init__(self, role: str, **cfg: Any) -> None:
-        self.role = role
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by kill())
-        self._proc = subprocess.Popen(
-            [sys.executable, str(self.script), role, json.dumps(cfg)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
-        self._pump_thread.start()
-
-    def _pump(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def _fail(self, what: str) -> WorkerError:
-        self._stderr.seek(0)
-        tail = self._stderr.read()[-4000:]
-        return WorkerError(f"worker {self.role}: {what}\n--- its stderr ---\n{tail}")
-
-    def read(self, timeout: float = TIMEOUT) -> Config:
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise self._fail(f"no answer within {timeout} s") from None
-        if line is None:
-            self._proc.wait(5)
-            raise self._fail(f"exited (code {self._proc.returncode}) without answering")
-        msg: Config = json.loads(line)
-        return msg
-
-    def send(self, **fields: Any) -> None:
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps(fields) + "\n")
-        self._proc.stdin.flush()
-
-    def wait(self, timeout: float = TIMEOUT) -> None:
-        """Waits for the worker to exit, and raises if it failed."""
-        try:
-            code = self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise self._fail(f"still running after {timeout} s") from None
-        if code != 0:
-            raise self._fail(f"exited with code {code}")
-
-    def kill(self) -> None:
-        """Kills the worker if it is still running, and closes its pipes."""
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
-        assert self._proc.stdin is not None
-        assert self._proc.stdout is not None
-        with contextlib.suppress(OSError):  # a broken pipe to a dead worker
-            self._proc.stdin.close()
-        self._pump_thread.join(5)
-        self._proc.stdout.close()
-        self._stderr.close()
-
-    def __exit__(self, *_exc: object) -> None:
-        self.kill()
+    script = Path(__file__).resolve()
+    timeout = TIMEOUT
 
 
 def transfer(producers: list[Config], consumers_for: Callable[[list[str]], list[Config]]) -> Config:

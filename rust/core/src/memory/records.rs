@@ -93,7 +93,7 @@ impl Idle {
             let smallest = (0..self.blocks.len()).min_by_key(|&i| self.blocks[i].cap);
             match smallest {
                 Some(i) if keep_over == 0 || self.blocks[i].cap < keep_over => {
-                    let b = self.blocks.swap_remove(i);
+                    let b = self.blocks.remove(i);
                     self.bytes -= b.cap;
                     freed.push(b);
                 }
@@ -182,12 +182,15 @@ impl RecordPool {
         let mut freed = Vec::new();
         let block = {
             let mut idle = self.inner.idle.lock().unwrap();
+            // The smallest that fits; of equal ones the latest given back, whose lines are the
+            // likeliest still to be in the cache.
             let best = (0..idle.blocks.len())
+                .rev()
                 .filter(|&i| idle.blocks[i].cap >= len && idle.blocks[i].cap / 2 <= len)
                 .min_by_key(|&i| idle.blocks[i].cap);
             let block = match best {
                 Some(i) => {
-                    let block = idle.blocks.swap_remove(i);
+                    let block = idle.blocks.remove(i);
                     idle.bytes -= block.cap;
                     self.inner.reused.fetch_add(1, Ordering::Relaxed);
                     Some(block)
@@ -352,6 +355,19 @@ mod tests {
                 reused: 1
             }
         );
+    }
+
+    #[test]
+    fn of_equal_blocks_the_latest_given_back_is_used_first() {
+        let pool = RecordPool::new(1 << 20);
+        let (a, b) = (record(&pool, &[1u8; 4000]), record(&pool, &[2u8; 4000]));
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        drop(a);
+        drop(b);
+        assert_eq!(record(&pool, &[3u8; 4000]).as_ptr(), pb);
+        drop(record(&pool, &[4u8; 4000])); // b's block again (given back last)
+        let (c, d) = (record(&pool, &[5u8; 4000]), record(&pool, &[6u8; 4000]));
+        assert_eq!((c.as_ptr(), d.as_ptr()), (pb, pa));
     }
 
     #[test]

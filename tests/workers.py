@@ -186,19 +186,25 @@ class Worker(contextlib.AbstractContextManager["Worker"]):
             self._proc.wait(5)
             raise self._fail(f"exited (code {self._proc.returncode}) before {what}")
         msg: Config = json.loads(line)
-        if "error" in msg:
-            raise self._fail(f"failed in {msg['where']}: {msg['error']}")
         return msg
+
+    def _failed(self, msg: Config) -> WorkerError:
+        return self._fail(f"failed in {msg['where']}: {msg['error']}")
 
     def read(self, timeout: float | None = None) -> Config:
         """The worker's next message (a message reporting an error raises :class:`WorkerError`)."""
-        if self._stash:
-            return self._stash.pop(0)
-        return self._next(time.monotonic() + (timeout or self.timeout), "a message")
+        msg = (
+            self._stash.pop(0)
+            if self._stash
+            else self._next(time.monotonic() + (timeout or self.timeout), "a message")
+        )
+        if "error" in msg:
+            raise self._failed(msg)
+        return msg
 
     def wait_for(self, key: str, timeout: float | None = None) -> Config:
-        """The next message with ``key``; other messages are kept for later calls. A message
-        reporting an error raises :class:`WorkerError`."""
+        """The next message with ``key`` (``"error"`` too); other messages are kept for later
+        calls. Another message reporting an error raises :class:`WorkerError`."""
         for i, kept in enumerate(self._stash):
             if key in kept:
                 return self._stash.pop(i)
@@ -207,6 +213,8 @@ class Worker(contextlib.AbstractContextManager["Worker"]):
             msg = self._next(deadline, repr(key))
             if key in msg:
                 return msg
+            if "error" in msg:
+                raise self._failed(msg)
             self._stash.append(msg)
 
     def send(self, **fields: Any) -> None:

@@ -26,7 +26,7 @@ class Config:
     #: Rows a shuffle buffer holds where a peer takes one (Petastorm's shuffling queue).
     shuffle_buffer: int = 16_384
     #: Seconds a contender's round may take before its ranks are killed.
-    timeout: float = 900.0
+    timeout: float = 1800.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

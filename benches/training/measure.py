@@ -32,6 +32,7 @@ class Counters:
     write_bytes: int = 0
     cancelled_write_bytes: int = 0
     cpu_seconds: float = 0.0
+    name: str = ""
 
 
 def read_counters(pid: int) -> Counters | None:
@@ -42,8 +43,10 @@ def read_counters(pid: int) -> Counters | None:
     except OSError:
         return None
     fields = dict(line.split(": ", 1) for line in io.splitlines() if ": " in line)
-    ticks = stat.rpartition(")")[2].split()[11:13]  # utime, stime
+    name, _, rest = stat.partition(" (")[2].rpartition(")")
+    ticks = rest.split()[11:13]  # utime, stime
     return Counters(
+        name=name,
         write_bytes=int(fields.get("write_bytes", 0)),
         cancelled_write_bytes=int(fields.get("cancelled_write_bytes", 0)),
         cpu_seconds=sum(int(t) for t in ticks) / _TICK,
@@ -99,6 +102,8 @@ class Usage:
     cpu_seconds: float
     peak_dir_bytes: int
     processes: int
+    #: The processes that wrote most: (pid and name, bytes), largest first.
+    writers: list[tuple[str, int]]
 
 
 @dataclass
@@ -148,12 +153,17 @@ class Sampler:
         self.sample()
         zero = Counters()
         deltas = [(c, self._first.get(pid, zero)) for pid, c in self._last.items()]
+        written = [
+            (f"{pid} {c.name}", c.write_bytes - self._first.get(pid, zero).write_bytes)
+            for pid, c in self._last.items()
+        ]
         return Usage(
             write_bytes=sum(c.write_bytes - f.write_bytes for c, f in deltas),
             cancelled_write_bytes=sum(c.cancelled_write_bytes - f.cancelled_write_bytes for c, f in deltas),
             cpu_seconds=sum(c.cpu_seconds - f.cpu_seconds for c, f in deltas),
             peak_dir_bytes=self._peak_dir,
             processes=len(self._last),
+            writers=sorted(((w, b) for w, b in written if b), key=lambda x: -x[1])[:5],
         )
 
 

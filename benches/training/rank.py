@@ -4,8 +4,9 @@
 It sets its contender up (imports, listeners), prints ``@@ready {json}``, waits for a ``go``
 line on stdin (the driver's clock start ``t0`` and the contender's spec), then runs the epochs,
 consuming every batch as a training step would take it (row count and the sum of row keys,
-computed on the tensors), and writes its result (timeline, peak RSS, its own write_bytes and
-CPU seconds, or the error) as JSON to RESULT before it prints ``@@done``.
+computed on the tensors). Done, it prints ``@@epochs`` and waits for a ``close`` line (the
+driver's side finished) before it closes its loader; then it writes its result (timeline, peak
+RSS, its own write_bytes and CPU seconds, or the error) as JSON to RESULT and prints ``@@done``.
 """
 
 from __future__ import annotations
@@ -82,12 +83,16 @@ def main(argv: list[str]) -> int:
     except BaseException as exc:
         result.update(describe(exc), phase="epochs")
         result["ok"] = False
-    finally:
-        try:
-            contender.close()
-        except BaseException as exc:
-            result.setdefault("error", f"close: {type(exc).__name__}: {exc}")
     result.update(timeline=timeline.as_dict(), t0=go["t0"], rss_peak=peak_rss(), end=counters())
+    if result["ok"]:
+        # Keep the loader open until the driver's side is done too: a receiver closed as soon
+        # as its rank has read everything can still be asked by a Spark task to confirm.
+        say("epochs", {})
+        sys.stdin.readline()
+    try:
+        contender.close()
+    except BaseException as exc:
+        result.setdefault("error", f"close: {type(exc).__name__}: {exc}")
     Path(result_path).write_text(json.dumps(result))
     say("done", {"ok": result["ok"]})
     return 0

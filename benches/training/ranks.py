@@ -22,19 +22,24 @@ ROOT = Path(__file__).resolve().parents[2]
 
 class RankProcess:
     """A rank in its own process group (so that a kill reaches whatever it started), its
-    control lines on stdout, its log (stderr and stray prints) in ``scratch/rank-R.log``."""
+    control lines on stdout, its log (stderr and stray prints) and result in ``logs``; its
+    TMPDIR and whatever the contender writes in ``data``."""
 
-    def __init__(self, name: str, rank: int, cfg: Config, scratch: Path, secret: str) -> None:
+    def __init__(
+        self, name: str, rank: int, cfg: Config, data: Path, logs: Path, secret: str, master_port: int
+    ) -> None:
         self.rank = rank
-        self.result_path = scratch / f"rank-{rank}.json"
-        self.log_path = scratch / f"rank-{rank}.log"
-        tmp = scratch / f"tmp-{rank}"
+        self.result_path = logs / f"rank-{rank}.json"
+        self.log_path = logs / f"rank-{rank}.log"
+        tmp = data / f"tmp-{rank}"
         tmp.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(
             TMPDIR=str(tmp),
             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
             # As torchrun sets them (Mosaic's StreamingDataset finds its peers through these).
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(master_port),
             RANK=str(rank),
             LOCAL_RANK=str(rank),
             WORLD_SIZE=str(cfg.world_size),
@@ -43,7 +48,7 @@ class RankProcess:
         self._log = open(self.log_path, "w")  # noqa: SIM115  (closed in wait/kill)
         argv = [sys.executable, "-m", "benches.training.rank", name, str(rank), cfg.to_json()]
         self.proc = subprocess.Popen(
-            [*argv, str(scratch), str(self.result_path)],
+            [*argv, str(data), str(self.result_path)],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,
@@ -92,6 +97,13 @@ class RankProcess:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"t0": t0, "spec": spec}) + "\n")
         self.proc.stdin.flush()
+
+    def close_loader(self) -> None:
+        """Tells the rank that the driver's side is done (it may close its loader)."""
+        assert self.proc.stdin is not None
+        with contextlib.suppress(OSError):
+            self.proc.stdin.write("close\n")
+            self.proc.stdin.flush()
 
     def result(self) -> dict[str, Any] | None:
         try:

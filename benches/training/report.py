@@ -101,7 +101,9 @@ def errors(summaries: dict[str, dict[str, Any]]) -> str:
         if "error" in s:
             failed = s["rounds"] - s["ok_rounds"]
             text = " ".join(s["error"].split())
-            out.append(f"- **{name}** ({failed} of {s['rounds']} rounds, in {s['phase']}): `{text[:600]}`")
+            if len(text) > 700:  # a Spark worker's traceback: its start and its last lines
+                text = text[:250] + " ... " + text[-400:]
+            out.append(f"- **{name}** ({failed} of {s['rounds']} rounds, in {s['phase']}): `{text}`")
     return "\n".join(out)
 
 

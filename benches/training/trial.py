@@ -19,9 +19,12 @@ driver side starts its Spark job. Figures, in seconds from ``t0`` unless said ot
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
+import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -48,19 +51,48 @@ def run_trial(
     expected: tuple[int, int],
     scratch: Path,
 ) -> dict[str, Any]:
-    """Runs contender ``name`` once in ``scratch`` (created, and removed after); returns its
-    figures, or ``error`` (with ``phase``: setup, driver, epochs or timeout)."""
+    """Runs contender ``name`` once in ``scratch`` (created, and removed after; what the
+    contender writes goes to ``scratch/data``, whose size is sampled, the ranks' logs to
+    :func:`log_dir`); returns its figures, or ``error`` (with ``phase``: setup, driver, epochs
+    or timeout) and the end of each rank's log."""
     shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
+    data, logs = scratch / "data", log_dir(scratch)
+    data.mkdir(parents=True)
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
     secret = secrets.token_hex(16)
-    ranks = [RankProcess(name, r, cfg, scratch, secret) for r in range(cfg.world_size)]
+    port = free_port()
+    ranks = [RankProcess(name, r, cfg, data, logs, secret, port) for r in range(cfg.world_size)]
     try:
-        return _run(name, cfg, spark, df, part_of, expected, scratch, secret, ranks)
+        out = _run(name, cfg, spark, df, part_of, expected, data, secret, ranks)
+        if "error" in out:
+            out["logs"] = [r.tail(20) for r in ranks]
+        return out
     finally:
         for r in ranks:
             r.kill()
             r.close()
         shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(logs, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            logs.parent.rmdir()  # once the last trial's logs are gone
+
+
+def log_dir(scratch: Path) -> Path:
+    """Where the ranks' logs and results go: in memory (/dev/shm) where there is one, so that
+    what the libraries print is not counted as bytes written to disk."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / f"creditflow-bench-{os.getpid()}" / scratch.name
+    return scratch / "logs"
+
+
+def free_port() -> int:
+    """A loopback port free now (the ranks' MASTER_PORT, as torchrun would give them)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _run(
@@ -97,10 +129,17 @@ def _run(
             driver["error"] = f"{type(exc).__name__}: {exc}".strip()
         marks["driver"] = time.monotonic()
 
+    # The driver's own temporary files (Python's tempfile) go to the sampled directory too.
+    saved_tempdir, tempfile.tempdir = tempfile.tempdir, str(scratch)
     thread = threading.Thread(target=run_driver, name="bench-driver", daemon=True)
     thread.start()
     deadline = t0 + cfg.timeout
+    closed = False
     while time.monotonic() < deadline:
+        if not closed and not thread.is_alive():
+            closed = True
+            for r in ranks:
+                r.close_loader()
         exited = [r for r in ranks if r.proc.poll() is not None]
         if len(exited) == len(ranks):
             break
@@ -116,6 +155,7 @@ def _run(
         spark.sparkContext.cancelAllJobs()
         thread.join(timeout=60)
     usage = sampler.stop()
+    tempfile.tempdir = saved_tempdir
     results = [
         r.result() or {"ok": False, "error": f"rank {r.rank} wrote no result: {r.tail()}"} for r in ranks
     ]
@@ -158,6 +198,7 @@ def _figures(
         "cancelled_write_bytes": usage.cancelled_write_bytes
         + sum(d["cancelled_write_bytes"] for d in deltas),
         "peak_dir": usage.peak_dir_bytes,
+        "writers": usage.writers,
         "rss": [res.get("rss_peak") for res in results],
         "rss_ready": [res.get("rss_ready") for res in results],
         "batches": [t.get("batches", []) for t in timelines],

@@ -48,6 +48,10 @@ def session() -> Any:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # nothing here needs the Hub
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # No .pyc files written on a module's first import (they would count as bytes written by
+    # whichever contender imports it first), here, in the ranks and in Spark's workers.
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+    sys.dont_write_bytecode = True
     import creditflow.spark as cfs
 
     return cfs.local_session(

@@ -49,7 +49,9 @@ def _s(v: float | None) -> str:
 def _mb(v: float | None) -> str:
     if v is None:
         return "-"
-    return "0" if v == 0 else f"{v / 1e6:.1f} MB"
+    if v < 1e6:
+        return "0" if v == 0 else f"{v / 1e3:.0f} kB"
+    return f"{v / 1e6:.1f} MB"
 
 
 def _batches(s: dict[str, Any]) -> str:

@@ -1,12 +1,16 @@
 """Hugging Face ``datasets``: ``Dataset.from_spark(df, cache_dir=...)`` writes an Arrow cache;
-each rank memory-maps its files, takes its part with ``split_dataset_by_node`` (a contiguous
-half) and reads it through a ``DataLoader`` in shuffled 1024-row batches.
+each rank memory-maps its files (the ones the driver's ``Dataset`` lists in ``cache_files``, as
+a job whose ranks do not run Spark would) and takes its part with ``split_dataset_by_node``.
+Two ways to read it, the two HF documents:
 
-The batches come from ``BatchSampler(RandomSampler(...))`` handed to the dataset whole (one
-indexed read per batch, the fast way with ``with_format("torch")``; a plain
-``DataLoader(ds, batch_size=1024)`` reads and collates row by row), reshuffled every epoch by
-a seeded generator. The ranks open the cache files the driver's ``Dataset`` lists
-(``cache_files``), as a job whose ranks do not run Spark would.
+* ``hf-datasets`` (map-style): the rank's contiguous half, ``with_format("torch")``, in a
+  ``DataLoader`` whose sampler is ``BatchSampler(RandomSampler(...), 1024)`` (one indexed read
+  per batch; a plain ``DataLoader(ds, batch_size=1024)`` reads and collates row by row),
+  reshuffled every epoch by a seeded generator: a true shuffle, by random access;
+* ``hf-iterable``: ``to_iterable_dataset(num_shards=partitions)``, ``shuffle(seed,
+  buffer_size=16384)`` (shard order and a row buffer, reshuffled by ``set_epoch``), then
+  ``split_dataset_by_node`` (whole shards per rank) and ``iter(batch_size=1024)``: contiguous
+  reads, an approximate shuffle.
 """
 
 from __future__ import annotations
@@ -51,3 +55,24 @@ class HFDatasets(Contender):
         files = [f["filename"] for f in dataset.cache_files]
         go({"files": files})
         return {"files": len(files)}
+
+
+class HFIterable(HFDatasets):
+    name = "hf-iterable"
+    method = (
+        "`Dataset.from_spark(df)` (Arrow cache) + `to_iterable_dataset(num_shards=8).shuffle(seed, "
+        "buffer_size=16384)`, `split_dataset_by_node`, `set_epoch(e)`, `iter(batch_size=1024)`"
+    )
+
+    def epochs(self, ctx: RankContext, spec: Spec) -> Iterator[Iterable[Batch]]:
+        from datasets import Dataset, concatenate_datasets
+        from datasets.distributed import split_dataset_by_node
+
+        cfg = ctx.cfg
+        full = concatenate_datasets([Dataset.from_file(f) for f in spec["files"]])
+        stream = full.to_iterable_dataset(num_shards=cfg.partitions)
+        stream = stream.shuffle(seed=cfg.seed, buffer_size=cfg.shuffle_buffer)
+        part = split_dataset_by_node(stream, rank=ctx.rank, world_size=cfg.world_size).with_format("torch")
+        for epoch in range(cfg.epochs):
+            part.set_epoch(epoch)
+            yield part.iter(batch_size=cfg.batch_size)

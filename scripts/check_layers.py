@@ -38,7 +38,7 @@ from pathlib import Path
 
 # The core: one folder per layer (`env.rs` is the layer `env`). `lib.rs` is the crate root: it
 # declares and re-exports every layer, so it is not checked.
-RUST_CORE_LAYERS = ["base", "memory", "serde", "protocol", "partition", "net", "gate", "env", "fuzz"]
+RUST_CORE_LAYERS = ["base", "memory", "serde", "protocol", "partition", "net", "gate", "env", "host", "fuzz"]
 
 # The bindings crate, by file (patterns relative to rust/python/src; "*" is the default for a
 # file not named elsewhere).

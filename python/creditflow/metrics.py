@@ -324,3 +324,8 @@ class EnvMetrics(TypedDict):
     gates: dict[str, GateMetrics]
     #: The spill directory, once a blocking or hybrid partition opened it (else ``None``).
     spill: SpillDirMetrics | None
+    #: Connections this environment opened and that are up: one per remote address its gates
+    #: read from, shared by all their channels.
+    connections_opened: int
+    #: Connections other environments opened to this one that are up.
+    connections_served: int

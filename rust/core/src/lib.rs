@@ -17,15 +17,16 @@
 //! | [`net`] | TCP (and TLS) between environments on a tokio runtime: the handshake, the receiving side (`client`), the sending side (`server`), limits, liveness; shared-memory links between environments of one host (`shm`) | `PartitionRequestClient`, `PartitionRequestServerHandler`, `PartitionRequestQueue` |
 //! | [`gate`] | the consuming side: [`InputGate`] over local and remote channels, barrier alignment, metrics | `SingleInputGate`, `LocalInputChannel`, `RemoteInputChannel` |
 //! | [`mod@env`] | one per process: pools, partitions, gates, the transport, the flusher ([`NetworkEnvironment`]); every setting once, with its default, unit and doc ([`env::settings`]) | `NettyShuffleEnvironment`, `NettyShuffleEnvironmentOptions` |
+//! | [`host`] | one per host, user and application: the host service holding every attached task's partitions, gates and connections in one environment ([`host::HostService`]), and the task's attachment to it ([`host::Attachment`]) | the TaskManager's `ShuffleEnvironment` shared by its tasks |
 //! | `fuzz` | (feature `fuzz` only) harnesses for the cargo-fuzz targets and property tests | |
 //!
-//! `net`, `gate` and `env` are left out of loom builds (`--cfg loom`), which model-check the
+//! `net`, `gate`, `env` and `host` are left out of loom builds (`--cfg loom`), which model-check the
 //! lock-free parts below them.
 //!
 //! Blocking calls take a [`base::wait::Wait`]: an optional deadline and an interrupt check that
 //! the Python layer uses for Ctrl-C, so no call can block forever without a way out.
 
-// Loom builds leave net, gate and env out: what only they use is dead there, not elsewhere.
+// Loom builds leave net, gate, env and host out: what only they use is dead there, not elsewhere.
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
 pub mod base;
@@ -36,6 +37,8 @@ pub mod env;
 pub mod fuzz;
 #[cfg(not(loom))]
 pub mod gate;
+#[cfg(not(loom))]
+pub mod host;
 pub mod memory;
 #[cfg(not(loom))]
 pub mod net;

@@ -305,6 +305,8 @@ pub(crate) fn env<'py>(py: Python<'py>, m: &EnvMetrics) -> PyResult<Bound<'py, P
         partitions,
         gates,
         spill,
+        connections_opened,
+        connections_served,
     } = m;
     let parts = PyDict::new(py);
     for p in partitions {
@@ -325,6 +327,8 @@ pub(crate) fn env<'py>(py: Python<'py>, m: &EnvMetrics) -> PyResult<Bound<'py, P
         partitions = parts,
         gates = gate_dicts,
         spill = optional(py, spill.as_ref(), spill_dir)?,
+        connections_opened,
+        connections_served,
     );
     Ok(d)
 }

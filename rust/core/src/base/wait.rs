@@ -55,6 +55,11 @@ impl<'a> Wait<'a> {
         }
     }
 
+    /// Time left before the deadline (`None`: no deadline; zero once it passed).
+    pub fn remaining(&self) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
     /// How long the caller may sleep now before calling [`Wait::tick`] again; `Err` when the
     /// deadline has passed or the check failed. The check runs on the first tick and then at
     /// most every [`CHECK_INTERVAL`], however often the caller ticks.

@@ -186,6 +186,11 @@ pub struct EnvMetrics {
     pub gates: Vec<GateMetrics>,
     /// The spill directory, once a blocking or hybrid partition opened it.
     pub spill: Option<SpillDirMetrics>,
+    /// Connections this environment opened and that are up: one per remote address its
+    /// gates read from, shared by all their channels.
+    pub connections_opened: usize,
+    /// Connections other environments opened to this one that are up.
+    pub connections_served: usize,
 }
 
 /// One per process: pools, partitions, gates.
@@ -423,6 +428,7 @@ impl NetworkEnvironment {
     /// Metrics of the environment, its partitions and gates.
     pub fn metrics(&self) -> EnvMetrics {
         let pool = &self.inner.pool;
+        let (connections_opened, connections_served) = self.inner.transport.connection_counts();
         let mut partitions: Vec<PartitionMetrics> = self
             .inner
             .registry
@@ -451,6 +457,8 @@ impl NetworkEnvironment {
             partitions,
             gates,
             spill: self.inner.spill.lock().unwrap().as_ref().map(|d| d.metrics()),
+            connections_opened,
+            connections_served,
         }
     }
 

@@ -4,7 +4,8 @@
 //! Rooms: `runtime` (the transport an environment owns: listener, connections, I/O thread),
 //! `io` (frames on a socket), `handshake` and `auth`, `limits` and `liveness` (what an abusive
 //! or silent peer meets), `client` (the receiving side, by role), `server` (the sending side,
-//! by role), `tls` (handshake and record layer). May use every layer below it: base, memory,
+//! by role), `tls` (handshake and record layer), `shm` (shared-memory links, whose parts the
+//! host service's links to attached tasks use too). May use every layer below it: base, memory,
 //! serde, protocol and partition (the subpartitions it serves).
 
 mod auth;
@@ -15,7 +16,7 @@ mod limits;
 mod liveness;
 mod runtime;
 mod server;
-mod shm;
+pub(crate) mod shm;
 mod tls;
 
 pub(crate) use client::{recycle_all, Inbound, RecordBytes, RemoteChannel, RemoteGate};

@@ -151,6 +151,26 @@ impl Transport {
         conn.open_channel(rid, spec, gate, notify, self.config.backoff)
     }
 
+    /// Connections this environment opened that are up (one per remote address its gates
+    /// read from), and connections it serves now.
+    pub(crate) fn connection_counts(&self) -> (usize, usize) {
+        let opened = self
+            .clients
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|c| !c.is_dead())
+            .count();
+        let served = self
+            .served
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.strong_count() > 0)
+            .count();
+        (opened, served)
+    }
+
     /// Flow control of this environment's gates.
     pub(crate) fn flow_control(&self) -> FlowControl {
         self.config.flow_control

@@ -16,21 +16,16 @@
 //! then sees its next frame on TCP instead of a link.
 
 use std::collections::HashMap;
-use std::io::IoSlice;
-use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage,
-    SendFlags,
-};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{oneshot, watch};
 
 use super::doorbell::Doorbell;
+use super::fdpass::{recv_fd, send_fd};
 use super::heap::{heap_region_len, sane_heap, HeapReader, HeapWriter};
 use super::identity::local_offer;
 use super::region::Region;
@@ -56,7 +51,7 @@ fn refused(msg: String) -> std::io::Error {
 }
 
 /// Checks a link socket's peer: our uid, and the pid the peer announced in its Hello.
-pub(super) fn check_peer(sock: &UnixStream, pid: u32) -> std::io::Result<()> {
+pub(crate) fn check_peer(sock: &UnixStream, pid: u32) -> std::io::Result<()> {
     let cred = sock.peer_cred()?;
     let uid = rustix::process::getuid().as_raw();
     if cred.uid() != uid {
@@ -250,11 +245,12 @@ fn layout_bytes(heap: usize) -> [u8; LAYOUT_LEN] {
 }
 
 /// Where the heap starts: after both rings.
-fn heap_offset(s2c: usize, c2s: usize) -> usize {
+pub(crate) fn heap_offset(s2c: usize, c2s: usize) -> usize {
     2 * RING_HEADER + s2c + c2s
 }
 
-fn region_len(s2c: usize, c2s: usize, heap: usize) -> usize {
+/// Bytes of a region with both rings and a heap of `heap` bytes (0: none).
+pub(crate) fn region_len(s2c: usize, c2s: usize, heap: usize) -> usize {
     heap_offset(s2c, c2s) + if heap > 0 { heap_region_len(heap) } else { 0 }
 }
 
@@ -272,18 +268,7 @@ pub(crate) async fn serve_link(
     check_peer(&sock, client.pid)?;
     let (region, fd) = Region::create(region_len(SERVER_TO_CLIENT, CLIENT_TO_SERVER, heap))?;
     let layout = layout_bytes(heap);
-    sock.async_io(Interest::WRITABLE, || {
-        let fds = [fd.as_fd()];
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut control = SendAncillaryBuffer::new(&mut space);
-        control.push(SendAncillaryMessage::ScmRights(&fds));
-        let n = rustix::net::sendmsg(&sock, &[IoSlice::new(&layout)], &mut control, SendFlags::NOSIGNAL)?;
-        if n != layout.len() {
-            return Err(std::io::Error::other("short write of the shared-memory layout"));
-        }
-        Ok(())
-    })
-    .await?;
+    send_fd(&sock, &layout, fd.as_fd()).await?;
     drop(fd);
     let region = Arc::new(region);
     let to_client = Ring::new(region.clone(), 0, SERVER_TO_CLIENT);
@@ -305,35 +290,7 @@ pub(crate) async fn connect_link(server: &ShmOffer, token: &Nonce) -> std::io::R
     check_peer(&sock, server.pid)?;
     sock.write_all(token).await?;
     let mut layout = [0u8; LAYOUT_LEN];
-    let fd: OwnedFd = loop {
-        sock.readable().await?;
-        let got = sock.try_io(Interest::READABLE, || {
-            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-            let mut control = RecvAncillaryBuffer::new(&mut space);
-            let mut iov = [std::io::IoSliceMut::new(&mut layout)];
-            let msg = rustix::net::recvmsg(&sock, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
-            let mut fd = None;
-            for m in control.drain() {
-                if let RecvAncillaryMessage::ScmRights(fds) = m {
-                    for f in fds {
-                        // More than one descriptor: keep the first, close the rest.
-                        fd.get_or_insert(f);
-                    }
-                }
-            }
-            Ok((msg.bytes, fd))
-        });
-        match got {
-            Ok((LAYOUT_LEN, Some(fd))) => break fd,
-            Ok((n, _)) => {
-                return Err(std::io::Error::other(format!(
-                    "the server sent {n} bytes and no region instead of a shared-memory layout"
-                )))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    };
+    let fd = recv_fd(&sock, &mut layout, "a shared-memory layout").await?;
     let s2c = u64::from_le_bytes(layout[..8].try_into().expect("8 bytes")) as usize;
     let c2s = u64::from_le_bytes(layout[8..16].try_into().expect("8 bytes")) as usize;
     let heap = u64::from_le_bytes(layout[16..].try_into().expect("8 bytes")) as usize;

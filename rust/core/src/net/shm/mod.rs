@@ -8,10 +8,13 @@
 //! `memfd` mapped shared), `ring` (a single-producer single-consumer byte ring in the region),
 //! `heap` (chunks where the producer puts whole records for the consumer to decode in place),
 //! `doorbell` (the Unix socket that wakes a sleeping side and tells a dead peer), `stream`
-//! (the rings as `AsyncRead` / `AsyncWrite` halves), `link` (the Unix socket listener, the
-//! peer-credential checks and the descriptor passing that set a link up).
+//! (the rings as `AsyncRead` / `AsyncWrite` halves), `fdpass` (a message with a descriptor over
+//! a Unix socket), `link` (the Unix socket listener and the peer-credential checks that set a
+//! link up). The host service (`crate::host`) builds its links to attached tasks from the same
+//! parts.
 
 mod doorbell;
+mod fdpass;
 mod heap;
 mod identity;
 mod link;
@@ -22,6 +25,11 @@ mod stream;
 mod tests;
 
 pub use crate::base::metrics::ChannelTransport;
-pub(crate) use heap::{heap_bytes_for, HeapLease, HeapReader, HeapWriter, MIN_ITEM};
+pub(crate) use doorbell::{Doorbell, Waiter};
+pub(crate) use fdpass::{recv_fd, send_fd};
+pub(crate) use heap::{heap_bytes_for, sane_heap, HeapLease, HeapReader, HeapWriter, MIN_ITEM};
 pub(crate) use identity::local_offer;
-pub(crate) use link::{connect_link, serve_link, ShmListener};
+pub(crate) use link::{check_peer, connect_link, heap_offset, region_len, serve_link, ShmListener};
+pub(crate) use region::Region;
+pub(crate) use ring::{Ring, RING_HEADER};
+pub(crate) use stream::{ShmReader, ShmWriter};

@@ -1,0 +1,108 @@
+//! The service's side of a gate's link (a `creditflow-host-gate` thread): takes the gate's
+//! items and puts them on the link, a batch as a record of its channel's stream. When the
+//! link is full this thread waits and takes nothing more from the gate, whose channels then
+//! stop getting credit: the task's pace reaches the producers. The gate closes when the task
+//! drops its end (or goes), or the service ends.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::io::AsyncWriteExt;
+use tokio::runtime::Handle;
+
+use super::codec::{RecordHead, Signal};
+use super::link::{self, HeapEnd, LinkEnd};
+use super::records::{small, Frame, RecordSender};
+use super::runtime::block_on;
+use crate::base::error::Error;
+use crate::base::wait::Wait;
+use crate::gate::{GateItem, InputGate};
+
+/// Runs a gate's link until the gate ends, the task drops it or goes, or the service ends.
+pub(crate) fn run(mut gate: InputGate, end: LinkEnd, handle: Handle, stop: [Arc<AtomicBool>; 2]) {
+    let LinkEnd {
+        reader,
+        mut writer,
+        heap,
+        bell,
+    } = end;
+    let HeapEnd::Writer(heap) = heap else {
+        log::warn!("creditflow: host service: a gate's link with the wrong heap side");
+        return;
+    };
+    let (link_dead, _watch) = link::watch(&handle, bell);
+    let mut check = || {
+        if stop.iter().chain([&link_dead]).any(|f| f.load(Ordering::SeqCst)) {
+            Err(Error::Closed("input gate"))
+        } else {
+            Ok(())
+        }
+    };
+    let mut wait = Wait::forever().with_check(&mut check);
+    let mut sender = RecordSender::new(None);
+    // Errors in a row: a channel's failure ends that channel, so more than one per channel
+    // without anything else between means the gate is stuck failing.
+    let mut errors = 0usize;
+    let limit = gate.num_channels() + 1;
+    loop {
+        let (frame, last): (Frame, bool) = match gate.next_item(&mut wait) {
+            Ok(None) => (small(Signal::End.encode()), true),
+            Ok(Some(item)) => {
+                errors = 0;
+                match item {
+                    GateItem::Batch {
+                        channel,
+                        batch,
+                        in_flight,
+                        ..
+                    } => {
+                        let head = RecordHead {
+                            channel: channel as u32,
+                            in_flight,
+                        };
+                        match sender.frame(head, &batch, &heap) {
+                            Ok(f) => (f, false),
+                            Err(e) => (small(Signal::Error(e).encode()), true),
+                        }
+                    }
+                    GateItem::Event { channel, payload } => {
+                        let s = Signal::Event {
+                            target: Some(channel as u32),
+                            payload,
+                        };
+                        (small(s.encode()), false)
+                    }
+                    GateItem::Barrier {
+                        checkpoint_id,
+                        unaligned,
+                    } => {
+                        let s = Signal::Barrier {
+                            id: checkpoint_id,
+                            unaligned,
+                        };
+                        (small(s.encode()), false)
+                    }
+                    GateItem::CheckpointAborted { checkpoint_id } => {
+                        (small(Signal::Aborted { id: checkpoint_id }.encode()), false)
+                    }
+                }
+            }
+            Err(_) if stop.iter().chain([&link_dead]).any(|f| f.load(Ordering::SeqCst)) => break,
+            Err(e) => {
+                errors += 1;
+                (small(Signal::Error(e).encode()), errors > limit)
+            }
+        };
+        match block_on(&handle, link::write_all(&mut writer, &frame), &mut wait) {
+            Ok(Ok(())) => {}
+            _ => break,
+        }
+        if last {
+            break;
+        }
+    }
+    gate.close();
+    // Closes the ring: the task reads what is in it (the end), then end-of-stream.
+    let _ = handle.block_on(writer.shutdown());
+    drop(reader);
+}

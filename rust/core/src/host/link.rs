@@ -1,0 +1,229 @@
+//! A link between an attached task and its service: a connection of its own to the service's
+//! name, over which the service passes a sealed `memfd` (the same region, rings, heap and
+//! doorbell as [`crate::net::shm`]'s links between environments). One ring each way and one
+//! heap, written by the side that sends batches: the task for a writer's link, the service for
+//! a gate's. The connection stays as the doorbell; its end tells either side that the other is
+//! gone, however it went.
+
+use std::io::IoSlice;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use arrow_buffer::Buffer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use super::codec::{self, FRAME_HEADER};
+use crate::base::error::{Error, Result};
+use crate::net::shm::{
+    heap_offset, recv_fd, region_len, sane_heap, send_fd, Doorbell, HeapReader, HeapWriter, Region, Ring,
+    ShmReader, ShmWriter, Waiter, RING_HEADER,
+};
+
+/// Bytes of the ring that carries batches (towards the side that receives them).
+pub(crate) const BATCH_RING: usize = 1 << 20;
+/// Bytes of the ring back (acknowledgements and errors).
+pub(crate) const BACK_RING: usize = 64 << 10;
+/// Bytes of a link's heap (its pages are used only once written).
+pub(crate) const LINK_HEAP: usize = 4 << 20;
+/// Bytes of the layout the service sends with the region.
+const LAYOUT_LEN: usize = 32;
+
+/// Which way a link's batches go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LinkKind {
+    /// A writer's: task to service.
+    Writer,
+    /// A gate's: service to task.
+    Gate,
+}
+
+impl LinkKind {
+    fn code(self) -> u64 {
+        match self {
+            LinkKind::Writer => 1,
+            LinkKind::Gate => 2,
+        }
+    }
+
+    /// Capacities of the ring from the service to the task and back.
+    fn rings(self) -> (usize, usize) {
+        match self {
+            LinkKind::Writer => (BACK_RING, BATCH_RING),
+            LinkKind::Gate => (BATCH_RING, BACK_RING),
+        }
+    }
+}
+
+/// One side of a link's heap.
+pub(crate) enum HeapEnd {
+    /// The side that sends batches places them.
+    Writer(HeapWriter),
+    /// The other reads them where they lie.
+    Reader(HeapReader),
+}
+
+/// One side of a link: its halves, its heap side, and the doorbell (to watch for the peer's
+/// end).
+pub(crate) struct LinkEnd {
+    pub(crate) reader: ShmReader,
+    pub(crate) writer: ShmWriter,
+    pub(crate) heap: HeapEnd,
+    pub(crate) bell: Arc<Doorbell>,
+}
+
+/// Service side: creates the region for a link of `kind` and passes it on `sock` (whose peer
+/// was checked when it connected).
+pub(crate) async fn serve(sock: UnixStream, kind: LinkKind) -> Result<LinkEnd> {
+    let (s2t, t2s) = kind.rings();
+    let (region, fd) = Region::create(region_len(s2t, t2s, LINK_HEAP)).map_err(io_error)?;
+    let mut layout = [0u8; LAYOUT_LEN];
+    for (i, v) in [s2t as u64, t2s as u64, LINK_HEAP as u64, kind.code()]
+        .into_iter()
+        .enumerate()
+    {
+        layout[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    send_fd(&sock, &layout, fd.as_fd()).await.map_err(io_error)?;
+    drop(fd);
+    let region = Arc::new(region);
+    let to_task = Ring::new(region.clone(), 0, s2t);
+    let from_task = Ring::new(region.clone(), RING_HEADER + s2t, t2s);
+    let offset = heap_offset(s2t, t2s);
+    let heap = match kind {
+        LinkKind::Writer => HeapEnd::Reader(HeapReader::new(region, offset, LINK_HEAP)),
+        LinkKind::Gate => HeapEnd::Writer(HeapWriter::new(region, offset, LINK_HEAP)),
+    };
+    let bell = Doorbell::new(sock);
+    Ok(LinkEnd {
+        reader: ShmReader::new(from_task, bell.clone()),
+        writer: ShmWriter::new(to_task, bell.clone()),
+        heap,
+        bell,
+    })
+}
+
+/// Task side: having sent the link's opening on `sock`, maps the region the service passes.
+pub(crate) async fn open(sock: UnixStream, kind: LinkKind) -> Result<LinkEnd> {
+    let mut layout = [0u8; LAYOUT_LEN];
+    let fd = recv_fd(&sock, &mut layout, "a link's layout")
+        .await
+        .map_err(|e| Error::ConnectionLost(format!("the host service did not set the link up: {e}")))?;
+    let word = |i: usize| u64::from_le_bytes(layout[8 * i..8 * i + 8].try_into().expect("8 bytes")) as usize;
+    let (s2t, t2s, heap, code) = (word(0), word(1), word(2), word(3) as u64);
+    let sane = |n: usize| n.is_power_of_two() && (4096..=1 << 30).contains(&n);
+    if !sane(s2t) || !sane(t2s) || !sane_heap(heap) || heap == 0 || code != kind.code() {
+        return Err(Error::Protocol(format!(
+            "bad link layout {s2t}/{t2s}/{heap}/{code} for a {kind:?} link"
+        )));
+    }
+    let region = Arc::new(Region::map(&fd, region_len(s2t, t2s, heap)).map_err(io_error)?);
+    drop(fd);
+    let from_service = Ring::new(region.clone(), 0, s2t);
+    let to_service = Ring::new(region.clone(), RING_HEADER + s2t, t2s);
+    let offset = heap_offset(s2t, t2s);
+    let heap = match kind {
+        LinkKind::Writer => HeapEnd::Writer(HeapWriter::new(region, offset, heap)),
+        LinkKind::Gate => HeapEnd::Reader(HeapReader::new(region, offset, heap)),
+    };
+    let bell = Doorbell::new(sock);
+    Ok(LinkEnd {
+        reader: ShmReader::new(from_service, bell.clone()),
+        writer: ShmWriter::new(to_service, bell.clone()),
+        heap,
+        bell,
+    })
+}
+
+fn io_error(e: std::io::Error) -> Error {
+    Error::ConnectionLost(format!("shared memory with the host service: {e}"))
+}
+
+/// Writes every byte of `parts`, in order, as few ring writes as it takes.
+pub(crate) async fn write_all<W: AsyncWriteExt + Unpin>(w: &mut W, parts: &[Buffer]) -> std::io::Result<()> {
+    let mut first = 0;
+    let mut offset = 0;
+    while first < parts.len() {
+        let slices: Vec<IoSlice<'_>> = std::iter::once(&parts[first].as_slice()[offset..])
+            .chain(parts[first + 1..].iter().map(|p| p.as_slice()))
+            .map(IoSlice::new)
+            .collect();
+        let mut n = w.write_vectored(&slices).await?;
+        if n == 0 && slices.iter().any(|s| !s.is_empty()) {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while first < parts.len() {
+            let left = parts[first].len() - offset;
+            if n < left {
+                offset += n;
+                break;
+            }
+            n -= left;
+            first += 1;
+            offset = 0;
+        }
+    }
+    Ok(())
+}
+
+/// Reads a frame's header: its length and type; `None` at a clean end of stream (the peer
+/// closed its ring between frames).
+pub(crate) async fn read_header<R: AsyncReadExt + Unpin>(
+    r: &mut R,
+    max: usize,
+) -> Result<Option<(usize, u8)>> {
+    let mut h = [0u8; FRAME_HEADER];
+    let mut got = 0;
+    while got < FRAME_HEADER {
+        let n = r.read(&mut h[got..]).await.map_err(lost)?;
+        if n == 0 {
+            if got == 0 {
+                return Ok(None);
+            }
+            return Err(Error::ConnectionLost("the link ended inside a frame".into()));
+        }
+        got += n;
+    }
+    codec::header(h, max).map(Some)
+}
+
+/// Reads `n` bytes of a frame's body.
+pub(crate) async fn read_body<R: AsyncReadExt + Unpin>(r: &mut R, n: usize) -> Result<Vec<u8>> {
+    let mut body = vec![0u8; n];
+    r.read_exact(&mut body).await.map_err(lost)?;
+    Ok(body)
+}
+
+/// A failed read of a link: the peer is gone.
+pub(crate) fn lost(e: std::io::Error) -> Error {
+    Error::ConnectionLost(format!("link to the other side of the host service broken: {e}"))
+}
+
+/// Watches a link's doorbell for the peer's end (its process ended, or it dropped the link);
+/// the flag is set when it does. The watch stops when the guard is dropped, so that it does
+/// not keep the connection open.
+pub(crate) fn watch(handle: &tokio::runtime::Handle, bell: Arc<Doorbell>) -> (Arc<AtomicBool>, WatchGuard) {
+    let dead = Arc::new(AtomicBool::new(false));
+    let flag = dead.clone();
+    let task = handle.spawn(async move {
+        let mut waiter = Waiter::new(bell);
+        loop {
+            std::future::poll_fn(|cx| waiter.poll(cx)).await;
+            if waiter.bell().is_dead() {
+                flag.store(true, Ordering::SeqCst);
+                return;
+            }
+        }
+    });
+    (dead, WatchGuard(task))
+}
+
+/// Stops a [`watch`] when dropped.
+pub(crate) struct WatchGuard(tokio::task::JoinHandle<()>);
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,200 @@
+//! Batches over a link: each stream (a writer's one, a gate's one per channel, since channels
+//! may differ in schema) is Arrow IPC records as a subpartition's stream is (the schema in the
+//! first record, dictionaries when they change). A record of 64 KiB or more is placed in the
+//! link's heap when a run of chunks is free, and its frame only names it; the receiver decodes
+//! it where it lies and frees the chunks when the last batch over them is dropped. Any other
+//! record goes through the ring, inside its frame, into a block of the receiver's record pool.
+
+use std::collections::HashMap;
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+
+use arrow_array::RecordBatch;
+use arrow_buffer::Buffer;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use super::codec::{self, In, RecordHead, Signal, FRAME_HEADER};
+use super::link::{lost, read_body, read_header};
+use crate::base::error::{Error, Result};
+use crate::memory::RecordPool;
+use crate::net::shm::{HeapReader, HeapWriter, MIN_ITEM};
+use crate::serde::{BatchEncoder, Compression, RecordDeserializer, RECORD_HEADER_LEN};
+
+/// What one record frame (and its bytes) take to send: written in order.
+pub(crate) type Frame = Vec<Buffer>;
+
+/// A frame of small parts only.
+pub(crate) fn small(bytes: Vec<u8>) -> Frame {
+    vec![Buffer::from_vec(bytes)]
+}
+
+/// Encodes the batches of a link's streams and places the large ones in its heap.
+pub(crate) struct RecordSender {
+    encoders: HashMap<u32, BatchEncoder>,
+    compression: Option<Compression>,
+}
+
+impl RecordSender {
+    pub(crate) fn new(compression: Option<Compression>) -> RecordSender {
+        RecordSender {
+            encoders: HashMap::new(),
+            compression,
+        }
+    }
+
+    /// The frame that carries `batch` on stream `head.channel`: in `heap` when it is large
+    /// enough and a run of chunks is free, else inline.
+    pub(crate) fn frame(
+        &mut self,
+        head: RecordHead,
+        batch: &RecordBatch,
+        heap: &HeapWriter,
+    ) -> Result<Frame> {
+        let encoder = match self.encoders.get_mut(&head.channel) {
+            Some(e) => e,
+            None => self
+                .encoders
+                .entry(head.channel)
+                .or_insert(BatchEncoder::with_compression(
+                    batch.schema_ref(),
+                    self.compression,
+                )?),
+        };
+        let record = encoder.encode(batch)?;
+        let len = record.len();
+        if len >= MIN_ITEM {
+            if let Some(start) = heap.place(0, false, len, record.chunks()) {
+                return Ok(small(head.item(start, len as u64)));
+            }
+        }
+        let (_prefix, parts) = record.into_parts();
+        let body: usize = parts.iter().map(|p| p.len()).sum();
+        let mut frame = small(head.inline(body));
+        frame.extend(parts);
+        Ok(frame)
+    }
+}
+
+/// What a link brings: a record (its body: the IPC messages, as an Arrow buffer) or another
+/// frame.
+pub(crate) enum Incoming {
+    Record { head: RecordHead, body: Buffer },
+    Signal(Signal),
+}
+
+/// Reads the next frame of a link; `None` at a clean end. `max` bounds a record's bytes.
+pub(crate) async fn read_incoming<R: AsyncRead + Unpin>(
+    r: &mut R,
+    heap: Option<&HeapReader>,
+    pool: &RecordPool,
+    max: usize,
+) -> Result<Option<Incoming>> {
+    let Some((len, ty)) = read_header(r, max.saturating_add(1 << 20)).await? else {
+        return Ok(None);
+    };
+    let body_len = len - FRAME_HEADER;
+    match ty {
+        codec::ty::RECORD => {
+            // The head: channel and in-flight ids, then the record's bytes.
+            let mut fixed = [0u8; 8];
+            if body_len < fixed.len() {
+                return Err(Error::Protocol("a record frame too short for its head".into()));
+            }
+            r.read_exact(&mut fixed).await.map_err(lost)?;
+            let ids = u32::from_le_bytes(fixed[4..].try_into().expect("4 bytes")) as usize;
+            let head_len = 8 + 8 * ids;
+            if body_len < head_len {
+                return Err(Error::Protocol("a record frame too short for its head".into()));
+            }
+            let mut head_bytes = fixed.to_vec();
+            head_bytes.extend(read_body(r, head_len - 8).await?);
+            let head = RecordHead::decode_inline(&mut In::new(&head_bytes))?;
+            let record_len = body_len - head_len;
+            if record_len == 0 || record_len > max {
+                return Err(Error::Protocol(format!(
+                    "a record of {record_len} bytes (at most {max})"
+                )));
+            }
+            let mut buf = pool.take(record_len);
+            while buf.missing() > 0 {
+                let n = std::future::poll_fn(|cx| {
+                    let mut rb = tokio::io::ReadBuf::uninit(buf.spare());
+                    match Pin::new(&mut *r).poll_read(cx, &mut rb) {
+                        Poll::Ready(Ok(())) => Poll::Ready(Ok(rb.filled().len())),
+                        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                        Poll::Pending => Poll::Pending,
+                    }
+                })
+                .await
+                .map_err(lost)?;
+                if n == 0 {
+                    return Err(Error::ConnectionLost("the link ended inside a record".into()));
+                }
+                // SAFETY: `poll_read` initialized the first `n` bytes of the spare part.
+                unsafe { buf.commit(n) };
+            }
+            Ok(Some(Incoming::Record {
+                head,
+                body: buf.freeze(),
+            }))
+        }
+        codec::ty::RECORD_ITEM => {
+            let body = read_body(r, body_len).await?;
+            let (head, start, item_len) = RecordHead::decode_item(&body)?;
+            let heap = heap.ok_or_else(|| Error::Protocol("a heap record on a link without one".into()))?;
+            let lease = Arc::new(heap.lease(start, item_len).map_err(Error::Protocol)?);
+            let prefix = lease
+                .bytes(0, RECORD_HEADER_LEN)
+                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+            let record_len = item_len.saturating_sub(RECORD_HEADER_LEN as u64);
+            if prefix != Some(record_len) || record_len == 0 || record_len > max as u64 {
+                return Err(Error::Protocol(format!(
+                    "a heap record of {item_len} bytes whose prefix says {prefix:?}"
+                )));
+            }
+            let body = lease
+                .buffer(RECORD_HEADER_LEN, record_len as usize)
+                .ok_or_else(|| Error::Protocol("a heap record outside its item".into()))?;
+            Ok(Some(Incoming::Record { head, body }))
+        }
+        other => {
+            let body = read_body(r, body_len).await?;
+            Signal::decode(other, &body).map(|s| Some(Incoming::Signal(s)))
+        }
+    }
+}
+
+/// Decodes the records of a link's streams (one decoder per stream).
+pub(crate) struct RecordReceiver {
+    decoders: HashMap<u32, RecordDeserializer>,
+    max: usize,
+    out: VecDeque<RecordBatch>,
+}
+
+impl RecordReceiver {
+    pub(crate) fn new(max: usize) -> RecordReceiver {
+        RecordReceiver {
+            decoders: HashMap::new(),
+            max,
+            out: VecDeque::new(),
+        }
+    }
+
+    /// The batch of one record of stream `channel`.
+    pub(crate) fn decode(&mut self, channel: u32, body: Buffer) -> Result<RecordBatch> {
+        let max = self.max;
+        let d = self
+            .decoders
+            .entry(channel)
+            .or_insert_with(|| RecordDeserializer::new(max));
+        d.push_record(body, &mut self.out)?;
+        let batch = self
+            .out
+            .pop_front()
+            .ok_or_else(|| Error::Protocol("a record held no batch".into()))?;
+        self.out.clear();
+        Ok(batch)
+    }
+}

@@ -1,0 +1,437 @@
+//! [`HostService`]: one process per host, user and application holding the network stack of
+//! every task attached to it: a [`NetworkEnvironment`] (the host's pool, the partitions, the
+//! gates, the connections to other hosts) and the listener tasks attach through.
+//!
+//! Threads: the environment's (flusher, I/O), `creditflow-host` (a tokio runtime: the
+//! listener, each session's requests, the links' doorbells), one thread per writer link
+//! (`creditflow-host-writer`: writes what the task sends into the partition, blocking while
+//! it is full) and per gate link (`creditflow-host-gate`: puts the gate's items on the link),
+//! and a blocking thread per request that waits (`wait_consumed`).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::runtime::{Handle, Runtime};
+use tokio::sync::{mpsc, watch};
+
+use super::codec::{self, put_error, Opening, Request, Welcome, MAX_CONTROL_FRAME};
+use super::link::{self, read_body, read_header, LinkKind};
+use super::metrics::ServiceMetrics;
+use super::name::{check_name, socket_name};
+use super::session::{PendingLink, TaskSession};
+use super::state::HostState;
+use super::{download, upload};
+use crate::base::error::{Error, Result};
+use crate::base::wait::Wait;
+use crate::env::{EnvConfig, NetworkEnvironment};
+
+/// How long a new connection may take to say what it is.
+const OPENING_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the service looks at its owners and its idle time.
+const WATCH_PERIOD: Duration = Duration::from_millis(250);
+
+/// Settings of a host service.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// The environment every attached task's partitions and gates live in; its `memory` is
+    /// the host's.
+    pub env: EnvConfig,
+    /// The name tasks find the service by (see [`check_name`]).
+    pub name: String,
+    /// End after this long with no task attached (`None`: never).
+    pub idle_timeout: Option<Duration>,
+}
+
+/// A process the service serves for (a Spark executor), by pid and start time (so that a
+/// reused pid is not taken for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Owner {
+    pid: u32,
+    start: Option<u64>,
+}
+
+impl Owner {
+    fn of(pid: u32) -> Owner {
+        Owner {
+            pid,
+            start: start_time(pid),
+        }
+    }
+
+    fn alive(&self) -> bool {
+        match start_time(self.pid) {
+            None => false,
+            Some(t) => self.start.is_none_or(|s| s == t),
+        }
+    }
+}
+
+/// A process's start time (field 22 of `/proc/<pid>/stat`), `None` when it is gone.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count after its end.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// What the runtime's tasks and the worker threads share.
+pub(crate) struct Shared {
+    pub(crate) host: HostState,
+    pub(crate) name: String,
+    pub(crate) handle: Handle,
+    sessions: Mutex<HashMap<u64, Arc<TaskSession>>>,
+    owners: Mutex<Vec<Owner>>,
+    /// Why the service ended, once it has; waiters are woken.
+    ended: (Mutex<Option<String>>, Condvar),
+    stop_tx: watch::Sender<bool>,
+    idle_timeout: Option<Duration>,
+    idle_since: Mutex<Option<Instant>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Shared {
+    /// Ends the service (once): no more attaches, worker threads stop.
+    fn end(&self, why: String) {
+        let (lock, cv) = &self.ended;
+        let mut ended = lock.lock().unwrap();
+        if ended.is_none() {
+            log::info!("creditflow: host service {:?} ends: {why}", self.name);
+            *ended = Some(why);
+            self.host.stopping.store(true, Ordering::SeqCst);
+            let _ = self.stop_tx.send(true);
+            cv.notify_all();
+        }
+    }
+
+    fn spawn_worker(&self, name: &str, f: impl FnOnce() + Send + 'static) {
+        match std::thread::Builder::new().name(name.into()).spawn(f) {
+            Ok(h) => {
+                let mut workers = self.workers.lock().unwrap();
+                workers.retain(|w| !w.is_finished());
+                workers.push(h);
+            }
+            Err(e) => log::warn!("creditflow: host service cannot start a thread: {e}"),
+        }
+    }
+}
+
+/// A host service: serves attached tasks until it ends (its owners are gone, it was idle, or
+/// it is closed).
+pub struct HostService {
+    shared: Arc<Shared>,
+    runtime: Mutex<Option<Runtime>>,
+}
+
+impl HostService {
+    /// Takes the name (an error if a service of this user already has it on this host),
+    /// starts the environment and listens.
+    pub fn start(config: HostConfig) -> Result<HostService> {
+        check_name(&config.name)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("creditflow-host")
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                Error::InvalidArgument(format!("cannot start the host service's I/O thread: {e}"))
+            })?;
+        let listener = {
+            let _guard = runtime.enter();
+            UnixListener::bind(socket_name(&config.name)).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AddrInUse {
+                    Error::InvalidArgument(format!(
+                        "a creditflow host service named {:?} already runs for this user on this host",
+                        config.name
+                    ))
+                } else {
+                    Error::InvalidArgument(format!("cannot listen as host service {:?}: {e}", config.name))
+                }
+            })?
+        };
+        let env = NetworkEnvironment::new(config.env)?;
+        // Opening the spill directory removes those of services (and environments) that were
+        // killed and left theirs.
+        env.spill_dir()?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            host: HostState::new(env),
+            name: config.name,
+            handle: runtime.handle().clone(),
+            sessions: Mutex::new(HashMap::new()),
+            owners: Mutex::new(Vec::new()),
+            ended: (Mutex::new(None), Condvar::new()),
+            stop_tx,
+            idle_timeout: config.idle_timeout,
+            idle_since: Mutex::new(Some(Instant::now())),
+            workers: Mutex::new(Vec::new()),
+        });
+        runtime.spawn(accept_loop(listener, Arc::downgrade(&shared), stop_rx));
+        runtime.spawn(watch_loop(Arc::downgrade(&shared)));
+        Ok(HostService {
+            shared,
+            runtime: Mutex::new(Some(runtime)),
+        })
+    }
+
+    /// The environment's address: what peers put in their channel specs.
+    pub fn address(&self) -> &str {
+        self.shared.host.env.address()
+    }
+
+    /// The name tasks find it by.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The environment holding every attached task's partitions and gates.
+    pub fn environment(&self) -> &NetworkEnvironment {
+        &self.shared.host.env
+    }
+
+    /// Its metrics: pool, tasks attached, connections.
+    pub fn metrics(&self) -> ServiceMetrics {
+        self.shared.host.metrics()
+    }
+
+    /// Blocks until the service ends (its owners are gone, it was idle for `idle_timeout`,
+    /// or [`HostService::close`]), as `wait` allows; returns why it ended.
+    pub fn wait(&self, wait: &mut Wait<'_>) -> Result<String> {
+        let (lock, cv) = &self.shared.ended;
+        let mut ended = lock.lock().unwrap();
+        loop {
+            if let Some(why) = ended.as_ref() {
+                return Ok(why.clone());
+            }
+            let slice = wait.tick()?;
+            ended = cv.wait_timeout(ended, slice).unwrap().0;
+        }
+    }
+
+    /// Ends the service: stops listening (the name is free again), ends every session
+    /// (attached tasks raise `ConnectionLost`), releases the partitions and removes the spill
+    /// directory. Idempotent.
+    pub fn close(&self) {
+        self.shared.end("closed".into());
+        let Some(runtime) = self.runtime.lock().unwrap().take() else {
+            return;
+        };
+        let workers: Vec<JoinHandle<()>> = std::mem::take(&mut *self.shared.workers.lock().unwrap());
+        for w in workers {
+            let _ = w.join();
+        }
+        let sessions: Vec<Arc<TaskSession>> = self
+            .shared
+            .sessions
+            .lock()
+            .unwrap()
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        for s in sessions {
+            s.end();
+        }
+        runtime.shutdown_timeout(Duration::from_secs(1));
+        self.shared.host.env.close();
+    }
+}
+
+impl Drop for HostService {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+async fn accept_loop(listener: UnixListener, shared: Weak<Shared>, mut stop: watch::Receiver<bool>) {
+    let uid = rustix::process::getuid().as_raw();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let Ok((sock, _)) = accepted else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let Some(shared) = shared.upgrade() else { return };
+        // Another user's process never gets as far as sending anything.
+        let pid = match sock.peer_cred() {
+            Ok(c) if c.uid() == uid => c.pid(),
+            other => {
+                log::warn!("creditflow: host service refused a connection from {other:?}: not this user");
+                continue;
+            }
+        };
+        tokio::spawn(connection(sock, pid, shared));
+    }
+}
+
+/// Writes an error as the answer to a connection's opening.
+async fn refuse(sock: &mut UnixStream, e: &Error) {
+    log::warn!("creditflow: host service refused a connection: {e}");
+    let frame = codec::frame(codec::ty::REFUSED, |o| put_error(o, e));
+    let _ = sock.write_all(&frame).await;
+}
+
+async fn connection(mut sock: UnixStream, pid: Option<i32>, shared: Arc<Shared>) {
+    let opening = async {
+        let (len, ty) = read_header(&mut sock, 1024)
+            .await?
+            .ok_or_else(|| Error::Protocol("a connection that said nothing".into()))?;
+        let body = read_body(&mut sock, len - codec::FRAME_HEADER).await?;
+        Opening::decode(ty, &body)
+    };
+    let opening = match tokio::time::timeout(OPENING_TIMEOUT, opening).await {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => return refuse(&mut sock, &e).await,
+        Err(_) => return,
+    };
+    match opening {
+        Opening::Attach { pid: said, owner } => {
+            if pid != Some(said as i32) {
+                let e =
+                    Error::Authentication(format!("a task says it is pid {said}, its socket says {pid:?}"));
+                return refuse(&mut sock, &e).await;
+            }
+            session(sock, said, owner, shared).await
+        }
+        Opening::Link { session, link } => {
+            let found = shared.sessions.lock().unwrap().get(&session).cloned();
+            let Some(s) = found.filter(|s| Some(s.pid as i32) == pid) else {
+                let e = Error::Authentication(format!("no session {session} of pid {pid:?}"));
+                return refuse(&mut sock, &e).await;
+            };
+            let Some(pending) = s.take_link(link) else {
+                let e = Error::Protocol(format!("session {session} has no link {link} waiting"));
+                return refuse(&mut sock, &e).await;
+            };
+            let kind = match pending {
+                PendingLink::Writer { .. } => LinkKind::Writer,
+                PendingLink::Gate(_) => LinkKind::Gate,
+            };
+            let end = match link::serve(sock, kind).await {
+                Ok(end) => end,
+                Err(e) => return log::warn!("creditflow: host service could not set up a link: {e}"),
+            };
+            let (dead, stopping, handle) = (
+                s.dead.clone(),
+                shared.host.stopping.clone(),
+                shared.handle.clone(),
+            );
+            match pending {
+                PendingLink::Writer {
+                    partition,
+                    partitioner,
+                } => shared.spawn_worker("creditflow-host-writer", move || {
+                    upload::run(partition, partitioner, end, handle, s.pid, [dead, stopping])
+                }),
+                PendingLink::Gate(gate) => shared.spawn_worker("creditflow-host-gate", move || {
+                    download::run(*gate, end, handle, [dead, stopping])
+                }),
+            }
+        }
+    }
+}
+
+/// A task's session: answers its requests (each on a blocking thread, so that one that
+/// waits holds up no other) until it ends, then cleans up after it.
+async fn session(sock: UnixStream, pid: u32, owner: u32, shared: Arc<Shared>) {
+    let id = shared.host.next_id();
+    let s = Arc::new(TaskSession::new(pid));
+    shared.sessions.lock().unwrap().insert(id, s.clone());
+    shared.host.attached.fetch_add(1, Ordering::SeqCst);
+    *shared.idle_since.lock().unwrap() = None;
+    if owner != 0 {
+        let mut owners = shared.owners.lock().unwrap();
+        if !owners.iter().any(|o| o.pid == owner) {
+            owners.push(Owner::of(owner));
+        }
+    }
+    log::debug!("creditflow: host service: task pid {pid} attached (session {id})");
+    let welcome = Welcome {
+        session: id,
+        pid: std::process::id(),
+        address: shared.host.env.address().to_string(),
+        memory: shared.host.env.config().memory as u64,
+        segment_size: shared.host.env.config().segment_size as u64,
+    };
+    let (mut rd, mut wr) = sock.into_split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let _ = tx.send(welcome.encode());
+    let writer = tokio::spawn(async move {
+        while let Some(frame) = rx.recv().await {
+            if wr.write_all(&frame).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut stop = shared.stop_tx.subscribe();
+    loop {
+        let frame = async {
+            let (len, ty) = read_header(&mut rd, MAX_CONTROL_FRAME)
+                .await?
+                .ok_or_else(|| Error::ConnectionLost("the task closed its session".into()))?;
+            let body = read_body(&mut rd, len - codec::FRAME_HEADER).await?;
+            if ty != codec::ty::REQUEST {
+                return Err(Error::Protocol(format!("frame type {ty} on a session")));
+            }
+            Request::decode(&body)
+        };
+        let (rid, request) = tokio::select! {
+            f = frame => match f {
+                Ok(r) => r,
+                Err(e) => {
+                    log::debug!("creditflow: host service: session {id} (pid {pid}) ends: {e}");
+                    break;
+                }
+            },
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let (s, shared, tx) = (s.clone(), shared.clone(), tx.clone());
+        tokio::task::spawn_blocking(move || {
+            let reply = s.handle(&shared.host, request);
+            let _ = tx.send(reply.encode(rid));
+        });
+    }
+    s.end();
+    if shared.sessions.lock().unwrap().remove(&id).is_some() {
+        shared.host.attached.fetch_sub(1, Ordering::SeqCst);
+    }
+    drop(tx);
+    writer.abort();
+}
+
+/// Ends the service when every owner it served for is gone, or after `idle_timeout` with no
+/// task attached.
+async fn watch_loop(shared: Weak<Shared>) {
+    loop {
+        tokio::time::sleep(WATCH_PERIOD).await;
+        let Some(shared) = shared.upgrade() else { return };
+        if shared.host.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let owners = shared.owners.lock().unwrap().clone();
+        if !owners.is_empty() && owners.iter().all(|o| !o.alive()) {
+            let pids: Vec<u32> = owners.iter().map(|o| o.pid).collect();
+            shared.end(format!("the processes it served ({pids:?}) ended"));
+            return;
+        }
+        let idle = shared.sessions.lock().unwrap().is_empty();
+        let mut since = shared.idle_since.lock().unwrap();
+        if !idle {
+            *since = None;
+            continue;
+        }
+        let since = *since.get_or_insert_with(Instant::now);
+        if let Some(limit) = shared.idle_timeout {
+            if since.elapsed() >= limit {
+                shared.end(format!("no task attached for {limit:?}"));
+                return;
+            }
+        }
+    }
+}

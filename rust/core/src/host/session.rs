@@ -1,0 +1,196 @@
+//! The service's side of one attached task: what it created, the links it asked for and has
+//! not connected yet, its requests, and the cleanup when it ends.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::codec::{Reply, Request};
+use super::metrics;
+use super::state::HostState;
+use crate::base::error::{Error, Result};
+use crate::base::wait::Wait;
+use crate::gate::{GateMetricsReader, InputGate};
+use crate::partition::{Partitioner, ResultPartition};
+
+/// A link a task asked for and has not connected yet.
+pub(crate) enum PendingLink {
+    /// A writer's: into `partition` through `partitioner`.
+    Writer {
+        partition: Arc<ResultPartition>,
+        partitioner: Partitioner,
+    },
+    /// A gate's (the gate is created when asked for, so its errors come with the answer).
+    Gate(Box<InputGate>),
+}
+
+/// One attached task.
+pub(crate) struct TaskSession {
+    pub(crate) pid: u32,
+    /// Set when the task's session ends: its links' threads and waits stop.
+    pub(crate) dead: Arc<AtomicBool>,
+    /// Partitions the task created (finished ones outlive it).
+    partitions: Mutex<Vec<Arc<ResultPartition>>>,
+    links: Mutex<HashMap<u64, PendingLink>>,
+    /// The task's gates' metrics, by link.
+    gates: Mutex<HashMap<u64, GateMetricsReader>>,
+}
+
+impl TaskSession {
+    pub(crate) fn new(pid: u32) -> TaskSession {
+        TaskSession {
+            pid,
+            dead: Arc::new(AtomicBool::new(false)),
+            partitions: Mutex::new(Vec::new()),
+            links: Mutex::new(HashMap::new()),
+            gates: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The link `link` if the task asked for it and has not connected it yet.
+    pub(crate) fn take_link(&self, link: u64) -> Option<PendingLink> {
+        self.links.lock().unwrap().remove(&link)
+    }
+
+    /// The task is gone (or the service ends): its gates close when their threads see it,
+    /// its links not yet connected go, and every partition it created and had not finished
+    /// fails, so its readers get the data written before and then `ProducerFailed`, never an
+    /// end of partition.
+    pub(crate) fn end(&self) {
+        if self.dead.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.links.lock().unwrap().clear();
+        for p in self.partitions.lock().unwrap().drain(..) {
+            if !p.is_finished() {
+                p.fail(&format!(
+                    "the task (pid {}) writing partition {:?} ended before finishing it",
+                    self.pid,
+                    p.id()
+                ));
+            }
+        }
+    }
+
+    /// Answers one request.
+    pub(crate) fn handle(&self, shared: &HostState, request: Request) -> Reply {
+        match self.answer(shared, request) {
+            Ok(r) => r,
+            Err(e) => Reply::Failed(e),
+        }
+    }
+
+    fn partition(&self, shared: &HostState, id: &str) -> Result<Arc<ResultPartition>> {
+        shared
+            .env
+            .partition(id)
+            .ok_or_else(|| Error::PartitionNotFound(id.to_string()))
+    }
+
+    fn answer(&self, shared: &HostState, request: Request) -> Result<Reply> {
+        match request {
+            Request::CreatePartition {
+                id,
+                subpartitions,
+                kind,
+                compression,
+            } => {
+                let n = subpartitions as usize;
+                let p = match kind {
+                    None => shared.env.create_partition(&id, n)?,
+                    Some(kind) => shared.env.create_spillable_partition(&id, n, kind, compression)?,
+                };
+                let mut mine = self.partitions.lock().unwrap();
+                mine.retain(|p| !p.is_released());
+                mine.push(p);
+                Ok(Reply::Done)
+            }
+            Request::OpenWriter {
+                partition,
+                partitioner,
+            } => {
+                let partition = self.partition(shared, &partition)?;
+                let link = shared.next_id();
+                self.links.lock().unwrap().insert(
+                    link,
+                    PendingLink::Writer {
+                        partition,
+                        partitioner,
+                    },
+                );
+                Ok(Reply::Link { link })
+            }
+            Request::CreateGate { specs } => {
+                let gate = shared.env.create_input_gate(specs)?;
+                let link = shared.next_id();
+                self.gates.lock().unwrap().insert(link, gate.metrics_reader());
+                self.links
+                    .lock()
+                    .unwrap()
+                    .insert(link, PendingLink::Gate(Box::new(gate)));
+                Ok(Reply::Link { link })
+            }
+            Request::Release { partition } => {
+                if let Some(p) = shared.env.partition(&partition) {
+                    p.release();
+                }
+                Ok(Reply::Done)
+            }
+            Request::WaitConsumed { partition, timeout } => {
+                let p = self
+                    .partition(shared, &partition)
+                    .or_else(|e| self.released(&partition).ok_or(e))?;
+                let (dead, stopping) = (self.dead.clone(), shared.stopping.clone());
+                let mut check = || {
+                    if dead.load(Ordering::SeqCst) || stopping.load(Ordering::SeqCst) {
+                        Err(Error::Closed("host service"))
+                    } else {
+                        Ok(())
+                    }
+                };
+                let mut wait = Wait::timeout(timeout, "waiting for the consumers to read everything")
+                    .with_check(&mut check);
+                p.wait_consumed(&mut wait)?;
+                Ok(Reply::Done)
+            }
+            Request::Flush { partition } => {
+                self.partition(shared, &partition)?.flush();
+                Ok(Reply::Done)
+            }
+            Request::PartitionState { partition } => Ok(match shared.env.partition(&partition) {
+                Some(p) => Reply::State {
+                    finished: p.is_finished(),
+                    released: false,
+                },
+                None => Reply::State {
+                    finished: self.released(&partition).is_none_or(|p| p.is_finished()),
+                    released: true,
+                },
+            }),
+            Request::PartitionMetrics { partition } => {
+                let p = self
+                    .partition(shared, &partition)
+                    .or_else(|e| self.released(&partition).ok_or(e))?;
+                Ok(Reply::Metrics(metrics::encode_partition(&p.metrics())))
+            }
+            Request::GateMetrics { link } => {
+                let reader = self.gates.lock().unwrap().get(&link).cloned();
+                let reader = reader
+                    .ok_or_else(|| Error::InvalidArgument(format!("no gate {link} in this session")))?;
+                Ok(Reply::Metrics(metrics::encode_gate(&reader.read())))
+            }
+            Request::ServiceMetrics => Ok(Reply::Metrics(metrics::encode_service(&shared.metrics()))),
+        }
+    }
+
+    /// A partition of this task no longer registered (released), if the session still knows
+    /// it.
+    fn released(&self, id: &str) -> Option<Arc<ResultPartition>> {
+        self.partitions
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|p| p.id() == id)
+            .cloned()
+    }
+}

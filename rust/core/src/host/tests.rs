@@ -1,0 +1,685 @@
+//! The host service with several attached "tasks": in this process (each attachment is a
+//! session of its own, as a task's would be) and in child processes (this test binary run
+//! again as one child test), so that a task or the service can be killed.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
+
+use super::*;
+use crate::base::config::ChannelSpec;
+use crate::base::error::Error;
+use crate::base::wait::Wait;
+use crate::env::EnvConfig;
+use crate::gate::GateItem;
+use crate::partition::spill::SpillKind;
+use crate::partition::Partitioner;
+
+/// A name no other test (or test run) uses.
+fn unique(what: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "t{}-{what}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn config(name: &str, memory: usize) -> HostConfig {
+    HostConfig {
+        env: EnvConfig {
+            memory,
+            buffer_timeout: Duration::from_millis(5),
+            ..EnvConfig::default()
+        },
+        name: name.to_string(),
+        idle_timeout: None,
+    }
+}
+
+fn service(what: &str, memory: usize) -> HostService {
+    HostService::start(config(&unique(what), memory)).unwrap()
+}
+
+fn attach(s: &HostService) -> Attachment {
+    Attachment::connect(s.name(), 0).unwrap()
+}
+
+/// `rows` rows of (k, text) with k = first..first + rows; a text of `width` bytes per row.
+fn batch(first: i64, rows: usize, width: usize) -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("text", DataType::Utf8, false),
+    ]));
+    let k: ArrayRef = Arc::new(Int64Array::from_iter_values(first..first + rows as i64));
+    let t: ArrayRef = Arc::new(StringArray::from_iter_values(
+        (0..rows).map(|i| format!("{:0width$}", first + i as i64)),
+    ));
+    RecordBatch::try_new(schema, vec![k, t]).unwrap()
+}
+
+fn forever() -> Wait<'static> {
+    Wait::timeout(Some(Duration::from_secs(60)), "test")
+}
+
+/// Every key a gate yields (checked against its text), by channel, until the gate ends.
+fn drain(gate: &mut AttachedGate) -> BTreeMap<usize, Vec<i64>> {
+    let mut got: BTreeMap<usize, Vec<i64>> = BTreeMap::new();
+    while let Some(item) = gate.next_item(&mut forever()).unwrap() {
+        if let GateItem::Batch { channel, batch, .. } = item {
+            let k = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            let t = batch.column(1).as_any().downcast_ref::<StringArray>().unwrap();
+            for (k, t) in k.values().iter().zip(t.iter()) {
+                assert_eq!(t.unwrap().trim_start_matches('0').parse::<i64>().unwrap_or(0), *k);
+            }
+            got.entry(channel).or_default().extend(k.values().iter());
+        }
+    }
+    got
+}
+
+fn specs(address: &str, partition: &str, subs: usize) -> Vec<ChannelSpec> {
+    (0..subs)
+        .map(|i| ChannelSpec {
+            address: address.to_string(),
+            partition_id: partition.to_string(),
+            subpartition: i,
+        })
+        .collect()
+}
+
+#[test]
+fn a_task_writes_a_partition_the_service_holds_and_another_task_of_the_host_reads_it() {
+    let s = service("local", 64 << 20);
+    let (a, b) = (attach(&s), attach(&s));
+    assert_eq!(a.address(), s.address());
+    let p = a.create_partition("p", 2, None, None).unwrap();
+    let mut w = p.writer(Partitioner::RoundRobin).unwrap();
+    let mut g = b.create_input_gate(specs(s.address(), "p", 2)).unwrap();
+    let reader = std::thread::spawn(move || (drain(&mut g), g));
+    // Small batches go through the ring, large ones (a few MB) through the heap.
+    let mut first = 0;
+    let mut sent = Vec::new();
+    for (i, rows) in [10usize, 70_000, 3, 200_000, 1, 50_000]
+        .into_iter()
+        .cycle()
+        .take(24)
+        .enumerate()
+    {
+        let width = if i % 3 == 0 { 40 } else { 4 };
+        w.write(&batch(first, rows, width), &mut forever()).unwrap();
+        sent.extend(first..first + rows as i64);
+        first += rows as i64;
+    }
+    w.close(&mut forever()).unwrap();
+    assert!(p.is_finished().unwrap());
+    let (got, g) = reader.join().unwrap();
+    let mut all: Vec<i64> = got.values().flatten().copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, sent);
+    // Round robin: whole batches alternate between the two subpartitions, in order.
+    assert!(got[&0].windows(2).all(|w| w[0] < w[1]) && got[&1].windows(2).all(|w| w[0] < w[1]));
+    // Both channels read the service's own partition in place: no connection at all.
+    let m = g.metrics().unwrap();
+    assert_eq!(m.rows_received as usize, sent.len());
+    let sm = s.metrics();
+    assert_eq!((sm.connections_opened, sm.connections_served), (0, 0));
+    assert_eq!(sm.sessions, 2);
+}
+
+#[test]
+fn tasks_on_two_hosts_exchange_over_one_connection_per_pair_of_hosts() {
+    let (s1, s2) = (service("h1", 32 << 20), service("h2", 32 << 20));
+    let tasks = [attach(&s1), attach(&s1), attach(&s2), attach(&s2)];
+    let n = tasks.len();
+    // Every task writes a partition of n subpartitions, hashed by k, and reads subpartition
+    // i of every partition: an all-to-all exchange between two "hosts".
+    let parts: Vec<AttachedPartition> = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| t.create_partition(&format!("x{i}"), n, None, None).unwrap())
+        .collect();
+    let mut gates: Vec<AttachedGate> = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let specs = parts
+                .iter()
+                .enumerate()
+                .map(|(j, _)| ChannelSpec {
+                    address: tasks[j].address().to_string(),
+                    partition_id: format!("x{j}"),
+                    subpartition: i,
+                })
+                .collect();
+            t.create_input_gate(specs).unwrap()
+        })
+        .collect();
+    let writers: Vec<_> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut w = p.writer(Partitioner::Hash(vec!["k".into()])).unwrap();
+            std::thread::spawn(move || {
+                for b in 0..20 {
+                    w.write(
+                        &batch((i * 1_000_000 + b * 5_000) as i64, 5_000, 8),
+                        &mut forever(),
+                    )
+                    .unwrap();
+                }
+                w.close(&mut forever()).unwrap();
+            })
+        })
+        .collect();
+    let readers: Vec<_> = gates
+        .drain(..)
+        .map(|mut g| std::thread::spawn(move || (drain(&mut g), g)))
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let mut total = 0;
+    for r in readers {
+        let (got, g) = r.join().unwrap();
+        total += got.values().map(Vec::len).sum::<usize>();
+        let m = g.metrics().unwrap();
+        // The channels from the task's own host read in place; the others over TCP.
+        let kinds: Vec<_> = m.channels.iter().map(|c| c.kind.as_str()).collect();
+        assert!(kinds.iter().all(|k| *k == "ended"), "{kinds:?}");
+    }
+    assert_eq!(total, n * 20 * 5_000);
+    // Each service read the other's two partitions for two tasks: one connection each way.
+    let (m1, m2) = (s1.metrics(), s2.metrics());
+    assert_eq!((m1.connections_opened, m1.connections_served), (1, 1), "{m1:?}");
+    assert_eq!((m2.connections_opened, m2.connections_served), (1, 1), "{m2:?}");
+}
+
+#[test]
+fn the_tasks_of_a_host_share_one_pool_redistributed_as_they_come_and_go() {
+    // 4 MiB of 32 KiB segments: 128 for the whole host.
+    let s = service("memory", 4 << 20);
+    let (a, b) = (attach(&s), attach(&s));
+    let pa = a.create_partition("a", 10, None, None).unwrap();
+    assert_eq!(s.metrics().segments_reserved, 11);
+    let alone = pa.metrics().unwrap().pool.share;
+    assert_eq!(alone, 128, "alone, a partition may grow to the whole pool");
+    let pb = b.create_partition("b", 20, None, None).unwrap();
+    assert_eq!(s.metrics().segments_reserved, 11 + 21);
+    let (sa, sb) = (pa.metrics().unwrap().pool.share, pb.metrics().unwrap().pool.share);
+    assert!(sa < alone && sa + sb <= 128, "{sa} + {sb}");
+    // A request past the host's pool fails in the task with the host's numbers.
+    match b.create_partition("c", 200, None, None) {
+        Err(Error::InsufficientBuffers { required, total, .. }) => assert_eq!((required, total), (201, 128)),
+        other => panic!("{:?}", other.map(|p| p.id().to_string())),
+    }
+    // A gate with remote channels reserves exclusive buffers; the session's end frees them.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let g = b
+        .create_input_gate(specs(&silent.local_addr().unwrap().to_string(), "x", 1))
+        .unwrap();
+    assert_eq!(s.metrics().segments_reserved, 11 + 21 + 3);
+    drop(g);
+    drop(pb);
+    drop(b);
+    wait_until(
+        || s.metrics().segments_reserved == 11 + 21,
+        "the gate's reservation to go",
+    );
+    pa.release().unwrap();
+    assert!(pa.is_released().unwrap());
+    assert_eq!(s.metrics().segments_reserved, 21);
+    // b's unfinished partition failed with its session; its pool goes once it is released.
+    assert!(s.environment().partition("b").unwrap().is_finished());
+}
+
+fn wait_until(mut f: impl FnMut() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_writer_the_service_holds_back_waits_and_the_data_arrives_whole() {
+    // 1 MiB: a partition of 2 subpartitions fills 32 segments, then the link's ring and heap.
+    let s = service("backpressure", 1 << 20);
+    let (a, b) = (attach(&s), attach(&s));
+    let p = a.create_partition("p", 1, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Forward).unwrap();
+    let mut written = 0i64;
+    let blocked = loop {
+        let mut wait = Wait::timeout(Some(Duration::from_millis(300)), "test");
+        match w.write(&batch(written, 10_000, 16), &mut wait) {
+            Ok(()) => written += 10_000,
+            Err(Error::Timeout(..)) => break written,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(written < 10_000_000, "the writer was never held back");
+    };
+    // Held back after roughly the pool, the ring and the heap (each batch is ~250 KB).
+    assert!(blocked > 0, "nothing went through");
+    let mut g = b.create_input_gate(specs(s.address(), "p", 1)).unwrap();
+    let reader = std::thread::spawn(move || drain(&mut g));
+    // The timed-out write may or may not have gone out: write on after it.
+    let mut next = written;
+    for _ in 0..20 {
+        w.write(&batch(next, 10_000, 16), &mut forever()).unwrap();
+        next += 10_000;
+    }
+    w.close(&mut forever()).unwrap();
+    let got = reader.join().unwrap();
+    let keys = &got[&0];
+    assert!(
+        keys.windows(2).all(|w| w[1] == w[0] + 1 || w[1] == written),
+        "in order, nothing lost"
+    );
+    assert_eq!(*keys.last().unwrap(), next - 1);
+}
+
+#[test]
+fn events_barriers_and_failures_reach_the_gate_in_order() {
+    let s = service("events", 16 << 20);
+    let (a, b) = (attach(&s), attach(&s));
+    let p = a.create_partition("e", 2, None, None).unwrap();
+    let mut g = b.create_input_gate(specs(s.address(), "e", 2)).unwrap();
+    let mut w = p.writer(Partitioner::Broadcast).unwrap();
+    w.write(&batch(0, 5, 1), &mut forever()).unwrap();
+    w.send_event(None, b"all", &mut forever()).unwrap();
+    w.send_event(Some(1), b"one", &mut forever()).unwrap();
+    assert_eq!(
+        w.broadcast_barrier(7, false, &mut forever()).unwrap(),
+        Vec::<usize>::new()
+    );
+    assert!(
+        w.broadcast_barrier(7, false, &mut forever()).is_err(),
+        "ids must increase"
+    );
+    w.write(&batch(5, 5, 1), &mut forever()).unwrap();
+    w.fail("the writer gave up", &mut forever()).unwrap();
+    let mut seen = Vec::new();
+    let err = loop {
+        match g.next_item(&mut forever()) {
+            Ok(Some(GateItem::Batch { channel, batch, .. })) => {
+                seen.push(format!("b{channel}:{}", batch.num_rows()))
+            }
+            Ok(Some(GateItem::Event { channel, payload })) => {
+                seen.push(format!("e{channel}:{}", String::from_utf8(payload).unwrap()))
+            }
+            Ok(Some(GateItem::Barrier { checkpoint_id, .. })) => seen.push(format!("barrier{checkpoint_id}")),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(&err, Error::ProducerFailed(m) if m.contains("gave up")),
+        "{err}"
+    );
+    let ch = |c: usize| -> Vec<&String> {
+        seen.iter()
+            .filter(|s| s.starts_with(&format!("b{c}")) || s.starts_with(&format!("e{c}")))
+            .collect()
+    };
+    assert_eq!(ch(0), ["b0:5", "e0:all", "b0:5"]);
+    assert_eq!(ch(1), ["b1:5", "e1:all", "e1:one", "b1:5"]);
+    // The aligned barrier comes after everything written before it, on both channels.
+    let barrier = seen.iter().position(|s| s == "barrier7").expect("the barrier");
+    assert_eq!(seen[barrier + 1..].len(), 2, "{seen:?}");
+}
+
+#[test]
+fn a_writer_dropped_without_closing_fails_its_readers_and_nothing_partial_ends_well() {
+    let s = service("dropped", 16 << 20);
+    let (a, b) = (attach(&s), attach(&s));
+    let p = a.create_partition("d", 1, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Forward).unwrap();
+    w.write(&batch(0, 100, 4), &mut forever()).unwrap();
+    drop(w);
+    let mut g = b.create_input_gate(specs(s.address(), "d", 1)).unwrap();
+    let mut rows = 0;
+    let err = loop {
+        match g.next(&mut forever()) {
+            Ok(Some(batch)) => rows += batch.num_rows(),
+            Ok(None) => panic!("a partition whose writer went away ended normally"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(rows, 100);
+    assert!(matches!(err, Error::ProducerFailed(_)), "{err}");
+}
+
+#[test]
+fn a_finished_blocking_partition_outlives_its_task_and_is_read_twice() {
+    let s = service("blocking", 8 << 20);
+    let name = s.name().to_string();
+    {
+        let a = Attachment::connect(&name, 0).unwrap();
+        let p = a
+            .create_partition("bl", 1, Some(SpillKind::Blocking), None)
+            .unwrap();
+        let mut w = p.writer(Partitioner::Forward).unwrap();
+        for i in 0..40 {
+            w.write(&batch(i * 10_000, 10_000, 20), &mut forever()).unwrap();
+        }
+        w.close(&mut forever()).unwrap();
+        // The task goes; its finished partition stays.
+    }
+    wait_until(|| s.metrics().sessions == 0, "the task's session to end");
+    for _ in 0..2 {
+        let b = attach(&s);
+        let mut g = b.create_input_gate(specs(s.address(), "bl", 1)).unwrap();
+        let got = drain(&mut g);
+        assert_eq!(got[&0], (0..400_000).collect::<Vec<i64>>());
+    }
+}
+
+#[test]
+fn the_service_ends_when_idle_or_when_its_owners_are_gone() {
+    let mut c = config(&unique("idle"), 4 << 20);
+    c.idle_timeout = Some(Duration::from_millis(200));
+    let s = HostService::start(c).unwrap();
+    let why = s.wait(&mut forever()).unwrap();
+    assert!(why.contains("no task attached"), "{why}");
+    s.close();
+    // Its name is free again.
+    let again = HostService::start(config(s.name(), 4 << 20)).unwrap();
+    assert!(
+        HostService::start(config(s.name(), 4 << 20)).is_err(),
+        "one service per name"
+    );
+    drop(again);
+
+    let s = service("owners", 4 << 20);
+    let mut owner = Command::new("sleep").arg("60").spawn().unwrap();
+    let t = Attachment::connect(s.name(), owner.id()).unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        s.wait(&mut Wait::timeout(Some(Duration::ZERO), "test")).is_err(),
+        "ended early"
+    );
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    let why = s.wait(&mut forever()).unwrap();
+    assert!(why.contains("ended"), "{why}");
+    drop(t);
+}
+
+// ------------------------------------------------------------------------ child processes
+
+/// Set in a child: what it is to do. Child tests return at once without it.
+const CHILD: &str = "CREDITFLOW_HOST_TEST_CHILD";
+
+/// Runs this test binary again as the child test `test` (its full path), with `vars`.
+fn child(test: &str, vars: &[(&str, String)]) -> (Child, BufReader<std::process::ChildStdout>) {
+    let mut c = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--ignored", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .envs(vars.iter().map(|(k, v)| (*k, v.clone())))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(c.stdout.take().unwrap());
+    (c, out)
+}
+
+/// Reads the child's output until a line holding `prefix` (the test harness may have written
+/// the test's name before it on the same line); returns what follows it.
+fn expect_line(out: &mut BufReader<std::process::ChildStdout>, prefix: &str) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the child ended before {prefix:?}"
+        );
+        if let Some(at) = line.find(prefix) {
+            return line[at + prefix.len()..].trim_end().to_string();
+        }
+    }
+}
+
+fn kill(c: &mut Child) {
+    c.kill().unwrap();
+    c.wait().unwrap();
+}
+
+/// Child: a task that attaches to `SERVICE`, writes 5 batches of 1,000 rows into partition
+/// `PARTITION` (and holds a gate reading from `SILENT`, which never answers: a reservation
+/// of its own), says so, and waits to be killed.
+#[test]
+#[ignore = "run by a_killed_task_fails_its_partitions_readers_and_its_reservations_go"]
+fn child_task() {
+    if std::env::var(CHILD).is_err() {
+        return;
+    }
+    let a = Attachment::connect(&std::env::var("SERVICE").unwrap(), 0).unwrap();
+    let p = a
+        .create_partition(&std::env::var("PARTITION").unwrap(), 1, None, None)
+        .unwrap();
+    let _gate = a
+        .create_input_gate(specs(&std::env::var("SILENT").unwrap(), "x", 1))
+        .unwrap();
+    let mut w = p.writer(Partitioner::Forward).unwrap();
+    for i in 0..5 {
+        w.write(&batch(i * 1000, 1000, 4), &mut forever()).unwrap();
+    }
+    w.flush(&mut forever()).unwrap();
+    println!("WROTE");
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+#[test]
+fn a_killed_task_fails_its_partitions_readers_and_its_reservations_go() {
+    let s = service("taskkill", 16 << 20);
+    let before = s.metrics().segments_reserved;
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (mut task, mut out) = child(
+        "host::tests::child_task",
+        &[
+            ("SERVICE", s.name().into()),
+            ("PARTITION", "k".into()),
+            ("SILENT", silent.local_addr().unwrap().to_string()),
+        ],
+    );
+    expect_line(&mut out, "WROTE");
+    let with_task = s.metrics().segments_reserved;
+    assert_eq!(
+        with_task,
+        before + 2 + 3,
+        "the partition's and the gate's minimums"
+    );
+    let reader = attach(&s);
+    let mut g = reader.create_input_gate(specs(s.address(), "k", 1)).unwrap();
+    let mut rows = 0;
+    while rows < 5000 {
+        rows += g.next(&mut forever()).unwrap().unwrap().num_rows();
+    }
+    let pid = format!("pid {}", task.id());
+    kill(&mut task);
+    let killed = Instant::now();
+    // The session's end or the writer's link breaking, whichever the service sees first.
+    let err = g.next(&mut forever()).unwrap_err();
+    assert!(
+        matches!(&err, Error::ProducerFailed(m) if m.contains(&pid)),
+        "{err}"
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        killed.elapsed()
+    );
+    // The gate's reservation goes with the task; the partition's once its reader is done.
+    drop(g);
+    wait_until(
+        || s.metrics().segments_reserved == before,
+        "the task's reservations to go",
+    );
+}
+
+/// Child: a service named `SERVICE` (spilling into `SPILL`), which says its address and runs
+/// until killed.
+#[test]
+#[ignore = "run by the tests that kill a service"]
+fn child_service() {
+    if std::env::var(CHILD).is_err() {
+        return;
+    }
+    let mut c = config(&std::env::var("SERVICE").unwrap(), 1 << 20);
+    c.env.spill_dir = std::env::var("SPILL").ok().map(Into::into);
+    let s = HostService::start(c).unwrap();
+    println!("ADDRESS {}", s.address());
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+#[test]
+fn a_killed_service_fails_every_attached_task_within_two_seconds_and_a_new_one_takes_over() {
+    let name = unique("servicekill");
+    let (mut svc, mut out) = child("host::tests::child_service", &[("SERVICE", name.clone())]);
+    let address = expect_line(&mut out, "ADDRESS ");
+    let (a, b) = (
+        Attachment::connect(&name, 0).unwrap(),
+        Attachment::connect(&name, 0).unwrap(),
+    );
+    // One task blocked reading a partition nobody writes, one writing into a full one.
+    let mut g = b.create_input_gate(specs(&address, "never", 1)).unwrap();
+    let reading = std::thread::spawn(move || {
+        let r = g.next(&mut forever());
+        (r.map(|b| b.is_some()), Instant::now())
+    });
+    let p = a.create_partition("full", 1, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Forward).unwrap();
+    let writing = std::thread::spawn(move || loop {
+        if let Err(e) = w.write(&batch(0, 10_000, 16), &mut forever()) {
+            return (e, Instant::now());
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    kill(&mut svc);
+    let killed = Instant::now();
+    let (read, read_at) = reading.join().unwrap();
+    let (write_err, write_at) = writing.join().unwrap();
+    assert!(matches!(read, Err(Error::ConnectionLost(_))), "{read:?}");
+    assert!(matches!(write_err, Error::ConnectionLost(_)), "{write_err}");
+    for at in [read_at, write_at] {
+        assert!(at.saturating_duration_since(killed) < Duration::from_secs(2));
+    }
+    // Every later call fails too, at once.
+    assert!(matches!(p.flush(), Err(Error::ConnectionLost(_))));
+    assert!(a.ended().is_some());
+    // The name is free: a new service starts and tasks attach to it.
+    let s = HostService::start(config(&name, 4 << 20)).unwrap();
+    let c = Attachment::connect(&name, 0).unwrap();
+    assert_eq!(c.service_pid(), std::process::id());
+    drop(s);
+}
+
+#[test]
+fn a_new_service_removes_what_a_killed_one_left_on_disk() {
+    let spill = tempfile::tempdir().unwrap();
+    let name = unique("leftovers");
+    let vars = [
+        ("SERVICE", name.clone()),
+        ("SPILL", spill.path().display().to_string()),
+    ];
+    let (mut svc, mut out) = child("host::tests::child_service", &vars);
+    expect_line(&mut out, "ADDRESS ");
+    let a = Attachment::connect(&name, 0).unwrap();
+    // 1 MiB of memory: a blocking partition of 8 MB spills.
+    let p = a
+        .create_partition("spilled", 1, Some(SpillKind::Blocking), None)
+        .unwrap();
+    let mut w = p.writer(Partitioner::Forward).unwrap();
+    for i in 0..40 {
+        w.write(&batch(i * 10_000, 10_000, 16), &mut forever()).unwrap();
+    }
+    w.close(&mut forever()).unwrap();
+    let files = || {
+        walk(spill.path())
+            .into_iter()
+            .filter(|p| !p.to_string_lossy().ends_with(".lock"))
+            .count()
+    };
+    assert!(files() > 1, "the partition spilled");
+    kill(&mut svc);
+    drop((w, p, a));
+    let mut c = config(&name, 4 << 20);
+    c.env.spill_dir = Some(spill.path().to_path_buf());
+    let s = HostService::start(c).unwrap();
+    // Only the new service's own (empty) directory is left.
+    assert_eq!(files(), 1, "{:?}", walk(spill.path()));
+    drop(s);
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+/// Child: connects to the abstract socket `SOCKET` (another user's service) and sends an
+/// attach; says whether it was welcomed.
+#[test]
+#[ignore = "run by another_users_process_cannot_attach"]
+fn child_other_user() {
+    use std::io::{Read, Write};
+    use std::os::linux::net::SocketAddrExt;
+    if std::env::var(CHILD).is_err() {
+        return;
+    }
+    let name = std::env::var("SOCKET").unwrap();
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let mut sock = match std::os::unix::net::UnixStream::connect_addr(&addr) {
+        Ok(s) => s,
+        Err(e) => return println!("RESULT cannot connect: {e}"),
+    };
+    let pid = std::process::id();
+    let _ = sock.write_all(&super::codec::Opening::Attach { pid, owner: 0 }.encode());
+    let mut answer = Vec::new();
+    let _ = sock.read_to_end(&mut answer);
+    println!("RESULT answered {} bytes", answer.len());
+}
+
+#[test]
+fn another_users_process_cannot_attach() {
+    use std::os::unix::process::CommandExt;
+    if rustix::process::getuid().as_raw() != 0 {
+        // Only root can run a child as another user.
+        return;
+    }
+    let s = service("users", 4 << 20);
+    let socket = super::name::socket_name(s.name());
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "host::tests::child_other_user",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(CHILD, "1")
+        .env("SOCKET", &socket[1..])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let result = text
+        .lines()
+        .find_map(|l| l.split_once("RESULT ").map(|(_, r)| r))
+        .unwrap_or("no result");
+    // It reaches the socket, and is closed on without a word.
+    assert_eq!(result, "answered 0 bytes", "{text}");
+    assert_eq!(s.metrics().sessions, 0);
+}

@@ -1,0 +1,136 @@
+//! The service's side of a writer's link (a `creditflow-host-writer` thread): decodes what the
+//! task sends and writes it through the partition's partitioner, blocking while the partition
+//! is full, which is what holds the task's writer back. A link that ends without the writer's
+//! close (the task died, or dropped the writer) fails the partition.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::runtime::Handle;
+
+use super::codec::Signal;
+use super::link::{self, HeapEnd, LinkEnd};
+use super::records::{read_incoming, small, Incoming, RecordReceiver};
+use super::runtime::block_on;
+use crate::base::error::{Error, Result};
+use crate::base::wait::Wait;
+use crate::memory::RecordPool;
+use crate::partition::{Partitioner, RecordWriter, ResultPartition};
+
+/// The most bytes one record may have.
+const MAX_RECORD: usize = 2 << 30;
+/// Idle record blocks kept for the next records, at most.
+const RECORD_POOL: usize = 16 << 20;
+
+/// Runs a writer's link until the writer closes or fails, or the task or the service goes.
+/// `stop`: flags that end it (the session's end, the service's).
+pub(crate) fn run(
+    partition: Arc<ResultPartition>,
+    partitioner: Partitioner,
+    end: LinkEnd,
+    handle: Handle,
+    pid: u32,
+    stop: [Arc<AtomicBool>; 2],
+) {
+    let LinkEnd {
+        mut reader,
+        mut writer,
+        heap,
+        bell,
+    } = end;
+    let HeapEnd::Reader(heap) = heap else {
+        log::warn!("creditflow: host service: a writer's link with the wrong heap side");
+        return;
+    };
+    let (link_dead, _watch) = link::watch(&handle, bell);
+    let mut check = || {
+        if stop.iter().chain([&link_dead]).any(|f| f.load(Ordering::SeqCst)) {
+            Err(Error::ConnectionLost(format!("the task (pid {pid}) went away")))
+        } else {
+            Ok(())
+        }
+    };
+    let mut wait = Wait::forever().with_check(&mut check);
+    let pool = RecordPool::new(RECORD_POOL);
+    let mut records = RecordReceiver::new(MAX_RECORD);
+    let mut w = RecordWriter::new(partition.clone(), partitioner);
+    let mut reply = |signal: Signal, wait: &mut Wait<'_>| -> Result<()> {
+        let frame = small(signal.encode());
+        block_on(&handle, link::write_all(&mut writer, &frame), wait)?.map_err(link::lost)
+    };
+    let outcome: Result<()> = loop {
+        let incoming = match block_on(
+            &handle,
+            read_incoming(&mut reader, Some(&heap), &pool, MAX_RECORD),
+            &mut wait,
+        ) {
+            Ok(Ok(Some(x))) => x,
+            Ok(Ok(None)) => {
+                break Err(Error::ConnectionLost(format!(
+                    "the task (pid {pid}) closed the writer's link without closing the writer"
+                )))
+            }
+            Ok(Err(e)) | Err(e) => break Err(e),
+        };
+        let step = match incoming {
+            Incoming::Record { body, .. } => records
+                .decode(0, body)
+                .and_then(|batch| w.write(&batch, &mut wait)),
+            Incoming::Signal(Signal::Event {
+                target: None,
+                payload,
+            }) => w.broadcast_event(&payload),
+            Incoming::Signal(Signal::Event {
+                target: Some(t),
+                payload,
+            }) => w.emit_event(&payload, t as usize),
+            Incoming::Signal(Signal::Barrier { id, unaligned }) => {
+                w.broadcast_barrier(id, unaligned).and_then(|o| {
+                    let overtaken = o.into_iter().map(|n| n as u64).collect();
+                    reply(Signal::Ack { overtaken }, &mut wait)
+                })
+            }
+            Incoming::Signal(Signal::Flush) => {
+                w.flush();
+                Ok(())
+            }
+            Incoming::Signal(Signal::Close) => {
+                break w.close().and_then(|()| {
+                    reply(
+                        Signal::Ack {
+                            overtaken: Vec::new(),
+                        },
+                        &mut wait,
+                    )
+                });
+            }
+            Incoming::Signal(Signal::Fail { message }) => {
+                partition.fail(&message);
+                break reply(
+                    Signal::Ack {
+                        overtaken: Vec::new(),
+                    },
+                    &mut wait,
+                );
+            }
+            Incoming::Signal(other) => Err(Error::Protocol(format!("attach: {other:?} on a writer's link"))),
+        };
+        if let Err(e) = step {
+            break Err(e);
+        }
+    };
+    if let Err(e) = outcome {
+        // Nothing partial is taken for complete: the readers get what was written, then this.
+        partition.fail(&format!(
+            "the writer of partition {:?} in task pid {pid} failed: {e}",
+            partition.id()
+        ));
+        let mut brief = Wait::timeout(Some(std::time::Duration::from_millis(500)), "host service");
+        let _ = reply(Signal::Error(e), &mut brief);
+    }
+    // Closes the ring: the task reads what is in it, then the end.
+    let _ = handle.block_on(async {
+        use tokio::io::AsyncWriteExt;
+        writer.shutdown().await
+    });
+}

@@ -1,0 +1,308 @@
+//! [`AttachedWriter`]: a `RecordWriter` whose partition the host service holds. The task checks
+//! each batch's schema and encodes it onto the writer's link (into the heap, or through the
+//! ring); the service writes it through the partitioner. A frame goes to the link's I/O task
+//! through a channel of one, which is where a writer the service holds back waits.
+
+use std::sync::{Arc, Mutex};
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use tokio::sync::mpsc;
+
+use super::client::Session;
+use super::codec::{RecordHead, Signal};
+use super::link::{self, HeapEnd, LinkEnd};
+use super::records::{small, Frame, RecordSender};
+use super::runtime::block_on;
+use crate::base::error::{Error, Result};
+use crate::base::event::MAX_EVENT_PAYLOAD_LEN;
+use crate::base::wait::Wait;
+use crate::net::shm::HeapWriter;
+use crate::partition::Partitioner;
+
+/// Writes batches into a partition the host service holds.
+pub struct AttachedWriter {
+    session: Arc<Session>,
+    partition: String,
+    partitioner: Partitioner,
+    /// The schema of the partition's first batch (shared with the partition's handle).
+    schema: Arc<Mutex<Option<SchemaRef>>>,
+    /// Frames to the link's I/O task; dropped by it when the link breaks.
+    frames: Option<mpsc::Sender<Frame>>,
+    /// What the service says back: acknowledgements and errors.
+    back: mpsc::UnboundedReceiver<Signal>,
+    /// Why the link broke, as the I/O task saw it.
+    broken: Arc<Mutex<Option<String>>>,
+    heap: HeapWriter,
+    sender: RecordSender,
+    closed: bool,
+    last_barrier: Option<u64>,
+    io: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for AttachedWriter {
+    fn drop(&mut self) {
+        // A writer dropped without close: what it wrote still goes out, then the link ends and
+        // the service fails the partition, so no reader takes it for complete. The I/O task
+        // ends once it has written the frames queued (or the link broke).
+        self.frames = None;
+        if let Some(back) = self.io.get(1) {
+            back.abort();
+        }
+    }
+}
+
+impl AttachedWriter {
+    pub(crate) fn start(
+        session: Arc<Session>,
+        partition: String,
+        partitioner: Partitioner,
+        schema: Arc<Mutex<Option<SchemaRef>>>,
+        end: LinkEnd,
+    ) -> Result<AttachedWriter> {
+        let LinkEnd {
+            mut reader,
+            mut writer,
+            heap,
+            bell: _,
+        } = end;
+        let HeapEnd::Writer(heap) = heap else {
+            return Err(Error::Protocol(
+                "a writer's link whose heap the task does not write".into(),
+            ));
+        };
+        let (frames, mut rx) = mpsc::channel::<Frame>(1);
+        let (back_tx, back) = mpsc::unbounded_channel();
+        let broken = Arc::new(Mutex::new(None));
+        let out = {
+            let broken = broken.clone();
+            session.handle.spawn(async move {
+                while let Some(frame) = rx.recv().await {
+                    if let Err(e) = link::write_all(&mut writer, &frame).await {
+                        broken.lock().unwrap().get_or_insert(e.to_string());
+                        return;
+                    }
+                }
+            })
+        };
+        let inbound = {
+            let broken = broken.clone();
+            session.handle.spawn(async move {
+                loop {
+                    let frame = async {
+                        let (len, ty) = link::read_header(&mut reader, 1 << 20)
+                            .await?
+                            .ok_or_else(|| Error::ConnectionLost("the link closed".into()))?;
+                        let body = link::read_body(&mut reader, len - super::codec::FRAME_HEADER).await?;
+                        Signal::decode(ty, &body)
+                    };
+                    match frame.await {
+                        Ok(s) => {
+                            if back_tx.send(s).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            broken.lock().unwrap().get_or_insert(e.to_string());
+                            return;
+                        }
+                    }
+                }
+            })
+        };
+        Ok(AttachedWriter {
+            session,
+            partition,
+            partitioner,
+            schema,
+            frames: Some(frames),
+            back,
+            broken,
+            heap,
+            sender: RecordSender::new(None),
+            closed: false,
+            last_barrier: None,
+            io: vec![out, inbound],
+        })
+    }
+
+    /// The partition written to.
+    pub fn partition_id(&self) -> &str {
+        &self.partition
+    }
+
+    fn lost(&self) -> Error {
+        let why = self
+            .broken
+            .lock()
+            .unwrap()
+            .clone()
+            .or_else(|| self.session.ended())
+            .unwrap_or_else(|| "the writer's link broke".into());
+        self.session.lost(&why)
+    }
+
+    /// An error the service sent back since the last call, if any.
+    fn check_back(&mut self) -> Result<()> {
+        while let Ok(s) = self.back.try_recv() {
+            if let Signal::Error(e) = s {
+                self.closed = true;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn check_open(&mut self) -> Result<()> {
+        if self.closed {
+            return Err(Error::Closed("record writer"));
+        }
+        self.check_back()
+    }
+
+    /// Hands `frame` to the link, waiting while the service holds the writer back.
+    fn send(&mut self, frame: Frame, wait: &mut Wait<'_>) -> Result<()> {
+        let Some(tx) = self.frames.clone() else {
+            return Err(self.lost());
+        };
+        let sent = match block_on(&self.session.handle, tx.reserve(), wait)? {
+            Ok(permit) => {
+                permit.send(frame);
+                true
+            }
+            Err(_) => false,
+        };
+        match sent {
+            true => Ok(()),
+            false => {
+                self.frames = None;
+                // The service may have said why before the link went.
+                self.check_back()?;
+                Err(self.lost())
+            }
+        }
+    }
+
+    /// Waits for the service's acknowledgement of the last frame.
+    fn ack(&mut self, wait: &mut Wait<'_>) -> Result<Vec<u64>> {
+        match block_on(&self.session.handle, self.back.recv(), wait)? {
+            Some(Signal::Ack { overtaken }) => Ok(overtaken),
+            Some(Signal::Error(e)) => {
+                self.closed = true;
+                Err(e)
+            }
+            Some(other) => Err(Error::Protocol(format!(
+                "attach: {other:?} instead of an acknowledgement"
+            ))),
+            None => Err(self.lost()),
+        }
+    }
+
+    /// Checks `batch` against the partition's schema (the first batch's, which the
+    /// partitioner must be able to split) as `RecordWriter::write` does.
+    fn check_schema(&self, batch: &RecordBatch) -> Result<()> {
+        let mut schema = self.schema.lock().unwrap();
+        match schema.as_ref() {
+            Some(s) if s.as_ref() == batch.schema_ref().as_ref() => Ok(()),
+            Some(s) => Err(Error::SchemaMismatch {
+                partition: self.partition.clone(),
+                expected: s.to_string(),
+                actual: batch.schema_ref().to_string(),
+            }),
+            None => {
+                self.partitioner.check_schema(batch.schema_ref())?;
+                *schema = Some(batch.schema());
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes a batch; blocks while the service holds the writer back (backpressure), as
+    /// `wait` allows.
+    pub fn write(&mut self, batch: &RecordBatch, wait: &mut Wait<'_>) -> Result<()> {
+        self.check_open()?;
+        self.check_schema(batch)?;
+        let head = RecordHead {
+            channel: 0,
+            in_flight: Vec::new(),
+        };
+        let frame = self.sender.frame(head, batch, &self.heap)?;
+        self.send(frame, wait)
+    }
+
+    /// Makes partly filled buffers readable now (in order with the batches before).
+    pub fn flush(&mut self, wait: &mut Wait<'_>) -> Result<()> {
+        self.check_open()?;
+        self.send(small(Signal::Flush.encode()), wait)
+    }
+
+    /// Sends a user event to subpartition `target` (every one when `None`), after the
+    /// batches written before it.
+    pub fn send_event(&mut self, target: Option<usize>, payload: &[u8], wait: &mut Wait<'_>) -> Result<()> {
+        self.check_open()?;
+        if payload.len() > MAX_EVENT_PAYLOAD_LEN {
+            return Err(Error::InvalidArgument(format!(
+                "an event payload is at most {MAX_EVENT_PAYLOAD_LEN} bytes, got {}",
+                payload.len()
+            )));
+        }
+        let target = target
+            .map(|t| u32::try_from(t).map_err(|_| Error::InvalidArgument(format!("subpartition {t}"))))
+            .transpose()?;
+        let signal = Signal::Event {
+            target,
+            payload: payload.to_vec(),
+        };
+        self.send(small(signal.encode()), wait)
+    }
+
+    /// Sends checkpoint barrier `checkpoint_id` to every subpartition; returns what an
+    /// unaligned one overtook per subpartition (see `RecordWriter::broadcast_barrier`).
+    pub fn broadcast_barrier(
+        &mut self,
+        checkpoint_id: u64,
+        unaligned: bool,
+        wait: &mut Wait<'_>,
+    ) -> Result<Vec<usize>> {
+        self.check_open()?;
+        if let Some(last) = self.last_barrier.filter(|&last| checkpoint_id <= last) {
+            return Err(Error::InvalidArgument(format!(
+                "checkpoint ids must increase: barrier {checkpoint_id} after barrier {last}"
+            )));
+        }
+        let signal = Signal::Barrier {
+            id: checkpoint_id,
+            unaligned,
+        };
+        self.send(small(signal.encode()), wait)?;
+        let overtaken = self.ack(wait)?;
+        self.last_barrier = Some(checkpoint_id);
+        Ok(overtaken.into_iter().map(|n| n as usize).collect())
+    }
+
+    /// Sends end-of-partition; returns once the service has finished the partition.
+    /// Idempotent.
+    pub fn close(&mut self, wait: &mut Wait<'_>) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.check_back()?;
+        self.send(small(Signal::Close.encode()), wait)?;
+        self.closed = true;
+        self.ack(wait).map(drop)
+    }
+
+    /// Ends the partition with an error: readers raise `ProducerFailed(message)` after the
+    /// data written before.
+    pub fn fail(&mut self, message: &str, wait: &mut Wait<'_>) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        let signal = Signal::Fail {
+            message: message.to_string(),
+        };
+        self.send(small(signal.encode()), wait)?;
+        self.ack(wait).map(drop)
+    }
+}

@@ -11,7 +11,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::runtime::Handle;
 
 use super::codec::{RecordHead, Signal};
-use super::link::{self, HeapEnd, LinkEnd};
+use super::link::{self, HeapEnd, LinkEnd, Watched};
 use super::records::{small, Frame, RecordSender};
 use super::runtime::block_on;
 use crate::base::error::Error;
@@ -20,19 +20,15 @@ use crate::gate::{GateItem, InputGate};
 
 /// Runs a gate's link until the gate ends, the task drops it or goes, or the service ends.
 pub(crate) fn run(mut gate: InputGate, end: LinkEnd, handle: Handle, stop: [Arc<AtomicBool>; 2]) {
-    let LinkEnd {
-        reader,
-        mut writer,
-        heap,
-        bell,
-    } = end;
-    let HeapEnd::Writer(heap) = heap else {
+    let mut link = Watched::new(end, &handle, stop);
+    let HeapEnd::Writer(heap) = &link.heap else {
         log::warn!("creditflow: host service: a gate's link with the wrong heap side");
         return;
     };
-    let (link_dead, _watch) = link::watch(&handle, bell);
+    let stops = link.stops();
+    let stopped = || stops.iter().any(|f| f.load(Ordering::SeqCst));
     let mut check = || {
-        if stop.iter().chain([&link_dead]).any(|f| f.load(Ordering::SeqCst)) {
+        if stopped() {
             Err(Error::Closed("input gate"))
         } else {
             Ok(())
@@ -60,7 +56,7 @@ pub(crate) fn run(mut gate: InputGate, end: LinkEnd, handle: Handle, stop: [Arc<
                             channel: channel as u32,
                             in_flight,
                         };
-                        match sender.frame(head, &batch, &heap) {
+                        match sender.frame(head, &batch, heap) {
                             Ok(f) => (f, false),
                             Err(e) => (small(Signal::Error(e).encode()), true),
                         }
@@ -87,13 +83,13 @@ pub(crate) fn run(mut gate: InputGate, end: LinkEnd, handle: Handle, stop: [Arc<
                     }
                 }
             }
-            Err(_) if stop.iter().chain([&link_dead]).any(|f| f.load(Ordering::SeqCst)) => break,
+            Err(_) if stopped() => break,
             Err(e) => {
                 errors += 1;
                 (small(Signal::Error(e).encode()), errors > limit)
             }
         };
-        match block_on(&handle, link::write_all(&mut writer, &frame), &mut wait) {
+        match block_on(&handle, link::write_all(&mut link.writer, &frame), &mut wait) {
             Ok(Ok(())) => {}
             _ => break,
         }
@@ -103,6 +99,5 @@ pub(crate) fn run(mut gate: InputGate, end: LinkEnd, handle: Handle, stop: [Arc<
     }
     gate.close();
     // Closes the ring: the task reads what is in it (the end), then end-of-stream.
-    let _ = handle.block_on(writer.shutdown());
-    drop(reader);
+    let _ = handle.block_on(link.writer.shutdown());
 }

@@ -87,21 +87,7 @@ pub(crate) async fn serve(sock: UnixStream, kind: LinkKind) -> Result<LinkEnd> {
     }
     send_fd(&sock, &layout, fd.as_fd()).await.map_err(io_error)?;
     drop(fd);
-    let region = Arc::new(region);
-    let to_task = Ring::new(region.clone(), 0, s2t);
-    let from_task = Ring::new(region.clone(), RING_HEADER + s2t, t2s);
-    let offset = heap_offset(s2t, t2s);
-    let heap = match kind {
-        LinkKind::Writer => HeapEnd::Reader(HeapReader::new(region, offset, LINK_HEAP)),
-        LinkKind::Gate => HeapEnd::Writer(HeapWriter::new(region, offset, LINK_HEAP)),
-    };
-    let bell = Doorbell::new(sock);
-    Ok(LinkEnd {
-        reader: ShmReader::new(from_task, bell.clone()),
-        writer: ShmWriter::new(to_task, bell.clone()),
-        heap,
-        bell,
-    })
+    Ok(end(Arc::new(region), sock, s2t, t2s, LINK_HEAP, kind, true))
 }
 
 /// Task side: having sent the link's opening on `sock`, maps the region the service passes.
@@ -120,20 +106,40 @@ pub(crate) async fn open(sock: UnixStream, kind: LinkKind) -> Result<LinkEnd> {
     }
     let region = Arc::new(Region::map(&fd, region_len(s2t, t2s, heap)).map_err(io_error)?);
     drop(fd);
-    let from_service = Ring::new(region.clone(), 0, s2t);
+    Ok(end(region, sock, s2t, t2s, heap, kind, false))
+}
+
+/// One side's view of a link's region: the ring it reads, the ring it writes, its side of the
+/// heap (the side that sends batches writes it), and the doorbell.
+fn end(
+    region: Arc<Region>,
+    sock: UnixStream,
+    s2t: usize,
+    t2s: usize,
+    heap: usize,
+    kind: LinkKind,
+    service: bool,
+) -> LinkEnd {
+    let to_task = Ring::new(region.clone(), 0, s2t);
     let to_service = Ring::new(region.clone(), RING_HEADER + s2t, t2s);
+    let (incoming, outgoing) = if service {
+        (to_service, to_task)
+    } else {
+        (to_task, to_service)
+    };
     let offset = heap_offset(s2t, t2s);
-    let heap = match kind {
-        LinkKind::Writer => HeapEnd::Writer(HeapWriter::new(region, offset, heap)),
-        LinkKind::Gate => HeapEnd::Reader(HeapReader::new(region, offset, heap)),
+    let heap = if service == (kind == LinkKind::Gate) {
+        HeapEnd::Writer(HeapWriter::new(region, offset, heap))
+    } else {
+        HeapEnd::Reader(HeapReader::new(region, offset, heap))
     };
     let bell = Doorbell::new(sock);
-    Ok(LinkEnd {
-        reader: ShmReader::new(from_service, bell.clone()),
-        writer: ShmWriter::new(to_service, bell.clone()),
+    LinkEnd {
+        reader: ShmReader::new(incoming, bell.clone()),
+        writer: ShmWriter::new(outgoing, bell.clone()),
         heap,
         bell,
-    })
+    }
 }
 
 fn io_error(e: std::io::Error) -> Error {
@@ -200,30 +206,57 @@ pub(crate) fn lost(e: std::io::Error) -> Error {
     Error::ConnectionLost(format!("link to the other side of the host service broken: {e}"))
 }
 
-/// Watches a link's doorbell for the peer's end (its process ended, or it dropped the link);
-/// the flag is set when it does. The watch stops when the guard is dropped, so that it does
-/// not keep the connection open.
-pub(crate) fn watch(handle: &tokio::runtime::Handle, bell: Arc<Doorbell>) -> (Arc<AtomicBool>, WatchGuard) {
-    let dead = Arc::new(AtomicBool::new(false));
-    let flag = dead.clone();
-    let task = handle.spawn(async move {
-        let mut waiter = Waiter::new(bell);
-        loop {
-            std::future::poll_fn(|cx| waiter.poll(cx)).await;
-            if waiter.bell().is_dead() {
-                flag.store(true, Ordering::SeqCst);
-                return;
-            }
-        }
-    });
-    (dead, WatchGuard(task))
+/// A link's end on the service's side, watched: its stops are set once the task dropped the
+/// link or went, its session ended, or the service ends.
+pub(crate) struct Watched {
+    pub(crate) reader: ShmReader,
+    pub(crate) writer: ShmWriter,
+    pub(crate) heap: HeapEnd,
+    stops: [Arc<AtomicBool>; 3],
+    /// Ends the doorbell's watch with the link (else it would keep the connection open).
+    _watch: tokio::task::JoinHandle<()>,
 }
 
-/// Stops a [`watch`] when dropped.
-pub(crate) struct WatchGuard(tokio::task::JoinHandle<()>);
-
-impl Drop for WatchGuard {
+impl Drop for Watched {
     fn drop(&mut self) {
-        self.0.abort();
+        self._watch.abort();
+    }
+}
+
+impl Watched {
+    /// Watches `end`'s doorbell on `handle`; `stop` are the session's and the service's flags.
+    pub(crate) fn new(end: LinkEnd, handle: &tokio::runtime::Handle, stop: [Arc<AtomicBool>; 2]) -> Watched {
+        let LinkEnd {
+            reader,
+            writer,
+            heap,
+            bell,
+        } = end;
+        let dead = Arc::new(AtomicBool::new(false));
+        let flag = dead.clone();
+        let watch = handle.spawn(async move {
+            let mut waiter = Waiter::new(bell);
+            loop {
+                std::future::poll_fn(|cx| waiter.poll(cx)).await;
+                if waiter.bell().is_dead() {
+                    flag.store(true, Ordering::SeqCst);
+                    return;
+                }
+            }
+        });
+        let [session, service] = stop;
+        Watched {
+            reader,
+            writer,
+            heap,
+            stops: [dead, session, service],
+            _watch: watch,
+        }
+    }
+
+    /// The flags that say the link, the task's session or the service has ended (a check
+    /// that must not borrow the link reads them).
+    pub(crate) fn stops(&self) -> [Arc<AtomicBool>; 3] {
+        self.stops.clone()
     }
 }

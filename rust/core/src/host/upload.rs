@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::runtime::Handle;
 
 use super::codec::Signal;
-use super::link::{self, HeapEnd, LinkEnd};
+use super::link::{self, HeapEnd, LinkEnd, Watched};
 use super::records::{read_incoming, small, Incoming, RecordReceiver};
 use super::runtime::block_on;
 use crate::base::error::{Error, Result};
@@ -32,19 +32,15 @@ pub(crate) fn run(
     pid: u32,
     stop: [Arc<AtomicBool>; 2],
 ) {
-    let LinkEnd {
-        mut reader,
-        mut writer,
-        heap,
-        bell,
-    } = end;
-    let HeapEnd::Reader(heap) = heap else {
+    let mut link = Watched::new(end, &handle, stop);
+    let HeapEnd::Reader(heap) = &link.heap else {
         log::warn!("creditflow: host service: a writer's link with the wrong heap side");
         return;
     };
-    let (link_dead, _watch) = link::watch(&handle, bell);
+    let heap = heap.clone();
+    let stops = link.stops();
     let mut check = || {
-        if stop.iter().chain([&link_dead]).any(|f| f.load(Ordering::SeqCst)) {
+        if stops.iter().any(|f| f.load(Ordering::SeqCst)) {
             Err(Error::ConnectionLost(format!("the task (pid {pid}) went away")))
         } else {
             Ok(())
@@ -56,12 +52,12 @@ pub(crate) fn run(
     let mut w = RecordWriter::new(partition.clone(), partitioner);
     let mut reply = |signal: Signal, wait: &mut Wait<'_>| -> Result<()> {
         let frame = small(signal.encode());
-        block_on(&handle, link::write_all(&mut writer, &frame), wait)?.map_err(link::lost)
+        block_on(&handle, link::write_all(&mut link.writer, &frame), wait)?.map_err(link::lost)
     };
     let outcome: Result<()> = loop {
         let incoming = match block_on(
             &handle,
-            read_incoming(&mut reader, Some(&heap), &pool, MAX_RECORD),
+            read_incoming(&mut link.reader, Some(&heap), &pool, MAX_RECORD),
             &mut wait,
         ) {
             Ok(Ok(Some(x))) => x,
@@ -131,6 +127,6 @@ pub(crate) fn run(
     // Closes the ring: the task reads what is in it, then the end.
     let _ = handle.block_on(async {
         use tokio::io::AsyncWriteExt;
-        writer.shutdown().await
+        link.writer.shutdown().await
     });
 }

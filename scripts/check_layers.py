@@ -48,6 +48,7 @@ RUST_BINDINGS_LAYERS: list[tuple[str, list[str]]] = [
     ("partition", ["partition.rs"]),
     ("io", ["io.rs"]),
     ("env", ["env.rs"]),
+    ("host", ["host.rs"]),
     ("module", ["lib.rs"]),
 ]
 

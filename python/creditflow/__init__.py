@@ -53,12 +53,14 @@ from creditflow.errors import (
     SpillError,
     TimeoutError,
 )
+from creditflow.host import Attachment, HostService, attach
 
 #: What :meth:`InputGate.items` yields.
 GateItem = Batch | Event | Barrier | CheckpointAborted
 
 __all__ = [
     "AlreadyConsumedError",
+    "Attachment",
     "AuthenticationError",
     "Barrier",
     "Batch",
@@ -72,6 +74,7 @@ __all__ = [
     "ForwardPartitioner",
     "GateItem",
     "HashPartitioner",
+    "HostService",
     "InputGate",
     "InsufficientBuffersError",
     "InvalidArgumentError",
@@ -88,5 +91,6 @@ __all__ = [
     "TLSConfig",
     "TimeoutError",
     "__version__",
+    "attach",
     "parse_bytes",
 ]

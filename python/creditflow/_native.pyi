@@ -9,7 +9,7 @@ from typing import ClassVar, Literal, TypeAlias, final
 import pyarrow as pa
 from typing_extensions import Self, disjoint_base
 
-from creditflow.metrics import EnvMetrics, GateMetrics, PartitionMetrics
+from creditflow.metrics import EnvMetrics, GateMetrics, PartitionMetrics, ServiceMetrics
 
 __version__: str
 
@@ -210,6 +210,98 @@ class NetworkEnvironment:
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool:
         """Calls ``self.close()`` (a subclass's, which also stops what it started)."""
+
+@final
+class HostService:
+    """The network stack of every task of this host attached to it (one per host, user and
+    application): one pool (``memory`` is the host's), the partitions, the gates and one
+    connection per pair of hosts. Tasks find it by ``name`` (see :func:`attach`)."""
+
+    def __new__(
+        cls,
+        name: str,
+        *,
+        idle_timeout: float | None = None,
+        memory: int | str | None = None,
+        segment_size: int | str | None = None,
+        bind: str = "127.0.0.1:0",
+        secret: bytes | str | None = None,
+        tls: TLSConfig | None = None,
+        insecure: bool = False,
+        buffer_timeout: float = 0.1,
+        exclusive_buffers: int = 2,
+        floating_buffers: int = 8,
+        advertise: str | None = None,
+        max_connections: int = 512,
+        spill_dir: str | os.PathLike[str] | None = None,
+        max_spill: int | str | None = None,
+        wire_compression: str | None = None,
+        peer_timeout: float = 30.0,
+    ) -> HostService:
+        """Takes the name (:class:`InvalidArgumentError` if a service of this user already
+        has it on this host), starts the environment and listens. The settings are
+        :class:`NetworkEnvironment`'s; ``idle_timeout``: end after this many seconds with no
+        task attached (None: never)."""
+    @property
+    def address(self) -> str:
+        """The address peers reach it at (``"host:port"``): what tasks put in their channel specs."""
+    @property
+    def name(self) -> str:
+        """The name tasks attach by."""
+    def metrics(self) -> ServiceMetrics:
+        """Its pool, the tasks attached, its partitions, gates and connections."""
+    def wait(self, timeout: float | None = None) -> str:
+        """Blocks until the service ends (its owners are gone, it was idle for
+        ``idle_timeout``, or :meth:`close`) and returns why. The GIL is released and Ctrl-C
+        interrupts."""
+    def close(self) -> None:
+        """Ends the service: attached tasks raise :class:`ConnectionLostError`, partitions are
+        released, the spill directory removed and the name freed. Idempotent."""
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+
+@final
+class Attachment:
+    """A task's session with its host's service (made by :func:`attach`): creates partitions
+    and gates that live in the service, with the API of :class:`NetworkEnvironment`'s."""
+
+    @property
+    def address(self) -> str:
+        """The service's address: what peers put in their channel specs to read partitions
+        created here."""
+    @property
+    def name(self) -> str:
+        """The service's name."""
+    @property
+    def service_pid(self) -> int:
+        """The service's pid."""
+    @property
+    def closed(self) -> bool:
+        """Whether the attachment was closed or its service is gone."""
+    def create_partition(
+        self,
+        partition_id: str,
+        num_subpartitions: int = 1,
+        *,
+        kind: Literal["pipelined", "blocking", "hybrid"] = "pipelined",
+        replay: bool = False,
+        compression: Literal["lz4", "zstd"] | None = None,
+    ) -> ResultPartition:
+        """Creates a partition the service holds, as :meth:`NetworkEnvironment.create_partition`."""
+    def create_input_gate(self, channels: Iterable[ChannelSpec]) -> InputGate:
+        """Creates a gate in the service reading the given channels."""
+    def metrics(self) -> ServiceMetrics:
+        """The service's metrics."""
+    def close(self) -> None:
+        """Lets go of the session (it ends once the partitions, writers and gates made through
+        it are gone too). Idempotent."""
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+
+def attach(name: str, *, owner: int = 0) -> Attachment:
+    """Attaches this process to the host service ``name`` of this user on this host.
+    ``owner``: the pid of the process this task belongs to (a Spark executor), whose end may
+    end the service (0: none). Raises :class:`ConnectionLostError` when no service answers."""
 
 @final
 class ResultPartition:

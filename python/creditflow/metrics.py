@@ -31,6 +31,7 @@ __all__ = [
     "RemoteChannelStats",
     "RemoteReaderMetrics",
     "RemoteStats",
+    "ServiceMetrics",
     "SpillDirMetrics",
     "SpillMetrics",
     "SubpartitionMetrics",
@@ -301,6 +302,31 @@ class SpillDirMetrics(TypedDict):
     files_created: int
     #: Directories of dead processes removed when this one was opened.
     swept_dirs: int
+
+
+class ServiceMetrics(TypedDict):
+    """A host service: the host's pool, the tasks attached, its connections (``ServiceMetrics``)."""
+
+    #: The service's address.
+    address: str
+    #: Bytes per segment.
+    segment_size: int
+    #: Segments in the host's pool (``memory // segment_size``).
+    segments_total: int
+    #: Segments no local pool holds.
+    segments_available: int
+    #: Sum of the local pools' minimums.
+    segments_reserved: int
+    #: Tasks attached now.
+    sessions: int
+    #: Partitions registered.
+    partitions: int
+    #: Gates open.
+    gates: int
+    #: Connections the service opened to other services (one per address it reads from).
+    connections_opened: int
+    #: Connections other services opened to this one.
+    connections_served: int
 
 
 class EnvMetrics(TypedDict):

@@ -113,8 +113,20 @@ FAMILIES: tuple[Family, ...] = (
     _family("creditflow_segments", "gauge", "Segments of the network memory", ENV, "segments_total"),
     _family("creditflow_segments_available", "gauge", "Segments not in any pool", ENV, "segments_available"),
     _family("creditflow_segment_size_bytes", "gauge", "Bytes per segment", ENV, "segment_size"),
-    _family("creditflow_connections_opened", "gauge", "Connections opened to other environments", ENV, "connections_opened"),
-    _family("creditflow_connections_served", "gauge", "Connections other environments opened here", ENV, "connections_served"),
+    _family(
+        "creditflow_connections_opened",
+        "gauge",
+        "Connections opened to other environments",
+        ENV,
+        "connections_opened",
+    ),
+    _family(
+        "creditflow_connections_served",
+        "gauge",
+        "Connections other environments opened here",
+        ENV,
+        "connections_served",
+    ),
     _family("creditflow_spill_disk_bytes", "gauge", "Bytes the spill files hold", ENV, "spill.disk_bytes"),
     _family("creditflow_spill_max_bytes", "gauge", "max_spill (absent: unbounded)", ENV, "spill.max_spill"),
     _family(

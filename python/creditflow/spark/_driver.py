@@ -28,6 +28,12 @@ if TYPE_CHECKING:  # pyspark-client (Connect only) has no SparkContext to import
 #: (a local-cluster or a real cluster registers its executors after the session starts).
 REGISTRATION_WAIT = 30.0
 
+#: The Spark setting (``spark.conf.set(HOST_SERVICE_CONF, "false")``) that chooses the network
+#: stack of ``exchange`` and ``send`` when the call does not: ``true`` (the default) attaches the
+#: tasks of each host to its creditflow host service, ``false`` gives each Python worker an
+#: environment of its own (a pool per task, a connection per pair of tasks).
+HOST_SERVICE_CONF = "spark.creditflow.hostService"
+
 _LOCAL = re.compile(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?")
 _LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]")
 
@@ -182,3 +188,42 @@ def check_slots(spark: SparkSession, tasks: int) -> None:
             f"partitions (num_partitions={slots} or df.repartition({slots}) first), or give Spark more "
             "cores (local[N], more executors or spark.executor.cores)."
         )
+
+
+def use_host_service(spark: Any, choice: bool | None) -> bool:
+    """Whether a job's tasks use their hosts' service: ``choice`` when given, else the session's
+    :data:`HOST_SERVICE_CONF` (default true). Raises :class:`ValueError` for a value that is
+    neither true nor false."""
+    if choice is not None:
+        return choice
+    value = str(spark.conf.get(HOST_SERVICE_CONF, "true") or "true").strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"{HOST_SERVICE_CONF} must be true or false, got {value!r}")
+    return value == "true"
+
+
+def application_id(spark: Any) -> str:
+    """The Spark application's id (classic and Connect sessions): host services are per
+    application."""
+    if not is_connect(spark):
+        return str(spark.sparkContext.applicationId)
+    return str(spark.conf.get("spark.app.id", None) or "connect-" + str(spark.session_id))
+
+
+def slots_per_host(spark: Any) -> int:
+    """How many tasks one executor (host) runs at once, which a host service's ``memory`` is
+    sized for: ``spark.executor.cores``, ``local[N]``'s N or ``local-cluster``'s cores per
+    worker (each divided by ``spark.task.cpus``); the whole cluster's slots when the
+    configuration does not say."""
+    conf = spark.conf
+    master = (conf.get("spark.master", "") or "").strip()
+    task_cpus = max(int(conf.get("spark.task.cpus", "1") or "1"), 1)
+    cores = conf.get("spark.executor.cores", None)
+    cluster = _LOCAL_CLUSTER.fullmatch(master)
+    if cluster is not None:
+        cores = cluster.group(2)
+    elif _LOCAL.fullmatch(master) is not None:
+        cores = None  # one host: every slot is on it
+    if cores:
+        return max(int(cores) // task_cpus, 1)
+    return max(concurrent_slots(spark), 1)

@@ -1,7 +1,13 @@
-"""The NetworkEnvironment of a Spark Python worker process, and how its tasks reach each other.
+"""The network stack a Spark task uses, and how tasks reach each other.
 
-Spark starts (forks) Python worker processes and reuses them for task after task. Each
-process gets at most one environment per configuration, created on first use by a task,
+By default a task attaches to its host's service (:mod:`creditflow.host`: one process per host,
+user, application and settings, started by the first task that needs it, ending with the
+application's executors): its partitions and gates live there, so the tasks of a host share one
+pool and one connection per pair of hosts. :func:`host_environment` gives a task its
+attachment, kept per worker process and service and attached again when the service is gone.
+
+With ``host_service=False`` each Python worker process gets its own environment instead
+(:func:`task_environment`), at most one per configuration, created on first use by a task,
 never at import, and forgotten (not closed: its threads belong to the parent) in a forked
 child. An exchange carries a fresh secret, so a later exchange in the same process gets a
 new environment; environments no task uses any more are closed when a new one is created
@@ -12,14 +18,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import ipaddress
+import json
 import os
+import re
 import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import creditflow as cf
+from creditflow.host import attach_or_start
 
 
 @dataclass(frozen=True)
@@ -184,6 +195,77 @@ def open_environments() -> int:
 def close_environments() -> None:
     """Closes every environment of this process (they are re-created on next use)."""
     _CACHE.close_all()
+
+
+def service_settings(settings: EnvSettings, host: str | None, host_tasks: int) -> dict[str, Any]:
+    """The settings of the host service an exchange's tasks on one host attach to: ``memory``
+    is per task, so the service gets it once per task of the exchange on that host."""
+    memory = cf.parse_bytes(settings.memory) * max(1, host_tasks)
+    return {
+        "memory": memory,
+        "segment_size": settings.segment_size,
+        "buffer_timeout": settings.buffer_timeout,
+        "exclusive_buffers": settings.exclusive_buffers,
+        "floating_buffers": settings.floating_buffers,
+        "bind": settings.bind or bind_address(host),
+        "secret": settings.secret,
+        "advertise": settings.advertise,
+        "max_connections": settings.max_connections,
+        "spill_dir": settings.spill_dir,
+        "wire_compression": settings.wire_compression,
+    }
+
+
+def service_name(app_id: str, service: dict[str, Any]) -> str:
+    """The host service of application ``app_id`` with ``service`` settings: another setting
+    (a larger memory, another secret) is another service, so no task attaches to a service
+    configured otherwise."""
+    digest = hashlib.sha256(json.dumps(service, sort_keys=True).encode()).hexdigest()[:12]
+    app = re.sub(r"[^A-Za-z0-9._-]", "_", app_id)[:44]
+    return f"spark-{app}-{digest}"
+
+
+class _Attachments:
+    """This worker process's attachments, by service name (forgotten in a forked child)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pid = os.getpid()
+        self.by_name: dict[str, cf.Attachment] = {}
+
+    def get(self, name: str, service: dict[str, Any]) -> cf.Attachment:
+        with self.lock:
+            if os.getpid() != self.pid:
+                self.by_name, self.pid = {}, os.getpid()
+            a = self.by_name.get(name)
+            if a is None or a.closed:
+                # The executor's Python daemon (this worker's parent) ends with the executor.
+                a = attach_or_start(name, service, owner=os.getppid())
+                self.by_name[name] = a
+            return a
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.by_name) if os.getpid() == self.pid else 0
+
+
+_ATTACHMENTS = _Attachments()
+
+
+@contextlib.contextmanager
+def host_environment(
+    settings: EnvSettings, host: str | None, app_id: str, host_tasks: int
+) -> Iterator[cf.Attachment]:
+    """This task's attachment to its host's service for ``settings`` (started when none runs).
+    ``host_tasks``: the tasks of this exchange on this host, which the service's memory is
+    sized for."""
+    service = service_settings(settings, host, host_tasks)
+    yield _ATTACHMENTS.get(service_name(app_id, service), service)
+
+
+def open_attachments() -> int:
+    """How many host services this process is attached to (for tests)."""
+    return _ATTACHMENTS.count()
 
 
 def _is_loopback(host: str) -> bool:

@@ -1,7 +1,8 @@
 """``exchange``: a pipelined, backpressured repartition-by-key inside one barrier stage.
 
-Every task of a barrier ``mapInArrow`` stage gets its Python worker's environment, creates
-a partition with one subpartition per task, tells the others where it is (through the
+Every task of a barrier ``mapInArrow`` stage attaches to its host's creditflow service (or,
+with ``host_service=False``, gets its Python worker's own environment), creates a partition
+with one subpartition per task, tells the others where it is (through the
 driver's rendezvous on a classic session, ``BarrierTaskContext.allGather`` on a Connect one:
 see :mod:`creditflow.spark._rendezvous`), and then does two things at once:
 
@@ -13,8 +14,9 @@ see :mod:`creditflow.spark._rendezvous`), and then does two things at once:
 
 Writing beside reading keeps the all-to-all from deadlocking; credit-based flow control keeps
 every task's memory within its ``memory`` setting whatever the data size, and a slow task
-slows its producers instead of filling them up. When its gate has ended, a task waits until
-its own partition has been read by everyone before it lets go of it.
+slows its producers instead of filling them up. With the host service, a task whose gate has
+ended is done: its partition lives in the service until every task has read it. With its own
+environment, a task waits until its partition has been read by everyone before it lets go of it.
 """
 
 from __future__ import annotations
@@ -35,8 +37,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 import creditflow as cf
-from creditflow.spark._driver import check_slots, is_connect, prepare
-from creditflow.spark._process import EnvSettings, check_wire_compression, metrics_url_of, task_environment
+from creditflow.spark._driver import application_id, check_slots, is_connect, prepare, use_host_service
+from creditflow.spark._process import (
+    EnvSettings,
+    check_wire_compression,
+    host_environment,
+    metrics_url_of,
+    task_environment,
+)
 from creditflow.spark._rendezvous import driver_rendezvous, gather
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
 
@@ -68,6 +76,8 @@ class _Plan:
     monitor: MonitorHandle | None
     #: The driver's rendezvous (address, key); None: Spark's ``allGather``.
     rendezvous: tuple[str, str] | None = None
+    #: The application whose host services the tasks attach to; None: an environment per task.
+    app_id: str | None = None
 
 
 def exchange(
@@ -89,6 +99,7 @@ def exchange(
     timeout: float | None = 600.0,
     monitor: Monitor | None = None,
     rendezvous: Rendezvous | None = None,
+    host_service: bool | None = None,
 ) -> DataFrame:
     """Repartitions ``df`` by ``keys`` through creditflow, pipelined, in one barrier stage.
 
@@ -137,6 +148,12 @@ def exchange(
             on a Spark Connect session, whose client the executors may not reach): Spark's
             ``BarrierTaskContext.allGather``, which answers up to a second late. Choose
             ``"barrier"`` when a firewall lets executors reach only the driver's Spark ports.
+        host_service: ``True``: the tasks of each host attach to one creditflow service per
+            host and application (started on demand; docs/design.md "The host service"): one
+            pool for the host (``memory`` per task of the exchange on it), one connection per
+            pair of hosts, and a task's partition outlives it. ``False``: each task gets an
+            environment of its own (a pool per task, a connection per pair of tasks). ``None``
+            (the default): the session's ``spark.creditflow.hostService`` (default true).
 
     Raises:
         ValueError: for fewer task slots than partitions (at once, naming both numbers and
@@ -167,8 +184,10 @@ def exchange(
             df = df.repartition(num_partitions)
             n = num_partitions
     check_slots(spark, n)
+    app_id = application_id(spark) if use_host_service(spark, host_service) else None
     settings = EnvSettings(
-        secret=secrets.token_hex(32),
+        # A host service serves every exchange of its application: they share its secret.
+        secret=_app_secret(app_id) if app_id is not None else secrets.token_hex(32),
         memory=memory,
         segment_size=segment_size,
         buffer_timeout=buffer_timeout,
@@ -193,10 +212,22 @@ def exchange(
         timeout=timeout,
         func=func,
         monitor=monitor.handle if monitor is not None else None,
+        app_id=app_id,
     )
     out_schema = df.schema if schema is None else schema
 
     return _fusing(df, plan, out_schema)
+
+
+#: The secret of each application's host services (one per application, on its driver).
+_APP_SECRETS: dict[str, str] = {}
+_APP_SECRETS_LOCK = threading.Lock()
+
+
+def _app_secret(app_id: str) -> str:
+    """The secret every exchange of application ``app_id`` gives its host services."""
+    with _APP_SECRETS_LOCK:
+        return _APP_SECRETS.setdefault(app_id, secrets.token_hex(32))
 
 
 def _rendezvous_of(spark: Any, choice: Rendezvous | None) -> tuple[str, str] | None:
@@ -340,50 +371,74 @@ def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
     _check_whole_stage(plan, tasks)
     me = ctx.partitionId()
     host = infos[me].address.rpartition(":")[0]
-    with task_environment(plan.env, host) as env:
-        part = env.create_partition(
-            f"cf-exchange/{plan.exchange_id}/{ctx.taskAttemptId()}", tasks, kind=plan.kind
-        )
-        gate: cf.InputGate | None = None
-        writer: _Writer | None = None
+    if plan.app_id is None:
+        with task_environment(plan.env, host) as env:
+            served = metrics_url_of(env) if plan.monitor is not None and plan.monitor.metrics else None
+            yield from _exchange_in(plan, ctx, me, tasks, env, served, batches, own_env=True)
+    else:
+        on_host = sum(1 for i in infos if i.address.rpartition(":")[0] == host)
+        with host_environment(plan.env, host, plan.app_id, on_host) as attached:
+            yield from _exchange_in(plan, ctx, me, tasks, attached, None, batches, own_env=False)
 
-        served = metrics_url_of(env) if plan.monitor is not None and plan.monitor.metrics else None
-        metrics = {"metrics_url": served} if served else {}
 
-        def sample() -> dict[str, Any]:
-            return {**_sample(plan, me, part, gate, writer), **metrics}
+def _exchange_in(
+    plan: _Plan,
+    ctx: BarrierTaskContext,
+    me: int,
+    tasks: int,
+    env: cf.NetworkEnvironment | cf.Attachment,
+    served: str | None,
+    batches: Iterator[pa.RecordBatch],
+    own_env: bool,
+) -> Iterator[pa.RecordBatch]:
+    """One task of the exchange in ``env``: this process's environment (``own_env``: the task
+    must wait until its partition is read before it lets go of it) or the host service."""
+    part = env.create_partition(
+        f"cf-exchange/{plan.exchange_id}/{ctx.taskAttemptId()}", tasks, kind=plan.kind
+    )
+    gate: cf.InputGate | None = None
+    writer: _Writer | None = None
+    done = False
+    metrics = {"metrics_url": served} if served else {}
 
-        reporter = Reporter(plan.monitor, sample)
+    def sample() -> dict[str, Any]:
+        return {**_sample(plan, me, part, gate, writer), **metrics}
+
+    reporter = Reporter(plan.monitor, sample)
+    try:
+        peers = _meet(plan, ctx, {"address": env.address, "partition": part.id}, tasks)
+        gate = env.create_input_gate([cf.ChannelSpec(p["address"], p["partition"], me) for p in peers])
+        writer = _Writer(part, plan, batches)
+        inputs = _receive(gate, plan.timeout)
+        outputs = plan.func(inputs) if plan.func is not None else inputs
         try:
-            peers = _meet(plan, ctx, {"address": env.address, "partition": part.id}, tasks)
-            gate = env.create_input_gate([cf.ChannelSpec(p["address"], p["partition"], me) for p in peers])
-            writer = _Writer(part, plan, batches)
-            inputs = _receive(gate, plan.timeout)
-            outputs = plan.func(inputs) if plan.func is not None else inputs
-            try:
-                yield from outputs
-            except Exception as exc:
-                # A failure of our own writer also reaches our gate (from our own subpartition,
-                # as ProducerFailedError): report the cause, not the echo.
-                part.release()
-                writer.join()
-                if writer.error is not None and not isinstance(writer.error, cf.ClosedError):
-                    raise writer.error from exc
-                raise
+            yield from outputs
+        except Exception as exc:
+            # A failure of our own writer also reaches our gate (from our own subpartition,
+            # as ProducerFailedError): report the cause, not the echo.
+            part.release()
             writer.join()
-            if writer.error is not None:
-                raise writer.error
+            if writer.error is not None and not isinstance(writer.error, cf.ClosedError):
+                raise writer.error from exc
+            raise
+        writer.join()
+        if writer.error is not None:
+            raise writer.error
+        if own_env:
             # Everyone has read our partition only when it is released: until then its
             # process (and this environment) must stay.
             part.wait_consumed(timeout=plan.timeout)
-        finally:
-            reporter.stop()
+        # In a host service the finished partition stays until everyone has read it.
+        done = True
+    finally:
+        reporter.stop()
+        if not done:
             # On failure: stops a writer still blocked on a buffer (it raises ClosedError).
             part.release()
-            if writer is not None:
-                writer.join()
-            if gate is not None:
-                gate.close()
+        if writer is not None:
+            writer.join()
+        if gate is not None:
+            gate.close()
 
 
 def _check_whole_stage(plan: _Plan, tasks: int) -> None:

@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -44,11 +44,12 @@ from pyspark.sql import DataFrame
 import creditflow as cf
 from creditflow.metrics import EnvMetrics, SpillMetrics
 from creditflow.spark import _messages
-from creditflow.spark._driver import prepare
+from creditflow.spark._driver import application_id, prepare, slots_per_host, use_host_service
 from creditflow.spark._messages import Closeable
 from creditflow.spark._process import (
     EnvSettings,
     check_wire_compression,
+    host_environment,
     host_towards,
     metrics_url_of,
     task_environment,
@@ -413,6 +414,10 @@ class _SendPlan:
     env: EnvSettings
     timeout: float | None
     monitor: MonitorHandle | None
+    #: The application whose host services the tasks attach to, and the tasks one host runs
+    #: at once (what a service's ``memory`` is sized for); None: an environment per task.
+    app_id: str | None = None
+    host_tasks: int = 1
 
 
 #: The one row each sending task returns to the driver.
@@ -430,6 +435,7 @@ def send(
     wire_compression: str | None = None,
     timeout: float | None = 600.0,
     monitor: Monitor | None = None,
+    host_service: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Streams ``df`` to the :class:`Receiver` at ``address``; returns when it has it all.
 
@@ -441,7 +447,11 @@ def send(
     ``wire_compression`` (``"lz4"``, ``"zstd"``) compresses what the tasks send, as for
     :class:`creditflow.NetworkEnvironment` (pays when the receiver is across a slow link).
     ``timeout`` bounds each wait for buffer space or for the receiver to finish reading, in
-    seconds. Returns one dict per partition: ``partition``, ``attempt``, ``accepted``,
+    seconds. ``host_service`` (with ``via="executors"``): ``True`` sends through each host's
+    creditflow service (one pool of ``memory`` per task slot of the host, one connection per
+    host to the receiver), ``False`` from an environment per task, ``None`` (the default) as
+    the session's ``spark.creditflow.hostService`` says (default true).
+    Returns one dict per partition: ``partition``, ``attempt``, ``accepted``,
     ``rows``, ``bytes``, ``seconds``. Raises what the job raised, after telling the
     receiver (which then raises too).
     """
@@ -455,6 +465,10 @@ def send(
     plan = _SendPlan(job, address, settings, timeout, monitor.handle if monitor is not None else None)
     if via == "driver":
         return [_send_from_driver(df, plan)]
+    if use_host_service(df.sparkSession, host_service):
+        plan = replace(
+            plan, app_id=application_id(df.sparkSession), host_tasks=slots_per_host(df.sparkSession)
+        )
     try:
         # On Connect this runs a probe job over df, which fails where the job would.
         n = prepare(df)
@@ -497,7 +511,7 @@ def _register_job(plan: _SendPlan, num_partitions: int) -> None:
 
 
 def _stream_partition(
-    env: cf.NetworkEnvironment,
+    env: cf.NetworkEnvironment | cf.Attachment,
     plan: _SendPlan,
     index: int,
     attempt: int,
@@ -508,7 +522,8 @@ def _stream_partition(
     start = time.perf_counter()
     part = env.create_partition(f"cf-send/{plan.job}/{index}/{attempt}/{uuid.uuid4().hex[:6]}", 1)
     stats: dict[str, Any] = {"partition": index, "attempt": attempt, "accepted": False, "rows": 0, "bytes": 0}
-    served = metrics_url_of(env) if plan.monitor is not None and plan.monitor.metrics else None
+    wanted = plan.monitor is not None and plan.monitor.metrics
+    served = metrics_url_of(env) if wanted and isinstance(env, cf.NetworkEnvironment) else None
     metrics = {"metrics_url": served} if served else {}
     reporter = Reporter(
         plan.monitor,
@@ -585,8 +600,12 @@ def _send_task(plan: _SendPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[p
     ctx = TaskContext.get()
     assert ctx is not None, "runs inside a Spark task"
     host = host_towards(plan.address)
-    with task_environment(plan.env, host) as env:
-        stats = _stream_partition(env, plan, ctx.partitionId(), ctx.attemptNumber(), batches)
+    if plan.app_id is None:
+        with task_environment(plan.env, host) as env:
+            stats = _stream_partition(env, plan, ctx.partitionId(), ctx.attemptNumber(), batches)
+    else:
+        with host_environment(plan.env, host, plan.app_id, plan.host_tasks) as attached:
+            stats = _stream_partition(attached, plan, ctx.partitionId(), ctx.attemptNumber(), batches)
     yield pa.RecordBatch.from_pylist([stats], schema=_stats_arrow_schema())
 
 

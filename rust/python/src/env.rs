@@ -15,7 +15,7 @@ use pyo3::types::{PyDict, PyInt, PyString};
 use crate::args::{check_pid, count_arg};
 use crate::error::IntoPyResult;
 use crate::io::{ChannelSpec, InputGate};
-use crate::partition::ResultPartition;
+use crate::partition::{Partition, ResultPartition};
 use crate::tls::TlsConfig;
 
 /// Removes the spill directories of this process's environments that are still open
@@ -26,7 +26,7 @@ pub fn _remove_spill_dirs(py: Python<'_>) {
 }
 
 /// Reads a byte size given as an int or a string with a unit.
-fn bytes_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+pub(crate) fn bytes_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     if let Ok(i) = value.cast::<PyInt>() {
         let v: i64 = i.extract()?;
         return usize::try_from(v).map_err(|_| {
@@ -55,6 +55,90 @@ fn is_loopback(bind: &str) -> bool {
         }
         Err(_) => false,
     }
+}
+
+/// A `secret` argument: bytes or str, not empty.
+pub(crate) fn secret_arg(secret: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
+    let secret = match secret {
+        None => None,
+        Some(s) => {
+            if let Ok(s) = s.cast::<PyString>() {
+                Some(s.to_str()?.as_bytes().to_vec())
+            } else if let Ok(b) = s.extract::<Vec<u8>>() {
+                Some(b)
+            } else {
+                return Err(PyTypeError::new_err("secret must be bytes or str"));
+            }
+        }
+    };
+    if matches!(&secret, Some(s) if s.is_empty()) {
+        return Err(PyValueError::new_err("secret must not be empty"));
+    }
+    Ok(secret)
+}
+
+/// Refuses to listen beyond loopback with neither a secret nor mutual TLS, unless `insecure`.
+pub(crate) fn check_exposure(
+    bind: &str,
+    secret: Option<&[u8]>,
+    tls: Option<&creditflow_core::base::config::TlsSettings>,
+    insecure: bool,
+) -> PyResult<()> {
+    let mutual_tls = tls.is_some_and(|t| t.client_auth);
+    if secret.is_none() && !mutual_tls && !insecure && !is_loopback(bind) {
+        return Err(PyValueError::new_err(format!(
+            "refusing to bind {bind:?} without a secret or mutual TLS: anyone who can reach it could read \
+             your data. Pass secret=... (shared by all peers) or tls=TLSConfig(...), bind a loopback \
+             address, or pass insecure=True"
+        )));
+    }
+    Ok(())
+}
+
+/// The settings every listening config starts from: the pool (`memory`, `segment_size`) and
+/// where and how it listens (`bind`, `secret`, `tls`), refused beyond loopback unprotected
+/// unless `insecure`.
+pub(crate) fn exposed_config(
+    memory: Option<&Bound<'_, PyAny>>,
+    segment_size: Option<&Bound<'_, PyAny>>,
+    bind: &str,
+    secret: Option<&Bound<'_, PyAny>>,
+    tls: Option<Bound<'_, TlsConfig>>,
+    insecure: bool,
+) -> PyResult<EnvConfig> {
+    let mut config = EnvConfig::default();
+    if let Some(m) = memory {
+        config.memory = bytes_arg(m, "memory")?;
+    }
+    if let Some(s) = segment_size {
+        config.segment_size = bytes_arg(s, "segment_size")?;
+    }
+    config.bind = bind.to_string();
+    config.secret = secret_arg(secret)?;
+    config.tls = tls.map(|t| t.get().settings.clone());
+    check_exposure(bind, config.secret.as_deref(), config.tls.as_ref(), insecure)?;
+    Ok(config)
+}
+
+/// A duration argument in seconds: finite and not negative.
+pub(crate) fn secs(v: f64, name: &str) -> PyResult<Duration> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        Err(PyValueError::new_err(format!(
+            "{name} must be a non-negative number of seconds, got {v}"
+        )))
+    }
+}
+
+/// `wire_compression`: None, "lz4" or "zstd".
+pub(crate) fn wire_compression_arg(value: Option<&str>) -> PyResult<Option<Compression>> {
+    Compression::parse(value).map_err(|_| {
+        PyValueError::new_err(format!(
+            "wire_compression must be None, \"lz4\" or \"zstd\", got {:?}",
+            value.unwrap_or_default()
+        ))
+    })
 }
 
 /// One per process: the buffer pool, partitions, gates, the listener and connections.
@@ -110,53 +194,13 @@ impl NetworkEnvironment {
         wire_compression: Option<&str>,
         shared_memory: bool,
     ) -> PyResult<Self> {
-        let mut config = EnvConfig::default();
-        if let Some(m) = memory {
-            config.memory = bytes_arg(m, "memory")?;
-        }
-        if let Some(s) = segment_size {
-            config.segment_size = bytes_arg(s, "segment_size")?;
-        }
-        config.bind = bind.to_string();
-        let secret = match secret {
-            None => None,
-            Some(s) => {
-                if let Ok(s) = s.cast::<PyString>() {
-                    Some(s.to_str()?.as_bytes().to_vec())
-                } else if let Ok(b) = s.extract::<Vec<u8>>() {
-                    Some(b)
-                } else {
-                    return Err(PyTypeError::new_err("secret must be bytes or str"));
-                }
-            }
-        };
-        if matches!(&secret, Some(s) if s.is_empty()) {
-            return Err(PyValueError::new_err("secret must not be empty"));
-        }
-        let tls = tls.map(|t| t.get().settings.clone());
-        let mutual_tls = tls.as_ref().is_some_and(|t| t.client_auth);
-        if secret.is_none() && !mutual_tls && !insecure && !is_loopback(bind) {
-            return Err(PyValueError::new_err(format!(
-                "refusing to bind {bind:?} without a secret or mutual TLS: anyone who can reach it could read \
-                 your data. Pass secret=... (shared by all peers) or tls=TLSConfig(...), bind a loopback \
-                 address, or pass insecure=True"
-            )));
-        }
+        let mut config = exposed_config(memory, segment_size, bind, secret, tls, insecure)?;
         config.flow_control = match flow_control {
             "credit" => FlowControl::Credit,
             "tcp" => FlowControl::Tcp,
             other => {
                 return Err(PyValueError::new_err(format!(
                     "flow_control must be \"credit\" or \"tcp\", got {other:?}"
-                )))
-            }
-        };
-        let secs = |v: f64, name: &str| -> PyResult<Duration> {
-            if v.is_finite() && v >= 0.0 {
-                Ok(Duration::from_secs_f64(v))
-            } else {
-                Err(PyValueError::new_err(format!(
-                    "{name} must be a non-negative number of seconds, got {v}"
                 )))
             }
         };
@@ -190,20 +234,13 @@ impl NetworkEnvironment {
             )?,
             max_outstanding_requests: count_arg(max_outstanding_requests, "max_outstanding_requests")?,
         };
-        config.secret = secret;
-        config.tls = tls;
         config.peer_timeout = secs(peer_timeout, "peer_timeout")?;
         config.advertise = advertise;
         config.spill_dir = spill_dir;
         if let Some(m) = max_spill {
             config.max_spill = Some(bytes_arg(m, "max_spill")? as u64);
         }
-        config.wire_compression = Compression::parse(wire_compression).map_err(|_| {
-            PyValueError::new_err(format!(
-                "wire_compression must be None, \"lz4\" or \"zstd\", got {:?}",
-                wire_compression.unwrap_or_default()
-            ))
-        })?;
+        config.wire_compression = wire_compression_arg(wire_compression)?;
         config.shared_memory = shared_memory;
         let inner = Python::attach(|py| creditflow_core::NetworkEnvironment::new(config).py_err(py))?;
         Ok(NetworkEnvironment {
@@ -279,7 +316,10 @@ impl NetworkEnvironment {
             }),
         }
         .py_err(py)?;
-        Ok(ResultPartition { inner, pid: self.pid })
+        Ok(ResultPartition {
+            inner: Partition::Local(inner),
+            pid: self.pid,
+        })
     }
 
     /// Creates an input gate reading the given channels.

@@ -6,9 +6,11 @@ use std::sync::{Arc, Mutex};
 use arrow_array::{RecordBatch, StructArray};
 use arrow_schema::Field;
 use creditflow_core::base::config::ChannelSpec as CoreSpec;
-use creditflow_core::gate::{GateItem, GateMetricsReader};
+use creditflow_core::base::wait::Wait;
+use creditflow_core::gate::{GateItem, GateMetrics, GateMetricsReader};
+use creditflow_core::host::{AttachedGate, AttachedWriter};
 use creditflow_core::partition::subpartition::Token;
-use creditflow_core::Partitioner;
+use creditflow_core::{Error, Partitioner};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -19,7 +21,7 @@ use crate::args::{check_pid, count_arg};
 use crate::arrow_in::BatchImporter;
 use crate::blocking;
 use crate::error::to_py;
-use crate::partition::ResultPartition;
+use crate::partition::{Partition, ResultPartition};
 
 /// Sends row r to subpartition ``pmod(hash(keys...), n)`` with Spark SQL's Murmur3 ``hash``,
 /// so rows land where ``df.repartition(n, *keys)`` puts them.
@@ -214,13 +216,95 @@ fn to_pyarrow(py: Python<'_>, batch: RecordBatch, token: Option<Token>) -> PyRes
     Ok(import.bind(py).call1(capsules)?.unbind())
 }
 
+/// A writer of a partition of this process or of the host service.
+enum Writer {
+    Local(creditflow_core::RecordWriter),
+    Attached(AttachedWriter),
+}
+
+impl Writer {
+    fn write(&mut self, batch: &RecordBatch, token: Option<Token>, wait: &mut Wait<'_>) -> Result<(), Error> {
+        match self {
+            Writer::Local(w) => w.write_with_token(batch, token, wait),
+            Writer::Attached(w) => w.write(batch, wait),
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), Error> {
+        match self {
+            Writer::Local(w) => {
+                w.flush();
+                Ok(())
+            }
+            Writer::Attached(w) => w.flush(&mut Wait::timeout(
+                Some(CONTROL_WAIT),
+                "waiting for a free buffer",
+            )),
+        }
+    }
+
+    fn event(&mut self, payload: &[u8], target: Option<usize>) -> Result<(), Error> {
+        match (self, target) {
+            (Writer::Local(w), None) => w.broadcast_event(payload),
+            (Writer::Local(w), Some(t)) => w.emit_event(payload, t),
+            (Writer::Attached(w), t) => w.send_event(
+                t,
+                payload,
+                &mut Wait::timeout(Some(CONTROL_WAIT), "waiting for a free buffer"),
+            ),
+        }
+    }
+
+    fn barrier(&mut self, checkpoint_id: u64, unaligned: bool) -> Result<Vec<usize>, Error> {
+        match self {
+            Writer::Local(w) => w.broadcast_barrier(checkpoint_id, unaligned),
+            Writer::Attached(w) => w.broadcast_barrier(
+                checkpoint_id,
+                unaligned,
+                &mut Wait::timeout(Some(CONTROL_WAIT), "waiting for a free buffer"),
+            ),
+        }
+    }
+
+    fn close(&mut self) -> Result<(), Error> {
+        match self {
+            Writer::Local(w) => w.close(),
+            Writer::Attached(w) => w.close(&mut Wait::timeout(
+                Some(CONTROL_WAIT),
+                "waiting for a free buffer",
+            )),
+        }
+    }
+
+    fn fail(&mut self, partition: &Partition, message: &str) {
+        match (self, partition) {
+            (Writer::Attached(w), _) => {
+                // Best effort: a writer whose service is gone has failed its readers already.
+                let _ = w.fail(
+                    message,
+                    &mut Wait::timeout(Some(CONTROL_WAIT), "waiting for a free buffer"),
+                );
+            }
+            (Writer::Local(_), Partition::Local(p)) => p.fail(message),
+            (Writer::Local(_), Partition::Attached(_)) => {
+                unreachable!("a local writer of an attached partition")
+            }
+        }
+    }
+}
+
+/// How long a writer's call other than `write` waits for the host service (a flush, an event,
+/// a barrier, the close): bounded, since its link has room once the service takes what is
+/// queued.
+const CONTROL_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Writes Arrow data into a partition through a partitioner.
 #[pyclass(module = "creditflow._native", frozen)]
 pub struct RecordWriter {
-    inner: Mutex<creditflow_core::RecordWriter>,
+    inner: Mutex<Writer>,
     /// Imports the batches written, their schema once (taken with the GIL held).
     import: Mutex<BatchImporter>,
-    partition: Arc<creditflow_core::ResultPartition>,
+    partition: Partition,
     pid: u32,
     timeout: Option<f64>,
 }
@@ -230,6 +314,7 @@ impl RecordWriter {
     #[new]
     #[pyo3(signature = (partition, partitioner = None, *, timeout = None))]
     fn new(
+        py: Python<'_>,
         partition: &Bound<'_, ResultPartition>,
         partitioner: Option<&Bound<'_, PyAny>>,
         timeout: Option<f64>,
@@ -237,8 +322,15 @@ impl RecordWriter {
         blocking::timeout(timeout)?;
         let p = partition.get();
         let kind = partitioner_arg(partitioner)?;
+        let inner = match &p.inner {
+            Partition::Local(part) => Writer::Local(creditflow_core::RecordWriter::new(part.clone(), kind)),
+            Partition::Attached(part) => {
+                check_pid(p.pid, "ResultPartition")?;
+                Writer::Attached(py.detach(|| part.writer(kind)).map_err(|e| to_py(py, e))?)
+            }
+        };
         Ok(RecordWriter {
-            inner: Mutex::new(creditflow_core::RecordWriter::new(p.inner.clone(), kind)),
+            inner: Mutex::new(inner),
             import: Mutex::new(BatchImporter::new()),
             partition: p.inner.clone(),
             pid: p.pid,
@@ -267,7 +359,7 @@ impl RecordWriter {
                 .map_err(not_arrow)?;
             let token = token_for(py, data)?;
             return blocking::run(py, timeout, "waiting for a free buffer", |wait| {
-                self.inner.lock().unwrap().write_with_token(&batch, token, wait)
+                self.inner.lock().unwrap().write(&batch, token, wait)
             });
         }
         let reader = match data.extract::<AnyRecordBatch>().map_err(not_arrow)? {
@@ -276,38 +368,38 @@ impl RecordWriter {
                 // Not reached: an object with __arrow_c_array__ was taken above.
                 let batch = b.into_inner();
                 return blocking::run(py, timeout, "waiting for a free buffer", |wait| {
-                    self.inner.lock().unwrap().write(&batch, wait)
+                    self.inner.lock().unwrap().write(&batch, None, wait)
                 });
             }
         };
         blocking::run(py, timeout, "waiting for a free buffer", |wait| {
             let mut w = self.inner.lock().unwrap();
             for batch in reader {
-                w.write(&batch?, wait)?;
+                w.write(&batch?, None, wait)?;
             }
             Ok(())
         })
     }
 
     /// Makes partly filled buffers readable now.
-    fn flush(&self) -> PyResult<()> {
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
         check_pid(self.pid, "RecordWriter")?;
-        self.partition.flush();
-        Ok(())
+        py.detach(|| self.inner.lock().unwrap().flush())
+            .map_err(|e| to_py(py, e))
     }
 
     /// Sends a user event (bytes, at most 16 KiB) to every subpartition, in order with the
     /// batches written before and after it. Needs no buffer and no credit.
     fn broadcast_event(&self, py: Python<'_>, payload: &[u8]) -> PyResult<()> {
         check_pid(self.pid, "RecordWriter")?;
-        py.detach(|| self.inner.lock().unwrap().broadcast_event(payload))
+        py.detach(|| self.inner.lock().unwrap().event(payload, None))
             .map_err(|e| to_py(py, e))
     }
 
     /// Sends a user event (bytes, at most 16 KiB) to one subpartition.
     fn emit_event(&self, py: Python<'_>, payload: &[u8], subpartition: usize) -> PyResult<()> {
         check_pid(self.pid, "RecordWriter")?;
-        py.detach(|| self.inner.lock().unwrap().emit_event(payload, subpartition))
+        py.detach(|| self.inner.lock().unwrap().event(payload, Some(subpartition)))
             .map_err(|e| to_py(py, e))
     }
 
@@ -317,13 +409,8 @@ impl RecordWriter {
     #[pyo3(signature = (checkpoint_id, *, unaligned = false))]
     fn broadcast_barrier(&self, py: Python<'_>, checkpoint_id: u64, unaligned: bool) -> PyResult<Vec<usize>> {
         check_pid(self.pid, "RecordWriter")?;
-        py.detach(|| {
-            self.inner
-                .lock()
-                .unwrap()
-                .broadcast_barrier(checkpoint_id, unaligned)
-        })
-        .map_err(|e| to_py(py, e))
+        py.detach(|| self.inner.lock().unwrap().barrier(checkpoint_id, unaligned))
+            .map_err(|e| to_py(py, e))
     }
 
     /// Sends end-of-partition to every subpartition. Idempotent.
@@ -334,14 +421,17 @@ impl RecordWriter {
 
     /// Ends the partition with an error: readers raise ``ProducerFailedError(message)``
     /// after the data written before, instead of seeing a normal end.
-    fn fail(&self, message: &str) {
-        self.partition.fail(message);
+    fn fail(&self, py: Python<'_>, message: &str) {
+        py.detach(|| self.inner.lock().unwrap().fail(&self.partition, message));
     }
 
     /// The partition's metrics (``creditflow.metrics.PartitionMetrics``).
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         // Without the GIL: collecting takes the partition's locks.
-        let m = py.detach(|| self.partition.metrics());
+        let m = match &self.partition {
+            Partition::Local(p) => py.detach(|| p.metrics()),
+            Partition::Attached(p) => py.detach(|| p.metrics()).map_err(|e| to_py(py, e))?,
+        };
         crate::metrics::partition(py, &m)
     }
 
@@ -362,7 +452,7 @@ impl RecordWriter {
         match (exc_type, exc) {
             (Some(t), e) if !t.is_none() => {
                 let msg = e.map(|e| e.to_string()).unwrap_or_else(|| t.to_string());
-                self.fail(&format!("the writer raised: {msg}"));
+                self.fail(py, &format!("the writer raised: {msg}"));
             }
             _ => self.close(py)?,
         }
@@ -370,32 +460,80 @@ impl RecordWriter {
     }
 }
 
+/// A gate of this process's environment or of the host service.
+// One per gate, made once and never moved: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Gate {
+    Local(creditflow_core::InputGate),
+    Attached(AttachedGate),
+}
+
+impl Gate {
+    fn next_item(&mut self, wait: &mut Wait<'_>) -> Result<Option<GateItem>, Error> {
+        match self {
+            Gate::Local(g) => g.next_item(wait),
+            Gate::Attached(g) => g.next_item(wait),
+        }
+    }
+
+    fn close(&mut self) {
+        match self {
+            Gate::Local(g) => g.close(),
+            Gate::Attached(g) => g.close(),
+        }
+    }
+}
+
+/// An attached gate's metrics request: asks the host service, needs no lock of the gate.
+type AskMetrics = Box<dyn Fn() -> Result<GateMetrics, Error> + Send + Sync>;
+
+/// Where a gate's metrics come from, without the gate (a reader may be blocked in `next`).
+enum GateMetricsSource {
+    /// Read in place.
+    Local(GateMetricsReader),
+    /// Asked of the host service (the gate lives there).
+    Attached(AskMetrics),
+}
+
 /// Reads batches from channels; iterate it, or call :meth:`next`.
 #[pyclass(module = "creditflow._native", frozen)]
 pub struct InputGate {
     /// Locked only with the GIL released (inside `blocking::run` or `detach`): a reader
     /// blocked in `next` takes the GIL every 50 ms to check for Ctrl-C.
-    inner: Mutex<creditflow_core::InputGate>,
+    inner: Mutex<Gate>,
     /// Read without `inner`, so `metrics()` and the getters never wait for `next`.
-    metrics: GateMetricsReader,
+    metrics: GateMetricsSource,
     channels: Vec<ChannelSpec>,
     pid: u32,
 }
 
+fn spec_of(s: &CoreSpec) -> ChannelSpec {
+    ChannelSpec {
+        address: s.address.clone(),
+        partition_id: s.partition_id.clone(),
+        subpartition: s.subpartition,
+    }
+}
+
 impl InputGate {
     pub(crate) fn new(gate: creditflow_core::InputGate, pid: u32) -> InputGate {
-        let channels = gate
-            .specs()
-            .map(|s| ChannelSpec {
-                address: s.address.clone(),
-                partition_id: s.partition_id.clone(),
-                subpartition: s.subpartition,
-            })
-            .collect();
+        let channels = gate.specs().map(spec_of).collect();
         InputGate {
-            metrics: gate.metrics_reader(),
+            metrics: GateMetricsSource::Local(gate.metrics_reader()),
             channels,
-            inner: Mutex::new(gate),
+            inner: Mutex::new(Gate::Local(gate)),
+            pid,
+        }
+    }
+
+    /// A gate the host service holds for this task.
+    pub(crate) fn attached(gate: AttachedGate, pid: u32) -> InputGate {
+        let channels = gate.specs().map(spec_of).collect();
+        let metrics = GateMetricsSource::Attached(Box::new(gate.metrics_handle()));
+        InputGate {
+            metrics,
+            channels,
+            inner: Mutex::new(Gate::Attached(gate)),
             pid,
         }
     }
@@ -661,7 +799,11 @@ impl InputGate {
 
     /// This gate's metrics (``creditflow.metrics.GateMetrics``).
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        crate::metrics::gate(py, &self.metrics.read())
+        let m = match &self.metrics {
+            GateMetricsSource::Local(r) => r.read(),
+            GateMetricsSource::Attached(ask) => py.detach(ask).map_err(|e| to_py(py, e))?,
+        };
+        crate::metrics::gate(py, &m)
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {

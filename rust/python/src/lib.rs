@@ -8,6 +8,7 @@
 //! | `metrics.rs` | metrics snapshots → dicts keyed by the Rust field names |
 //! | `partition.rs` | `ResultPartition` |
 //! | `env.rs` | `NetworkEnvironment` |
+//! | `host.rs` | `HostService`, `Attachment`, `attach()` |
 //! | `logs.rs` | Rust `log` records → a queue → Python `logging` (`creditflow.logs`) |
 //! | `io.rs` | `RecordWriter`, `InputGate`, `ChannelSpec`, partitioners, Arrow in/out |
 //! | `tls.rs` | `TLSConfig` |
@@ -21,6 +22,7 @@ mod arrow_in;
 mod blocking;
 mod env;
 mod error;
+mod host;
 mod io;
 mod logs;
 mod metrics;
@@ -35,6 +37,9 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<env::NetworkEnvironment>()?;
+    m.add_class::<host::HostService>()?;
+    m.add_class::<host::Attachment>()?;
+    m.add_function(wrap_pyfunction!(host::attach, m)?)?;
     m.add_class::<partition::ResultPartition>()?;
     m.add_class::<io::RecordWriter>()?;
     m.add_class::<io::InputGate>()?;

@@ -166,4 +166,11 @@ impl AttachedGate {
     pub fn metrics(&self) -> Result<GateMetrics> {
         gate_metrics(&self.session, self.link)
     }
+
+    /// A request for the gate's metrics that needs no access to the gate (another thread may
+    /// be blocked in `next_item`).
+    pub fn metrics_handle(&self) -> impl Fn() -> Result<GateMetrics> + Send + Sync + 'static {
+        let (session, link) = (self.session.clone(), self.link);
+        move || gate_metrics(&session, link)
+    }
 }

@@ -55,7 +55,7 @@ impl TaskSession {
     /// The task is gone (or the service ends): its gates close when their threads see it,
     /// its links not yet connected go, and every partition it created and had not finished
     /// fails, so its readers get the data written before and then `ProducerFailed`, never an
-    /// end of partition.
+    /// end of partition (a blocking or hybrid one is released as well: later readers find none).
     pub(crate) fn end(&self) {
         if self.dead.swap(true, Ordering::SeqCst) {
             return;
@@ -68,6 +68,11 @@ impl TaskSession {
                     self.pid,
                     p.id()
                 ));
+            }
+            if p.is_failed() && p.replays() {
+                // Kept for later readers otherwise: nothing in it is whole, and with its
+                // writer gone nobody could release it and give its share back to the host.
+                p.release();
             }
         }
     }

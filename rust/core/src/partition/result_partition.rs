@@ -559,7 +559,7 @@ impl ResultPartition {
     /// A subpartition's reader reached the end or went away.
     #[cfg(not(loom))] // only the environment, the gates and the network call it: not in loom builds
     pub(crate) fn subpartition_done(&self) {
-        if self.spill.as_ref().is_some_and(|s| s.kind().replays()) {
+        if self.replays() {
             return; // kept for later readers until released
         }
         self.done.fetch_add(1, Ordering::SeqCst);
@@ -570,6 +570,17 @@ impl ResultPartition {
         if self.is_finished() && self.done.load(Ordering::SeqCst) >= self.subpartitions.len() {
             self.release();
         }
+    }
+
+    /// Whether it ended with [`ResultPartition::fail`].
+    pub fn is_failed(&self) -> bool {
+        self.failed.lock().unwrap().is_some()
+    }
+
+    /// Whether it keeps what was written for later readers until released (blocking, or
+    /// hybrid with replay).
+    pub fn replays(&self) -> bool {
+        self.spill.as_ref().is_some_and(|s| s.kind().replays())
     }
 
     /// Drops all queued data, gives the pool back and unregisters the partition. Writers

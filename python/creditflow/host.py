@@ -1,0 +1,202 @@
+"""The host service from Python: one creditflow process per host, user and application that
+holds the network stack of every task attached to it (docs/design.md, "The host service").
+
+* :class:`HostService` runs one in this process (``creditflow serve`` runs one by hand);
+* :func:`attach` attaches this process to one: its :class:`Attachment` creates partitions and
+  gates with the API of :class:`~creditflow.NetworkEnvironment`'s, which live in the service;
+* :func:`attach_or_start` attaches, starting a service first (a process of its own, in a
+  session of its own, so it outlives its starter) when none answers: what Spark tasks do.
+
+Nothing starts at import.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from creditflow import logs
+from creditflow._native import Attachment, HostService, attach
+from creditflow.errors import ConnectionLostError, InvalidArgumentError
+
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
+    "SERVICE_SETTINGS",
+    "Attachment",
+    "HostService",
+    "attach",
+    "attach_or_start",
+    "log_path",
+    "run_on_demand",
+    "serve",
+]
+
+#: The settings a service started on demand takes (``HostService``'s, JSON values only).
+SERVICE_SETTINGS = (
+    "memory",
+    "segment_size",
+    "bind",
+    "secret",
+    "insecure",
+    "buffer_timeout",
+    "exclusive_buffers",
+    "floating_buffers",
+    "advertise",
+    "max_connections",
+    "spill_dir",
+    "max_spill",
+    "wire_compression",
+    "peer_timeout",
+)
+
+#: Seconds a service started on demand waits with no task attached before it ends.
+DEFAULT_IDLE_TIMEOUT = 120.0
+
+_log = logging.getLogger("creditflow.host")
+
+
+def serve(
+    name: str,
+    *,
+    idle_timeout: float | None = None,
+    ready: Callable[[HostService], None] | None = None,
+    **settings: Any,
+) -> str:
+    """Runs the host service ``name`` in this process until it ends (its owners are gone, it
+    was idle for ``idle_timeout`` seconds, or Ctrl-C / SIGTERM) and returns why. ``ready`` is
+    called with the service once it listens. Rust log records go to :mod:`logging` meanwhile."""
+    logs._acquire()
+    try:
+        with HostService(name, idle_timeout=idle_timeout, **settings) as service:
+            _log.info("host service %r listening at %s (pid %d)", name, service.address, os.getpid())
+            if ready is not None:
+                ready(service)
+            try:
+                why = service.wait()
+            except KeyboardInterrupt:
+                why = "interrupted"
+            _log.info("host service %r ends: %s", name, why)
+    finally:
+        logs._release()
+    return why
+
+
+def log_path(name: str) -> Path:
+    """Where a service started on demand writes its log (a directory of this user's only)."""
+    directory = Path(tempfile.gettempdir()) / f"creditflow-host-{os.getuid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    return directory / f"{name}.log"
+
+
+#: The services this process started, until they end (reaped at the next start, so that none
+#: stays a zombie and no ``Popen`` is dropped while its process runs).
+_STARTED: list[subprocess.Popen[bytes]] = []
+
+
+def _start(
+    name: str, settings: Mapping[str, Any], owner: int, idle_timeout: float
+) -> subprocess.Popen[bytes]:
+    """Starts ``python -m creditflow serve NAME --on-demand``: settings as JSON on its stdin (so a
+    secret never shows on a command line), its output to :func:`log_path`. It detaches (a
+    session of its own), so its starter's end does not end it."""
+    unknown = sorted(set(settings) - set(SERVICE_SETTINGS))
+    if unknown:
+        raise ValueError(f"not settings of a host service: {unknown}")
+    command = [
+        sys.executable,
+        "-m",
+        "creditflow",
+        "serve",
+        name,
+        "--on-demand",
+        "--owner",
+        str(owner),
+        "--idle-timeout",
+        str(idle_timeout),
+    ]
+    _STARTED[:] = [p for p in _STARTED if p.poll() is None]
+    with open(log_path(name), "ab") as log:
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(dict(settings)).encode())
+    proc.stdin.close()
+    _STARTED.append(proc)
+    return proc
+
+
+def attach_or_start(
+    name: str,
+    settings: Mapping[str, Any],
+    *,
+    owner: int = 0,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    timeout: float = 60.0,
+) -> Attachment:
+    """Attaches to the host service ``name``; when none answers, starts one with ``settings``
+    (see :data:`SERVICE_SETTINGS`) and attaches once it listens. Two processes that start one
+    at once get one service: the second cannot take the name and exits. ``owner``: the pid of
+    the process this one belongs to (a Spark executor), whose end ends the service.
+
+    Raises :class:`ConnectionLostError` naming the service's log when none answers within
+    ``timeout`` seconds."""
+    try:
+        return attach(name, owner=owner)
+    except ConnectionLostError:
+        pass
+    deadline = time.monotonic() + timeout
+    proc: subprocess.Popen[bytes] | None = None
+    last: ConnectionLostError | None = None
+    while time.monotonic() < deadline:
+        if proc is None or proc.poll() is not None:
+            # None yet, or the one started ended (lost the race for the name to a service
+            # that is ending): start one (again).
+            proc = _start(name, settings, owner, idle_timeout)
+        try:
+            return attach(name, owner=owner)
+        except ConnectionLostError as exc:
+            last = exc
+        time.sleep(0.05)
+    raise ConnectionLostError(
+        f"no creditflow host service {name!r} answered within {timeout} s (its log: {log_path(name)}): {last}"
+    )
+
+
+def _owner_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_on_demand(name: str, settings: Mapping[str, Any], owner: int, idle_timeout: float) -> int:
+    """``creditflow serve --on-demand``: runs the service, or exits 0 at once when another one
+    already has the name (two starters raced). Returns the exit status."""
+    if owner and not _owner_alive(owner):
+        _log.info("host service %r not started: its owner (pid %d) is gone", name, owner)
+        return 0
+    try:
+        serve(name, idle_timeout=idle_timeout, **settings)
+    except InvalidArgumentError as exc:
+        if "already runs" in str(exc):
+            _log.info("host service %r already runs: this one exits", name)
+            return 0
+        raise
+    return 0

@@ -1,0 +1,335 @@
+//! `HostService` (one per host, user and application: every attached task's partitions,
+//! gates and connections) and `Attachment` (a task's session with it, whose partitions and
+//! gates are the same `ResultPartition` and `InputGate` classes as an environment's).
+
+use std::sync::{Arc, Mutex};
+
+use creditflow_core::base::config::Limits;
+use creditflow_core::host::{self, HostConfig, ServiceMetrics};
+use creditflow_core::partition::spill::SpillKind;
+use creditflow_core::serde::Compression;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::args::{check_pid, count_arg, current_pid};
+use crate::env::{bytes_arg, exposed_config, secs, wire_compression_arg};
+use crate::error::IntoPyResult;
+use crate::io::{ChannelSpec, InputGate};
+use crate::partition::{Partition, ResultPartition};
+use crate::tls::TlsConfig;
+
+fn service_metrics<'py>(py: Python<'py>, m: &ServiceMetrics) -> PyResult<Bound<'py, PyDict>> {
+    let ServiceMetrics {
+        address,
+        segment_size,
+        segments_total,
+        segments_available,
+        segments_reserved,
+        sessions,
+        partitions,
+        gates,
+        connections_opened,
+        connections_served,
+    } = m;
+    let d = PyDict::new(py);
+    d.set_item("address", address)?;
+    d.set_item("segment_size", segment_size)?;
+    d.set_item("segments_total", segments_total)?;
+    d.set_item("segments_available", segments_available)?;
+    d.set_item("segments_reserved", segments_reserved)?;
+    d.set_item("sessions", sessions)?;
+    d.set_item("partitions", partitions)?;
+    d.set_item("gates", gates)?;
+    d.set_item("connections_opened", connections_opened)?;
+    d.set_item("connections_served", connections_served)?;
+    Ok(d)
+}
+
+/// The network stack of every task of this host attached to it (one per host, user and
+/// application): one pool (``memory`` is the host's), the partitions, the gates and one
+/// connection per pair of hosts. Tasks find it by ``name`` (see :func:`attach`).
+#[pyclass(module = "creditflow._native", frozen)]
+pub struct HostService {
+    inner: host::HostService,
+    pid: u32,
+}
+
+#[pymethods]
+impl HostService {
+    #[new]
+    #[pyo3(signature = (
+        name, *, idle_timeout = None, memory = None, segment_size = None, bind = "127.0.0.1:0",
+        secret = None, tls = None, insecure = false, buffer_timeout = 0.1, exclusive_buffers = 2,
+        floating_buffers = 8, advertise = None, max_connections = 512, spill_dir = None,
+        max_spill = None, wire_compression = None, peer_timeout = 30.0
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        name: &str,
+        idle_timeout: Option<f64>,
+        memory: Option<&Bound<'_, PyAny>>,
+        segment_size: Option<&Bound<'_, PyAny>>,
+        bind: &str,
+        secret: Option<&Bound<'_, PyAny>>,
+        tls: Option<Bound<'_, TlsConfig>>,
+        insecure: bool,
+        buffer_timeout: f64,
+        exclusive_buffers: i64,
+        floating_buffers: i64,
+        advertise: Option<String>,
+        max_connections: i64,
+        spill_dir: Option<std::path::PathBuf>,
+        max_spill: Option<&Bound<'_, PyAny>>,
+        wire_compression: Option<&str>,
+        peer_timeout: f64,
+    ) -> PyResult<Self> {
+        let mut env = exposed_config(memory, segment_size, bind, secret, tls, insecure)?;
+        env.buffer_timeout = secs(buffer_timeout, "buffer_timeout")?;
+        env.exclusive_buffers = count_arg(exclusive_buffers, "exclusive_buffers")?;
+        env.floating_buffers = count_arg(floating_buffers, "floating_buffers")?;
+        env.advertise = advertise;
+        env.limits = Limits {
+            max_connections: count_arg(max_connections, "max_connections")?,
+            ..Limits::default()
+        };
+        env.spill_dir = spill_dir;
+        if let Some(m) = max_spill {
+            env.max_spill = Some(bytes_arg(m, "max_spill")? as u64);
+        }
+        env.wire_compression = wire_compression_arg(wire_compression)?;
+        env.peer_timeout = secs(peer_timeout, "peer_timeout")?;
+        let idle_timeout = idle_timeout.map(|t| secs(t, "idle_timeout")).transpose()?;
+        let config = HostConfig {
+            env,
+            name: name.to_string(),
+            idle_timeout,
+        };
+        let inner = py.detach(|| host::HostService::start(config)).py_err(py)?;
+        Ok(HostService {
+            inner,
+            pid: current_pid(),
+        })
+    }
+
+    /// The address peers reach it at (``"host:port"``): what tasks put in their channel specs.
+    #[getter]
+    fn address(&self) -> &str {
+        self.inner.address()
+    }
+
+    /// The name tasks attach by.
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// Its pool, the tasks attached, its partitions, gates and connections
+    /// (``creditflow.metrics.ServiceMetrics``).
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let m = py.detach(|| self.inner.metrics());
+        service_metrics(py, &m)
+    }
+
+    /// Blocks until the service ends (its owners are gone, it was idle for ``idle_timeout``,
+    /// or :meth:`close`) and returns why; ``timeout`` in seconds (:class:`TimeoutError`).
+    /// The GIL is released and Ctrl-C interrupts.
+    #[pyo3(signature = (timeout = None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<String> {
+        check_pid(self.pid, "HostService")?;
+        crate::blocking::run(
+            py,
+            crate::blocking::timeout(timeout)?,
+            "waiting for the host service to end",
+            |w| self.inner.wait(w),
+        )
+    }
+
+    /// Ends the service: attached tasks raise :class:`ConnectionLostError`, partitions are
+    /// released, the spill directory removed and the name freed. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        if current_pid() == self.pid {
+            py.detach(|| self.inner.close());
+        }
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "HostService(name={:?}, address={:?})",
+            self.inner.name(),
+            self.inner.address()
+        )
+    }
+}
+
+/// A task's session with its host's service (made by :func:`attach`): creates partitions and
+/// gates that live in the service, with the API of :class:`NetworkEnvironment`'s.
+#[pyclass(module = "creditflow._native", frozen)]
+pub struct Attachment {
+    inner: Mutex<Option<Arc<host::Attachment>>>,
+    address: String,
+    name: String,
+    service_pid: u32,
+    pid: u32,
+}
+
+impl Attachment {
+    fn get(&self, py: Python<'_>) -> PyResult<Arc<host::Attachment>> {
+        check_pid(self.pid, "Attachment")?;
+        let a = self.inner.lock().unwrap().clone();
+        a.ok_or_else(|| crate::error::to_py(py, creditflow_core::Error::Closed("attachment")))
+    }
+}
+
+/// Attaches this process to the host service ``name`` of this user on this host. ``owner``:
+/// the pid of the process this task belongs to (a Spark executor), whose end may end the
+/// service (0: none). Raises :class:`ConnectionLostError` when no service answers.
+#[pyfunction]
+#[pyo3(signature = (name, *, owner = 0))]
+pub fn attach(py: Python<'_>, name: &str, owner: u32) -> PyResult<Attachment> {
+    let a = py.detach(|| host::Attachment::connect(name, owner)).py_err(py)?;
+    Ok(Attachment {
+        address: a.address().to_string(),
+        name: a.name().to_string(),
+        service_pid: a.service_pid(),
+        inner: Mutex::new(Some(Arc::new(a))),
+        pid: current_pid(),
+    })
+}
+
+#[pymethods]
+impl Attachment {
+    /// The service's address: what peers put in their channel specs to read partitions
+    /// created here.
+    #[getter]
+    fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The service's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The service's pid.
+    #[getter]
+    fn service_pid(&self) -> u32 {
+        self.service_pid
+    }
+
+    /// Whether the attachment was closed or its service is gone.
+    #[getter]
+    fn closed(&self) -> bool {
+        match self.inner.lock().unwrap().as_ref() {
+            None => true,
+            Some(a) => a.ended().is_some(),
+        }
+    }
+
+    /// Creates a partition the service holds, as :meth:`NetworkEnvironment.create_partition`.
+    #[pyo3(signature = (partition_id, num_subpartitions = 1, *, kind = "pipelined", replay = false, compression = None))]
+    fn create_partition(
+        &self,
+        py: Python<'_>,
+        partition_id: &str,
+        num_subpartitions: i64,
+        kind: &str,
+        replay: bool,
+        compression: Option<&str>,
+    ) -> PyResult<ResultPartition> {
+        let a = self.get(py)?;
+        let n = count_arg(num_subpartitions, "num_subpartitions")?;
+        if n == 0 {
+            return Err(PyValueError::new_err("num_subpartitions must be at least 1"));
+        }
+        let compression = Compression::parse(compression).py_err(py)?;
+        let spill = match (kind, replay) {
+            ("pipelined", false) => None,
+            ("blocking", _) => Some(SpillKind::Blocking),
+            ("hybrid", replay) => Some(SpillKind::Hybrid { replay }),
+            ("pipelined", true) => {
+                return Err(PyValueError::new_err(
+                    "replay=True needs kind=\"hybrid\" (a blocking partition always replays; a pipelined one cannot)",
+                ))
+            }
+            (other, _) => {
+                return Err(PyValueError::new_err(format!(
+                    "kind must be \"pipelined\", \"blocking\" or \"hybrid\", got {other:?}"
+                )))
+            }
+        };
+        if spill.is_none() && compression.is_some() {
+            return Err(PyValueError::new_err(
+                "compression applies to what a blocking or hybrid partition stores; a pipelined partition stores nothing",
+            ));
+        }
+        let p = py
+            .detach(|| a.create_partition(partition_id, n, spill, compression))
+            .py_err(py)?;
+        Ok(ResultPartition {
+            inner: Partition::Attached(Arc::new(p)),
+            pid: self.pid,
+        })
+    }
+
+    /// Creates a gate in the service reading the given channels, as
+    /// :meth:`NetworkEnvironment.create_input_gate`.
+    fn create_input_gate(&self, py: Python<'_>, channels: &Bound<'_, PyAny>) -> PyResult<InputGate> {
+        let a = self.get(py)?;
+        let mut specs = Vec::new();
+        for item in channels.try_iter()? {
+            let item = item?;
+            let spec = item.cast::<ChannelSpec>().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "channels must be ChannelSpec objects, got {}",
+                    item.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                ))
+            })?;
+            specs.push(spec.get().to_core());
+        }
+        let gate = py.detach(|| a.create_input_gate(specs)).py_err(py)?;
+        Ok(InputGate::attached(gate, self.pid))
+    }
+
+    /// The service's metrics (``creditflow.metrics.ServiceMetrics``).
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let a = self.get(py)?;
+        let m = py.detach(|| a.service_metrics()).py_err(py)?;
+        service_metrics(py, &m)
+    }
+
+    /// Lets go of the session (it ends once the partitions, writers and gates made through
+    /// it are gone too). Idempotent.
+    fn close(&self) {
+        self.inner.lock().unwrap().take();
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Attachment(name={:?}, address={:?}, service_pid={})",
+            self.name, self.address, self.service_pid
+        )
+    }
+}

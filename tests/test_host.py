@@ -1,0 +1,342 @@
+"""The host service from Python: ``creditflow serve``, ``attach``, ``attach_or_start``, the
+writer and the gate of an attachment (the same classes and API as an environment's), and the
+faults: a killed service, a killed task.
+
+Each test names its own service (a name per test and run), so tests never share one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import creditflow as cf
+from creditflow.host import attach_or_start, log_path
+from helpers import poll
+
+
+def _name(what: str) -> str:
+    return f"test-{what}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _batch(first: int, rows: int) -> pa.RecordBatch:
+    return pa.record_batch(
+        {"k": pa.array(range(first, first + rows), pa.int64()), "v": [str(i) for i in range(rows)]}
+    )
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``creditflow serve NAME`` in a process of its own, listening; stopped with SIGTERM."""
+    name = _name("served")
+    with subprocess.Popen(
+        [sys.executable, "-m", "creditflow", "serve", name, "--memory", "16MiB"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert f"creditflow host service {name!r} at" in line, line
+        yield name, proc
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+
+
+def test_a_pipeline_without_spark_writes_and_reads_through_a_served_host_service(
+    served: tuple[str, subprocess.Popen[str]],
+) -> None:
+    name, proc = served
+    producer, consumer = cf.attach(name), cf.attach(name)
+    assert producer.service_pid == proc.pid
+    assert producer.address == consumer.address
+    part = producer.create_partition("job/0", 2)
+    assert isinstance(part, cf.ResultPartition)
+    assert part.num_subpartitions == 2
+    gate = consumer.create_input_gate([cf.ChannelSpec(producer.address, "job/0", i) for i in range(2)])
+    assert isinstance(gate, cf.InputGate)
+    assert gate.num_channels == 2
+    got: list[pa.RecordBatch] = []
+    reader = threading.Thread(target=lambda: got.extend(gate))
+    reader.start()
+    with cf.RecordWriter(part, cf.HashPartitioner("k")) as w:
+        for i in range(20):
+            w.write(_batch(i * 10_000, 10_000))
+        w.broadcast_event(b"done")
+    reader.join(timeout=60)
+    assert sorted(k for b in got for k in b.column("k").to_pylist()) == list(range(200_000))
+    assert part.schema == _batch(0, 1).schema
+    assert part.finished
+    # The same metrics an environment's objects give, from the service.
+    pm, gm = part.metrics(), gate.metrics()
+    assert pm["rows_written"] == 200_000
+    assert pm["num_subpartitions"] == 2
+    assert gm["rows_received"] == 200_000
+    assert [c["kind"] for c in gm["channels"]] == ["ended", "ended"]
+    sm = producer.metrics()
+    assert sm["sessions"] == 2
+    assert sm["connections_opened"] == 0
+    assert sm["connections_served"] == 0
+    gate.close()
+
+
+def test_items_events_and_errors_come_through_as_from_an_environment(
+    served: tuple[str, subprocess.Popen[str]],
+) -> None:
+    name, _ = served
+    a = cf.attach(name)
+    part = a.create_partition("ev", 1)
+    with pytest.raises(cf.InvalidArgumentError, match="already exists"):
+        a.create_partition("ev", 1)
+    gate = a.create_input_gate([cf.ChannelSpec(a.address, "ev", 0)])
+    w = cf.RecordWriter(part)
+    w.write(_batch(0, 3))
+    w.emit_event(b"hello", 0)
+    with pytest.raises(cf.SchemaMismatchError):
+        w.write(pa.record_batch({"other": [1]}))
+    w.fail("gave up")
+    items = gate.items(timeout=30)
+    first = next(items)
+    assert isinstance(first, cf.Batch)
+    assert first.batch.num_rows == 3
+    assert next(items) == cf.Event(0, b"hello")
+    with pytest.raises(cf.ProducerFailedError, match="gave up"):
+        next(items)
+    with pytest.raises(cf.InsufficientBuffersError):
+        a.create_partition("huge", 10_000)
+
+
+def test_concurrent_starters_get_one_service_which_ends_when_idle(tmp_path: Path) -> None:
+    name = _name("ondemand")
+    script = textwrap.dedent(
+        f"""
+        from creditflow.host import attach_or_start
+        a = attach_or_start({name!r}, {{"memory": "8MiB"}}, idle_timeout=1.0)
+        print(a.service_pid, flush=True)
+        """
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(3)
+    ]
+    pids = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(pids) == 1, pids
+    service = int(pids.pop())
+    # Nothing attached any more: it ends after its idle time and frees its name.
+    deadline = time.monotonic() + 30
+    while _alive(service):
+        assert time.monotonic() < deadline, f"the service did not end: {log_path(name).read_text()}"
+        time.sleep(0.1)
+    assert "no task attached" in log_path(name).read_text()
+    with pytest.raises(cf.ConnectionLostError, match="no creditflow host service"):
+        cf.attach(name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (the test is not its parent, so it is reaped by init) counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_killed_service_fails_attached_tasks_within_two_seconds_and_the_next_use_starts_one() -> None:
+    name = _name("killed")
+    a = attach_or_start(name, {"memory": "4MiB"})
+    gate = a.create_input_gate([cf.ChannelSpec(a.address, "never-written", 0)])
+    part = a.create_partition("full", 1)
+    writer = cf.RecordWriter(part)
+    outcome: dict[str, BaseException | None] = {}
+
+    def read() -> None:
+        try:
+            gate.next()
+            outcome["read"] = None
+        except BaseException as exc:
+            outcome["read"] = exc
+
+    def write() -> None:
+        try:
+            while True:  # nobody reads: the service holds the writer back
+                writer.write(_batch(0, 20_000))
+        except BaseException as exc:
+            outcome["write"] = exc
+
+    threads = [threading.Thread(target=read, daemon=True), threading.Thread(target=write, daemon=True)]
+    for t in threads:
+        t.start()
+    poll("the writer held back", lambda: part.metrics()["backpressured_total"] > 0)
+    os.kill(a.service_pid, signal.SIGKILL)
+    # Both blocked calls end within 2 s of the kill (a bounded wait, not a measurement).
+    deadline = time.monotonic() + 2.0
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), f"still blocked 2 s after the kill: {outcome}"
+    for what in ("read", "write"):
+        assert isinstance(outcome[what], cf.ConnectionLostError), (what, outcome[what])
+    poll("the attachment closed", lambda: a.closed, deadline=2.0, every=0.05)
+    with pytest.raises(cf.ConnectionLostError):
+        part.flush()
+    with pytest.raises(cf.ConnectionLostError):
+        a.create_partition("after", 1)
+    # The next use starts a new service.
+    b = attach_or_start(name, {"memory": "4MiB"})
+    assert b.service_pid != a.service_pid
+    part = b.create_partition("full", 1)  # the name is free again in the new one
+    os.kill(b.service_pid, signal.SIGTERM)
+
+
+def test_a_task_killed_while_attached_frees_its_reservations_and_fails_its_unfinished_partitions(
+    served: tuple[str, subprocess.Popen[str]],
+) -> None:
+    name, _ = served
+    observer = cf.attach(name)
+    before = observer.metrics()
+    # What a finished blocking partition of 2 subpartitions keeps reserved (it outlives its task).
+    probe = observer.create_partition("probe", 2, kind="blocking")
+    kept = observer.metrics()["segments_reserved"] - before["segments_reserved"]
+    probe.release()
+    assert observer.metrics()["segments_reserved"] == before["segments_reserved"]
+    # The task writes part of a pipelined and of a blocking partition, finishes a third,
+    # holds a gate, and is killed before it finishes the first two.
+    script = textwrap.dedent(
+        f"""
+        import time, pyarrow as pa, creditflow as cf
+        a = cf.attach({name!r})
+        batch = pa.record_batch({{"k": list(range(1000))}})
+        for pid, kind in (("piped", "pipelined"), ("stored", "blocking"), ("done", "blocking")):
+            w = cf.RecordWriter(a.create_partition(pid, 2, kind=kind), cf.RoundRobinPartitioner())
+            w.write(batch)
+            w.flush()
+            if pid == "done":
+                w.close()
+        g = a.create_input_gate([cf.ChannelSpec(a.address, "nobody-writes", 0)])
+        print("wrote", flush=True)
+        time.sleep(600)
+        """
+    )
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as task:
+        assert task.stdout is not None
+        assert task.stdout.readline().strip() == "wrote"
+        held = observer.metrics()
+        assert held["sessions"] == before["sessions"] + 1
+        assert held["segments_reserved"] > before["segments_reserved"]
+        assert held["gates"] == before["gates"] + 1
+        gate = observer.create_input_gate([cf.ChannelSpec(observer.address, "piped", i) for i in range(2)])
+        got = gate.next(timeout=30)
+        assert got is not None
+        task.kill()
+    # What was written comes whole, then the failure: never a normal end.
+    rows = [got.num_rows]
+
+    def drain() -> None:
+        for b in gate.items(timeout=10):
+            assert isinstance(b, cf.Batch), b
+            rows.append(b.batch.num_rows)
+
+    with pytest.raises(cf.ProducerFailedError, match=f"pid {task.pid}"):
+        drain()
+    assert sum(rows) <= 1000
+    # A blocking partition it had not finished is gone with it: nothing in it is whole.
+    stored = observer.create_input_gate([cf.ChannelSpec(observer.address, "stored", 0)])
+    with pytest.raises((cf.PartitionNotFoundError, cf.ProducerFailedError)):
+        list(stored.items(timeout=10))
+    # A finished blocking partition outlives the task that wrote it.
+    done = observer.create_input_gate([cf.ChannelSpec(observer.address, "done", i) for i in range(2)])
+    assert sum(b.num_rows for b in done) == 1000
+    # Its session, gate and reservations are gone with it.
+    poll("the task's session ended", lambda: observer.metrics()["sessions"] == before["sessions"])
+    # The gates left are this test's own three.
+    poll(
+        "the killed task's gate closed",
+        lambda: observer.metrics()["gates"] == before["gates"] + 3,
+        deadline=10,
+    )
+    for g in (gate, stored, done):
+        g.close()
+    # All it reserved is free again but what its finished partition keeps.
+    poll(
+        "the killed task's reservations freed",
+        lambda: observer.metrics()["segments_reserved"] == before["segments_reserved"] + kept,
+        deadline=10,
+    )
+    assert observer.metrics()["partitions"] == before["partitions"] + 1
+
+
+def test_a_killed_service_of_a_crashed_application_is_cleaned_up_by_the_next(tmp_path: Path) -> None:
+    name = _name("crashed")
+    settings = {"memory": "4MiB", "spill_dir": str(tmp_path)}
+    with subprocess.Popen(["sleep", "600"]) as executor:
+        a = attach_or_start(name, settings, owner=executor.pid)
+        w = cf.RecordWriter(a.create_partition("kept", 1, kind="blocking"))
+        w.write(_batch(0, 50_000))
+        w.close()
+        spilled = [d for d in tmp_path.iterdir() if d.is_dir()]
+        assert len(spilled) == 1
+        assert spilled[0].name.startswith(f"{a.service_pid}-")
+        # The application crashes: its service killed, then its executor.
+        os.kill(a.service_pid, signal.SIGKILL)
+        poll("the killed service gone", lambda: not _alive(a.service_pid))
+        executor.kill()
+    assert spilled[0].exists()  # what the killed service left
+    # The next application's service (same spill root) removes it when it starts.
+    b = attach_or_start(_name("next"), settings)
+    assert not spilled[0].exists()
+    live = [d for d in tmp_path.iterdir() if d.is_dir()]
+    assert [d.name.split("-")[0] for d in live] == [str(b.service_pid)]
+    os.kill(b.service_pid, signal.SIGTERM)
+    poll("the next service ended", lambda: not _alive(b.service_pid))
+    assert not [d for d in tmp_path.iterdir() if d.is_dir()]
+
+
+def test_a_service_whose_executors_are_gone_ends_and_removes_its_spill_files(tmp_path: Path) -> None:
+    name = _name("orphan")
+    with subprocess.Popen(["sleep", "600"]) as executor:
+        a = attach_or_start(name, {"memory": "4MiB", "spill_dir": str(tmp_path)}, owner=executor.pid)
+        w = cf.RecordWriter(a.create_partition("kept", 1, kind="blocking"))
+        w.write(_batch(0, 10_000))
+        w.close()
+        a.close()
+        assert [d for d in tmp_path.iterdir() if d.is_dir()]
+        executor.kill()
+    poll("the service ended with its executor", lambda: not _alive(a.service_pid))
+    assert not [d for d in tmp_path.iterdir() if d.is_dir()]
+    assert "ended" in log_path(name).read_text()
+    with pytest.raises(cf.ConnectionLostError):
+        cf.attach(name)
+
+
+def test_serve_stops_on_sigterm_and_frees_its_name(served: tuple[str, subprocess.Popen[str]]) -> None:
+    name, proc = served
+    cf.attach(name).close()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    with pytest.raises(cf.ConnectionLostError):
+        cf.attach(name)
+
+
+def test_bad_names_and_settings_are_refused() -> None:
+    with pytest.raises(cf.InvalidArgumentError, match="host service name"):
+        cf.HostService("a/b")
+    with pytest.raises(ValueError, match="refusing to bind"):
+        cf.HostService(_name("open"), bind="0.0.0.0:0")
+    with pytest.raises(ValueError, match="not settings of a host service"):
+        attach_or_start(_name("bad"), {"local_handoff": False})
+    with cf.HostService(_name("twice")) as s, pytest.raises(cf.InvalidArgumentError, match="already runs"):
+        cf.HostService(s.name)

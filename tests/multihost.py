@@ -232,6 +232,7 @@ class Cluster:
             "spark.eventLog.enabled": "true",
             "spark.eventLog.dir": events.as_uri(),
             "spark.eventLog.compress": "false",
+            "spark.eventLog.rolling.enabled": "false",  # one file: <app id>.inprogress
         }
 
     def job_events(self, app_id: str, description: str, timeout: float = 30.0) -> list[dict[str, Any]]:
@@ -307,6 +308,9 @@ def _spark_env(host: Host, base: Path) -> dict[str, str]:
         "SPARK_LOCAL_HOSTNAME": host.addr,
         "SPARK_LOCAL_DIRS": str(base / f"local-{host.name}"),
         "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
+        # The daemons only schedule: the quick compiler and one GC thread start them sooner.
+        "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
         "SPARK_NO_DAEMONIZE": "1",
     }
 

@@ -172,6 +172,8 @@ def test_send_streams_to_a_receiver_on_another_host(
         if consumer.poll() is None:
             consumer.kill()
             consumer.wait()
+        if consumer.stdout is not None:
+            consumer.stdout.close()
     got = json.loads(report.read_text())
     assert (got["rows"], got["unique_ids"], got["id_sum"]) == (100_000, 100_000, sum(range(100_000)))
     assert len(stats) == (bed.slots if via == "executors" else 1)

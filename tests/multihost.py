@@ -181,7 +181,8 @@ def network(names: Sequence[str] = ("m", "a", "b", "c")) -> Iterator[Network]:
             h = Host(name, f"{tag}{name}", f"{subnet}.{HOST_NUMBERS[name]}", f"p{name}")
             net.hosts[name] = h
             ip("netns", "add", h.ns)
-            ip("link", "add", "eth0", "netns", h.ns, "type", "veth", "peer", "name", h.port, "netns", net.switch)
+            veth = ("type", "veth", "peer", "name", h.port, "netns", net.switch)
+            ip("link", "add", "eth0", "netns", h.ns, *veth)
             ip("-n", net.switch, "link", "set", h.port, "master", "br0", "up")
             ip("-n", h.ns, "addr", "add", f"{h.addr}/24", "dev", "eth0")
             ip("-n", h.ns, "link", "set", "eth0", "up")

@@ -259,16 +259,14 @@ def faulted_exchange(
 
 def attempts(events: list[dict[str, Any]]) -> list[int]:
     """The stage attempts the events show, in order."""
-    return [e["Stage Info"]["Stage Attempt ID"] for e in events if e["Event"] == "SparkListenerStageSubmitted"]
+    submitted = [e for e in events if e["Event"] == "SparkListenerStageSubmitted"]
+    return [e["Stage Info"]["Stage Attempt ID"] for e in submitted]
 
 
 def failures(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The failed tasks' end reasons (killed tasks left out)."""
-    return [
-        e["Task End Reason"]
-        for e in events
-        if e["Event"] == "SparkListenerTaskEnd" and e["Task End Reason"]["Reason"] not in ("Success", "TaskKilled")
-    ]
+    ends = [e["Task End Reason"] for e in events if e["Event"] == "SparkListenerTaskEnd"]
+    return [r for r in ends if r["Reason"] not in ("Success", "TaskKilled")]
 
 
 def test_an_executor_killed_during_an_exchange_is_retried_with_the_same_result(

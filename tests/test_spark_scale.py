@@ -21,7 +21,7 @@ import pytest
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 pytest.importorskip("pyspark")
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 import creditflow as cf  # noqa: E402

@@ -180,6 +180,25 @@ def test_send_streams_to_a_receiver_on_another_host(
     assert all(s["accepted"] for s in stats)
 
 
+def test_a_monitor_made_on_the_driver_hears_the_tasks_of_every_host(
+    spark: SparkSession, bed: multihost.Cluster
+) -> None:
+    # Made without a host, as on one machine: it must listen where the executors reach the
+    # driver (the session's spark.driver.host), not on loopback.
+    with cfs.Monitor(interval=0.1) as mon:
+        assert mon.handle.address.startswith(f"{bed.net.driver_addr}:")
+        df = lineitem(spark, ROWS, bed.slots)
+        out = cfs.exchange(df, "l_orderkey", monitor=mon, func=tag_host("dst"), schema=with_column(df, "dst"))
+        rows = out.select("dst", F.spark_partition_id().alias("p")).distinct().collect()
+        tasks = mon.tasks()
+    names = host_names(bed)
+    assert sorted(names[r["dst"]] for r in rows) == ["a", "a", "b", "b"]
+    # Every task reported, and its last report says it is done, with what it received.
+    assert sorted(t["task"] for t in tasks) == list(range(bed.slots))
+    assert all(t["done"] for t in tasks), tasks
+    assert sum(t["rows_out"] for t in tasks) == ROWS
+
+
 # ------------------------------------------------------------------------------------ faults
 
 

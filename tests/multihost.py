@@ -389,11 +389,12 @@ def cluster(
 
 
 def main() -> None:
-    """Brings a bed up and waits (Ctrl-C ends it): for trying things by hand."""
+    """Brings a bed up, prints where it is and what a driver needs, and waits (Ctrl-C ends
+    it): for trying things by hand."""
     base = Path(tempfile.mkdtemp(prefix="creditflow-multihost-"))
     with cluster(base) as c:
-        print(json.dumps({"master": c.master_url, "driver": c.net.driver_addr, "dir": str(base)}))
-        print(json.dumps({n: h.addr for n, h in c.net.hosts.items()}), flush=True)
+        print(json.dumps({"master": c.master_url, "hosts": {n: h.addr for n, h in c.net.hosts.items()}}))
+        print(json.dumps({"driver settings": c.session_conf(), "logs": str(base)}), flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             while True:
                 time.sleep(3600)

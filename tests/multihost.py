@@ -30,6 +30,7 @@ when namespaces cannot be made.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -56,7 +57,9 @@ MASTER_UI_PORT = 8080
 DAEMON_MEMORY = "256m"
 #: Java class of an executor, as it appears on its command line.
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
-START_TIMEOUT = 90.0
+START_TIMEOUT = 120.0
+#: Taken while a bed chooses its subnet.
+LOCK = "/tmp/creditflow-multihost.lock"
 
 
 @dataclass
@@ -148,7 +151,8 @@ def _remove_stale() -> None:
 
 
 def _free_subnet() -> str:
-    """A 10.216.X prefix no route of this namespace uses yet, starting from this pid's."""
+    """A 10.216.X prefix no route of this namespace uses yet, starting from this pid's (the
+    caller holds :data:`LOCK` until its own route is in place)."""
     used = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout
     for k in range(250):
         x = (os.getpid() + k) % 250
@@ -158,23 +162,38 @@ def _free_subnet() -> str:
 
 
 @contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """Holds :data:`LOCK`: beds started at once (other checkouts' test runs) choose their
+    subnets one after the other."""
+    with open(LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
 def network(names: Sequence[str] = ("m", "a", "b", "c")) -> Iterator[Network]:
     """Creates the switch, the hosts ``names`` (keys of :data:`HOST_NUMBERS`) and the driver's
     link; removes them all on exit, with every process left in them."""
     require_namespaces()
-    _remove_stale()
     tag = f"{PREFIX}{os.getpid()}"
-    subnet = _free_subnet()
-    net = Network(tag, f"{tag}s", f"{subnet}.1", f"{tag}d", {})
+    net = Network(tag, f"{tag}s", "", f"{tag}d", {})
     try:
-        ip("netns", "add", net.switch)
-    except subprocess.CalledProcessError as exc:
-        raise Unavailable(f"the kernel refuses network namespaces: {exc.stderr.strip()}") from exc
-    try:
-        ip("-n", net.switch, "link", "add", "br0", "type", "bridge")
-        ip("-n", net.switch, "link", "set", "br0", "up")
-        ip("link", "add", net.driver_dev, "type", "veth", "peer", "name", "pd", "netns", net.switch)
-        ip("addr", "add", f"{net.driver_addr}/24", "dev", net.driver_dev)
+        with _locked():
+            _remove_stale()
+            subnet = _free_subnet()
+            net.driver_addr = f"{subnet}.1"
+            try:
+                ip("netns", "add", net.switch)
+                ip("-n", net.switch, "link", "add", "br0", "type", "bridge")
+            except subprocess.CalledProcessError as exc:
+                refused = exc.stderr.strip()
+                raise Unavailable(f"the kernel refuses a namespace or a bridge: {refused}") from exc
+            ip("-n", net.switch, "link", "set", "br0", "up")
+            ip("link", "add", net.driver_dev, "type", "veth", "peer", "name", "pd", "netns", net.switch)
+            ip("addr", "add", f"{net.driver_addr}/24", "dev", net.driver_dev)
         ip("link", "set", net.driver_dev, "up")
         ip("-n", net.switch, "link", "set", "pd", "master", "br0", "up")
         for name in names:

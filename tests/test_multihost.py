@@ -70,7 +70,7 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[multihost.Cluster]
 def spark(bed: multihost.Cluster) -> Iterator[SparkSession]:
     session = cfs.local_session(bed.master_url, "creditflow-test-multihost", bed.session_conf())
     try:
-        poll("every executor registered", lambda: concurrent_slots(session) >= bed.slots)
+        poll("every executor registered", lambda: concurrent_slots(session) >= bed.slots, deadline=180)
         yield session
     finally:
         session.stop()

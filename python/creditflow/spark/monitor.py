@@ -63,8 +63,9 @@ class Monitor(Closeable):
 
     ``host`` is the driver address the executors reach (default: ``spark.driver.host`` of
     the SparkContext running in this process, where Spark's own executors reach the driver;
-    without one, ``SPARK_LOCAL_IP`` or loopback: make the session first); ``interval`` is how often each task reports, in seconds. Keeps the latest
-    sample per task and, up to ``max_samples``, every sample in arrival order.
+    without one, ``SPARK_LOCAL_IP`` or loopback: make the session first); ``interval`` is how
+    often each task reports, in seconds. Keeps the latest sample per task and, up to
+    ``max_samples``, every sample in arrival order.
 
     ``metrics``: have every task on a loopback executor (local mode) serve its environment's
     ``/metrics`` and report the URL (:meth:`metrics_urls`: what ``creditflow top`` takes).

@@ -116,13 +116,12 @@ class Network:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie waiting for its parent has)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def _kill_namespace(ns: str) -> None:

@@ -4,7 +4,8 @@ outside them, one executor of 2 cores per worker.
 
 Checked: an exchange whose rows cross between the hosts puts every row where Spark's
 ``repartition`` does, with the exchange's secret and with TLS (and a certificate that does not
-name the hosts' addresses is refused); ``send`` streams to a receiver on a third host, from the
+name the hosts' addresses is refused); a ``Monitor`` made on the driver hears the tasks of
+both hosts; ``send`` streams to a receiver on a third host, from the
 executors and from the driver, with a secret and with TLS; an executor JVM killed with SIGKILL
 in the middle of an exchange, and the link between the two hosts cut in the middle of one,
 each fail that attempt (the cut with a ``ConnectionLostError`` naming the other host) and

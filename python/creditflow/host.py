@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from creditflow import logs
-from creditflow._native import Attachment, HostService, attach
+from creditflow._native import Attachment, HostService, TLSConfig, attach
 from creditflow.errors import ConnectionLostError, InvalidArgumentError
 
 __all__ = [
@@ -39,7 +39,8 @@ __all__ = [
     "serve",
 ]
 
-#: The settings a service started on demand takes (``HostService``'s, JSON values only).
+#: The settings a service started on demand takes (``HostService``'s, JSON values only: ``tls``
+#: as the keyword arguments of :class:`~creditflow.TLSConfig`, its files' paths).
 SERVICE_SETTINGS = (
     "memory",
     "segment_size",
@@ -55,6 +56,7 @@ SERVICE_SETTINGS = (
     "max_spill",
     "wire_compression",
     "peer_timeout",
+    "tls",
 )
 
 #: Seconds a service started on demand waits with no task attached before it ends.
@@ -192,8 +194,11 @@ def run_on_demand(name: str, settings: Mapping[str, Any], owner: int, idle_timeo
     if owner and not _owner_alive(owner):
         _log.info("host service %r not started: its owner (pid %d) is gone", name, owner)
         return 0
+    kwargs = dict(settings)
+    if kwargs.get("tls") is not None:
+        kwargs["tls"] = TLSConfig(**kwargs["tls"])
     try:
-        serve(name, idle_timeout=idle_timeout, **settings)
+        serve(name, idle_timeout=idle_timeout, **kwargs)
     except InvalidArgumentError as exc:
         if "already runs" in str(exc):
             _log.info("host service %r already runs: this one exits", name)

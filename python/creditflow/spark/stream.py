@@ -48,6 +48,7 @@ from creditflow.spark._driver import application_id, prepare, slots_per_host, us
 from creditflow.spark._messages import Closeable
 from creditflow.spark._process import (
     EnvSettings,
+    TlsFiles,
     check_wire_compression,
     host_environment,
     host_towards,
@@ -122,6 +123,11 @@ class Receiver(Closeable):
             :class:`creditflow.SpillError` naming ``max_spill``, the consumer gets
             :class:`creditflow.ProducerFailedError` and :func:`send` raises with that
             message.
+        tls: A :class:`creditflow.TLSConfig`: the receiver reads the tasks' partitions over
+            TLS (pass :func:`send` the same kind of files: each task's certificate must be
+            valid for its executor's address, the receiver's for ``bind``). The secret still
+            authenticates both ends and the registrations sent to :attr:`address` (which
+            carry where the partitions are, not data).
 
     Iterate it (or call :meth:`next`) to get ``pyarrow.RecordBatch`` objects, in the order
     they arrive (partitions interleave); iteration ends once the job that registered with
@@ -144,6 +150,7 @@ class Receiver(Closeable):
         epochs: int = 1,
         spill_dir: str | None = None,
         max_spill: int | str | None = None,
+        tls: cf.TLSConfig | None = None,
     ) -> None:
         if max_queued < 1:
             raise ValueError(f"max_queued must be at least 1, got {max_queued}")
@@ -162,6 +169,7 @@ class Receiver(Closeable):
             secret=self.secret,
             spill_dir=spill_dir,  # both None (the defaults) without spill
             max_spill=max_spill,
+            tls=tls,
         )
         self._epochs = epochs
         # With spill, batches go to the spool; the queue only ever holds the end or a failure.
@@ -433,6 +441,7 @@ def send(
     memory: int | str = "16MiB",
     segment_size: int | str = "32KiB",
     wire_compression: str | None = None,
+    tls: cf.TLSConfig | None = None,
     timeout: float | None = 600.0,
     monitor: Monitor | None = None,
     host_service: bool | None = None,
@@ -446,6 +455,10 @@ def send(
 
     ``wire_compression`` (``"lz4"``, ``"zstd"``) compresses what the tasks send, as for
     :class:`creditflow.NetworkEnvironment` (pays when the receiver is across a slow link).
+    ``tls`` (a :class:`creditflow.TLSConfig`, for a :class:`Receiver` made with ``tls``): every
+    task serves its partition over TLS with these files, which each executor (or, with
+    ``via="driver"``, the driver) reads at these paths; the certificate must be valid for the
+    address the receiver reaches it at.
     ``timeout`` bounds each wait for buffer space or for the receiver to finish reading, in
     seconds. ``host_service`` (with ``via="executors"``): ``True`` sends through each host's
     creditflow service (one pool of ``memory`` per task slot of the host, one connection per
@@ -460,7 +473,11 @@ def send(
     check_wire_compression(wire_compression)
     job = uuid.uuid4().hex[:12]
     settings = EnvSettings(
-        secret=secret, memory=memory, segment_size=segment_size, wire_compression=wire_compression
+        secret=secret,
+        memory=memory,
+        segment_size=segment_size,
+        wire_compression=wire_compression,
+        tls=TlsFiles.of(tls),
     )
     plan = _SendPlan(job, address, settings, timeout, monitor.handle if monitor is not None else None)
     if via == "driver":
@@ -633,6 +650,7 @@ def _send_from_driver(df: DataFrame, plan: _SendPlan) -> dict[str, Any]:
         bind=bind,
         secret=plan.env.secret,
         wire_compression=plan.env.wire_compression,
+        tls=plan.env.tls.config() if plan.env.tls is not None else None,
     ) as env:
         try:
             stats = _stream_partition(env, plan, 0, 0, iter(table.to_batches()))

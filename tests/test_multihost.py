@@ -9,8 +9,11 @@ both hosts; ``send`` streams to a receiver on a third host, from the
 executors and from the driver, with a secret and with TLS; an executor JVM killed with SIGKILL
 in the middle of an exchange, and the link between the two hosts cut in the middle of one,
 each fail that attempt (the cut with a ``ConnectionLostError`` naming the other host) and
-Spark's retry gives the same result. Spark's own record of the attempts comes from the
-application's event log.
+Spark's retry gives the same result, every row once. The tasks use their hosts' creditflow
+services (Spark's default): each host's service opens one connection to the other host where
+an environment per task opens one to every task there, within the same memory per host; a
+service SIGKILLed mid-exchange fails that attempt and the retry starts a new one. Spark's own
+record of the attempts comes from the application's event log.
 
 One bed and one session serve the whole module; the bed's namespaces and processes are
 removed at its end whatever happened. Needs root (skipped with the reason otherwise).
@@ -268,6 +271,7 @@ def faulted_exchange(
         # Spark retries a failed barrier stage only when it feeds a shuffle (a failed barrier
         # result stage fails the job): the exchange's rows go through one more.
         rows = out.select("id", "p").repartition(1).collect()
+        assert len(rows) == FAULT_ROWS, "a row delivered twice or lost"
         return {r["id"]: r["p"] for r in rows}
 
     wait = run_in_background(action)
@@ -336,3 +340,107 @@ def test_a_link_cut_during_an_exchange_fails_clearly_and_is_retried_with_the_sam
     assert lost, failures(events)
     addresses = [bed.net.hosts[h].addr for h in ("a", "b")]
     assert any(f"connection to {a}:" in d for d in lost for a in addresses), lost
+
+
+# ------------------------------------------------------------------------------ host service
+
+
+def stack_figures(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """An exchange ``func`` that appends what the task's network stack holds while it reads:
+    ``host`` (network namespace), ``stack`` (the service's pid, or the worker's own with an
+    environment per task), ``opened`` (TCP connections it opened that are up) and ``held``
+    (bytes its local pools hold) and ``pool`` (its pool's bytes)."""
+    from creditflow.spark import _process
+
+    here = os.stat("/proc/self/ns/net").st_ino
+    for b in batches:
+        attached = list(_process._ATTACHMENTS.by_name.values())
+        if attached:
+            m: dict[str, Any] = dict(attached[-1].metrics())
+            stack = attached[-1].service_pid
+        else:
+            env = next(env for env, users in _process._CACHE.envs.values() if users)
+            m, stack = dict(env.metrics()), os.getpid()
+        held = (m["segments_total"] - m["segments_available"]) * m["segment_size"]
+        figures = {
+            "host": here,
+            "stack": stack,
+            "opened": m["connections_opened"],
+            "held": held,
+            "pool": m["segments_total"] * m["segment_size"],
+        }
+        for name, value in figures.items():
+            b = b.append_column(name, pa.array([value] * b.num_rows, pa.int64()))
+        yield b
+
+
+@pytest.mark.parametrize("host_service", [True, False], ids=["service", "per-task"])
+def test_the_host_service_opens_one_connection_per_pair_of_hosts_and_keeps_memory_per_host(
+    spark: SparkSession, bed: multihost.Cluster, host_service: bool
+) -> None:
+    df = lineitem(spark, ROWS, bed.slots)
+    schema = StructType(
+        [
+            *df.schema.fields,
+            *(StructField(c, LongType()) for c in ("host", "stack", "opened", "held", "pool")),
+        ]
+    )
+    memory = 8 << 20
+    out = cfs.exchange(
+        df, "l_orderkey", func=stack_figures, schema=schema, memory=memory, host_service=host_service
+    )
+    rows = out.select("*", F.spark_partition_id().alias("p")).collect()
+    # The same rows where repartition puts them, either way.
+    assert len(rows) == ROWS
+    assert {r["id"]: r["p"] for r in rows} == placement(df.repartition(bed.slots, "l_orderkey"))
+    names = host_names(bed)
+    stacks: dict[str, dict[int, dict[str, int]]] = {}
+    for r in rows:
+        s = stacks.setdefault(names[r["host"]], {}).setdefault(
+            r["stack"], {"opened": 0, "held": 0, "pool": 0}
+        )
+        for k in ("opened", "held", "pool"):
+            s[k] = max(s[k], r[k])
+    print(f"host_service={host_service}: {stacks}")
+    assert sorted(stacks) == ["a", "b"]
+    per_host = bed.cores  # the exchange's tasks on each host
+    for host, by_stack in stacks.items():
+        opened = sum(s["opened"] for s in by_stack.values())
+        pool = sum(s["pool"] for s in by_stack.values())
+        held = sum(s["held"] for s in by_stack.values())
+        if host_service:
+            # One service per host: one pool of memory x its tasks, one connection to the other host.
+            assert len(by_stack) == 1, by_stack
+            assert opened == 1, (host, by_stack)
+        else:
+            # A stack per task, each with a connection to every task of the other host.
+            assert len(by_stack) == per_host, by_stack
+            assert opened == per_host * per_host, (host, by_stack)
+        assert pool == memory * per_host, (host, by_stack)
+        assert held <= pool
+
+
+def test_a_host_service_killed_during_an_exchange_is_retried_with_no_row_twice(
+    spark: SparkSession, bed: multihost.Cluster, tmp_path: Path
+) -> None:
+    killed: list[int] = []
+
+    def kill_service_on_b() -> None:
+        killed.extend(pid for pid in bed.net.hosts["b"].pids() if b"creditflow\0serve\0" in _cmdline(pid))
+        assert len(killed) == 1, killed
+        os.kill(killed[0], signal.SIGKILL)
+        (tmp_path / "go").touch()
+
+    events = faulted_exchange(spark, bed, tmp_path, "exchange, host service killed", kill_service_on_b)
+    assert max(attempts(events)) >= 1
+    lost = [f["Description"] for f in failures(events) if "ConnectionLostError" in f.get("Description", "")]
+    assert lost, failures(events)
+    # The retry started a new service on b.
+    assert any(b"creditflow\0serve\0" in _cmdline(p) and p not in killed for p in bed.net.hosts["b"].pids())
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -97,7 +97,8 @@ def table(hosts: int, per_host: int) -> str:
             "network memory per host",
             f"{per_host} pools × {_mib(d['memory'])} = {_mib(per_host * d['memory'])}, "
             "no lending between them",
-            f"one pool of {per_host} × {_mib(d['memory'])} = {_mib(per_host * d['memory'])}, "
+            f"one pool of {per_host} slots × {_mib(d['memory'])} = {_mib(per_host * d['memory'])} "
+            "(`spark.creditflow.hostMemory`'s default), "
             f"shares move to busy tasks; + links ≤ {2 * per_host} × {_mib(LINK_BYTES)}",
         )
     )

@@ -11,7 +11,8 @@ in the middle of an exchange, and the link between the two hosts cut in the midd
 each fail that attempt (the cut with a ``ConnectionLostError`` naming the other host) and
 Spark's retry gives the same result, every row once. The tasks use their hosts' creditflow
 services (Spark's default): each host's service opens one connection to the other host where
-an environment per task opens one to every task there, within the same memory per host; a
+an environment per task opens one to every task there, and holds one pool of the application's
+host memory (``spark.creditflow.hostMemory``) where each task's environment holds its own; a
 service SIGKILLed mid-exchange fails that attempt and the retry starts a new one. Spark's own
 record of the attempts comes from the application's event log.
 
@@ -46,7 +47,7 @@ from pyspark.sql.types import LongType, StructField, StructType  # noqa: E402
 import creditflow as cf  # noqa: E402
 import creditflow.spark as cfs  # noqa: E402
 import multihost  # noqa: E402
-from creditflow.spark._driver import concurrent_slots  # noqa: E402
+from creditflow.spark._driver import concurrent_slots, host_memory  # noqa: E402
 from helpers import poll  # noqa: E402
 from netns import Unavailable  # noqa: E402
 from spark_data import lineitem, placement  # noqa: E402
@@ -59,6 +60,7 @@ ROWS = 40_000
 FAULT_ROWS = 200_000
 #: How long a stalled first attempt waits for the test before it goes on by itself.
 STALL_LIMIT = 120.0
+MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
@@ -416,7 +418,7 @@ def test_the_host_service_opens_one_connection_per_pair_of_hosts_and_keeps_memor
         pool = sum(s["pool"] for s in by_stack.values())
         held = sum(s["held"] for s in by_stack.values())
         if host_service:
-            # One service per host: one pool of memory x its tasks, one connection to the other host.
+            # One service per host: one pool, one connection to the other host.
             assert len(by_stack) == 1, by_stack
             assert opened == 1, (host, by_stack)
         else:
@@ -424,7 +426,12 @@ def test_the_host_service_opens_one_connection_per_pair_of_hosts_and_keeps_memor
             # host carries its shared-memory link).
             assert len(by_stack) == per_host, by_stack
             assert opened == per_host * (bed.slots - 1), (host, by_stack)
-        assert pool == memory * per_host, (host, by_stack)
+        if host_service:
+            # Whatever the exchange's per-task memory: the application's host memory (64 MiB per
+            # task slot of a host by default).
+            assert pool == host_memory(spark) == 64 * MiB * bed.cores, (host, by_stack)
+        else:
+            assert pool == memory * per_host, (host, by_stack)
         assert held <= pool
 
 

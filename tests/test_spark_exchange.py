@@ -233,12 +233,84 @@ def test_bad_arguments_are_refused_on_the_driver(spark: SparkSession) -> None:
         cfs.exchange(df, [])
     with pytest.raises(ValueError, match="cannot exchange by .*cannot hash a key column of type List"):
         cfs.exchange(df.select("id", F.array("id").alias("a")), "a")
-    with pytest.raises(cf.InsufficientBuffersError, match="needs at least 6 segments"):
-        cfs.exchange(df, "id", memory="128KiB")
+    with pytest.raises(cf.InsufficientBuffersError, match="needs at least 6 segments per task"):
+        cfs.exchange(df, "id", memory="128KiB", host_service=False)
     with pytest.raises(ValueError, match="num_partitions"):
         cfs.exchange(df, "id", num_partitions=0)
     with pytest.raises(ValueError, match="rendezvous must be one of"):
         cfs.exchange(df, "id", rendezvous="carrier-pigeon")  # type: ignore[arg-type]
+
+
+def _services_named(name: str) -> list[int]:
+    """The pids of the creditflow processes serving the host service ``name`` on this machine."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"serve" in argv and name.encode() in argv:
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_one_host_service_with_the_application_s_host_memory_serves_exchanges_of_any_size(
+    spark: SparkSession,
+) -> None:
+    """Exchanges of different sizes and per-task ``memory`` share one service per host and
+    application, whose one pool is the application's host memory (by default 64 MiB per task
+    slot of the host: 2 on local[2]); the setting is read once per application."""
+    from creditflow.spark import _driver, _process
+    from creditflow.spark.exchange import _app_secret
+
+    app = _driver.application_id(spark)
+    memory = _driver.host_memory(spark)
+    assert memory == 2 * (64 << 20)
+    settings = _process.EnvSettings(secret=_app_secret(app))
+    name = _process.service_name(app, _process.service_settings(settings, "127.0.0.1", memory))
+    df = spark.range(0, 5_000, numPartitions=2).select("id", (F.col("id") % 31).alias("k"))
+    pids = set()
+    for n, task_memory in ((2, "8MiB"), (1, "32MiB"), (2, "64MiB")):
+        out = cfs.exchange(df, "k", num_partitions=n, memory=task_memory)
+        assert sorted(r["id"] for r in out.collect()) == list(range(5_000))
+        pids.update(_services_named(name))
+    assert len(pids) == 1, pids
+    with cf.attach(name) as probe:
+        m = probe.metrics()
+        assert probe.service_pid in pids
+    assert m["segments_total"] * m["segment_size"] == memory
+    # Read once: another value later is refused on the driver, naming the setting; so is a
+    # value that is not a size.
+    for value, error in (("1GiB", "read once per application"), ("lots", "must be a size")):
+        spark.conf.set(_driver.HOST_MEMORY_CONF, value)
+        try:
+            with pytest.raises(ValueError, match=error):
+                cfs.exchange(df, "k")
+        finally:
+            spark.conf.unset(_driver.HOST_MEMORY_CONF)
+    assert placement(cfs.exchange(df, "k")) == placement(df.repartition(2, "k"))
+
+
+def test_a_host_memory_too_small_for_the_tasks_of_a_host_is_refused_on_the_driver() -> None:
+    """The driver's check for host services: the tasks one host may run, their partitions and
+    the exclusive buffers of their channels from other hosts (channels between tasks of the
+    host are local), in the host's memory."""
+    from creditflow.spark._process import EnvSettings
+    from creditflow.spark.exchange import _check_settings
+
+    settings = EnvSettings(secret="s", segment_size="32KiB")
+    segment = 32 << 10
+    # 12 tasks, 4 on a host: each task 13 for its partition + 8 x 2 + 1 for its gate = 30.
+    _check_settings(settings, 12, host_tasks=4, host_memory=120 * segment)
+    with pytest.raises(
+        cf.InsufficientBuffersError, match="needs at least 120 segments in a host service"
+    ) as info:
+        _check_settings(settings, 12, host_tasks=4, host_memory=119 * segment)
+    assert "spark.creditflow.hostMemory" in str(info.value)
+    assert (info.value.required, info.value.available) == (120, 119)
+    # The per-task memory plays no part with host services (64 MiB would hold it alone).
+    _check_settings(EnvSettings(secret="s", memory="64KiB"), 12, host_tasks=4, host_memory=120 * segment)
 
 
 def test_tasks_meet_through_the_driver_or_allgather_and_take_their_settings(spark: SparkSession) -> None:

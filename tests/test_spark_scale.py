@@ -157,11 +157,11 @@ def test_exchange_checks_kind_and_a_hybrid_pool_s_size(spark: SparkSession) -> N
     df = spark.range(0, 10, numPartitions=2)
     with pytest.raises(ValueError, match=r"kind must be one of \['pipelined', 'hybrid'\], got 'blocking'"):
         cfs.exchange(df, "id", kind="blocking")  # type: ignore[arg-type]
-    # A hybrid partition's pool needs 8 more segments: 256 KiB (8 segments) holds a pipelined
-    # exchange of 2 tasks (6) but not a hybrid one (14).
-    cfs.exchange(df, "id", memory="256KiB")
+    # A hybrid partition's pool needs 8 more segments: 256 KiB (8 segments) of a task's own
+    # environment holds a pipelined exchange of 2 tasks (6) but not a hybrid one (14).
+    cfs.exchange(df, "id", memory="256KiB", host_service=False)
     with pytest.raises(cf.InsufficientBuffersError, match="needs at least 14 segments per task"):
-        cfs.exchange(df, "id", memory="256KiB", kind="hybrid")
+        cfs.exchange(df, "id", memory="256KiB", kind="hybrid", host_service=False)
 
 
 # ------------------------------------------------------------------------------- many tasks

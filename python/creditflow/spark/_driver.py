@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
+
+import creditflow as cf
 
 if TYPE_CHECKING:  # pyspark-client (Connect only) has no SparkContext to import
     from pyspark import SparkContext
@@ -33,6 +36,16 @@ REGISTRATION_WAIT = 30.0
 #: tasks of each host to its creditflow host service, ``false`` gives each Python worker an
 #: environment of its own (a pool per task, a connection per pair of tasks).
 HOST_SERVICE_CONF = "spark.creditflow.hostService"
+
+#: The Spark setting that sizes each host service's network memory (bytes, or a size such as
+#: ``"2GiB"``): one pool per host, from which the partitions and gates of the tasks attached to
+#: it take their local pools as they come and go. Read once per application, before its first
+#: job through the services; a later different value is refused (the services keep theirs).
+HOST_MEMORY_CONF = "spark.creditflow.hostMemory"
+
+#: :data:`HOST_MEMORY_CONF`'s default: this much for each task slot of a host (an environment's
+#: own default ``memory``), so that a host's tasks have together what each had alone.
+HOST_MEMORY_PER_SLOT = "64MiB"
 
 _LOCAL = re.compile(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?")
 _LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]")
@@ -215,6 +228,39 @@ def use_host_service(spark: Any, choice: bool | None) -> bool:
     if value not in ("true", "false"):
         raise ValueError(f"{HOST_SERVICE_CONF} must be true or false, got {value!r}")
     return value == "true"
+
+
+#: The host memory of each application, as first read (:func:`host_memory`).
+_HOST_MEMORY: dict[str, int] = {}
+_HOST_MEMORY_LOCK = threading.Lock()
+
+
+def host_memory(spark: Any) -> int:
+    """The network memory of each host service of ``spark``'s application, in bytes: the
+    session's :data:`HOST_MEMORY_CONF`, else :data:`HOST_MEMORY_PER_SLOT` times the task slots
+    of a host (:func:`slots_per_host`). The first answer holds for the application: raises
+    :class:`ValueError` for a value that is not a size, and for a value that differs from the
+    one the application's services already run with."""
+    app = application_id(spark)
+    value = spark.conf.get(HOST_MEMORY_CONF, None)
+    if value is None or not str(value).strip():
+        memory = cf.parse_bytes(HOST_MEMORY_PER_SLOT) * slots_per_host(spark)
+    else:
+        try:
+            memory = cf.parse_bytes(str(value).strip())
+        except ValueError as exc:
+            raise ValueError(
+                f"{HOST_MEMORY_CONF} must be a size such as 512MiB, got {value!r}: {exc}"
+            ) from None
+    with _HOST_MEMORY_LOCK:
+        first = _HOST_MEMORY.setdefault(app, memory)
+    if first != memory:
+        raise ValueError(
+            f"{HOST_MEMORY_CONF} is read once per application: its host services run with {first} bytes, "
+            f"and it now says {value!r} ({memory} bytes). Set it before the application's first exchange or "
+            "send (in the session's configuration), or pass host_service=False for environments per task."
+        )
+    return memory
 
 
 def application_id(spark: Any) -> str:

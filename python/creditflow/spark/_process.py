@@ -1,10 +1,11 @@
 """The network stack a Spark task uses, and how tasks reach each other.
 
 By default a task attaches to its host's service (:mod:`creditflow.host`: one process per host,
-user, application and settings, started by the first task that needs it, ending with the
-application's executors): its partitions and gates live there, so the tasks of a host share one
-pool and one connection per pair of hosts. :func:`host_environment` gives a task its
-attachment, kept per worker process and service and attached again when the service is gone.
+user, application and network settings, with the application's host memory, started by the
+first task that needs it, ending with the application's executors): its partitions and gates
+live there, so the tasks of a host share one pool and one connection per pair of hosts.
+:func:`host_environment` gives a task its attachment, kept per worker process and service and
+attached again when the service is gone.
 
 With ``host_service=False`` each Python worker process gets its own environment instead
 (:func:`task_environment`), at most one per configuration, created on first use by a task,
@@ -226,10 +227,11 @@ def close_environments() -> None:
     _CACHE.close_all()
 
 
-def service_settings(settings: EnvSettings, host: str | None, host_tasks: int) -> dict[str, Any]:
-    """The settings of the host service an exchange's tasks on one host attach to: ``memory``
-    is per task, so the service gets it once per task of the exchange on that host."""
-    memory = cf.parse_bytes(settings.memory) * max(1, host_tasks)
+def service_settings(settings: EnvSettings, host: str | None, memory: int) -> dict[str, Any]:
+    """The settings of the host service a job's tasks on one host attach to: ``settings``' network
+    settings with the application's host ``memory`` (``settings.memory`` is a task's own, for
+    environments per task) and the default connection limit (a service holds one connection per
+    peer host, not one per peer task)."""
     return {
         "memory": memory,
         "segment_size": settings.segment_size,
@@ -239,18 +241,26 @@ def service_settings(settings: EnvSettings, host: str | None, host_tasks: int) -
         "bind": settings.bind or bind_address(host),
         "secret": settings.secret,
         "advertise": settings.advertise,
-        "max_connections": settings.max_connections,
+        "max_connections": EnvSettings.max_connections,
         "spill_dir": settings.spill_dir,
         "wire_compression": settings.wire_compression,
         "tls": dataclasses.asdict(settings.tls) if settings.tls is not None else None,
     }
 
 
+#: The settings that do not name a service: the host's memory is the application's, one value
+#: (spark.creditflow.hostMemory), so it neither needs to nor may split the tasks of a host.
+UNNAMED_SETTINGS = ("memory",)
+
+
 def service_name(app_id: str, service: dict[str, Any]) -> str:
-    """The host service of application ``app_id`` with ``service`` settings: another setting
-    (a larger memory, another secret) is another service, so no task attaches to a service
-    configured otherwise."""
-    digest = hashlib.sha256(json.dumps(service, sort_keys=True).encode()).hexdigest()[:12]
+    """The host service of application ``app_id`` with ``service`` settings: jobs of one
+    application whose network settings agree (segment size, buffers per channel, secret, TLS,
+    compression...) share one, whatever their size; another such setting is another service,
+    so no task attaches to a service configured otherwise. The memory is not part of the name
+    (:data:`UNNAMED_SETTINGS`)."""
+    named = {k: v for k, v in service.items() if k not in UNNAMED_SETTINGS}
+    digest = hashlib.sha256(json.dumps(named, sort_keys=True).encode()).hexdigest()[:12]
     app = re.sub(r"[^A-Za-z0-9._-]", "_", app_id)[:44]
     return f"spark-{app}-{digest}"
 
@@ -284,12 +294,11 @@ _ATTACHMENTS = _Attachments()
 
 @contextlib.contextmanager
 def host_environment(
-    settings: EnvSettings, host: str | None, app_id: str, host_tasks: int
+    settings: EnvSettings, host: str | None, app_id: str, memory: int
 ) -> Iterator[cf.Attachment]:
-    """This task's attachment to its host's service for ``settings`` (started when none runs).
-    ``host_tasks``: the tasks of this exchange on this host, which the service's memory is
-    sized for."""
-    service = service_settings(settings, host, host_tasks)
+    """This task's attachment to its host's service for ``settings`` (started when none runs,
+    with ``memory``: the application's host memory, shared by every task attached to it)."""
+    service = service_settings(settings, host, memory)
     yield _ATTACHMENTS.get(service_name(app_id, service), service)
 
 

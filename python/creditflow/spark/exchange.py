@@ -37,7 +37,16 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 import creditflow as cf
-from creditflow.spark._driver import application_id, check_slots, is_connect, prepare, use_host_service
+from creditflow.spark._driver import (
+    HOST_MEMORY_CONF,
+    application_id,
+    check_slots,
+    host_memory,
+    is_connect,
+    prepare,
+    slots_per_host,
+    use_host_service,
+)
 from creditflow.spark._process import (
     EnvSettings,
     TlsFiles,
@@ -79,6 +88,8 @@ class _Plan:
     rendezvous: tuple[str, str] | None = None
     #: The application whose host services the tasks attach to; None: an environment per task.
     app_id: str | None = None
+    #: The application's host memory (bytes; with ``app_id``).
+    host_memory: int = 0
 
 
 def exchange(
@@ -128,7 +139,10 @@ def exchange(
             ``pyarrow.RecordBatch``) and yields the batches to return, so a per-key
             aggregation needs no second stage. Its output must match ``schema``.
         schema: The output schema when ``func`` changes it (default: ``df.schema``).
-        memory: creditflow network memory per task (bounds what a task holds in flight).
+        memory: creditflow network memory per task with ``host_service=False`` (bounds what a
+            task holds in flight). The tasks attached to a host service share its memory,
+            the session's ``spark.creditflow.hostMemory`` (default 64 MiB per task slot of a
+            host), instead.
         segment_size, buffer_timeout, exclusive_buffers, floating_buffers: as for
             :class:`creditflow.NetworkEnvironment`.
         kind: Each task's partition: ``"pipelined"`` (default: a slow task's producers wait
@@ -159,8 +173,8 @@ def exchange(
             ``"barrier"`` when a firewall lets executors reach only the driver's Spark ports.
         host_service: ``True``: the tasks of each host attach to one creditflow service per
             host and application (started on demand; docs/design.md "The host service"): one
-            pool for the host (``memory`` per task of the exchange on it), one connection per
-            pair of hosts, and a task's partition outlives it. ``False``: each task gets an
+            pool for the host (``spark.creditflow.hostMemory``), one connection per pair of
+            hosts, and a task's partition outlives it. ``False``: each task gets an
             environment of its own (a pool per task, a connection per pair of tasks). ``None``
             (the default): the session's ``spark.creditflow.hostService`` (default true).
 
@@ -210,8 +224,12 @@ def exchange(
         # the default limit would refuse some of them.
         max_connections=max(EnvSettings.max_connections, 2 * n),
     )
+    memory = host_memory(spark) if app_id is not None else 0
     # Fail on the driver for settings the tasks would refuse (memory too small for n tasks...).
-    _check_settings(settings, n, kind)
+    if app_id is None:
+        _check_settings(settings, n, kind)
+    else:
+        _check_settings(settings, n, kind, host_tasks=min(n, slots_per_host(spark)), host_memory=memory)
     plan = _Plan(
         rendezvous=_rendezvous_of(spark, rendezvous),
         exchange_id=uuid.uuid4().hex[:12],
@@ -223,6 +241,7 @@ def exchange(
         func=func,
         monitor=monitor.handle if monitor is not None else None,
         app_id=app_id,
+        host_memory=memory,
     )
     out_schema = df.schema if schema is None else schema
 
@@ -324,20 +343,52 @@ def _check_key_types(df: DataFrame, keys: tuple[str, ...]) -> None:
         raise ValueError(f"cannot exchange by {list(keys)}: {exc}") from None
 
 
-def _check_settings(settings: EnvSettings, n: int, kind: ExchangeKind = "pipelined") -> None:
-    """Fails on the driver, with creditflow's numbers, when a task's memory cannot hold its
-    partition (n subpartitions + 1 segments, a hybrid one 8 more) and its gate (n - 1 remote
-    channels' exclusive buffers + at least one floating), rather than in every task."""
+def _check_settings(
+    settings: EnvSettings,
+    n: int,
+    kind: ExchangeKind = "pipelined",
+    *,
+    host_tasks: int = 0,
+    host_memory: int = 0,
+) -> None:
+    """Fails on the driver, with creditflow's numbers, when the memory cannot hold what the
+    tasks need, rather than in every task. Each task needs its partition (n subpartitions + 1
+    segments, a hybrid one 8 more) and its gate (exclusive buffers for each channel from
+    another stack + at least one floating). With an environment per task (``host_tasks`` 0)
+    that is n - 1 remote channels in ``settings.memory``; with host services, up to
+    ``host_tasks`` tasks on one host, whose channels from each other are local, in
+    ``host_memory``."""
     segment = cf.parse_bytes(settings.segment_size)
-    total = cf.parse_bytes(settings.memory) // max(segment, 1)
     partition = n + 1 + (HYBRID_EXTRA_SEGMENTS if kind == "hybrid" else 0)
-    required = partition + (n - 1) * settings.exclusive_buffers + 1
-    if required > total:
+
+    def per_task(on_host: int) -> int:
+        return partition + (n - on_host) * settings.exclusive_buffers + 1
+
+    if host_tasks <= 0:
+        total = cf.parse_bytes(settings.memory) // max(segment, 1)
+        required = per_task(1)
+        if required <= total:
+            return
         raise cf.InsufficientBuffersError(
             f"an exchange over {n} tasks needs at least {required} segments per task ({partition} for its "
             f"partition, {n - 1} x exclusive_buffers={settings.exclusive_buffers} + 1 for its gate) but "
             f"memory={settings.memory!r} holds {total} segments of {segment} bytes: raise memory= or "
             "lower segment_size=",
+            required=required,
+            available=total,
+            total=total,
+            segment_size=segment,
+        )
+    total = host_memory // max(segment, 1)
+    on_host = max(range(1, host_tasks + 1), key=lambda k: k * per_task(k))
+    required = on_host * per_task(on_host)
+    if required > total:
+        raise cf.InsufficientBuffersError(
+            f"an exchange over {n} tasks needs at least {required} segments in a host service with "
+            f"{on_host} of its tasks ({partition} for each partition, {n - on_host} x "
+            f"exclusive_buffers={settings.exclusive_buffers} + 1 for each gate) but the host's memory "
+            f"({HOST_MEMORY_CONF}={host_memory} bytes) holds {total} segments of {segment} bytes: raise "
+            f"{HOST_MEMORY_CONF} or lower segment_size=",
             required=required,
             available=total,
             total=total,
@@ -386,8 +437,7 @@ def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
             served = metrics_url_of(env) if plan.monitor is not None and plan.monitor.metrics else None
             yield from _exchange_in(plan, ctx, me, tasks, env, served, batches, own_env=True)
     else:
-        on_host = sum(1 for i in infos if i.address.rpartition(":")[0] == host)
-        with host_environment(plan.env, host, plan.app_id, on_host) as attached:
+        with host_environment(plan.env, host, plan.app_id, plan.host_memory) as attached:
             yield from _exchange_in(plan, ctx, me, tasks, attached, None, batches, own_env=False)
 
 

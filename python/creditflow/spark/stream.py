@@ -44,7 +44,7 @@ from pyspark.sql import DataFrame
 import creditflow as cf
 from creditflow.metrics import EnvMetrics, SpillMetrics
 from creditflow.spark import _messages
-from creditflow.spark._driver import application_id, prepare, slots_per_host, use_host_service
+from creditflow.spark._driver import application_id, host_memory, prepare, use_host_service
 from creditflow.spark._messages import Closeable
 from creditflow.spark._process import (
     EnvSettings,
@@ -422,10 +422,10 @@ class _SendPlan:
     env: EnvSettings
     timeout: float | None
     monitor: MonitorHandle | None
-    #: The application whose host services the tasks attach to, and the tasks one host runs
-    #: at once (what a service's ``memory`` is sized for); None: an environment per task.
+    #: The application whose host services the tasks attach to, and its host memory (bytes);
+    #: None: an environment per task.
     app_id: str | None = None
-    host_tasks: int = 1
+    host_memory: int = 0
 
 
 #: The one row each sending task returns to the driver.
@@ -450,7 +450,8 @@ def send(
 
     With ``via="executors"`` (the default) every task streams its partition straight from
     its executor as Spark computes it, with backpressure from the receiver reaching the
-    computation; ``memory`` bounds what each task holds in flight. With ``via="driver"`` the
+    computation; ``memory`` bounds what each task holds in flight (with ``host_service=False``;
+    the tasks attached to a host service share its ``spark.creditflow.hostMemory``). With ``via="driver"`` the
     driver collects ``df.toArrow()`` (the whole result in driver memory) and streams that.
 
     ``wire_compression`` (``"lz4"``, ``"zstd"``) compresses what the tasks send, as for
@@ -461,9 +462,10 @@ def send(
     address the receiver reaches it at.
     ``timeout`` bounds each wait for buffer space or for the receiver to finish reading, in
     seconds. ``host_service`` (with ``via="executors"``): ``True`` sends through each host's
-    creditflow service (one pool of ``memory`` per task slot of the host, one connection per
-    host to the receiver), ``False`` from an environment per task, ``None`` (the default) as
-    the session's ``spark.creditflow.hostService`` says (default true).
+    creditflow service (one pool for the host, ``spark.creditflow.hostMemory``, default 64 MiB
+    per task slot of the host; one connection per host to the receiver), ``False`` from an
+    environment per task, ``None`` (the default) as the session's
+    ``spark.creditflow.hostService`` says (default true).
     Returns one dict per partition: ``partition``, ``attempt``, ``accepted``,
     ``rows``, ``bytes``, ``seconds``. Raises what the job raised, after telling the
     receiver (which then raises too).
@@ -483,9 +485,7 @@ def send(
     if via == "driver":
         return [_send_from_driver(df, plan)]
     if use_host_service(df.sparkSession, host_service):
-        plan = replace(
-            plan, app_id=application_id(df.sparkSession), host_tasks=slots_per_host(df.sparkSession)
-        )
+        plan = replace(plan, app_id=application_id(df.sparkSession), host_memory=host_memory(df.sparkSession))
     try:
         # On Connect this runs a probe job over df, which fails where the job would.
         n = prepare(df)
@@ -621,7 +621,7 @@ def _send_task(plan: _SendPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[p
         with task_environment(plan.env, host) as env:
             stats = _stream_partition(env, plan, ctx.partitionId(), ctx.attemptNumber(), batches)
     else:
-        with host_environment(plan.env, host, plan.app_id, plan.host_tasks) as attached:
+        with host_environment(plan.env, host, plan.app_id, plan.host_memory) as attached:
             stats = _stream_partition(attached, plan, ctx.partitionId(), ctx.attemptNumber(), batches)
     yield pa.RecordBatch.from_pylist([stats], schema=_stats_arrow_schema())
 

@@ -2,7 +2,7 @@
 host service against an environment per task against Spark's shuffle.
 
 Run as root: ``.venv/bin/python benches/multihost_scale.py --tasks 12`` (then ``--tasks 24``).
-It brings up a bed of 3 worker hosts (``a``, ``b``, ``d``: network namespaces on one bridge)
+It brings up a bed of 3 worker hosts (``a``, ``b``, ``e``: network namespaces on one bridge)
 with executors of 2 cores, N / 3 task slots per host, runs ``lineitem`` rows (``--rows``)
 through three pipelines, each ending in a ``noop`` write, and prints one JSON object:
 
@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import multihost  # noqa: E402
 from spark_data import lineitem, placement  # noqa: E402
 
-HOSTS = ("a", "b", "d")
+HOSTS = ("a", "b", "e")
 EXECUTOR_CORES = 2
 FIGURES = ("opened", "held", "pool")
 

@@ -9,7 +9,7 @@ the root namespace, which joins the bridge by a veth of its own::
     m: Spark master        .2 --+
     a: Spark worker       .11 --+-- bridge (namespace s)
     b: Spark worker       .12 --+
-    d: Spark worker       .13 --+   (benches/multihost_scale.py's third host)
+    e: Spark worker       .13 --+   (benches/multihost_scale.py's third host)
     c: client (no Spark)  .21 --+
 
 The master and the workers are the pyspark package's own classes started by its
@@ -51,7 +51,7 @@ from netns import Unavailable, ip, require_namespaces
 PREFIX = "cfmh"
 #: The /24s the beds use: 10.216.X.0/24, X chosen free.
 SUBNET = "10.216"
-HOST_NUMBERS = {"m": 2, "a": 11, "b": 12, "d": 13, "c": 21}
+HOST_NUMBERS = {"m": 2, "a": 11, "b": 12, "e": 13, "c": 21}
 MASTER_PORT = 7077
 MASTER_UI_PORT = 8080
 #: Heap of the master and of each worker daemon (they only schedule).

@@ -118,7 +118,7 @@ def run(tasks: int, rows: int, rounds: int, task_memory: int) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix="creditflow-multihost-bench-"))
     with multihost.cluster(base, HOSTS, cores=on_host, worker_memory=f"{on_host * 448}m") as bed:
         conf = {
-            **bed.session_conf("384m"),
+            **bed.session_conf(),
             "spark.executor.cores": str(EXECUTOR_CORES),
             "spark.creditflow.hostMemory": str(task_memory * on_host),
         }

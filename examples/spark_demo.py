@@ -667,8 +667,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     kind = "Spark Connect, local[2]" if cfg.connect else "local[2]"
     print(f"starting Spark ({kind}) and generating {cfg.rows:,} lineitem rows ...", flush=True)
+    import creditflow as cf
+
+    # The two tasks attach to this host's creditflow service: its one pool is what they had
+    # each, together (the service's memory is the application's, not the call's).
+    host_memory = str(2 * cf.parse_bytes(cfg.memory))
     spark = local_session(
-        "local[2]", "creditflow-demo", {"spark.sql.shuffle.partitions": "2"}, connect=cfg.connect
+        "local[2]",
+        "creditflow-demo",
+        {"spark.sql.shuffle.partitions": "2", "spark.creditflow.hostMemory": host_memory},
+        connect=cfg.connect,
     )
     out_dir = tempfile.mkdtemp(prefix="creditflow-demo-")
     out = os.path.join(out_dir, "exchange")

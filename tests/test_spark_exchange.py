@@ -37,6 +37,7 @@ from pyspark.sql import functions as F  # noqa: E402
 
 import creditflow.spark as cfs  # noqa: E402
 from creditflow.spark._driver import is_connect  # noqa: E402
+from helpers import poll  # noqa: E402
 from spark_data import placement  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -413,7 +414,9 @@ def _assert_workers_clean(spark: SparkSession) -> None:
 def test_monitor_receives_live_samples_from_every_task(spark: SparkSession) -> None:
     df = spark.range(0, 200_000, numPartitions=2).select("id", (F.col("id") % 100).alias("k"))
     with cfs.Monitor(interval=0.05, metrics=True, web=0) as mon:
-        assert cfs.exchange(df, "k", monitor=mon).count() == 200_000
+        # An environment per task, which each task serves at /metrics (a host service's tasks
+        # have none of their own: they send samples only, as checked below for the service).
+        assert cfs.exchange(df, "k", monitor=mon, host_service=False).count() == 200_000
         deadline = time.monotonic() + 10
         while len([s for s in mon.tasks() if s["done"]]) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -435,6 +438,13 @@ def test_monitor_receives_live_samples_from_every_task(spark: SparkSession) -> N
     assert sum(s["rows_in"] for s in final) == 200_000
     assert sum(s["rows_out"] for s in final) == 200_000
     assert all(s["level"] in ("OK", "LOW", "HIGH") for s in final)
+    # Through the host service: the same samples, and no URL.
+    with cfs.Monitor(interval=0.05, metrics=True) as mon:
+        assert cfs.exchange(df, "k", monitor=mon).count() == 200_000
+        poll("both tasks done", lambda: len([s for s in mon.tasks() if s["done"]]) == 2, deadline=10)
+        final = mon.tasks()
+        assert mon.metrics_urls() == []
+    assert sum(s["rows_in"] for s in final) == sum(s["rows_out"] for s in final) == 200_000
 
 
 # ----------------------------------------------------------------------------- streaming out

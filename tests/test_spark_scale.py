@@ -105,6 +105,9 @@ def skewed_run(spark: SparkSession, kind: str, spill_dir: str | None = None) -> 
                 func=slow_counts(6.0),
                 schema="key long, n long",
                 memory="1MiB",
+                # 1 MiB per task: an environment per task, whose pool bounds what a task holds
+                # (a host service's tasks share the application's host memory instead).
+                host_service=False,
                 kind=kind,  # type: ignore[arg-type]
                 spill_dir=spill_dir,
                 monitor=mon,

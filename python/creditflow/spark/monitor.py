@@ -69,6 +69,8 @@ class Monitor(Closeable):
 
     ``metrics``: have every task on a loopback executor (local mode) serve its environment's
     ``/metrics`` and report the URL (:meth:`metrics_urls`: what ``creditflow top`` takes).
+    Only tasks with an environment of their own (``host_service=False``) have one to serve: the
+    tasks attached to a host service report their samples, not a URL.
 
     ``web``: also serve the pipeline page (:mod:`creditflow.web`) on this ``PORT`` or
     ``HOST:PORT`` (port 0: any free port; see :attr:`web_url`). Like ``creditflow top --web``

@@ -386,8 +386,17 @@ def run_exchange(cfg: Config, df: Any, out_dir: str) -> Result:
     with monitor_for(cfg) as monitor:
         start = time.time()
         agg = make_aggregator(1, *cfg.slow_rows(), cfg.slow_delay)
+        # An environment per task: its `memory` is the task's own, and each task serves its
+        # /metrics for `creditflow top` (a host service's tasks share the application's
+        # spark.creditflow.hostMemory and serve none).
         out = cfs.exchange(
-            df, "l_orderkey", func=agg, schema=RESULT_SCHEMA, memory=cfg.memory, monitor=monitor
+            df,
+            "l_orderkey",
+            func=agg,
+            schema=RESULT_SCHEMA,
+            memory=cfg.memory,
+            monitor=monitor,
+            host_service=False,
         )
         errors: list[BaseException] = []
 
@@ -667,16 +676,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     kind = "Spark Connect, local[2]" if cfg.connect else "local[2]"
     print(f"starting Spark ({kind}) and generating {cfg.rows:,} lineitem rows ...", flush=True)
-    import creditflow as cf
-
-    # The two tasks attach to this host's creditflow service: its one pool is what they had
-    # each, together (the service's memory is the application's, not the call's).
-    host_memory = str(2 * cf.parse_bytes(cfg.memory))
     spark = local_session(
-        "local[2]",
-        "creditflow-demo",
-        {"spark.sql.shuffle.partitions": "2", "spark.creditflow.hostMemory": host_memory},
-        connect=cfg.connect,
+        "local[2]", "creditflow-demo", {"spark.sql.shuffle.partitions": "2"}, connect=cfg.connect
     )
     out_dir = tempfile.mkdtemp(prefix="creditflow-demo-")
     out = os.path.join(out_dir, "exchange")

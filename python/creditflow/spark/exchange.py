@@ -154,7 +154,9 @@ def exchange(
             system temp dir), as for :class:`creditflow.NetworkEnvironment`.
         wire_compression, shared_memory: as for :class:`creditflow.NetworkEnvironment`:
             ``"lz4"`` or ``"zstd"`` compresses what each task sends (pays between hosts on
-            a slow network); ``shared_memory=False`` keeps tasks of one host on loopback TCP.
+            a slow network); ``shared_memory=False`` keeps tasks of one host on loopback TCP
+            with environments per task (``host_service=False``); a host service's tasks
+            attach to it over shared memory, and their channels are local to it, either way.
         tls: A :class:`creditflow.TLSConfig`: every connection between the tasks is TLS with
             these files, which each executor reads at these paths. The certificate must be
             valid for the address of every executor that presents it (a certificate per host

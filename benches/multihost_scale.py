@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -171,6 +172,8 @@ def run(tasks: int, rows: int, rounds: int, task_memory: int) -> dict[str, Any]:
                 order.append(order.pop(0))
         finally:
             spark.stop()
+    # The bed's logs and work directories: kept only when the run failed (above), for its cause.
+    shutil.rmtree(base, ignore_errors=True)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     return {
         "tasks": tasks,

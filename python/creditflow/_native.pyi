@@ -338,8 +338,10 @@ class RecordWriter:
         *,
         timeout: float | None = None,
     ) -> RecordWriter: ...
-    def write(self, data: object, timeout: float | None = None) -> None:
-        """Writes a batch, table or stream (any Arrow PyCapsule producer)."""
+    def write(self, data: object, timeout: float | None = None, *, subpartition: int | None = None) -> None:
+        """Writes a batch, table or stream (any Arrow PyCapsule producer). With
+        ``subpartition``, every batch goes whole to that subpartition (the partitioner is not
+        asked); out of range raises ``InvalidArgumentError``."""
     def flush(self) -> None:
         """Makes partly filled buffers readable now."""
     def close(self) -> None:

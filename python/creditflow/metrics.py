@@ -28,6 +28,7 @@ __all__ = [
     "GateMetrics",
     "PartitionMetrics",
     "PoolStats",
+    "RankMetrics",
     "RemoteChannelStats",
     "RemoteReaderMetrics",
     "RemoteStats",
@@ -320,3 +321,27 @@ class EnvMetrics(TypedDict):
     gates: dict[str, GateMetrics]
     #: The spill directory, once a blocking or hybrid partition opened it (else ``None``).
     spill: SpillDirMetrics | None
+
+
+class RankMetrics(TypedDict):
+    """A training rank's progress (``Receiver.rank_metrics()``; computed in Python)."""
+
+    rank: int
+    world_size: int
+    #: The current epoch and the batches yielded in it.
+    epoch: int
+    batches: int
+    #: Rows yielded since the receiver started, over every epoch.
+    rows_yielded: int
+    #: Rows this rank holds (its share of the stream, kept for the later epochs).
+    rows_held: int
+    #: Pieces received and not yet taken by the consumer (epoch 0), rows in its window.
+    queued: int
+    window_rows: int
+    #: Whether this rank has its whole share; the epoch's number of batches once settled.
+    stream_ended: bool
+    steps: int | None
+    #: The data stall: milliseconds of the last second the consumer waited in ``next()``
+    #: for a batch, and seconds in total.
+    stall_ms_per_second: float
+    stall_total: float

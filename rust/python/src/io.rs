@@ -242,10 +242,19 @@ impl RecordWriter {
         })
     }
 
-    /// Writes a batch, table or stream. Blocks while the partition has no free buffer.
-    #[pyo3(signature = (data, timeout = None))]
-    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+    /// Writes a batch, table or stream. Blocks while the partition has no free buffer. With
+    /// ``subpartition``, every batch goes whole to that subpartition (the partitioner is not
+    /// asked).
+    #[pyo3(signature = (data, timeout = None, *, subpartition = None))]
+    fn write(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        subpartition: Option<i64>,
+    ) -> PyResult<()> {
         check_pid(self.pid, "RecordWriter")?;
+        let target = subpartition.map(|s| count_arg(s, "subpartition")).transpose()?;
         let timeout = blocking::timeout(timeout.or(self.timeout))?;
         let input: AnyRecordBatch = data.extract().map_err(|e| {
             PyTypeError::new_err(format!(
@@ -259,7 +268,11 @@ impl RecordWriter {
                 let batch = b.into_inner();
                 let token = token_for(py, data)?;
                 blocking::run(py, timeout, "waiting for a free buffer", |wait| {
-                    self.inner.lock().unwrap().write_with_token(&batch, token, wait)
+                    let mut w = self.inner.lock().unwrap();
+                    match target {
+                        Some(sp) => w.write_to(&batch, token, sp, wait),
+                        None => w.write_with_token(&batch, token, wait),
+                    }
                 })
             }
             AnyRecordBatch::Stream(s) => {
@@ -267,7 +280,11 @@ impl RecordWriter {
                 blocking::run(py, timeout, "waiting for a free buffer", |wait| {
                     let mut w = self.inner.lock().unwrap();
                     for batch in reader {
-                        w.write(&batch?, wait)?;
+                        let batch = batch?;
+                        match target {
+                            Some(sp) => w.write_to(&batch, None, sp, wait)?,
+                            None => w.write(&batch, wait)?,
+                        }
                     }
                     Ok(())
                 })

@@ -35,6 +35,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from creditflow.pipeline import Pipeline, from_spark, from_view
+from creditflow.samples import TaskSample
 from creditflow.prometheus import families
 from creditflow.snapshot import Snapshot, View, from_text, level_of, summarize
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
@@ -298,37 +299,36 @@ def test_top_shows_the_names_too() -> None:
 # ------------------------------------------------------------------------------ Spark (unit)
 
 
-def exchange_sample(task: int, t: float, received: Sequence[float], bp: float, idle: float) -> dict[str, Any]:
+def exchange_sample(task: int, t: float, received: Sequence[float], bp: float, idle: float) -> TaskSample:
     """A sample an exchange task sends its Monitor: ``received`` bytes so far per producer."""
-    return {
-        "job": "j1",
-        "kind": "exchange",
-        "task": task,
-        "partition_id": f"cf-exchange/j1/{task}",
-        "time": t,
-        "done": False,
-        "rows_in": 1000 * t,
-        "bytes_in": MB * t,
-        "rows_out": sum(received) / 100,
-        "bytes_out": sum(received),
-        "bytes_sent": 2 * MB * t,
-        "out_pool_usage": 0.9,
-        "in_pool_usage": 0.4,
-        "backpressured_ms_per_second": 1000 * bp,
-        "level": level_of(bp),
-        "idle_ms_per_second": 1000 * idle,
-        "channel_bytes": list(received),
-    }
+    return TaskSample(
+        job="j1",
+        kind="exchange",
+        task=task,
+        partition_id=f"cf-exchange/j1/{task}",
+        time=t,
+        done=False,
+        rows_written=int(1000 * t),
+        bytes_written=int(2 * MB * t),
+        rows_received=int(sum(received) / 100),
+        bytes_received=int(sum(received)),
+        out_pool_usage=0.9,
+        in_pool_usage=0.4,
+        backpressured_ms_per_second=1000 * bp,
+        level=level_of(bp),
+        idle_ms_per_second=1000 * idle,
+        channel_bytes=[int(x) for x in received],
+    )
 
 
 def test_spark_exchange_tasks_are_nodes_and_the_all_to_all_their_edges() -> None:
-    def samples(t: float) -> list[dict[str, Any]]:
+    def samples(t: float) -> list[TaskSample]:
         return [
             exchange_sample(0, t, [MB * t, 2 * MB * t], bp=0.9, idle=0.85),
             exchange_sample(1, t, [3 * MB * t, MB * t], bp=0.9, idle=0.01),
         ]
 
-    previous = {("j1", s["task"]): s for s in samples(10.0)}
+    previous = {("j1", s.task): s for s in samples(10.0)}
     p = from_spark(samples(10.5), previous)
     assert [(n.id, n.name) for n in p.nodes] == [("j1/0", "task 0"), ("j1/1", "task 1")]
     edges = {(e.source, e.target): e.bytes_per_second for e in p.edges}
@@ -348,15 +348,15 @@ def test_spark_exchange_with_a_hot_key_names_the_task_that_receives_the_most() -
     receives three times what task 0 does, both busy; task 1 is idle. Task 2 is the bottleneck,
     not task 0, the busy reader whose upstream is HIGH that the general rule names."""
 
-    def samples(t: float) -> list[dict[str, Any]]:
+    def samples(t: float) -> list[TaskSample]:
         out = [
             exchange_sample(task, t, [share * MB * t] * 3, bp=0.9, idle=idle)
             for task, share, idle in ((0, 1, 0.2), (1, 1, 0.9), (2, 3, 0.0))
         ]
-        out[0]["level"], out[0]["backpressured_ms_per_second"] = "OK", 0.0
+        out[0].level, out[0].backpressured_ms_per_second = "OK", 0.0
         return out
 
-    p = from_spark(samples(10.5), {("j1", s["task"]): s for s in samples(10.0)})
+    p = from_spark(samples(10.5), {("j1", s.task): s for s in samples(10.0)})
     assert [n.id for n in p.bottlenecks] == ["j1/2"]
     assert "receiving the most (9.0 MB/s, 3.0x the median)" in by_id(p)["j1/2"].reason
     assert by_id(p)["j1/0"].reason == "waits for task 2, which receives the most"
@@ -399,7 +399,7 @@ def test_monitor_web_serves_the_tasks_that_report_to_it() -> None:
         start = time.time()
 
         def task(i: int) -> Reporter:
-            def sample() -> dict[str, Any]:
+            def sample() -> TaskSample:
                 t = time.time() - start
                 return exchange_sample(i, t, [MB * t, MB * t], bp=0.0, idle=0.9)
 

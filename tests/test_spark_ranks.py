@@ -1,0 +1,345 @@
+"""Streaming a DataFrame into the ranks of a training job: every row to one rank per epoch,
+equal steps, epochs replayed without Spark, seeded shuffles, resuming, faults.
+
+The ranks run as threads of the test process (each its own Receiver and environment, as in
+its own process); the DataFrame has an ``id`` column, so every check is row by row.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import creditflow as cf
+
+pytestmark = pytest.mark.spark
+
+pyspark = pytest.importorskip("pyspark")
+from pyspark import TaskContext  # noqa: E402
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+import creditflow.spark as cfs  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    # local[2, 4]: two task slots, and a failed task is tried up to 4 times (killed workers).
+    session = cfs.local_session("local[2, 4]", "creditflow-test-ranks", {"spark.driver.memory": "1g"})
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def numbers(spark: SparkSession, rows: int, partitions: int) -> DataFrame:
+    return spark.range(0, rows, numPartitions=partitions).select(
+        "id", (F.col("id") * 2).cast("double").alias("x")
+    )
+
+
+def ids_of(batch: pa.RecordBatch) -> np.ndarray:
+    return batch.column("id").to_numpy().copy()
+
+
+class Job:
+    """W ranks in threads; ``epoch(e)`` iterates epoch e on every rank at once."""
+
+    def __init__(self, world: int, batch_size: int, **kw: Any) -> None:
+        self.secret = "s" * 64
+        self.rx = [
+            cfs.Receiver(rank=r, world_size=world, batch_size=batch_size, secret=self.secret, timeout=120, **kw)
+            for r in range(world)
+        ]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [rx.address for rx in self.rx]
+
+    def epoch(self, e: int, stop_after: int | None = None) -> list[list[np.ndarray]]:
+        out: list[list[np.ndarray]] = [[] for _ in self.rx]
+        errors: list[BaseException] = []
+
+        def run(r: int) -> None:
+            try:
+                self.rx[r].set_epoch(e)
+                for batch in self.rx[r]:
+                    out[r].append(ids_of(batch))
+                    if stop_after is not None and len(out[r]) == stop_after:
+                        return
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(len(self.rx))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        if errors:
+            raise errors[0]
+        return out
+
+    def close(self) -> None:
+        for rx in self.rx:
+            rx.close()
+
+
+def start_send(df: DataFrame, job: Job, result: dict[str, Any], **kw: Any) -> threading.Thread:
+    def run() -> None:
+        try:
+            result["stats"] = cfs.send(df, job.addresses, job.secret, **kw)
+        except BaseException as exc:
+            result["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_two_ranks_get_every_row_once_in_equal_steps_every_epoch(spark: SparkSession, tmp_path: Any) -> None:
+    """Epoch 0 streams from Spark, epochs 1 and 2 replay from the ranks (Spark ran once):
+    every row reaches one rank per epoch, both ranks yield the same number of batches of
+    batch_size rows (the last step splits the remainder), each epoch in another order, and
+    the same order again for the same (seed, epoch)."""
+    rows, batch = 100_003, 1000
+    df = numbers(spark, rows, 3)
+    job = Job(2, batch, memory="8MiB", spill_dir=str(tmp_path), seed=11)
+    result: dict[str, Any] = {}
+    try:
+        t = start_send(df, job, result)
+        epochs = [job.epoch(e) for e in range(3)]
+        t.join(120)
+        again = job.epoch(1)  # epoch 1 anew: set_epoch(1) after epoch 2
+        stores = [rx.spill_metrics() for rx in job.rx]
+    finally:
+        job.close()
+    assert "error" not in result, result
+    assert [s["partition"] for s in result["stats"]] == [0, 1, 2], "Spark computed each partition once"
+    for e, per_rank in enumerate(epochs):
+        counts = [len(b) for b in per_rank]
+        assert counts[0] == counts[1], f"epoch {e}: equal steps {counts}"
+        sizes = [len(x) for b in per_rank for x in b[:-1]]
+        assert set(sizes) == {batch}, f"epoch {e}: all but the last batch have batch_size rows"
+        got = np.concatenate([x for b in per_rank for x in b])
+        assert len(got) == rows and np.array_equal(np.sort(got), np.arange(rows)), f"epoch {e}: every row once"
+    orders = [np.concatenate(per_rank[0]) for per_rank in epochs]
+    assert not np.array_equal(orders[1], orders[2]), "each epoch in another order"
+    assert np.array_equal(np.concatenate(again[0]), orders[1]), "the same (seed, epoch): the same order"
+    assert all(s is not None and s["replay"] for s in stores)
+
+
+def test_drop_last_gives_full_batches_and_drops_fewer_than_a_step(spark: SparkSession) -> None:
+    rows, batch = 50_017, 512
+    job = Job(2, batch, drop_last=True)
+    result: dict[str, Any] = {}
+    try:
+        t = start_send(numbers(spark, rows, 2), job, result)
+        epochs = [job.epoch(e) for e in range(2)]
+        t.join(120)
+    finally:
+        job.close()
+    for per_rank in epochs:
+        assert len(per_rank[0]) == len(per_rank[1]) == rows // (2 * batch)
+        assert {len(x) for b in per_rank for x in b} == {batch}
+        got = np.concatenate([x for b in per_rank for x in b])
+        assert len(np.unique(got)) == len(got), "no row twice"
+        assert rows - len(got) <= 2 * batch - 1
+
+
+def test_unbalanced_partitions_still_give_equal_steps(spark: SparkSession) -> None:
+    """One big partition and many tiny ones (each tiny partition goes to one rank only): the
+    ranks move rows at the end and still yield the same number of batches."""
+    big = spark.range(0, 30_000, numPartitions=1)
+    tiny = spark.range(30_000, 30_050, numPartitions=5)
+    df = big.union(tiny).select("id")
+    job = Job(3, 700, shuffle=False)
+    result: dict[str, Any] = {}
+    try:
+        t = start_send(df, job, result)
+        e0, e1 = job.epoch(0), job.epoch(1)
+        t.join(120)
+    finally:
+        job.close()
+    for per_rank in (e0, e1):
+        assert len({len(b) for b in per_rank}) == 1
+        got = np.concatenate([x for b in per_rank for x in b])
+        assert np.array_equal(np.sort(got), np.arange(30_050))
+
+
+def test_a_restarted_job_continues_the_epoch_with_no_row_twice_or_missing(spark: SparkSession) -> None:
+    """Both ranks checkpoint after 7 batches of epoch 0 and after 5 of epoch 1, the whole
+    job (receivers and Spark) starts again from each checkpoint, and the rows before plus
+    the rows after are every row once."""
+    rows, batch = 40_000, 500
+    df = numbers(spark, rows, 4)
+    for epoch, stop in ((0, 7), (1, 5)):
+        job = Job(2, batch, seed=3)
+        result: dict[str, Any] = {}
+        try:
+            t = start_send(df, job, result)
+            for e in range(epoch):
+                job.epoch(e)
+            before = job.epoch(epoch, stop_after=stop)
+            states = [rx.state_dict() for rx in job.rx]
+            t.join(120)
+        finally:
+            job.close()
+        assert all(s["epoch"] == epoch and s["batches"] == stop for s in states)
+        again = Job.__new__(Job)
+        again.secret = "s" * 64
+        again.rx = [
+            cfs.Receiver(rank=r, world_size=2, batch_size=batch, secret=again.secret, seed=3, timeout=120, state=states[r])
+            for r in range(2)
+        ]
+        result = {}
+        try:
+            t = start_send(df, again, result)
+            after = again.epoch(epoch)
+            t.join(120)
+        finally:
+            again.close()
+        assert "error" not in result, result
+        assert len(before[0]) + len(after[0]) == len(before[1]) + len(after[1]), "equal steps across the restart"
+        got = np.concatenate([x for b in before + after for x in b])
+        assert len(got) == rows and np.array_equal(np.sort(got), np.arange(rows)), f"epoch {epoch}"
+
+
+def test_a_live_rank_goes_back_to_a_checkpoint_without_spark(spark: SparkSession) -> None:
+    job = Job(2, 400, seed=5)
+    result: dict[str, Any] = {}
+    try:
+        t = start_send(numbers(spark, 20_000, 2), job, result)
+        job.epoch(0)
+        t.join(120)
+        part = job.epoch(1, stop_after=4)
+        states = [rx.state_dict() for rx in job.rx]
+        rest = job.epoch(1)  # the same epoch: continues
+        for rx, s in zip(job.rx, states):
+            rx.load_state_dict(s)
+        replayed: list[list[np.ndarray]] = [[] for _ in job.rx]
+        for r, rx in enumerate(job.rx):
+            replayed[r] = [ids_of(b) for b in rx]
+    finally:
+        job.close()
+    for r in range(2):
+        assert np.array_equal(np.concatenate(replayed[r]), np.concatenate(rest[r])), "from the checkpoint on"
+    got = np.concatenate([x for b in part + rest for x in b])
+    assert np.array_equal(np.sort(got), np.arange(20_000))
+
+
+def _kill_first_attempt(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    ctx = TaskContext.get()
+    assert ctx is not None
+    for i, b in enumerate(batches):
+        yield b
+        if ctx.partitionId() == 1 and ctx.attemptNumber() == 0 and i == 3:
+            os.kill(os.getpid(), signal.SIGKILL)  # the worker dies in the middle of its stream
+
+
+def test_a_worker_killed_in_epoch_0_still_gives_every_row_once(spark: SparkSession) -> None:
+    rows = 200_000
+    df = numbers(spark, rows, 2).mapInArrow(_kill_first_attempt, "id long, x double")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "5000")
+    job = Job(2, 1000)
+    result: dict[str, Any] = {}
+    try:
+        t = start_send(df, job, result)
+        e0 = job.epoch(0)
+        t.join(120)
+    finally:
+        job.close()
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert "error" not in result, result
+    attempts = {(s["partition"], s["attempt"]) for s in result["stats"]}
+    assert (1, 1) in attempts, f"partition 1 was tried again: {attempts}"
+    got = np.concatenate([x for b in e0 for x in b])
+    assert len(got) == rows and np.array_equal(np.sort(got), np.arange(rows))
+    assert len(e0[0]) == len(e0[1])
+
+
+def test_a_rank_that_goes_away_fails_send_naming_it_and_the_other_rank(spark: SparkSession) -> None:
+    job = Job(2, 1000, max_queued=2)
+    result: dict[str, Any] = {}
+    t = start_send(numbers(spark, 2_000_000, 2), job, result, timeout=60)
+    try:
+        got = 0
+        for _ in job.rx[0]:
+            got += 1
+            if got == 3:
+                job.rx[1].close()  # rank 1 goes away mid-stream
+            if got > 3:
+                break
+        with pytest.raises(cf.CreditflowError, match="rank 1"):
+            for _ in job.rx[0]:
+                pass
+        t.join(120)
+    finally:
+        job.close()
+    assert "error" in result
+    assert "rank" in str(result["error"])
+
+
+def test_a_second_attempt_is_turned_away_while_the_first_sends() -> None:
+    """Attempt fencing: rank 0 grants a partition to one attempt; a speculative second one is
+    turned away, and a rank refuses a grant older than the one it reads."""
+    from creditflow.spark import _messages
+
+    secret = "k" * 64
+    rx = cfs.Receiver(rank=0, world_size=1, batch_size=10, secret=secret)
+    try:
+        job = {"kind": "job", "job": "j", "num_partitions": 1, "world_size": 1, "rank": 0, "ranks": [rx.address]}
+        assert _messages.send(rx.address, secret, job, reply=True)["accept"]
+        with cf.NetworkEnvironment(memory="2MiB") as env:
+            part = env.create_partition("p", 1)
+            reg = {"kind": "partition", "job": "j", "partition": 0, "address": env.address, "partition_id": part.id}
+            first = _messages.send(rx.address, secret, {**reg, "attempt": 0}, reply=True)
+            second = _messages.send(rx.address, secret, {**reg, "attempt": 1}, reply=True)
+            stale = _messages.send(rx.address, secret, {**reg, "attempt": 2, "grant": 0}, reply=True)
+            part.release()
+    finally:
+        rx.close()
+    assert first["accept"] and first["grant"] == 1 and first["skip"] == 0
+    assert not second["accept"] and "being received" in second["reason"]
+    assert not stale["accept"]
+
+
+def test_rank_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        cfs.Receiver(rank=0, world_size=2)
+    with pytest.raises(ValueError, match="rank must be in"):
+        cfs.Receiver(rank=2, world_size=2, batch_size=4, secret="x")
+    with pytest.raises(ValueError, match="spill, replay and epochs"):
+        cfs.Receiver(rank=0, world_size=1, batch_size=4, secret="x", spill=True)
+    with pytest.raises(ValueError, match="needs a rank"):
+        cfs.Receiver().set_epoch(1)
+    with pytest.raises(ValueError, match="addresses repeat"):
+        cfs.send(None, ["a:1", "a:1"], "x")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_the_torch_example_trains_two_ddp_ranks_for_three_epochs() -> None:
+    """examples/train_torch.py: DDP (gloo, CPU), 2 ranks, lineitem features from Spark, 3
+    epochs: equal steps, every row once per epoch, and the loss falls."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    example = Path(__file__).resolve().parent.parent / "examples" / "train_torch.py"
+    done = subprocess.run(
+        [sys.executable, str(example), "--rows", "120000"], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])["summary"]
+    assert summary["equal_steps"]
+    assert summary["rows_per_epoch"] == [120_000] * 3
+    loss = summary["loss_per_epoch"]
+    assert loss[2] < loss[0], loss

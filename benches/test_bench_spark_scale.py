@@ -191,9 +191,7 @@ def test_skew(benchmark: Any, report: Any, spark: SparkSession) -> None:
                 while sum(1 for s in mon.tasks() if s.done) < SKEW_TASKS and time.monotonic() < deadline:
                     time.sleep(0.05)
                 final = mon.tasks()
-            per_task[kind].append(
-                {s.task: (s.backpressured_total, s.idle_total) for s in final}
-            )
+            per_task[kind].append({s.task: (s.backpressured_total, s.idle_total) for s in final})
             watched[kind].append((dict(watch.marked), watch.reads))
 
         return run

@@ -283,7 +283,7 @@ def task_rows(samples: list[TaskSample], now: float) -> list[TaskRow]:
             out_pool=last.out_pool_usage,
             bp_ms=last.backpressured_ms_per_second,
             level=last.level,
-            idle_ms=last.get("idle_ms_per_second", 0.0),
+            idle_ms=last.idle_ms_per_second,
             done=last.done,
         )
     return list(rows.values())

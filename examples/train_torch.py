@@ -67,7 +67,9 @@ def rank_main(rank: int, world: int, spec: str, epochs: int, out: Any) -> None:
         torch.nn.Sequential(torch.nn.Linear(len(FEATURES) + 2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     )
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    with cfs.Receiver(rank=rank, world_size=world, batch_size=1024, job=spec, memory="32MiB", timeout=300) as rx:
+    with cfs.Receiver(
+        rank=rank, world_size=world, batch_size=1024, job=spec, memory="32MiB", timeout=300
+    ) as rx:
         data = RankDataset(rx, columns=[*FEATURES, "target"], device="cpu")
         loader = DataLoader(data, batch_size=None)
         for epoch in range(epochs):
@@ -76,10 +78,12 @@ def rank_main(rank: int, world: int, spec: str, epochs: int, out: Any) -> None:
             for batch in loader:
                 x = torch.stack([batch[c] for c in FEATURES], dim=1)
                 # the price's interactions, so that a small model can fit it
-                x = torch.cat([x, (x[:, 0] * x[:, 4]).unsqueeze(1), (x[:, 0] * x[:, 4] * x[:, 1]).unsqueeze(1)], 1)
+                x = torch.cat(
+                    [x, (x[:, 0] * x[:, 4]).unsqueeze(1), (x[:, 0] * x[:, 4] * x[:, 1]).unsqueeze(1)], 1
+                )
                 loss = torch.nn.functional.mse_loss(model(x).squeeze(1), batch["target"])
                 opt.zero_grad()
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
                 opt.step()
                 steps, rows, total = steps + 1, rows + len(x), total + float(loss)
             stall = rx.rank_metrics()["stall_total"]
@@ -112,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with cfs.TrainingJob(world_size=world) as job:
         os.environ["MASTER_PORT"] = str(29_500 + os.getpid() % 1_000)
-        ranks = [ctx.Process(target=rank_main, args=(r, world, job.spec, args.epochs, out)) for r in range(world)]
+        ranks = [
+            ctx.Process(target=rank_main, args=(r, world, job.spec, args.epochs, out)) for r in range(world)
+        ]
         for p in ranks:
             p.start()
         df = lineitem_features(spark, args.rows)

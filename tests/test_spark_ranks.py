@@ -55,7 +55,9 @@ class Job:
     def __init__(self, world: int, batch_size: int, **kw: Any) -> None:
         self.secret = "s" * 64
         self.rx = [
-            cfs.Receiver(rank=r, world_size=world, batch_size=batch_size, secret=self.secret, timeout=120, **kw)
+            cfs.Receiver(
+                rank=r, world_size=world, batch_size=batch_size, secret=self.secret, timeout=120, **kw
+            )
             for r in range(world)
         ]
 
@@ -128,7 +130,8 @@ def test_two_ranks_get_every_row_once_in_equal_steps_every_epoch(spark: SparkSes
         sizes = [len(x) for b in per_rank for x in b[:-1]]
         assert set(sizes) == {batch}, f"epoch {e}: all but the last batch have batch_size rows"
         got = np.concatenate([x for b in per_rank for x in b])
-        assert len(got) == rows and np.array_equal(np.sort(got), np.arange(rows)), f"epoch {e}: every row once"
+        assert len(got) == rows, f"epoch {e}"
+        assert np.array_equal(np.sort(got), np.arange(rows)), f"epoch {e}: every row once"
     orders = [np.concatenate(per_rank[0]) for per_rank in epochs]
     assert not np.array_equal(orders[1], orders[2]), "each epoch in another order"
     assert np.array_equal(np.concatenate(again[0]), orders[1]), "the same (seed, epoch): the same order"
@@ -195,7 +198,15 @@ def test_a_restarted_job_continues_the_epoch_with_no_row_twice_or_missing(spark:
         again = Job.__new__(Job)
         again.secret = "s" * 64
         again.rx = [
-            cfs.Receiver(rank=r, world_size=2, batch_size=batch, secret=again.secret, seed=3, timeout=120, state=states[r])
+            cfs.Receiver(
+                rank=r,
+                world_size=2,
+                batch_size=batch,
+                secret=again.secret,
+                seed=3,
+                timeout=120,
+                state=states[r],
+            )
             for r in range(2)
         ]
         result = {}
@@ -206,9 +217,12 @@ def test_a_restarted_job_continues_the_epoch_with_no_row_twice_or_missing(spark:
         finally:
             again.close()
         assert "error" not in result, result
-        assert len(before[0]) + len(after[0]) == len(before[1]) + len(after[1]), "equal steps across the restart"
+        assert len(before[0]) + len(after[0]) == len(before[1]) + len(after[1]), (
+            "equal steps across the restart"
+        )
         got = np.concatenate([x for b in before + after for x in b])
-        assert len(got) == rows and np.array_equal(np.sort(got), np.arange(rows)), f"epoch {epoch}"
+        assert len(got) == rows, f"epoch {epoch}"
+        assert np.array_equal(np.sort(got), np.arange(rows)), f"epoch {epoch}: every row once"
 
 
 def test_a_live_rank_goes_back_to_a_checkpoint_without_spark(spark: SparkSession) -> None:
@@ -221,7 +235,7 @@ def test_a_live_rank_goes_back_to_a_checkpoint_without_spark(spark: SparkSession
         part = job.epoch(1, stop_after=4)
         states = [rx.state_dict() for rx in job.rx]
         rest = job.epoch(1)  # the same epoch: continues
-        for rx, s in zip(job.rx, states):
+        for rx, s in zip(job.rx, states, strict=False):
             rx.load_state_dict(s)
         replayed: list[list[np.ndarray]] = [[] for _ in job.rx]
         for r, rx in enumerate(job.rx):
@@ -260,7 +274,8 @@ def test_a_worker_killed_in_epoch_0_still_gives_every_row_once(spark: SparkSessi
     attempts = {(s["partition"], s["attempt"]) for s in result["stats"]}
     assert (1, 1) in attempts, f"partition 1 was tried again: {attempts}"
     got = np.concatenate([x for b in e0 for x in b])
-    assert len(got) == rows and np.array_equal(np.sort(got), np.arange(rows))
+    assert len(got) == rows
+    assert np.array_equal(np.sort(got), np.arange(rows))
     assert len(e0[0]) == len(e0[1])
 
 
@@ -269,9 +284,7 @@ def test_a_rank_that_goes_away_fails_send_naming_it_and_the_other_rank(spark: Sp
     result: dict[str, Any] = {}
     t = start_send(numbers(spark, 2_000_000, 2), job, result, timeout=60)
     try:
-        got = 0
-        for _ in job.rx[0]:
-            got += 1
+        for got, _ in enumerate(job.rx[0], 1):
             if got == 3:
                 job.rx[1].close()  # rank 1 goes away mid-stream
             if got > 3:
@@ -294,19 +307,35 @@ def test_a_second_attempt_is_turned_away_while_the_first_sends() -> None:
     secret = "k" * 64
     rx = cfs.Receiver(rank=0, world_size=1, batch_size=10, secret=secret)
     try:
-        job = {"kind": "job", "job": "j", "num_partitions": 1, "world_size": 1, "rank": 0, "ranks": [rx.address]}
+        job = {
+            "kind": "job",
+            "job": "j",
+            "num_partitions": 1,
+            "world_size": 1,
+            "rank": 0,
+            "ranks": [rx.address],
+        }
         assert _messages.send(rx.address, secret, job, reply=True)["accept"]
         with cf.NetworkEnvironment(memory="2MiB") as env:
             part = env.create_partition("p", 1)
-            reg = {"kind": "partition", "job": "j", "partition": 0, "address": env.address, "partition_id": part.id}
+            reg = {
+                "kind": "partition",
+                "job": "j",
+                "partition": 0,
+                "address": env.address,
+                "partition_id": part.id,
+            }
             first = _messages.send(rx.address, secret, {**reg, "attempt": 0}, reply=True)
             second = _messages.send(rx.address, secret, {**reg, "attempt": 1}, reply=True)
             stale = _messages.send(rx.address, secret, {**reg, "attempt": 2, "grant": 0}, reply=True)
             part.release()
     finally:
         rx.close()
-    assert first["accept"] and first["grant"] == 1 and first["skip"] == 0
-    assert not second["accept"] and "being received" in second["reason"]
+    assert first["accept"]
+    assert first["grant"] == 1
+    assert first["skip"] == 0
+    assert not second["accept"]
+    assert "being received" in second["reason"]
     assert not stale["accept"]
 
 

@@ -35,8 +35,8 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from creditflow.pipeline import Pipeline, from_spark, from_view
-from creditflow.samples import TaskSample
 from creditflow.prometheus import families
+from creditflow.samples import TaskSample
 from creditflow.snapshot import Snapshot, View, from_text, level_of, summarize
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
 from creditflow.web import PipelineServer, Scraper, check_bind, page, parse_bind, split_name

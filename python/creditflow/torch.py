@@ -44,7 +44,7 @@ def _column(name: str, arr: pa.Array) -> torch.Tensor:
     if pat.is_boolean(t):
         return torch.from_numpy(arr.to_numpy(zero_copy_only=False))
     if pat.is_integer(t) or pat.is_floating(t):
-        return torch.from_dlpack(arr)
+        return torch.utils.dlpack.from_dlpack(arr)
     if pat.is_fixed_size_list(t) or pat.is_list(t) or pat.is_large_list(t):
         if pat.is_fixed_size_list(t):
             width = t.list_size
@@ -132,7 +132,7 @@ class RankDataset(IterableDataset[dict[str, torch.Tensor]]):
         cuda = self._device is not None and self._device.type == "cuda"
 
         def run() -> None:
-            stream = torch.cuda.Stream(self._device) if cuda else None
+            stream = torch.cuda.Stream(self._device) if cuda else None  # type: ignore[no-untyped-call]
             try:
                 for batch in self.receiver:
                     item = self._convert(batch, stream)

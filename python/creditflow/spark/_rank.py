@@ -37,6 +37,7 @@ import pyarrow as pa
 
 import creditflow as cf
 from creditflow.metrics import SpillMetrics
+from creditflow.samples import TaskSample
 from creditflow.spark import _messages
 from creditflow.spark._group import Group
 from creditflow.spark._intake import REGISTER_TIMEOUT
@@ -46,7 +47,6 @@ from creditflow.spark._steps import Steps, full_steps_at_least, moves, plan
 from creditflow.spark._stripes import ID_BITS, share_ids
 from creditflow.spark._window import Window
 from creditflow.spark.monitor import MonitorHandle, Reporter
-from creditflow.samples import TaskSample
 
 #: Runs an epoch after the first reads at once (their chunks interleaved).
 OPEN_RUNS = 4
@@ -127,7 +127,9 @@ class Ranked:
         #: Whether epoch 0 is served from what the tasks send (not yet from the runs).
         self._streaming = self._epoch == 0
         #: Rows not to hand to epoch 0's consumer: yielded before a restart, or given away.
-        self._skip0 = self._consumed.union(self._given) if self._given is not None else RowSet(*self._consumed.ranges())
+        self._skip0 = (
+            self._consumed.union(self._given) if self._given is not None else RowSet(*self._consumed.ranges())
+        )
         self._queue: deque[tuple[pa.RecordBatch, np.ndarray]] = deque()
         self._window = Window(opts.window, self._rng(0))
         self._replay: Iterator[pa.RecordBatch] | None = None
@@ -137,7 +139,11 @@ class Ranked:
         self._stall_marks: deque[tuple[float, float]] = deque([(time.monotonic(), 0.0)])
         self._rows_yielded = 0
         self._inbox = _messages.Inbox(
-            self._on_message, host=host, key=secret, name=f"creditflow-rank{opts.rank}", on_end=self._group.lost
+            self._on_message,
+            host=host,
+            key=secret,
+            name=f"creditflow-rank{opts.rank}",
+            on_end=self._group.lost,
         )
 
     # ------------------------------------------------------------------------------ control
@@ -560,7 +566,8 @@ class Ranked:
         ``without`` (those yielded before, in a streamed epoch 0), else by skipping the
         batches before (the order repeats)."""
         runs, final = self._runs, self._final
-        assert runs is not None and final is not None
+        assert runs is not None
+        assert final is not None
         rng = self._rng(epoch)
         order = [r for r in range(runs.partitions + 1) if runs.rows[r]]
         if rng is not None:
@@ -587,9 +594,8 @@ class Ranked:
                 else:
                     window.add(*chunk)
             if len(window) < sizes[step]:
-                raise cf.ProducerFailedError(
-                    f"rank {self._opts.rank}: epoch {epoch} has {len(window)} rows for a batch of {sizes[step]}"
-                )
+                have, want, rank = len(window), sizes[step], self._opts.rank
+                raise cf.ProducerFailedError(f"rank {rank}: epoch {epoch} has {have} rows of {want}")
             batch, _ids = window.take(sizes[step])
             step += 1
             if step > skip_batches:
@@ -625,7 +631,9 @@ class Ranked:
         s.check(o.rank, o.world, o.batch_size, o.seed, o.shuffle, o.drop_last)
         with self._cond:
             if s.epoch == 0 and len(s.consumed) and self._final is None:
-                raise ValueError("a live rank goes back into the streamed epoch 0 only once the whole stream arrived")
+                raise ValueError(
+                    "a live rank goes back into the streamed epoch 0 only once the whole stream arrived"
+                )
             self._start(s.epoch, s.batches)
             self._resumed0 = s.consumed if s.epoch == 0 and len(s.consumed) else None
 

@@ -66,14 +66,14 @@ class RowSet:
         """Both sets' ids."""
         out = RowSet(*self.ranges())
         starts, ends = other.ranges()
-        for s, e in zip(starts.tolist(), ends.tolist()):
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=False):
             out.add(np.arange(s, e, dtype=np.int64))
         return out
 
     def to_list(self) -> list[list[int]]:
         """``[[start, end], ...]``."""
         starts, ends = self.ranges()
-        return [[int(s), int(e)] for s, e in zip(starts, ends)]
+        return [[int(s), int(e)] for s, e in zip(starts, ends, strict=False)]
 
     @classmethod
     def from_list(cls, ranges: list[list[int]]) -> RowSet:
@@ -139,11 +139,14 @@ class RankState:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"state is not a Receiver.state_dict(): {exc}") from None
 
-    def check(self, rank: int, world: int, batch_size: int, seed: int, shuffle: bool, drop_last: bool) -> None:
+    def check(
+        self, rank: int, world: int, batch_size: int, seed: int, shuffle: bool, drop_last: bool
+    ) -> None:
         """Raises ValueError unless the state was taken with these settings."""
         mine = (self.rank, self.world, self.batch_size, self.seed, self.shuffle, self.drop_last)
         given = (rank, world, batch_size, seed, shuffle, drop_last)
         if mine != given:
             names = ("rank", "world_size", "batch_size", "seed", "shuffle", "drop_last")
-            diff = [f"{n}={a!r} (state: {b!r})" for n, a, b in zip(names, given, mine) if a != b]
+            pairs = zip(names, given, mine, strict=True)
+            diff = [f"{n}={a!r} (state: {b!r})" for n, a, b in pairs if a != b]
             raise ValueError(f"the state was taken with other settings: {', '.join(diff)}")

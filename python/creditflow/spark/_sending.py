@@ -75,7 +75,9 @@ def tell_job_failed(plan: SendPlan, exc: BaseException) -> None:
                 address, plan.env.secret, {"kind": "job_failed", "job": plan.job, "error": str(exc)[:2000]}
             )
         except (OSError, EOFError, multiprocessing.AuthenticationError) as notice:
-            _log.warning("creditflow: could not tell the receiver at %s that the job failed: %s", address, notice)
+            _log.warning(
+                "creditflow: could not tell the receiver at %s that the job failed: %s", address, notice
+            )
 
 
 def register_job(plan: SendPlan, num_partitions: int) -> SendPlan:

@@ -70,10 +70,10 @@ def moves(holdings: list[int], needs: list[int]) -> list[tuple[int, int, int]]:
     """``(giver, taker, rows)`` so that every rank holds at least what it needs: ranks short
     of rows take from the ranks with rows to spare, in rank order (the same answer on every
     rank)."""
-    spare = [max(0, h - n) for h, n in zip(holdings, needs)]
+    spare = [max(0, h - n) for h, n in zip(holdings, needs, strict=False)]
     out: list[tuple[int, int, int]] = []
     giver = 0
-    for taker, (h, n) in enumerate(zip(holdings, needs)):
+    for taker, (h, n) in enumerate(zip(holdings, needs, strict=False)):
         short = n - h
         while short > 0:
             while spare[giver] == 0:

@@ -20,7 +20,9 @@ STRIPE_ROWS = 1024
 ID_BITS = 40
 
 
-def pieces(batch: pa.RecordBatch, first_row: int, partition: int, world: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+def pieces(
+    batch: pa.RecordBatch, first_row: int, partition: int, world: int
+) -> Iterator[tuple[int, pa.RecordBatch]]:
     """``(rank, slice)`` for each stripe piece of ``batch``, whose first row is row
     ``first_row`` of ``partition``."""
     n = batch.num_rows
@@ -39,7 +41,8 @@ def share_ids(partition: int, rank: int, world: int, start: int, count: int) -> 
     i = np.arange(start, start + count, dtype=np.int64)
     first = (rank - partition) % world
     stripe = first + world * (i // STRIPE_ROWS)
-    return (np.int64(partition) << ID_BITS) | (stripe * STRIPE_ROWS + i % STRIPE_ROWS)
+    ids: np.ndarray = (np.int64(partition) << ID_BITS) | (stripe * STRIPE_ROWS + i % STRIPE_ROWS)
+    return ids
 
 
 def partition_of(ids: np.ndarray) -> np.ndarray:

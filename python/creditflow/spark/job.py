@@ -88,7 +88,9 @@ class TrainingJob(Closeable):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     missing = sorted(set(range(self.world_size)) - set(self._ranks))
-                    raise TimeoutError(f"ranks {missing} of {self.world_size} did not join within {timeout} s")
+                    raise TimeoutError(
+                        f"ranks {missing} of {self.world_size} did not join within {timeout} s"
+                    )
                 self._cond.wait(left)
             if self._errors:
                 raise ValueError(f"a rank joined with other settings: {self._errors[0]}")
@@ -115,7 +117,9 @@ class FoundJob:
             reply=True,
         )
         if not answer.get("ok"):
-            raise ValueError(f"the training job at {self.address} refused rank {rank}: {answer.get('reason')}")
+            raise ValueError(
+                f"the training job at {self.address} refused rank {rank}: {answer.get('reason')}"
+            )
 
 
 def find_job(job: str | None) -> FoundJob | None:

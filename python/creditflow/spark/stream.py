@@ -154,10 +154,14 @@ class Receiver(Closeable):
 
             found = find_job(job) if job is not None or secret is None else None
             rank, world_size = _rank_of(rank, world_size, found is not None)
-            opts = _rank_options(rank, world_size, batch_size, shuffle, seed, drop_last, shuffle_window, state)
+            opts = _rank_options(
+                rank, world_size, batch_size, shuffle, seed, drop_last, shuffle_window, state
+            )
             opts = dataclasses.replace(opts, max_queued=max_queued, timeout=timeout)
             if spill or replay is not None or epochs != 1:
-                raise ValueError("a rank always keeps its rows for later epochs: spill, replay and epochs do not apply")
+                raise ValueError(
+                    "a rank always keeps its rows for later epochs: spill, replay and epochs do not apply"
+                )
             if found is not None:
                 secret = found.secret
         else:
@@ -184,7 +188,9 @@ class Receiver(Closeable):
                 if found is not None:
                     found.register(opts.rank, opts.world, self._mode.address)
             elif spill:
-                self._mode = Spooled(self._env, host=host, secret=self.secret, replay=bool(replay), epochs=epochs)
+                self._mode = Spooled(
+                    self._env, host=host, secret=self.secret, replay=bool(replay), epochs=epochs
+                )
             else:
                 self._mode = Direct(self._env, host=host, secret=self.secret, max_queued=max_queued)
         except BaseException:
@@ -292,7 +298,9 @@ def _rank_options(
 ) -> Options:
     """Checks a rank's settings."""
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in 0..world_size-1 and world_size >= 1, got rank={rank}, world_size={world_size}")
+        raise ValueError(
+            f"rank must be in 0..world_size-1 and world_size >= 1, got rank={rank}, world_size={world_size}"
+        )
     if batch_size is None or batch_size < 1:
         raise ValueError(f"a rank needs batch_size >= 1, got {batch_size}")
     if window is not None and window < 1:
@@ -313,7 +321,6 @@ def _rank_options(
         timeout=None,
         state=parsed,
     )
-
 
 
 def _check_spill(
@@ -383,7 +390,12 @@ def send(
         secret=secret, memory=memory, segment_size=segment_size, wire_compression=wire_compression
     )
     plan = SendPlan(
-        uuid.uuid4().hex[:12], where, ranks, settings, timeout, monitor.handle if monitor is not None else None
+        uuid.uuid4().hex[:12],
+        where,
+        ranks,
+        settings,
+        timeout,
+        monitor.handle if monitor is not None else None,
     )
     if via == "driver":
         return send_from_driver(df, plan)

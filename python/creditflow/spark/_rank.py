@@ -115,6 +115,8 @@ class Ranked:
         self._finalizing = False
         self._final: _Final | None = None
         self._moves_part: cf.ResultPartition | None = None
+        #: Rows other ranks gave this one (a step's worth at most: kept in memory).
+        self._moved_in: list[tuple[pa.RecordBatch, np.ndarray]] = []
         self._threads: list[threading.Thread] = []
         self._reporter: Reporter | None = None
         # The consumer's side.
@@ -462,7 +464,7 @@ class Ranked:
                 ids = batch.column(ID_COLUMN).to_numpy()
                 rows = batch.drop_columns([ID_COLUMN])
                 with self._cond:
-                    runs.put(runs.moved_run, rows, ids)
+                    self._moved_in.append((rows, ids))
                     if self._streaming:
                         self._queue.append((rows, ids))
                         self._cond.notify_all()
@@ -569,7 +571,9 @@ class Ranked:
         assert runs is not None
         assert final is not None
         rng = self._rng(epoch)
-        order = [r for r in range(runs.partitions + 1) if runs.rows[r]]
+        order = [r for r in range(runs.partitions) if runs.rows[r]]
+        if self._moved_in:
+            order.append(runs.partitions)  # the rows moved in, after the runs
         if rng is not None:
             order = [order[i] for i in rng.permutation(len(order))]
         skip = final.moved_out if without is None else final.moved_out.union(without)
@@ -583,14 +587,14 @@ class Ranked:
         step = 0
         while step < len(sizes):
             while len(open_) < OPEN_RUNS and pending:
-                open_.append(runs.read(pending.popleft(), self._opts.timeout).chunks(skip))
+                open_.append(self._chunks(pending.popleft(), skip))
             while open_ and not (window.full() and len(window) >= sizes[step]):
                 i = int(rng.integers(len(open_))) if rng is not None else 0
                 chunk = next(open_[i], None)
                 if chunk is None:
                     open_.pop(i)
                     if pending:
-                        open_.append(runs.read(pending.popleft(), self._opts.timeout).chunks(skip))
+                        open_.append(self._chunks(pending.popleft(), skip))
                 else:
                     window.add(*chunk)
             if len(window) < sizes[step]:
@@ -600,6 +604,14 @@ class Ranked:
             step += 1
             if step > skip_batches:
                 yield batch
+
+    def _chunks(self, run: int, skip: RowSet) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+        """Run ``run``'s chunks; the run after the last partition's: the rows moved in."""
+        runs = self._runs
+        assert runs is not None
+        if run < runs.partitions:
+            return runs.read(run, self._opts.timeout).chunks(skip)
+        return ((b.filter(pa.array(~skip.contains(i))), i[~skip.contains(i)]) for b, i in self._moved_in)
 
     # --------------------------------------------------------------------------- state, metrics
 

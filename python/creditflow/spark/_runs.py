@@ -1,7 +1,7 @@
 """A rank's copy of its rows for the epochs after the first: a hybrid partition of the rank's
 own environment with ``replay`` (what does not fit in its memory spills to ``spill_dir``,
 bounded by ``max_spill``), one subpartition (a *run*) per Spark partition, holding that
-partition's share of the rank in row order, and one more for the rows other ranks gave it.
+partition's share of the rank in row order.
 
 A run is read from its start by a local gate of its own, so an epoch can read the runs in any
 order and interleave a few; :class:`RunReader` cuts a run into stripe-sized chunks, whatever
@@ -24,7 +24,7 @@ from creditflow.spark._stripes import STRIPE_ROWS, share_ids
 
 
 class Runs:
-    """``partitions`` runs plus the run of rows moved in, in a hybrid replaying partition."""
+    """``partitions`` runs in a hybrid replaying partition."""
 
     def __init__(self, env: cf.NetworkEnvironment, partitions: int, rank: int, world: int) -> None:
         self._env = env
@@ -32,32 +32,21 @@ class Runs:
         self.rank = rank
         self.world = world
         self._part = env.create_partition(
-            f"cf-rank/{uuid.uuid4().hex[:12]}", partitions + 1, kind="hybrid", replay=True
+            f"cf-rank/{uuid.uuid4().hex[:12]}", max(partitions, 1), kind="hybrid", replay=True
         )
         self._writer = cf.RecordWriter(self._part, cf.ForwardPartitioner())
         self._lock = threading.Lock()
-        #: Rows stored per run; the ids of the rows moved in, in order.
-        self.rows = [0] * (partitions + 1)
-        self.moved_in = np.empty(0, dtype=np.int64)
-        self.schema: pa.Schema | None = None
+        #: Rows stored per run.
+        self.rows = [0] * partitions
 
-    @property
-    def moved_run(self) -> int:
-        """The run that holds the rows other ranks gave this one."""
-        return self.partitions
-
-    def put(self, run: int, batch: pa.RecordBatch, ids: np.ndarray | None = None) -> None:
-        """Appends ``batch`` to ``run`` (``ids`` for the moved-in run). Raises
-        :class:`creditflow.SpillError` when it cannot be kept (``max_spill``)."""
+    def put(self, run: int, batch: pa.RecordBatch) -> None:
+        """Appends ``batch`` to ``run``. Raises :class:`creditflow.SpillError` when it cannot
+        be kept (``max_spill``)."""
         if batch.num_rows == 0:
             return
         with self._lock:
             self._writer.write(batch, subpartition=run)
             self.rows[run] += batch.num_rows
-            if self.schema is None:
-                self.schema = batch.schema
-            if ids is not None:
-                self.moved_in = np.concatenate([self.moved_in, ids])
 
     def end(self) -> None:
         """No more rows."""
@@ -70,8 +59,6 @@ class Runs:
 
     def ids(self, run: int, start: int, count: int) -> np.ndarray:
         """The ids of rows ``start .. start + count`` of ``run``."""
-        if run == self.moved_run:
-            return self.moved_in[start : start + count]
         return share_ids(run, self.rank, self.world, start, count)
 
     def read(self, run: int, timeout: float | None) -> RunReader:

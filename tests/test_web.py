@@ -365,21 +365,19 @@ def test_spark_exchange_with_a_hot_key_names_the_task_that_receives_the_most() -
 
 
 def test_spark_send_tasks_feed_one_receiver() -> None:
-    def sample(task: int, t: float) -> dict[str, Any]:
-        return {
-            "job": "s9",
-            "kind": "send",
-            "task": task,
-            "time": t,
-            "done": task == 2,
-            "receiver": "10.1.1.1:5000",
-            "partition_id": f"cf-send/s9/{task}",
-            "rows": 100 * t,
-            "bytes": MB * t,
-            "out_pool_usage": 0.2,
-            "backpressured_ms_per_second": 0.0,
-            "level": "OK",
-        }
+    def sample(task: int, t: float) -> TaskSample:
+        return TaskSample(
+            job="s9",
+            kind="send",
+            task=task,
+            time=t,
+            done=task == 2,
+            receiver="10.1.1.1:5000",
+            partition_id=f"cf-send/s9/{task}",
+            rows_written=int(100 * t),
+            bytes_written=int(MB * t),
+            out_pool_usage=0.2,
+        )
 
     p = from_spark([sample(i, 2.0) for i in range(3)], {("s9", i): sample(i, 1.0) for i in range(3)})
     assert [n.name for n in p.nodes] == ["task 0", "task 1", "task 2", "receiver"]

@@ -367,7 +367,7 @@ def test_monitor_receives_live_samples_from_every_task(spark: SparkSession) -> N
     assert all(s.done for s in final)
     assert sum(s.rows_written for s in final) == 200_000
     assert sum(s.rows_received for s in final) == 200_000
-    assert all(s["level"] in ("OK", "LOW", "HIGH") for s in final)
+    assert all(s.level in ("OK", "LOW", "HIGH") for s in final)
 
 
 # ----------------------------------------------------------------------------- streaming out

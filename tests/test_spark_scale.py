@@ -131,7 +131,7 @@ def test_skewed_key_pipelined_makes_every_producer_wait_and_names_the_hot_task(s
     assert all(final[hot].rows_received > final[t].rows_received + 100_000 for t in cold), final
     # Every writer waited for buffers (all of them feed the hot task), and the other tasks'
     # readers waited for data longer than the hot one's, which was busy.
-    assert all(s["backpressured_total"] > 0 for s in final.values()), final
+    assert all(s.backpressured_total > 0 for s in final.values()), final
     assert all(final[t]["idle_total"] > final[hot]["idle_total"] for t in cold), final
     # The live view named the hot task as the bottleneck, more often than any other.
     assert watch.marked, "the live view never named a bottleneck"

@@ -279,6 +279,40 @@ def test_a_worker_killed_in_epoch_0_still_gives_every_row_once(spark: SparkSessi
     assert len(e0[0]) == len(e0[1])
 
 
+def test_a_task_whose_input_ends_early_is_retried_and_continues(spark: SparkSession) -> None:
+    """An upstream Python function fails in attempt 0 after a few batches: the sending
+    task's input ends there without an error (its stream to the ranks ends cleanly), Spark
+    fails the task and tries again, and the ranks take the retried attempt after the rows
+    they have: every row once (the driver's word that the job succeeded ends the stream)."""
+    rows = 120_000
+
+    def fail_first_attempt(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ctx = TaskContext.get()
+        assert ctx is not None
+        for i, b in enumerate(batches):
+            if ctx.partitionId() == 0 and ctx.attemptNumber() == 0 and i == 3:
+                raise RuntimeError("upstream failure in attempt 0")
+            yield b
+
+    df = numbers(spark, rows, 2).mapInArrow(fail_first_attempt, "id long, x double")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "5000")
+    job = Job(2, 1000)
+    result: dict[str, Any] = {}
+    try:
+        t = start_send(df, job, result)
+        e0, e1 = job.epoch(0), job.epoch(1)
+        t.join(120)
+    finally:
+        job.close()
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert "error" not in result, result
+    assert (0, 1) in {(s["partition"], s["attempt"]) for s in result["stats"]}, result["stats"]
+    for per_rank in (e0, e1):
+        got = np.concatenate([x for b in per_rank for x in b])
+        assert np.array_equal(np.sort(got), np.arange(rows)), "every row once"
+        assert len(per_rank[0]) == len(per_rank[1])
+
+
 def test_a_rank_that_goes_away_fails_send_naming_it_and_the_other_rank(spark: SparkSession) -> None:
     job = Job(2, 1000, max_queued=2)
     result: dict[str, Any] = {}
@@ -298,13 +332,16 @@ def test_a_rank_that_goes_away_fails_send_naming_it_and_the_other_rank(spark: Sp
     assert "error" in result, "send() raised"
 
 
-def test_a_second_attempt_is_turned_away_while_the_first_sends() -> None:
-    """Attempt fencing: rank 0 grants a partition to one attempt; a speculative second one is
-    turned away, and a rank refuses a grant older than the one it reads."""
+def test_a_second_attempt_waits_for_the_first_and_continues_after_it() -> None:
+    """Attempt fencing: rank 0 grants a partition to one attempt at a time. A second attempt
+    (speculative, or a retry) is answered only once the first one's stream settled, and
+    then continues after the rows the rank has; a grant older than the one a rank reads is
+    refused."""
     from creditflow.spark import _messages
 
     secret = "k" * 64
     rx = cfs.Receiver(rank=0, world_size=1, batch_size=10, secret=secret)
+    answers: dict[str, Any] = {}
     try:
         job = {
             "kind": "job",
@@ -324,18 +361,31 @@ def test_a_second_attempt_is_turned_away_while_the_first_sends() -> None:
                 "address": env.address,
                 "partition_id": part.id,
             }
-            first = _messages.send(rx.address, secret, {**reg, "attempt": 0}, reply=True)
-            second = _messages.send(rx.address, secret, {**reg, "attempt": 1}, reply=True)
-            stale = _messages.send(rx.address, secret, {**reg, "attempt": 2, "grant": 0}, reply=True)
+            answers["first"] = _messages.send(rx.address, secret, {**reg, "attempt": 0}, reply=True)
+
+            def second() -> None:
+                answers["second"] = _messages.send(
+                    rx.address, secret, {**reg, "attempt": 1, "partition_id": "p2"}, reply=True, timeout=60
+                )
+
+            waiting = threading.Thread(target=second)
+            waiting.start()
+            with cf.RecordWriter(part, cf.ForwardPartitioner()) as w:  # the first attempt's 25 rows
+                w.write(pa.record_batch([pa.array(np.arange(25))], names=["id"]), subpartition=0)
+            waiting.join(60)
+            answers["stale"] = _messages.send(rx.address, secret, {**reg, "attempt": 2, "grant": 1}, reply=True)
             part.release()
     finally:
         rx.close()
-    assert first["accept"]
-    assert first["grant"] == 1
-    assert first["skip"] == 0
-    assert not second["accept"]
-    assert "being received" in second["reason"]
-    assert not stale["accept"]
+    assert answers["first"]["accept"]
+    assert answers["first"]["grant"] == 1
+    assert answers["first"]["skip"] == 0
+    second_answer = answers["second"]
+    assert second_answer["accept"], second_answer
+    assert second_answer["grant"] == 2
+    assert second_answer["skip"] == 25, "answered after the first attempt's rows were kept"
+    assert not answers["stale"]["accept"]
+    assert "newer attempt" in answers["stale"]["reason"]
 
 
 def test_rank_arguments_are_checked() -> None:

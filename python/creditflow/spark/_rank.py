@@ -44,7 +44,7 @@ from creditflow.spark._intake import REGISTER_TIMEOUT
 from creditflow.spark._rankstate import RankState, RowSet
 from creditflow.spark._runs import Runs
 from creditflow.spark._steps import Steps, full_steps_at_least, moves, plan
-from creditflow.spark._stripes import ID_BITS, share_ids
+from creditflow.spark._stripes import ID_BITS, share_ids, share_size
 from creditflow.spark._window import Window
 from creditflow.spark.monitor import MonitorHandle, Reporter
 
@@ -107,7 +107,7 @@ class Ranked:
         self._job: str | None = None
         self._runs: Runs | None = None
         self._shares: dict[int, _Share] = {}
-        #: Rank 0: each partition's grant and whether it is live, done or broken.
+        #: Rank 0: each partition's grant and whether its stream is live, ended or broken.
         self._grants: dict[int, tuple[int, str]] = {}
         self._held = 0
         self._ended = False
@@ -181,6 +181,8 @@ class Ranked:
             return {"accept": False, "reason": "unknown job"}
         if kind == "partition":
             return self._register_partition(msg)
+        if kind == "job_done":
+            return self._job_done({int(p): int(n) for p, n in dict(msg["rows"]).items()})
         if kind == "delivered":
             return self._delivered(int(msg["partition"]), int(msg.get("grant", 0)))
         return {"accept": False, "reason": f"unknown message {kind!r}"}
@@ -224,23 +226,28 @@ class Ranked:
 
     def _register_partition(self, msg: _messages.Message) -> _messages.Message:
         p, grant = int(msg["partition"]), msg.get("grant")
+        if grant is None and self._opts.rank == 0:
+            self._await_live_attempt(p)
         with self._cond:
             share = self._shares.get(p)
-            if share is None or self._failure is not None:
-                return {"accept": False, "reason": self._failure or f"no partition {p} in this job"}
+            if share is None or self._failure is not None or self._ended:
+                why = "the stream ended" if self._ended else f"no partition {p} in this job"
+                return {"accept": False, "reason": self._failure or why}
             if grant is None:  # rank 0 decides which attempt sends partition p
                 if self._opts.rank != 0:
                     return {"accept": False, "reason": "only rank 0 grants partitions"}
                 current, status = self._grants.get(p, (0, "none"))
-                if status in ("live", "done"):
-                    why = "was delivered" if status == "done" else "is being received"
-                    return {"accept": False, "reason": f"partition {p} {why}"}
+                if status == "live":  # the task asks again (another attempt's stream is live)
+                    return {"accept": False, "retry": True, "reason": f"partition {p} is being received"}
+                # None yet, or the last attempt's stream broke or ended: an attempt after one
+                # whose stream ended means that one's task failed after its input ended early
+                # (or is a speculative copy); it continues after what the ranks have.
                 grant = current + 1
                 self._grants[p] = (grant, "live")
             grant = int(grant)
-            if grant <= share.grant or share.ended:
+            if grant <= share.grant:
                 return {"accept": False, "reason": f"partition {p}: a newer attempt is being received"}
-            old, share.grant, share.gate = share.gate, grant, None
+            old, share.grant, share.gate, share.ended = share.gate, grant, None, False
             settled = share.settled.setdefault(grant, (threading.Event(), [None]))
             spec = cf.ChannelSpec(msg["address"], msg["partition_id"], self._opts.rank)
             thread = threading.Thread(
@@ -252,6 +259,45 @@ class Ranked:
             old.close()  # the attempt it replaces broke; stop reading what it left in flight
         thread.start()
         return {"accept": True, "grant": grant, "skip": skip, "confirm": True}
+
+    def _await_live_attempt(self, p: int) -> None:
+        """(Rank 0.) Waits, up to :data:`REGISTER_TIMEOUT`, until the stream of the attempt
+        that is sending partition ``p`` settles, so that a second attempt is answered then."""
+        with self._cond:
+            share = self._shares.get(p)
+            current, status = self._grants.get(p, (0, "none"))
+            entry = share.settled.get(current) if share is not None and status == "live" else None
+        if entry is not None:
+            entry[0].wait(REGISTER_TIMEOUT)
+
+    def _job_done(self, rows: dict[int, int]) -> _messages.Message:
+        """The driver's word that the job succeeded, with each partition's rows: this rank
+        checks it has its share of every one, and its stream ends."""
+        o = self._opts
+        with self._cond:
+            if self._failure is not None:
+                return {"ok": False, "reason": self._failure}
+            if self._ended:
+                return {"ok": True}
+            short = [
+                f"partition {p}: {self._shares[p].rows} of {share_size(n, p, o.rank, o.world)} rows"
+                for p, n in sorted(rows.items())
+                if p in self._shares and self._shares[p].rows != share_size(n, p, o.rank, o.world)
+            ]
+            missing = sorted(set(self._shares) - set(rows))
+            gates = [s.gate for s in self._shares.values() if s.gate is not None and not s.ended]
+            for share in self._shares.values():
+                share.ended = True
+        if short or missing:
+            why = f"rank {o.rank} does not have its share: {'; '.join(short)}"
+            if missing:
+                why += f" (no word of partitions {missing})"
+            self._fail(why)
+            return {"ok": False, "reason": why}
+        for gate in gates:  # an attempt Spark gave up on (a speculative copy): nothing more
+            gate.close()
+        self._stream_ended()
+        return {"ok": True}
 
     def _delivered(self, p: int, grant: int) -> _messages.Message:
         with self._cond:
@@ -347,16 +393,15 @@ class Ranked:
         return True
 
     def _share_ended(self, p: int, grant: int) -> None:
+        """An attempt's stream ended: the share is whole unless the task's input ended early;
+        the driver's word that the job succeeded says (:meth:`_job_done`)."""
         with self._cond:
             share = self._shares[p]
             if share.grant != grant:
                 return
             share.ended = True
-            all_ended = all(s.ended for s in self._shares.values())
             if self._opts.rank == 0:
-                self._grants[p] = (grant, "done")
-        if all_ended:
-            self._stream_ended()
+                self._grants[p] = (grant, "ended")
 
     def _stream_ended(self) -> None:
         """This rank has its whole share: it tells the others what it holds."""

@@ -113,6 +113,39 @@ def _register(plan: SendPlan, rank: int, message: dict[str, Any]) -> dict[str, A
         ) from exc
 
 
+def _granted(plan: SendPlan, message: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's grant of the partition to this attempt. While another attempt's stream is
+    being received, rank 0 holds the answer until that stream settles (it ended: this
+    attempt continues after what the ranks have, which may be nothing; it broke: this one
+    takes over), then asks again, up to ``plan.timeout``."""
+    deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
+    while True:
+        answer = _register(plan, 0, message)
+        if answer.get("accept") or not answer.get("retry"):
+            return answer
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(
+                f"partition {message['partition']}: another attempt was still being received after "
+                f"{plan.timeout} s: {answer.get('reason')}"
+            )
+
+
+def tell_job_done(plan: SendPlan, stats: list[dict[str, Any]]) -> None:
+    """Tells every rank that the job succeeded, with each partition's rows (what its
+    successful attempt went through): a rank's stream ends only then, as a task whose
+    input ended early (an upstream Python worker that died) ends its stream cleanly too,
+    and a retried attempt then continues it. Raises ConnectionError naming a rank that
+    cannot be reached, RuntimeError naming one that does not have its share."""
+    rows = {str(s["partition"]): int(s["rows"]) for s in stats}
+    message = {"kind": "job_done", "job": plan.job, "rows": rows}
+    for rank in range(len(plan.addresses)):
+        answer = _register(plan, rank, message)
+        if not answer.get("ok"):
+            raise RuntimeError(
+                f"rank {rank}'s receiver at {plan.addresses[rank]} did not get its share: {answer.get('reason')}"
+            )
+
+
 def stream_partition(
     env: cf.NetworkEnvironment,
     plan: SendPlan,
@@ -149,16 +182,22 @@ def stream_partition(
             "address": env.address,
             "partition_id": part.id,
         }
-        answers = [_register(plan, 0, message)]
+        answers = [_granted(plan, message) if plan.ranks else _register(plan, 0, message)]
         if plan.ranks and answers[0].get("accept"):
             grant = answers[0]["grant"]
             answers += [_register(plan, r, {**message, "grant": grant}) for r in range(1, world)]
         writer = cf.RecordWriter(part, cf.ForwardPartitioner())
         refused = [(r, a) for r, a in enumerate(answers) if not a.get("accept")]
         if refused:
-            # Turned away (another attempt sends this partition): rank 0 alone answered, or
-            # a later rank knows of a newer attempt; fail what the others accepted.
-            writer.fail(f"partition {index}, attempt {attempt}: turned away by rank {refused[0][0]}")
+            # Turned away: a rank knows of a newer attempt (fail what the others accepted),
+            # or the one receiver reads another attempt.
+            rank, answer = refused[0]
+            why = f"partition {index}, attempt {attempt}: turned away by rank {rank}: {answer.get('reason')}"
+            writer.fail(why)
+            if plan.ranks:
+                # Fail the task: succeeding with nothing sent would leave Spark no attempt
+                # that delivers the partition (the newer one may yet break).
+                raise RuntimeError(why)
             return _finish(stats, start)
         stats["accepted"] = True
         if plan.ranks:
@@ -259,6 +298,8 @@ def send_from_driver(df: DataFrame, plan: SendPlan) -> list[dict[str, Any]]:
         except BaseException as exc:
             tell_job_failed(plan, exc)
             raise
+    if plan.ranks:
+        tell_job_done(plan, [stats])
     return [stats]
 
 

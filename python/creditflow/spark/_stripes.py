@@ -45,6 +45,16 @@ def share_ids(partition: int, rank: int, world: int, start: int, count: int) -> 
     return ids
 
 
+def share_size(rows: int, partition: int, rank: int, world: int) -> int:
+    """How many of a partition's ``rows`` rows are ``rank``'s share."""
+    full, rest = divmod(rows, STRIPE_ROWS)
+    first = (rank - partition) % world
+    count = (full - first + world - 1) // world * STRIPE_ROWS if full > first else 0
+    if rest and (full + partition) % world == rank:
+        count += rest
+    return count
+
+
 def partition_of(ids: np.ndarray) -> np.ndarray:
     """The partition of each id."""
     return ids >> ID_BITS

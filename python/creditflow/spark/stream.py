@@ -45,6 +45,7 @@ from creditflow.spark._sending import (
     register_job,
     send_from_driver,
     send_task,
+    tell_job_done,
     tell_job_failed,
 )
 from creditflow.spark.monitor import Monitor
@@ -415,4 +416,7 @@ def send(
     except BaseException as exc:
         tell_job_failed(plan, exc)
         raise
-    return [r.asDict() for r in sorted(rows, key=lambda r: (r.partition, r.attempt))]
+    stats = [r.asDict() for r in sorted(rows, key=lambda r: (r.partition, r.attempt))]
+    if plan.ranks:
+        tell_job_done(plan, stats)
+    return stats

@@ -373,7 +373,8 @@ def test_a_second_attempt_waits_for_the_first_and_continues_after_it() -> None:
             with cf.RecordWriter(part, cf.ForwardPartitioner()) as w:  # the first attempt's 25 rows
                 w.write(pa.record_batch([pa.array(np.arange(25))], names=["id"]), subpartition=0)
             waiting.join(60)
-            answers["stale"] = _messages.send(rx.address, secret, {**reg, "attempt": 2, "grant": 1}, reply=True)
+            stale = {**reg, "attempt": 2, "grant": 1}
+            answers["stale"] = _messages.send(rx.address, secret, stale, reply=True)
             part.release()
     finally:
         rx.close()

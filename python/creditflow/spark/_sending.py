@@ -141,9 +141,8 @@ def tell_job_done(plan: SendPlan, stats: list[dict[str, Any]]) -> None:
     for rank in range(len(plan.addresses)):
         answer = _register(plan, rank, message)
         if not answer.get("ok"):
-            raise RuntimeError(
-                f"rank {rank}'s receiver at {plan.addresses[rank]} did not get its share: {answer.get('reason')}"
-            )
+            where = f"rank {rank}'s receiver at {plan.addresses[rank]}"
+            raise RuntimeError(f"{where} did not get its share: {answer.get('reason')}")
 
 
 def stream_partition(

@@ -507,3 +507,39 @@ fn a_spill_file_changed_on_disk_fails_its_readers_instead_of_delivering_other_by
         other => panic!("expected ProducerFailed, got {other:?}"),
     }
 }
+
+#[test]
+fn a_memory_reservation_makes_a_hybrid_partition_spill_down_and_is_given_back() {
+    let scratch = tempfile::tempdir().unwrap();
+    let env = NetworkEnvironment::new(config(scratch.path(), None)).unwrap();
+    let total = MEMORY / SEGMENT;
+    let part = env
+        .create_spillable_partition("kept", 1, SpillKind::Hybrid { replay: true }, None)
+        .unwrap();
+    let n = ten_times_memory();
+    write(&part, n);
+    let in_memory = |p: &Arc<ResultPartition>| p.metrics().spill.unwrap().memory_segments;
+    assert!(in_memory(&part) > total / 2, "the store fills its share first");
+
+    let reserved = total / 2;
+    let held = env.reserve_memory("window", reserved * SEGMENT - 1).unwrap();
+    assert_eq!(held.stats().min, reserved, "rounded up to whole segments");
+    part.flush(); // what the environment's flusher does every buffer_timeout
+    assert!(
+        in_memory(&part) + reserved <= total,
+        "{} segments in memory beside {reserved} reserved of {total}",
+        in_memory(&part)
+    );
+    match env.reserve_memory("too much", MEMORY) {
+        Err(Error::InsufficientBuffers { .. }) => {}
+        other => panic!("a reservation beyond the free memory must fail, got {other:?}"),
+    }
+    drop(held);
+    assert!(env.metrics().segments_reserved < reserved, "dropped: given back");
+    let want: Vec<i64> = (0..n).collect();
+    assert_eq!(
+        read_all(&env, &env, "kept").unwrap(),
+        want,
+        "the spilled rows read back"
+    );
+}

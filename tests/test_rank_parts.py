@@ -8,6 +8,8 @@ import pyarrow as pa
 import pytest
 
 from creditflow.spark._rankstate import RankState, RowSet
+from creditflow.spark._reshuffle import deal, traffic
+from creditflow.spark._runs import split_ids
 from creditflow.spark._steps import full_steps_at_least, moves, plan
 from creditflow.spark._stripes import ID_BITS, STRIPE_ROWS, pieces, share_ids
 from creditflow.spark._window import Window
@@ -138,3 +140,69 @@ def test_rowset_ranges_and_state_roundtrip() -> None:
         again.check(1, 2, 32, 7, True, False)
     with pytest.raises(ValueError, match="state_dict"):
         RankState.from_dict({"format": 99})
+
+
+def test_rowset_difference_and_last_match_plain_sets() -> None:
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        a_ids = np.unique(rng.integers(0, 400, int(rng.integers(0, 200))))
+        b_ids = np.unique(rng.integers(0, 400, int(rng.integers(0, 200))))
+        a, b = RowSet(), RowSet()
+        a.add(a_ids)
+        b.add(b_ids)
+        want = sorted(set(a_ids.tolist()) - set(b_ids.tolist()))
+        got = a.without(b)
+        assert got.contains(np.arange(400)).nonzero()[0].tolist() == want
+        k = int(rng.integers(0, 250))
+        want_last = sorted(a_ids.tolist())[len(a_ids) - min(k, len(a_ids)) :]
+        assert a.last(k).contains(np.arange(400)).nonzero()[0].tolist() == want_last
+
+
+def test_traffic_gives_every_rank_what_it_needs_from_every_rank() -> None:
+    """Every rank sends all of its home and every rank gets exactly its need; each rank's
+    home is spread over every rank in proportion (within a row of rounding)."""
+    rng = np.random.default_rng(5)
+    for _ in range(500):
+        world = int(rng.integers(1, 7))
+        homes = [int(x) for x in rng.integers(0, 5000, world)]
+        total = sum(homes)
+        if total < world:
+            continue
+        steps = plan(total, world, int(rng.integers(2, 300)), drop_last=bool(rng.integers(2)))
+        needs = [steps.need(r) for r in range(world)]
+        out = traffic(homes, needs)
+        assert all(x >= 0 for row in out for x in row)
+        assert [sum(row) for row in out] == homes, "every row of a home is sent or left out"
+        assert [sum(out[s][d] for s in range(world)) for d in range(world)] == needs
+        for s in range(world):
+            for d in range(world):
+                assert abs(out[s][d] - homes[s] * needs[d] / total) < world + 1
+
+
+def test_deal_sends_each_rank_its_quota_in_a_seeded_order() -> None:
+    chunks = [
+        (pa.record_batch({"x": np.arange(i, i + n)}), np.arange(i, i + n))
+        for i, n in ((0, 1024), (1024, 1024), (2048, 300), (2348, 1024), (3372, 5))
+    ]
+    total = 3377
+
+    def dealt(seed: int, quotas: list[int]) -> dict[int, list[int]]:
+        got: dict[int, list[int]] = {}
+
+        def write(d: int, b: pa.RecordBatch) -> None:
+            rows, ids = split_ids(b)
+            assert (rows.column(0).to_numpy() == ids).all(), "rows travel with their ids"
+            got.setdefault(d, []).extend(ids.tolist())
+
+        deal(iter(chunks), quotas, np.random.default_rng(seed), write)
+        return got
+
+    quotas = [1200, 1000, 1077, 100]  # three ranks and 100 rows left out
+    a, b, c = dealt(1, quotas), dealt(1, quotas), dealt(2, quotas)
+    assert a == b, "the same seed deals the same"
+    assert a != c
+    assert [len(a[d]) for d in range(3)] == quotas[:3]
+    sent = sorted(x for d in range(3) for x in a[d])
+    assert len(set(sent)) == len(sent) == total - 100
+    with pytest.raises(ValueError, match="fewer"):
+        deal(iter(chunks[:1]), quotas, np.random.default_rng(1), lambda d, b: None)

@@ -52,11 +52,19 @@ def ids_of(batch: pa.RecordBatch) -> np.ndarray:
 class Job:
     """W ranks in threads; ``epoch(e)`` iterates epoch e on every rank at once."""
 
-    def __init__(self, world: int, batch_size: int, **kw: Any) -> None:
+    def __init__(
+        self, world: int, batch_size: int, states: list[dict[str, Any]] | None = None, **kw: Any
+    ) -> None:
         self.secret = "s" * 64
         self.rx = [
             cfs.Receiver(
-                rank=r, world_size=world, batch_size=batch_size, secret=self.secret, timeout=120, **kw
+                rank=r,
+                world_size=world,
+                batch_size=batch_size,
+                secret=self.secret,
+                timeout=120,
+                state=states[r] if states is not None else None,
+                **kw,
             )
             for r in range(world)
         ]
@@ -138,6 +146,75 @@ def test_two_ranks_get_every_row_once_in_equal_steps_every_epoch(spark: SparkSes
     assert all(s is not None and s["replay"] for s in stores)
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_the_global_shuffle_deals_rows_to_other_ranks_every_epoch(
+    spark: SparkSession, tmp_path: Any, drop_last: bool
+) -> None:
+    """``shuffle="global"``: from epoch 1 on the ranks deal their rows out to each other
+    over creditflow channels. Every epoch: every row once across the ranks (fewer than a
+    step left out with drop_last), equal steps; each epoch a rank holds other rows than the
+    epoch before (about half of them from the other rank), and the same (seed, epoch) deals
+    the same rows in the same order again."""
+    rows, batch = 60_007, 500
+    job = Job(2, batch, shuffle="global", seed=7, memory="8MiB", spill_dir=str(tmp_path), drop_last=drop_last)
+    result: dict[str, Any] = {}
+    try:
+        t = start_send(numbers(spark, rows, 4), job, result)
+        epochs = [job.epoch(e) for e in range(4)]
+        t.join(120)
+        again = job.epoch(2)  # epoch 2 anew
+    finally:
+        job.close()
+    assert "error" not in result, result
+    held = []
+    for e, per_rank in enumerate(epochs):
+        assert len(per_rank[0]) == len(per_rank[1]), f"epoch {e}: equal steps"
+        got = np.concatenate([x for b in per_rank for x in b])
+        assert len(np.unique(got)) == len(got), f"epoch {e}: no row twice"
+        if drop_last:
+            assert {len(x) for b in per_rank for x in b} == {batch}
+            assert rows - len(got) < 2 * batch
+        else:
+            assert len(got) == rows, f"epoch {e}: every row"
+        held.append(set(np.concatenate(per_rank[0]).tolist()))
+    for e in (1, 2, 3):
+        stayed = len(held[e] & held[e - 1]) / len(held[e])
+        assert 0.35 < stayed < 0.65, f"epoch {e}: {stayed:.2f} of rank 0's rows were its rows before"
+    for r in range(2):
+        assert np.array_equal(np.concatenate(again[r]), np.concatenate(epochs[2][r])), "the same deal again"
+
+
+def test_the_global_shuffle_resumes_a_restarted_job_at_the_next_batch(spark: SparkSession) -> None:
+    """Both ranks checkpoint after 6 batches of epoch 2 (globally shuffled); the whole job
+    starts again from the checkpoint: the rows before and after are every row once."""
+    rows, batch = 30_000, 400
+    df = numbers(spark, rows, 3)
+    job = Job(2, batch, shuffle="global", seed=9)
+    result: dict[str, Any] = {}
+    try:
+        t = start_send(df, job, result)
+        job.epoch(0)
+        job.epoch(1)
+        before = job.epoch(2, stop_after=6)
+        states = [rx.state_dict() for rx in job.rx]
+        t.join(120)
+    finally:
+        job.close()
+    assert [s["shuffle"] for s in states] == ["global", "global"]
+    again = Job(2, batch, shuffle="global", seed=9, states=states)
+    result = {}
+    try:
+        t = start_send(df, again, result)
+        after = again.epoch(2)
+        t.join(120)
+    finally:
+        again.close()
+    assert "error" not in result, result
+    got = np.concatenate([x for b in before + after for x in b])
+    assert np.array_equal(np.sort(got), np.arange(rows)), "every row once across the restart"
+    assert len(before[0]) + len(after[0]) == len(before[1]) + len(after[1])
+
+
 def test_drop_last_gives_full_batches_and_drops_fewer_than_a_step(spark: SparkSession) -> None:
     rows, batch = 50_017, 512
     job = Job(2, batch, drop_last=True)
@@ -191,24 +268,12 @@ def test_a_restarted_job_continues_the_epoch_with_no_row_twice_or_missing(spark:
                 job.epoch(e)
             before = job.epoch(epoch, stop_after=stop)
             states = [rx.state_dict() for rx in job.rx]
-            t.join(120)
         finally:
-            job.close()
+            job.close()  # the training job dies (in epoch 0: while Spark still sends)
+        t.join(300)
+        assert not t.is_alive(), "send() returned once the ranks went away"
         assert all(s["epoch"] == epoch and s["batches"] == stop for s in states)
-        again = Job.__new__(Job)
-        again.secret = "s" * 64
-        again.rx = [
-            cfs.Receiver(
-                rank=r,
-                world_size=2,
-                batch_size=batch,
-                secret=again.secret,
-                seed=3,
-                timeout=120,
-                state=states[r],
-            )
-            for r in range(2)
-        ]
+        again = Job(2, batch, seed=3, states=states)
         result = {}
         try:
             t = start_send(df, again, result)

@@ -328,16 +328,18 @@ class RankMetrics(TypedDict):
 
     rank: int
     world_size: int
-    #: The current epoch and the batches yielded in it.
+    #: The current epoch and the batches the trainer took in it.
     epoch: int
     batches: int
     #: Rows yielded since the receiver started, over every epoch.
     rows_yielded: int
     #: Rows this rank holds (its share of the stream, kept for the later epochs).
     rows_held: int
-    #: Pieces received and not yet taken by the consumer (epoch 0), rows in its window.
+    #: Pieces received and not yet taken by the consumer (epoch 0), rows in its window, and
+    #: rows of epoch 0 left in the runs while the ranks' bound held the consumer back.
     queued: int
     window_rows: int
+    rows_parked: int
     #: Whether this rank has its whole share; the epoch's number of batches once settled.
     stream_ended: bool
     steps: int | None
@@ -345,3 +347,9 @@ class RankMetrics(TypedDict):
     #: for a batch, and seconds in total.
     stall_ms_per_second: float
     stall_total: float
+    #: What the rank holds now: its environment's allocated segments plus the rows held
+    #: outside them (queue, window) at the largest average row size seen; its ``memory``;
+    #: and the part of it reserved for the rows held outside the pools.
+    memory_bytes: int
+    memory_limit: int
+    reserved_bytes: int

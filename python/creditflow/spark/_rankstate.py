@@ -70,6 +70,44 @@ class RowSet:
             out.add(np.arange(s, e, dtype=np.int64))
         return out
 
+    def without(self, other: RowSet) -> RowSet:
+        """The ids of this set that are not in ``other``."""
+        a_starts, a_ends = self.ranges()
+        b_starts, b_ends = other.ranges()
+        b_s, b_e = b_starts.tolist(), b_ends.tolist()
+        out_s: list[int] = []
+        out_e: list[int] = []
+        j = 0
+        for s, e in zip(a_starts.tolist(), a_ends.tolist(), strict=True):
+            cur = s
+            while j < len(b_s) and b_e[j] <= cur:
+                j += 1
+            k = j
+            while k < len(b_s) and b_s[k] < e:
+                if b_s[k] > cur:
+                    out_s.append(cur)
+                    out_e.append(b_s[k])
+                cur = max(cur, b_e[k])
+                k += 1
+            if cur < e:
+                out_s.append(cur)
+                out_e.append(e)
+        return RowSet(np.asarray(out_s, dtype=np.int64), np.asarray(out_e, dtype=np.int64))
+
+    def last(self, count: int) -> RowSet:
+        """The ``count`` largest ids (all of them when it holds fewer)."""
+        starts, ends = self.ranges()
+        out_s: list[int] = []
+        out_e: list[int] = []
+        for s, e in zip(starts[::-1].tolist(), ends[::-1].tolist(), strict=True):
+            if count <= 0:
+                break
+            k = min(count, e - s)
+            out_s.append(e - k)
+            out_e.append(e)
+            count -= k
+        return RowSet(np.asarray(out_s[::-1], dtype=np.int64), np.asarray(out_e[::-1], dtype=np.int64))
+
     def to_list(self) -> list[list[int]]:
         """``[[start, end], ...]``."""
         starts, ends = self.ranges()
@@ -91,7 +129,8 @@ class RankState:
     world: int
     batch_size: int
     seed: int
-    shuffle: bool
+    #: True, False or ``"global"``.
+    shuffle: bool | str
     drop_last: bool
     partitions: int | None
     epoch: int
@@ -128,7 +167,7 @@ class RankState:
                 world=int(d["world_size"]),
                 batch_size=int(d["batch_size"]),
                 seed=int(d["seed"]),
-                shuffle=bool(d["shuffle"]),
+                shuffle=_shuffle(d["shuffle"]),
                 drop_last=bool(d["drop_last"]),
                 partitions=None if d["partitions"] is None else int(d["partitions"]),
                 epoch=int(d["epoch"]),
@@ -140,7 +179,7 @@ class RankState:
             raise ValueError(f"state is not a Receiver.state_dict(): {exc}") from None
 
     def check(
-        self, rank: int, world: int, batch_size: int, seed: int, shuffle: bool, drop_last: bool
+        self, rank: int, world: int, batch_size: int, seed: int, shuffle: bool | str, drop_last: bool
     ) -> None:
         """Raises ValueError unless the state was taken with these settings."""
         mine = (self.rank, self.world, self.batch_size, self.seed, self.shuffle, self.drop_last)
@@ -150,3 +189,9 @@ class RankState:
             pairs = zip(names, given, mine, strict=True)
             diff = [f"{n}={a!r} (state: {b!r})" for n, a, b in pairs if a != b]
             raise ValueError(f"the state was taken with other settings: {', '.join(diff)}")
+
+
+def _shuffle(value: object) -> bool | str:
+    if value is True or value is False or value == "global":
+        return value
+    raise ValueError(f"shuffle must be True, False or 'global', got {value!r}")

@@ -98,7 +98,9 @@ class Receiver(Closeable):
             number of batches in every epoch (see ``drop_last``).
         shuffle: A rank's order: True (default) shuffles the order of its blocks and, within
             a window of ``shuffle_window`` rows, of its rows, every epoch, seeded by
-            ``(seed, epoch)``; False keeps arrival order (epoch 0) and the runs' order.
+            ``(seed, epoch)``; ``"global"`` also deals the blocks out to the ranks anew
+            in every epoch after the first (they move between the rank processes); False
+            keeps arrival order (epoch 0) and the runs' order.
         seed: The shuffle's seed (the same on every rank).
         drop_last: False (default): every row once per epoch; each rank's last batch of an
             epoch holds its share of the remainder (1 to ``batch_size`` rows). True: every
@@ -138,7 +140,7 @@ class Receiver(Closeable):
         rank: int | None = None,
         world_size: int | None = None,
         batch_size: int | None = None,
-        shuffle: bool = True,
+        shuffle: bool | Literal["global"] = True,
         seed: int = 0,
         drop_last: bool = False,
         shuffle_window: int | None = None,
@@ -242,8 +244,24 @@ class Receiver(Closeable):
 
     def state_dict(self) -> dict[str, Any]:
         """A rank's position (plain data, for a checkpoint): ``Receiver(..., state=...)``
-        continues at the next batch after a restart."""
+        continues at the next batch after a restart. Batches read ahead with
+        :meth:`read_ahead` count once :meth:`consumed` says the trainer took them."""
         return self._rank("state_dict").state_dict()
+
+    def read_ahead(self, timeout: float | None = None) -> pa.RecordBatch | None:
+        """A rank's next batch for a loader that prefetches (:mod:`creditflow.torch`): it
+        counts in :meth:`state_dict` only once :meth:`consumed` says the trainer took it;
+        :meth:`unread` gives back what was read ahead and not taken. Otherwise as :meth:`next`."""
+        return self._rank("read_ahead").next(self._timeout if timeout is None else timeout, ahead=True)
+
+    def consumed(self) -> None:
+        """The trainer took the oldest batch :meth:`read_ahead` returned."""
+        self._rank("consumed").consumed()
+
+    def unread(self) -> None:
+        """Gives back the batches :meth:`read_ahead` returned that the trainer did not take
+        (a loader that stops): the next reads return them first."""
+        self._rank("unread").unread()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A live rank goes to ``state``'s epoch and batch, from its memory or spill, without
@@ -291,13 +309,15 @@ def _rank_options(
     rank: int,
     world_size: int,
     batch_size: int | None,
-    shuffle: bool,
+    shuffle: bool | str,
     seed: int,
     drop_last: bool,
     window: int | None,
     state: dict[str, Any] | None,
 ) -> Options:
     """Checks a rank's settings."""
+    if shuffle not in (True, False, "global"):
+        raise ValueError(f'shuffle must be True, False or "global", got {shuffle!r}')
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(
             f"rank must be in 0..world_size-1 and world_size >= 1, got rank={rank}, world_size={world_size}"
@@ -309,12 +329,13 @@ def _rank_options(
     parsed = None
     if state is not None:
         parsed = RankState.from_dict(state)
-        parsed.check(rank, world_size, batch_size, seed, bool(shuffle), drop_last)
+        parsed.check(rank, world_size, batch_size, seed, shuffle, drop_last)
     return Options(
         rank=rank,
         world=world_size,
         batch_size=batch_size,
         shuffle=bool(shuffle),
+        across=shuffle == "global",
         seed=seed,
         drop_last=drop_last,
         window=window if window is not None else WINDOW_BATCHES * batch_size,

@@ -523,12 +523,17 @@ fn a_memory_reservation_makes_a_hybrid_partition_spill_down_and_is_given_back() 
 
     let reserved = total / 2;
     let held = env.reserve_memory("window", reserved * SEGMENT - 1).unwrap();
-    assert_eq!(held.stats().min, reserved, "rounded up to whole segments");
+    assert_eq!(held.segments(), reserved, "rounded up to whole segments");
     part.flush(); // what the environment's flusher does every buffer_timeout
     assert!(
         in_memory(&part) + reserved <= total,
         "{} segments in memory beside {reserved} reserved of {total}",
         in_memory(&part)
+    );
+    assert!(
+        env.pool().allocated_segments() + reserved <= total,
+        "segments allocated before are dropped: {} allocated beside {reserved} held of {total}",
+        env.pool().allocated_segments()
     );
     match env.reserve_memory("too much", MEMORY) {
         Err(Error::InsufficientBuffers { .. }) => {}

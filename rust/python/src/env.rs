@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use creditflow_core::base::config::{Backoff, Limits};
-use creditflow_core::memory::LocalPool;
+use creditflow_core::memory::HeldOutside;
 use creditflow_core::partition::spill::SpillKind;
 use creditflow_core::serde::Compression;
 use creditflow_core::{base::units, EnvConfig, FlowControl};
@@ -317,11 +317,11 @@ impl NetworkEnvironment {
     ) -> PyResult<MemoryReservation> {
         check_pid(self.pid, "NetworkEnvironment")?;
         let bytes = bytes_arg(nbytes, "nbytes")?;
-        let pool = py.detach(|| self.inner.reserve_memory(what, bytes)).py_err(py)?;
-        let segments = pool.stats().min;
+        let held = py.detach(|| self.inner.reserve_memory(what, bytes)).py_err(py)?;
+        let bytes = held.segments() * self.inner.pool().segment_size();
         Ok(MemoryReservation {
-            pool: Mutex::new(Some(pool)),
-            bytes: segments * self.inner.pool().segment_size(),
+            held: Mutex::new(Some(held)),
+            bytes,
         })
     }
 
@@ -366,7 +366,7 @@ impl NetworkEnvironment {
 /// until :meth:`release` (or the reservation is dropped).
 #[pyclass(module = "creditflow._native", frozen)]
 pub struct MemoryReservation {
-    pool: Mutex<Option<LocalPool>>,
+    held: Mutex<Option<HeldOutside>>,
     bytes: usize,
 }
 
@@ -375,7 +375,7 @@ impl MemoryReservation {
     /// The bytes held (whole segments), 0 once released.
     #[getter]
     fn nbytes(&self) -> usize {
-        if self.pool.lock().unwrap().is_some() {
+        if self.held.lock().unwrap().is_some() {
             self.bytes
         } else {
             0
@@ -384,8 +384,8 @@ impl MemoryReservation {
 
     /// Gives the memory back to the environment's pools. Idempotent.
     fn release(&self, py: Python<'_>) {
-        let pool = self.pool.lock().unwrap().take();
-        py.detach(move || drop(pool));
+        let held = self.held.lock().unwrap().take();
+        py.detach(move || drop(held));
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {

@@ -24,6 +24,6 @@ pub mod segment;
 #[cfg(test)]
 mod tests;
 
-pub use global::{GlobalPool, PoolStats};
+pub use global::{GlobalPool, HeldOutside, PoolStats};
 pub use local::{LocalPool, PooledSegment, Reservation};
 pub use segment::Segment;

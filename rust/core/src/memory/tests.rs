@@ -29,6 +29,34 @@ mod unit {
     }
 
     #[test]
+    fn memory_held_outside_shrinks_shares_drops_free_segments_and_comes_back() {
+        let g = GlobalPool::new(10 * SEG, SEG).unwrap();
+        let p = g.create_local_pool("p", 2, usize::MAX, "").unwrap();
+        let segs = p.request_many(8, &mut no_wait()).unwrap();
+        drop(segs); // recycled into p's free list: 8 segments allocated
+        assert_eq!(g.allocated_segments(), 8);
+        let held = g.hold_outside("window", 6, "").unwrap();
+        assert_eq!(p.stats().share, 4, "the pool's share shrinks by what is held");
+        assert!(
+            g.allocated_segments() + held.segments() <= 10,
+            "free segments beyond the rest are dropped: {} allocated",
+            g.allocated_segments()
+        );
+        let in_use = p.request_many(4, &mut no_wait()).unwrap();
+        assert!(p.try_request().is_none(), "the pool stays within its share");
+        assert_eq!(g.available_segments(), 0);
+        assert!(
+            g.hold_outside("more", 3, "").is_err(),
+            "the pools' minimums are not given away"
+        );
+        drop(in_use);
+        drop(held);
+        assert_eq!(p.stats().share, 10, "given back");
+        assert_eq!(g.reserved_segments(), 2);
+        assert_eq!(p.request_many(10, &mut no_wait()).unwrap().len(), 10);
+    }
+
+    #[test]
     fn insufficient_minimum_fails_at_construction_with_numbers() {
         let g = GlobalPool::new(8 * SEG, SEG).unwrap();
         let _a = g.create_local_pool("a", 5, usize::MAX, "").unwrap();

@@ -1,0 +1,128 @@
+"""The shuffle across ranks (``shuffle="global"``): in every epoch after the first, the ranks'
+homes (:mod:`creditflow.spark._home`) are dealt out again, chunk by chunk, so that a row
+lands on a rank chosen at random every epoch, seeded by ``(seed, epoch)``.
+
+* :func:`traffic` says how many rows each rank sends each rank (and leaves out, with
+  ``drop_last``): every rank then gets exactly the rows its steps need; the same answer on
+  every rank, from the homes' sizes alone.
+* :func:`deal` (the sending side, a thread of each rank) reads its home in its seeded order and
+  sends each chunk, or a piece of it, to a rank drawn at random in proportion to what that
+  rank has still to get from it, over a hybrid partition with one subpartition per rank: the
+  writer never waits for a slow reader (what is not read yet spills), so ranks that read in
+  their own order never wait on each other in a cycle.
+* :func:`gather` (the receiving side, in the consumer's thread) reads from every rank's
+  partition, drawing the next source at random in proportion to the rows still to come
+  from it: an order that depends only on (seed, epoch) and the rows, so a resumed epoch
+  repeats it.
+
+A pass is one reading of an epoch: a rank that starts epoch ``e`` for the ``n``-th time asks
+every rank for pass ``(e, n)`` (:func:`pass_id` names its partitions), and every rank of a job
+runs the same epochs (as DDP does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+import creditflow as cf
+from creditflow.spark._runs import Chunks, split_ids, with_ids
+
+
+def traffic(homes: list[int], needs: list[int]) -> list[list[int]]:
+    """``out[s][d]``: rows rank ``s`` sends rank ``d`` (``d == len(homes)``: rows it leaves
+    out), each rank's share of every destination in proportion to its home's size, rounded
+    so that rank ``s`` sends ``homes[s]`` rows in all and rank ``d`` gets ``needs[d]``."""
+    world, total = len(homes), sum(homes)
+    cols = [*needs, total - sum(needs)]
+    if cols[-1] < 0:
+        raise ValueError(f"the ranks need {sum(needs)} rows but hold {total}")
+    if total == 0:
+        return [[0] * (world + 1) for _ in range(world)]
+    out = [[h * c // total for c in cols] for h in homes]
+    row_left = [h - sum(row) for h, row in zip(homes, out, strict=True)]
+    col_left = [c - sum(out[s][d] for s in range(world)) for d, c in enumerate(cols)]
+    for s in range(world):
+        # Largest remainders first; every row short of its sum takes from columns still short.
+        order = sorted(range(world + 1), key=lambda d: (-(homes[s] * cols[d] % total), d))
+        while row_left[s]:
+            d = next(d for d in order if col_left[d] > 0)
+            k = min(row_left[s], col_left[d])
+            out[s][d] += k
+            row_left[s] -= k
+            col_left[d] -= k
+    return out
+
+
+def pass_id(job: str, source: int, epoch: int, n: int) -> str:
+    """The partition rank ``source`` deals pass ``(epoch, n)`` of a job into."""
+    return f"cf-rank-deal/{job}/{source}/{epoch}/{n}"
+
+
+def _draw(rng: np.random.Generator, left: list[int]) -> int:
+    """An index drawn in proportion to ``left``."""
+    cumulative = np.cumsum(left)
+    return int(np.searchsorted(cumulative, rng.integers(int(cumulative[-1])), side="right"))
+
+
+def deal(
+    chunks: Iterator[tuple[pa.RecordBatch, np.ndarray]],
+    quotas: list[int],
+    rng: np.random.Generator,
+    write: Callable[[int, pa.RecordBatch], None],
+) -> None:
+    """Sends the rows of ``chunks`` to the ranks: ``quotas[d]`` rows to rank ``d`` (the last
+    entry: rows left out), each chunk or piece of one to a rank drawn in proportion to its
+    quota left; ``write(d, batch)`` sends a batch with its ids. Raises ValueError when the
+    chunks hold other than ``sum(quotas)`` rows."""
+    left = list(quotas)
+    drop = len(quotas) - 1
+    for batch, ids in chunks:
+        offset = 0
+        while offset < len(ids):
+            if not any(left):
+                raise ValueError(f"more rows than the {sum(quotas)} to deal")
+            d = _draw(rng, left)
+            k = min(left[d], len(ids) - offset)
+            if d != drop:
+                write(d, with_ids(batch.slice(offset, k), ids[offset : offset + k]))
+            left[d] -= k
+            offset += k
+    if any(left):
+        raise ValueError(f"{sum(left)} rows fewer than the {sum(quotas)} to deal")
+
+
+def gather(
+    gates: list[cf.InputGate],
+    expect: list[int],
+    rng: np.random.Generator,
+    timeout: float | None,
+    rank: int,
+) -> Chunks:
+    """The rows dealt to this rank: ``expect[s]`` from ``gates[s]`` (rank ``s``'s
+    subpartition for it), the next batch from a source drawn in proportion to the rows
+    still to come from it. Raises :class:`creditflow.ProducerFailedError` naming a rank that
+    sends other than it should."""
+    left = list(expect)
+    try:
+        while any(left):
+            s = _draw(rng, left)
+            try:
+                got = gates[s].next(timeout=timeout)
+            except (cf.ConnectionLostError, cf.ProducerFailedError) as exc:
+                raise cf.ProducerFailedError(f"rank {rank}: rank {s} failed while dealing: {exc}") from exc
+            if got is None or got.num_rows > left[s]:
+                n = 0 if got is None else got.num_rows
+                raise cf.ProducerFailedError(
+                    f"rank {rank}: rank {s} dealt other rows than it should ({n} more, {left[s]} expected)"
+                )
+            left[s] -= got.num_rows
+            yield split_ids(got)
+        for s, gate in enumerate(gates):
+            if gate.next(timeout=timeout) is not None:
+                raise cf.ProducerFailedError(f"rank {rank}: rank {s} dealt more rows than it should")
+    finally:
+        for gate in gates:
+            gate.close()

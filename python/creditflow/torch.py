@@ -21,6 +21,7 @@ the receiver's ``pyarrow.RecordBatch`` objects (``batch.column(i).to_numpy()``) 
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -35,6 +36,8 @@ from creditflow.spark import Receiver
 __all__ = ["RankDataset", "to_tensors"]
 
 _END = object()
+#: Seconds between the prefetching thread's looks at whether the trainer stopped.
+POLL = 0.2
 
 
 def _column(name: str, arr: pa.Array) -> torch.Tensor:
@@ -84,7 +87,9 @@ class RankDataset(IterableDataset[dict[str, torch.Tensor]]):
             where Arrow has them (zero-copy), converted in the caller's thread.
 
     Iterating continues the receiver's current epoch (a re-created ``DataLoader`` goes on at
-    the next batch); :meth:`set_epoch` starts an epoch.
+    the next batch, also with ``device=``: the batches read ahead go back to the receiver);
+    :meth:`set_epoch` starts an epoch. The receiver's ``state_dict()`` counts the batches
+    the trainer got, not those read ahead.
     """
 
     def __init__(
@@ -126,25 +131,38 @@ class RankDataset(IterableDataset[dict[str, torch.Tensor]]):
         yield from self._prefetched()
 
     def _prefetched(self) -> Iterator[dict[str, torch.Tensor]]:
-        """The batches, each converted and moved while the one before is in use."""
+        """The batches, each converted and moved while the one before is in use. The
+        receiver reads them ahead (:meth:`creditflow.spark.Receiver.read_ahead`): a batch
+        counts in its ``state_dict()`` only once this hands it to the trainer, and the ones
+        read ahead when the trainer stops go back to the receiver for the next iteration."""
         ready: queue.Queue[object] = queue.Queue(maxsize=1)
         stop = threading.Event()
         cuda = self._device is not None and self._device.type == "cuda"
+        rx = self.receiver
 
         def run() -> None:
             stream = torch.cuda.Stream(self._device) if cuda else None  # type: ignore[no-untyped-call]
+            waited = 0.0
             try:
-                for batch in self.receiver:
+                while not stop.is_set():
+                    try:
+                        batch = rx.read_ahead(timeout=POLL)
+                    except TimeoutError:  # creditflow's is one
+                        waited += POLL
+                        if rx.timeout is not None and waited >= rx.timeout:
+                            raise
+                        continue
+                    waited = 0.0
+                    if batch is None:
+                        ready.put(_END)
+                        return
                     item = self._convert(batch, stream)
                     while not stop.is_set():
                         try:
-                            ready.put(item, timeout=0.1)
+                            ready.put(item, timeout=POLL)
                             break
                         except queue.Full:
                             continue
-                    if stop.is_set():
-                        return
-                ready.put(_END)
             except BaseException as exc:  # raised in the trainer's thread
                 ready.put(exc)
 
@@ -158,7 +176,12 @@ class RankDataset(IterableDataset[dict[str, torch.Tensor]]):
                 if isinstance(item, BaseException):
                     raise item
                 assert isinstance(item, dict)
+                rx.consumed()  # the trainer has it now
                 yield item
         finally:
             stop.set()
-            thread.join()
+            while thread.is_alive():  # it may wait to hand over one more
+                with contextlib.suppress(queue.Empty):
+                    ready.get_nowait()
+                thread.join(POLL)
+            rx.unread()

@@ -36,7 +36,7 @@ from creditflow.spark._budget import Budget
 from creditflow.spark._group import Group
 from creditflow.spark._home import Home
 from creditflow.spark._rankstate import RankState, RowSet
-from creditflow.spark._reshuffle import gather, traffic
+from creditflow.spark._reshuffle import Gathering, traffic
 from creditflow.spark._runs import Chunks, MovedIn, Runs
 from creditflow.spark._steps import Steps, full_steps_at_least
 from creditflow.spark._window import Window
@@ -129,7 +129,7 @@ class Consumer:
         self._rows_yielded = 0
 
     # Provided by the rank.
-    def _open_pass(self, epoch: int, n: int) -> list[cf.InputGate]:
+    def _open_pass(self, epoch: int, n: int) -> Gathering:
         raise NotImplementedError
 
     def _close_pass(self, epoch: int, n: int) -> None:
@@ -395,12 +395,13 @@ class Consumer:
         epoch, n = self._pass
         needs = [final.steps.need(q) for q in range(o.world)]
         expect = [row[o.rank] for row in traffic(final.homes, needs)]
-        gates = self._open_pass(epoch, n)
+        gathering = self._open_pass(epoch, n)
         rng = self._rng(epoch, 3, o.rank)
         assert rng is not None, "the global shuffle is seeded"
         try:
-            yield from gather(gates, expect, rng, o.timeout, o.rank)
+            yield from gathering.chunks(expect, rng, o.timeout)
         finally:
+            gathering.close()
             self._close_pass(epoch, n)
 
     # --------------------------------------------------------------------------- state, metrics

@@ -43,7 +43,7 @@ from creditflow.spark._group import Group
 from creditflow.spark._home import OPEN_RUNS, Home
 from creditflow.spark._intake import REGISTER_TIMEOUT
 from creditflow.spark._rankstate import RowSet
-from creditflow.spark._reshuffle import deal, pass_id, traffic
+from creditflow.spark._reshuffle import Gathering, deal, pass_id, traffic
 from creditflow.spark._runs import MovedIn, Runs, with_ids
 from creditflow.spark._steps import moves, plan
 from creditflow.spark._stripes import STRIPE_ROWS, share_ids, share_size
@@ -80,10 +80,12 @@ class Ranked(Consumer):
     def __init__(self, env: cf.NetworkEnvironment, *, host: str, secret: str, opts: Options) -> None:
         cond = threading.Condition()
         group = Group(opts.rank, opts.world, secret, cond)
-        # Rows held outside the environment's pools at most: two windows and a batch (a
-        # window is mixed into a copy), the queue, and the chunks of the runs being read
-        # (by the consumer, and by this rank's dealing or giving meanwhile).
-        held = 2 * (opts.window + opts.batch_size) + (opts.max_queued + 4 * OPEN_RUNS + 4) * STRIPE_ROWS
+        # Rows held outside the environment's pools at most: a window and a batch twice (a
+        # window is mixed into a copy), and either the queue of epoch 0 and a run being read
+        # (rows to give, or the rest of epoch 0), or the open runs of this rank's deal (each
+        # reader holds less than two chunks) and a chunk or two being read.
+        chunks = max(opts.max_queued + 2, 2 * OPEN_RUNS + 3)
+        held = 2 * (opts.window + opts.batch_size) + chunks * STRIPE_ROWS
         super().__init__(opts, cond, group, Budget(env, held, f"rank {opts.rank}"))
         self._env = env
         group.on_failure = self._fail
@@ -492,19 +494,18 @@ class Ranked(Consumer):
             del self._deals[(epoch, n)]
         entry.part.release()
 
-    def _open_pass(self, epoch: int, n: int) -> list[cf.InputGate]:
-        """Asks every rank for pass ``(epoch, n)``; this rank's gates on their deals."""
+    def _open_pass(self, epoch: int, n: int) -> Gathering:
+        """Asks every rank for pass ``(epoch, n)`` and drains their deals for this rank."""
         job = self._job
         assert job is not None
         self._group.tell({"kind": "rank_pull", "epoch": epoch, "pass": n})
         self._pull(self._opts.rank, epoch, n)
         ends = self._group.ends
-        return [
-            self._env.create_input_gate(
-                [cf.ChannelSpec(str(ends[s]["address"]), pass_id(job, s, epoch, n), self._opts.rank)]
-            )
+        sources = [
+            cf.ChannelSpec(str(ends[s]["address"]), pass_id(job, s, epoch, n), self._opts.rank)
             for s in range(self._opts.world)
         ]
+        return Gathering(self._env, sources, self._opts.rank)
 
     def _close_pass(self, epoch: int, n: int) -> None:
         self._group.tell({"kind": "rank_pass_done", "epoch": epoch, "pass": n})

@@ -10,10 +10,15 @@ lands on a rank chosen at random every epoch, seeded by ``(seed, epoch)``.
   rank has still to get from it, over a hybrid partition with one subpartition per rank: the
   writer never waits for a slow reader (what is not read yet spills), so ranks that read in
   their own order never wait on each other in a cycle.
-* :func:`gather` (the receiving side, in the consumer's thread) reads from every rank's
-  partition, drawing the next source at random in proportion to the rows still to come
-  from it: an order that depends only on (seed, epoch) and the rows, so a resumed epoch
-  repeats it.
+* :class:`Gathering` (the receiving side) drains every rank's subpartition for it as the
+  rows come, into a hybrid partition of its own with one subpartition per source (what the
+  consumer has not read yet spills), and :func:`gather` reads those back in the consumer's
+  thread, drawing the next source at random in proportion to the rows still to come from
+  it: an order that depends only on (seed, epoch) and the rows, so a resumed epoch repeats
+  it. Draining first matters: a rank that read the sources' partitions in its own order
+  would leave the others' channels full, and the segments they pin in a source's pool are
+  the ones that source's own reading needs (two ranks each waiting on its own deal, each
+  deal starved by the other's full channel).
 
 A pass is one reading of an epoch: a rank that starts epoch ``e`` for the ``n``-th time asks
 every rank for pass ``(e, n)`` (:func:`pass_id` names its partitions), and every rank of a job
@@ -22,6 +27,8 @@ runs the same epochs (as DDP does).
 
 from __future__ import annotations
 
+import threading
+import uuid
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -126,3 +133,55 @@ def gather(
     finally:
         for gate in gates:
             gate.close()
+
+
+class Gathering:
+    """The rows the ranks deal this one in one pass, drained from ``sources`` (channel ``s``:
+    rank ``s``'s subpartition for this rank) into a hybrid partition of ``env`` as they
+    come, one subpartition per source."""
+
+    def __init__(self, env: cf.NetworkEnvironment, sources: list[cf.ChannelSpec], rank: int) -> None:
+        self._env = env
+        self._rank = rank
+        self._sources = len(sources)
+        self._part = env.create_partition(
+            f"cf-rank-gather/{uuid.uuid4().hex[:12]}", len(sources), kind="hybrid"
+        )
+        self._writer = cf.RecordWriter(self._part, cf.ForwardPartitioner())
+        self._gate = env.create_input_gate(sources)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._drain, name="creditflow-rank-gather", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        try:
+            while not self._closed.is_set():
+                try:
+                    item = self._gate.next_item(timeout=1.0)
+                except cf.TimeoutError:
+                    continue
+                if item is None:
+                    self._writer.close()
+                    return
+                if isinstance(item, cf.Batch):
+                    self._writer.write(item.batch, subpartition=item.channel)
+        except Exception as exc:
+            if not self._closed.is_set():
+                self._writer.fail(
+                    f"rank {self._rank}: a rank failed while dealing: {type(exc).__name__}: {exc}"
+                )
+
+    def chunks(self, expect: list[int], rng: np.random.Generator, timeout: float | None) -> Chunks:
+        """The rows, ``expect[s]`` from rank ``s``, in ``rng``'s interleaving (:func:`gather`)."""
+        gates = [
+            self._env.create_input_gate([cf.ChannelSpec(self._env.address, self._part.id, s)])
+            for s in range(self._sources)
+        ]
+        return gather(gates, expect, rng, timeout, self._rank)
+
+    def close(self) -> None:
+        """Stops draining and drops what is left."""
+        self._closed.set()
+        self._gate.close()
+        self._thread.join(timeout=10)
+        self._part.release()

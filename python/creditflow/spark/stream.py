@@ -207,6 +207,11 @@ class Receiver(Closeable):
         """The one address to give :func:`send` (``host:port``)."""
         return self._mode.address if isinstance(self._mode, Ranked) else self._mode.intake.address
 
+    @property
+    def timeout(self) -> float | None:
+        """The longest :meth:`next` and iteration wait for a batch, in seconds (None: no limit)."""
+        return self._timeout
+
     def next(self, timeout: float | None = None) -> pa.RecordBatch | None:
         """The next batch; None at the end (a rank: of the current epoch). Raises
         :class:`creditflow.TimeoutError` after ``timeout`` seconds (default: the receiver's),

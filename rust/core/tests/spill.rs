@@ -548,3 +548,42 @@ fn a_memory_reservation_makes_a_hybrid_partition_spill_down_and_is_given_back() 
         "the spilled rows read back"
     );
 }
+
+#[test]
+fn readers_of_several_spilled_subpartitions_do_not_starve_each_other() {
+    // Five readers of a replaying hybrid partition that spilled most of its data; they are
+    // all open, and the consumer reads one to its end before the next, as an epoch that
+    // interleaves runs may: the readers it does not read hold the read-ahead they queued,
+    // and the one it reads still needs segments to read the file back into.
+    let scratch = tempfile::tempdir().unwrap();
+    let env = NetworkEnvironment::new(config(scratch.path(), None)).unwrap();
+    let subs = 5;
+    let part = env
+        .create_spillable_partition("runs", subs, SpillKind::Hybrid { replay: true }, None)
+        .unwrap();
+    let n = ten_times_memory();
+    let mut w = RecordWriter::new(part.clone(), Partitioner::RoundRobin);
+    for i in 0..n {
+        w.write(&batch(i), &mut wait()).unwrap();
+    }
+    w.close().unwrap();
+    let mut gates: Vec<_> = (0..subs)
+        .map(|sub| {
+            env.create_input_gate(vec![ChannelSpec {
+                address: env.address().into(),
+                partition_id: "runs".into(),
+                subpartition: sub,
+            }])
+            .unwrap()
+        })
+        .collect();
+    for (sub, gate) in gates.iter_mut().enumerate() {
+        let mut got = Vec::new();
+        while let Some(b) = gate.next(&mut wait()).expect("a reader waited for the others") {
+            got.push(first_key(&b));
+        }
+        let want: Vec<i64> = (0..n).filter(|i| (i % subs as i64) as usize == sub).collect();
+        assert_eq!(got, want, "subpartition {sub}");
+    }
+    assert!(part.metrics().spill.unwrap().read_back_chunks > 0);
+}

@@ -44,7 +44,10 @@ pub(crate) fn spawn<S: Source>(source: Arc<S>, sub: usize, view: Arc<Subpartitio
         .spawn(move || {
             let me = std::thread::current();
             view.set_taken_listener(Arc::new(move || me.unpark()));
-            if let Err(e) = feed(source.as_ref(), sub, &view) {
+            source.store().reader_started();
+            let fed = feed(source.as_ref(), sub, &view);
+            source.store().reader_done();
+            if let Err(e) = fed {
                 if !view.is_released() {
                     let msg = format!("reading partition {:?}[{sub}] back failed: {e}", source.id());
                     log::warn!("creditflow: {msg}");
@@ -61,7 +64,8 @@ fn feed<S: Source>(source: &S, sub: usize, view: &Subpartition) -> Result<()> {
     let mut pos = 0u64;
     let mut scratch = Vec::new();
     loop {
-        while view.backlog() >= READ_AHEAD {
+        // Fewer than READ_AHEAD when several readers share the partition's pool.
+        while view.backlog() >= store.read_ahead(source.pool().stats().share) {
             if view.is_released() {
                 return Ok(());
             }

@@ -7,6 +7,7 @@ its own process); the DataFrame has an ``id`` column, so every check is row by r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -617,6 +618,71 @@ def test_a_second_attempt_waits_for_the_first_and_continues_after_it() -> None:
     assert second_answer["skip"] == 25, "answered after the first attempt's rows were kept"
     assert not answers["stale"]["accept"]
     assert "newer attempt" in answers["stale"]["reason"]
+
+
+def test_a_rank_reports_its_data_stall_and_the_tasks_backpressure() -> None:
+    """``rx.metrics()["rank"]`` and ``rx.serve_metrics()``: the trainer waits for data (the
+    data stall) until a task sends; then the trainer stops taking batches and the task waits
+    for it (the backpressure the rank puts on the tasks), and the rank names the trainer."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from creditflow.spark import _messages
+    from helpers import poll
+
+    secret = "p" * 64
+    rx = cfs.Receiver(rank=0, world_size=1, batch_size=100, secret=secret, max_queued=1, shuffle=False)
+    env = cf.NetworkEnvironment(memory="2MiB", secret=secret)
+    got: list[pa.RecordBatch] = []
+    try:
+        job = {
+            "kind": "job",
+            "job": "m",
+            "num_partitions": 1,
+            "world_size": 1,
+            "rank": 0,
+            "ranks": [rx.address],
+        }
+        assert _messages.send(rx.address, secret, job, reply=True)["accept"]
+        part = env.create_partition("p", 1)
+        reg = {"kind": "partition", "job": "m", "partition": 0, "attempt": 0, "address": env.address}
+        assert _messages.send(rx.address, secret, {**reg, "partition_id": "p"}, reply=True)["accept"]
+        trainer = threading.Thread(target=lambda: got.append(rx.next(timeout=60)))
+        trainer.start()
+        poll("the trainer waits for data", lambda: rx.rank_metrics()["stall_total"] > 0)
+
+        def task() -> None:
+            with contextlib.suppress(cf.CreditflowError):
+                w = cf.RecordWriter(part, cf.ForwardPartitioner())
+                for i in range(200):
+                    w.write(pa.record_batch({"id": np.arange(i * 100, (i + 1) * 100)}), timeout=60)
+
+        threading.Thread(target=task, daemon=True).start()
+        trainer.join(60)
+        assert [b.num_rows for b in got] == [100], "the trainer got a batch"
+        pressed = poll(
+            "the task waits for the trainer", lambda: rx.rank_metrics()["backpressure_total"] > 1.0
+        )
+        assert pressed
+        m = rx.metrics()["rank"]
+        assert m is not None
+        assert m["stall_total"] > 0
+        assert m["backpressure_ms_per_second"] > 500
+        assert m["bottleneck"] == "trainer"
+        server = rx.serve_metrics()
+        text = urllib.request.urlopen(server.url, timeout=10).read().decode()
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        for name in ("creditflow_rank_data_stall_seconds", "creditflow_rank_backpressure_seconds"):
+            (sample,) = [x for x in fams[name].samples if x.name.endswith("_total")]
+            assert sample.labels == {"env": rx.metrics()["address"], "rank": "0"}
+            assert sample.value > 0, name
+        assert fams["creditflow_rank_backpressure_ratio"].samples[0].value > 0.5
+        assert fams["creditflow_segments"].samples, "the environment's families too"
+    finally:
+        rx.close()
+        env.close()
+    assert server.closed, "closing the receiver stops its server"
 
 
 def test_rank_arguments_are_checked() -> None:

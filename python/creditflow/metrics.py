@@ -29,6 +29,7 @@ __all__ = [
     "PartitionMetrics",
     "PoolStats",
     "RankMetrics",
+    "ReceiverMetrics",
     "RemoteChannelStats",
     "RemoteReaderMetrics",
     "RemoteStats",
@@ -347,9 +348,24 @@ class RankMetrics(TypedDict):
     #: for a batch, and seconds in total.
     stall_ms_per_second: float
     stall_total: float
+    #: The tasks' backpressure from this rank: milliseconds of the last second its trainer
+    #: held the tasks back (the rank's queue was full, its readers waited), and seconds in all.
+    backpressure_ms_per_second: float
+    backpressure_total: float
+    #: What holds the rank back now: ``"trainer"`` (the tasks wait for it most of each
+    #: second), ``"spark"`` (its trainer waits for data most of each second in epoch 0),
+    #: ``"ranks"`` (it waits for the other ranks' rows: a later epoch's deal, the end of
+    #: epoch 0), or None.
+    bottleneck: str | None
     #: What the rank holds now: its environment's allocated segments plus the rows held
     #: outside them (queue, window) at the largest average row size seen; its ``memory``;
     #: and the part of it reserved for the rows held outside the pools.
     memory_bytes: int
     memory_limit: int
     reserved_bytes: int
+
+
+class ReceiverMetrics(EnvMetrics):
+    """``Receiver.metrics()``: its environment's metrics and, for a rank, the rank's."""
+
+    rank: RankMetrics | None

@@ -271,14 +271,15 @@ def _mark_send_bottleneck(nodes: Sequence[Node]) -> None:
     """A send to ranks: whether Spark or the trainer holds the job back. Ranks that wait for
     data (their stall, as idle time) most of each second while the tasks are not
     backpressured wait for Spark: the busiest task is the bottleneck. Tasks backpressured
-    most of each second wait for the ranks: the rank that stalls least (the slowest trainer)
-    is. Otherwise neither waits much, and nothing is marked."""
+    most of each second (as the tasks or the ranks, whose queues hold them back, say) wait
+    for the ranks: the rank that stalls least (the slowest trainer) is. Otherwise neither
+    waits much, and nothing is marked."""
     ranks = [n for n in nodes if "/rank" in n.id and not n.done]
     senders = [n for n in nodes if "/rank" not in n.id and n.scraped and not n.done]
     if not ranks or not senders:
         return
     stall = max(n.idle for n in ranks)
-    pressed = max(n.backpressured for n in senders)
+    pressed = max(n.backpressured for n in senders + ranks)
     for n in nodes:
         n.bottleneck = False
     if pressed > BUSY_THRESHOLD:
@@ -299,11 +300,11 @@ def _mark_send_bottleneck(nodes: Sequence[Node]) -> None:
 
 def from_spark(
     latest: Sequence[TaskSample],
-    previous: Mapping[tuple[str, int], TaskSample] | None = None,
+    previous: Mapping[tuple[str, str, int], TaskSample] | None = None,
     title: str = "creditflow.spark",
 ) -> Pipeline:
     """The graph of Spark tasks from :class:`creditflow.spark.Monitor` samples: ``latest``
-    holds the newest sample of each task, ``previous`` an older one by ``(job, task)`` (rates
+    holds the newest sample of each task, ``previous`` an older one by :attr:`TaskSample.key` (rates
     are over the time between the two). An ``exchange`` is all-to-all between its tasks
     (each edge's throughput from the reading task's channels); the tasks of a ``send`` feed
     its receiver, or each of its ranks (whose samples, kind ``"rank"``, carry their data
@@ -323,7 +324,7 @@ def from_spark(
         targets = [f"{job}/rank{r.task}" for r in ranks] or [f"{job}/receiver"]
         for s in samples:
             task = s.task
-            prev = previous.get((job, task))
+            prev = previous.get(s.key)
             bp = s.backpressured_ms_per_second / 1000.0
             idle = s.idle_ms_per_second / 1000.0
             upstream = [ids[t] for t in ids if t != task] if exchange else []
@@ -357,12 +358,14 @@ def from_spark(
                 share = node.bytes_out_per_second / len(targets)
                 edges.extend(Edge(ids[task], t, [s.partition_id], share) for t in targets)
         for r in ranks:
-            prev = previous.get((job, r.task))
+            prev = previous.get(r.key)
             node = Node(
                 f"{job}/rank{r.task}",
                 f"{prefix}rank {r.task}",
                 idle=r.idle_ms_per_second / 1000.0,
                 busy=max(0.0, 1.0 - r.idle_ms_per_second / 1000.0),
+                backpressured=r.backpressured_ms_per_second / 1000.0,
+                level=r.level,
                 rows_in_per_second=_change(r, prev, "rows_received"),
                 bytes_in_per_second=_change(r, prev, "bytes_received"),
                 rows_out_per_second=_change(r, prev, "rows_written"),

@@ -72,6 +72,12 @@ class TaskSample:
             **fields,
         )
 
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """What tells this task's samples from the others': its job, ``"rank"`` for a
+        training rank (whose number may be a task's too) or ``"task"``, and its number."""
+        return (self.job, "rank" if self.kind == "rank" else "task", self.task)
+
     def to_message(self) -> dict[str, Any]:
         """The sample as a JSON-able dict (what a task sends to the monitor)."""
         return dataclasses.asdict(self)

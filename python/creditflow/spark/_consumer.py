@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 import creditflow as cf
+from creditflow.snapshot import BUSY_THRESHOLD
 from creditflow.spark._budget import Budget
 from creditflow.spark._group import Group
 from creditflow.spark._home import Home
@@ -41,8 +42,50 @@ from creditflow.spark._runs import Chunks, MovedIn, Runs
 from creditflow.spark._steps import Steps, full_steps_at_least
 from creditflow.spark._window import Window
 
-#: Seconds over which the data stall is measured.
+#: Seconds over which the data stall and the backpressure are measured.
 STALL_WINDOW = 1.0
+
+
+class Seconds:
+    """Time spent in a state (the trainer waiting for data, the tasks held back), in total
+    and per second over the last :data:`STALL_WINDOW` seconds. Not thread-safe: used under
+    the rank's lock. ``begin``/``end`` nest (several readers held back at once count once)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._depth = 0
+        self._since = 0.0
+        self._marks: deque[tuple[float, float]] = deque([(time.monotonic(), 0.0)])
+
+    def add(self, seconds: float) -> None:
+        """Adds ``seconds`` spent in the state."""
+        self.total += seconds
+
+    def begin(self) -> None:
+        """One more waiter; the state starts with the first."""
+        if self._depth == 0:
+            self._since = time.monotonic()
+        self._depth += 1
+
+    def end(self) -> None:
+        """One waiter fewer; the state ends with the last."""
+        self._depth -= 1
+        if self._depth == 0:
+            self.total += time.monotonic() - self._since
+
+    def now(self) -> float:
+        """The total, with a state still going counted up to now."""
+        return self.total + (time.monotonic() - self._since if self._depth else 0.0)
+
+    def per_second(self) -> float:
+        """The share of the last second spent in the state (0 to 1)."""
+        now, total = time.monotonic(), self.now()
+        self._marks.append((now, total))
+        while len(self._marks) > 2 and now - self._marks[1][0] >= STALL_WINDOW:
+            self._marks.popleft()
+        t0, s0 = self._marks[0]
+        return min(1.0, (total - s0) / (now - t0)) if now > t0 else 0.0
+
 
 #: A batch and its rows' ids (epoch 0's, for the position), or None.
 _Out = tuple[pa.RecordBatch, np.ndarray | None]
@@ -124,8 +167,9 @@ class Consumer:
         #: Batches read ahead (a prefetching loader) and not yet taken, and those given back.
         self._lent: deque[_Out] = deque()
         self._returned: deque[_Out] = deque()
-        self._stall = 0.0
-        self._stall_marks: deque[tuple[float, float]] = deque([(time.monotonic(), 0.0)])
+        #: The trainer waiting in next() for data; the tasks held back by a full queue.
+        self._stall = Seconds()
+        self._pressed = Seconds()
         self._rows_yielded = 0
 
     # Provided by the rank.
@@ -168,15 +212,21 @@ class Consumer:
         self._queue.append((batch, ids))
         self._queued_rows += batch.num_rows
         self._cond.notify_all()
-        while (
-            len(self._queue) > o.max_queued
-            and self._streaming
-            and not self._held_back
-            and self._failure is None
-            and not self._closed.is_set()
-            and current()
-        ):
-            self._cond.wait(0.1)
+        if len(self._queue) <= o.max_queued:
+            return
+        self._pressed.begin()  # the tasks wait for this rank's trainer
+        try:
+            while (
+                len(self._queue) > o.max_queued
+                and self._streaming
+                and not self._held_back
+                and self._failure is None
+                and not self._closed.is_set()
+                and current()
+            ):
+                self._cond.wait(0.1)
+        finally:
+            self._pressed.end()
 
     def _pop(self) -> tuple[pa.RecordBatch, np.ndarray]:
         batch, ids = self._queue.popleft()
@@ -248,7 +298,7 @@ class Consumer:
             raise cf.TimeoutError(f"rank {self._opts.rank}: no batch within {self._opts.timeout} s")
         start = time.monotonic()
         self._cond.wait(0.5 if left is None else min(left, 0.5))
-        self._stall += time.monotonic() - start
+        self._stall.add(time.monotonic() - start)
 
     def next(self, timeout: float | None, ahead: bool = False) -> pa.RecordBatch | None:
         """The epoch's next batch; None at its end. ``ahead``: read ahead for a loader; the
@@ -448,15 +498,16 @@ class Consumer:
             self._resumed0 = s.consumed if s.epoch == 0 and len(s.consumed) else None
 
     def rank_metrics(self) -> dict[str, Any]:
-        """The rank's progress, memory and data stall (see :class:`creditflow.metrics.RankMetrics`)."""
-        now = time.monotonic()
+        """The rank's progress, memory, data stall and the backpressure it puts on the
+        tasks (see :class:`creditflow.metrics.RankMetrics`)."""
         memory, limit = self.memory_bytes()
         with self._cond:
-            self._stall_marks.append((now, self._stall))
-            while len(self._stall_marks) > 2 and now - self._stall_marks[1][0] >= STALL_WINDOW:
-                self._stall_marks.popleft()
-            t0, s0 = self._stall_marks[0]
-            per_second = (self._stall - s0) / (now - t0) if now > t0 else 0.0
+            stall, pressed = self._stall.per_second(), self._pressed.per_second()
+            waiting_on = None
+            if pressed > BUSY_THRESHOLD:
+                waiting_on = "trainer"
+            elif stall > BUSY_THRESHOLD:
+                waiting_on = "spark" if self._streaming and self._final is None else "ranks"
             return {
                 "rank": self._opts.rank,
                 "world_size": self._opts.world,
@@ -469,8 +520,11 @@ class Consumer:
                 "window_rows": len(self._live_window),
                 "stream_ended": self._ended,
                 "steps": self._final.steps.count if self._final is not None else None,
-                "stall_ms_per_second": min(1000.0, 1000.0 * per_second),
-                "stall_total": self._stall,
+                "stall_ms_per_second": 1000.0 * stall,
+                "stall_total": self._stall.now(),
+                "backpressure_ms_per_second": 1000.0 * pressed,
+                "backpressure_total": self._pressed.now(),
+                "bottleneck": waiting_on,
                 "memory_bytes": memory,
                 "memory_limit": limit,
                 "reserved_bytes": self._budget.reserved,

@@ -36,6 +36,7 @@ import pyarrow as pa
 import creditflow as cf
 from creditflow.metrics import SpillMetrics
 from creditflow.samples import TaskSample
+from creditflow.snapshot import level_of
 from creditflow.spark import _messages
 from creditflow.spark._budget import Budget
 from creditflow.spark._consumer import Consumer, Options
@@ -539,9 +540,10 @@ class Ranked(Consumer):
         )
 
     def _sample(self) -> TaskSample:
-        """What this rank reports to the job's monitor: rows it received and yielded, and
-        its data stall as idle time."""
+        """What this rank reports to the job's monitor: rows it received and yielded, its
+        data stall as idle time, and how much it held the tasks back as backpressure."""
         m = self.rank_metrics()
+        pressed = m["backpressure_ms_per_second"]
         return TaskSample(
             job=self._job or "",
             kind="rank",
@@ -550,6 +552,9 @@ class Ranked(Consumer):
             rows_written=m["rows_yielded"],
             idle_ms_per_second=m["stall_ms_per_second"],
             idle_total=m["stall_total"],
+            backpressured_ms_per_second=pressed,
+            backpressured_total=m["backpressure_total"],
+            level=level_of(pressed / 1000.0),
             receiver=self.address,
         )
 

@@ -85,9 +85,10 @@ class Monitor(Closeable):
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
         key = secrets.token_hex(16)
         self._lock = threading.Lock()
-        self._latest: dict[tuple[str, int], TaskSample] = {}
+        #: By :attr:`TaskSample.key` (a rank's samples apart from the task of its number).
+        self._latest: dict[tuple[str, str, int], TaskSample] = {}
         #: Each task's samples of the last RATE_WINDOW seconds or so, for rates over that window.
-        self._recent: dict[tuple[str, int], deque[TaskSample]] = {}
+        self._recent: dict[tuple[str, str, int], deque[TaskSample]] = {}
         self._samples: list[TaskSample] = []
         self._max_samples = max_samples
         self._web: PipelineServer | None = None
@@ -106,7 +107,7 @@ class Monitor(Closeable):
 
     def _receive(self, message: Message) -> None:
         sample = TaskSample.from_message(message)
-        task = (sample.job, sample.task)
+        task = sample.key
         with self._lock:
             self._latest[task] = sample
             recent = self._recent.setdefault(task, deque())
@@ -132,14 +133,15 @@ class Monitor(Closeable):
         from creditflow.pipeline import from_spark
 
         with self._lock:
-            latest = [s for (j, _), s in sorted(self._latest.items()) if job is None or j == job]
+            latest = [s for (j, _, _), s in sorted(self._latest.items()) if job is None or j == job]
             previous = {task: recent[0] for task, recent in self._recent.items() if len(recent) > 1}
         return from_spark(latest, previous, title="creditflow.spark: tasks of the running jobs")
 
     def tasks(self, job: str | None = None) -> list[TaskSample]:
-        """The latest sample of every task (of one job, or of all), by job and task number."""
+        """The latest sample of every task (of one job, or of all), by job and task number (a
+        send's ranks, kind ``"rank"``, after its tasks)."""
         with self._lock:
-            return [s for (j, _), s in sorted(self._latest.items()) if job is None or j == job]
+            return [s for (j, _, _), s in sorted(self._latest.items()) if job is None or j == job]
 
     def samples(self) -> list[TaskSample]:
         """Every sample received so far, oldest first."""

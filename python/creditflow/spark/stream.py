@@ -25,14 +25,14 @@ import os
 import secrets
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
 import creditflow as cf
 from creditflow._closeable import Closeable
-from creditflow.metrics import EnvMetrics, RankMetrics, SpillMetrics
+from creditflow.metrics import RankMetrics, ReceiverMetrics, SpillMetrics
 from creditflow.spark._driver import prepare
 from creditflow.spark._modes import Direct, Spooled
 from creditflow.spark._process import EnvSettings, check_wire_compression
@@ -49,6 +49,9 @@ from creditflow.spark._sending import (
     tell_job_failed,
 )
 from creditflow.spark.monitor import Monitor
+
+if TYPE_CHECKING:
+    from creditflow.prometheus import MetricsServer
 
 #: Shuffle window of a rank, in batches (``shuffle_window`` defaults to this times batch_size).
 WINDOW_BATCHES = 8
@@ -176,6 +179,7 @@ class Receiver(Closeable):
             )
         self.secret = secret or secrets.token_hex(32)
         self._timeout = timeout
+        self._servers: list[MetricsServer] = []
         self._env = cf.NetworkEnvironment(
             memory=memory,
             segment_size=segment_size,
@@ -277,11 +281,33 @@ class Receiver(Closeable):
         """A rank's progress and data stall (:class:`creditflow.metrics.RankMetrics`)."""
         return self._rank("rank_metrics").rank_metrics()  # type: ignore[return-value]
 
-    def metrics(self) -> EnvMetrics:
-        """The receiver's environment metrics (see :meth:`creditflow.NetworkEnvironment.metrics`).
-        With ``spill=True`` or a rank its partitions include the receiver's store while it
-        holds data (see also :meth:`spill_metrics`)."""
-        return self._env.metrics()
+    def metrics(self) -> ReceiverMetrics:
+        """The receiver's environment metrics (see :meth:`creditflow.NetworkEnvironment.metrics`)
+        and, under ``rank``, a rank's :meth:`rank_metrics` (its data stall, the backpressure
+        it puts on the tasks; None without a rank). With ``spill=True`` or a rank its
+        partitions include the receiver's store while it holds data (see also
+        :meth:`spill_metrics`)."""
+        env = self._env.metrics()
+        rank = self._mode.rank_metrics() if isinstance(self._mode, Ranked) else None
+        return {**env, "rank": rank}  # type: ignore[typeddict-item]
+
+    def serve_metrics(self, port: int = 0, addr: str = "127.0.0.1") -> MetricsServer:
+        """Serves :meth:`metrics` in the Prometheus text format at ``http://addr:port/metrics``
+        (``port=0``: any free port) until the receiver closes: the environment's families and
+        a rank's (``creditflow_rank_*``: data stall, backpressure, epoch, memory). Needs
+        ``prometheus_client`` (``pip install 'creditflow[metrics]'``)."""
+        from creditflow import prometheus
+
+        if self.closed:
+            raise cf.ClosedError("the receiver is closed")
+        server = prometheus.serve(self, port, addr)
+        self._servers.append(server)
+        return server
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._env.closed
 
     def spill_metrics(self) -> SpillMetrics | None:
         """With ``spill=True`` or a rank, the store's metrics (``creditflow.metrics.SpillMetrics``:
@@ -295,6 +321,8 @@ class Receiver(Closeable):
         Idempotent."""
         if self._env.closed:
             return
+        for server in self._servers:
+            server.close()
         self._mode.close()
         self._env.close()
 

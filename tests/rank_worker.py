@@ -1,13 +1,16 @@
 """One training rank in a process of its own (tests/test_spark_ranks.py): opens
 ``Receiver(rank=...)`` with the JSON settings given as the only argument, prints its address
 as one JSON line, reads ``epochs`` epochs and writes each epoch's row ids to ``<out>.<epoch>``
-(binary int64, as they come: nothing grows in memory), then prints a JSON report: batches per
+(binary int64, as they come: nothing grows in memory; ``die_after``: it kills itself after
+that many batches of epoch 0), then prints a JSON report: batches per
 epoch, the largest batch's bytes, the growth of its resident memory over what it had once the
 receiver was open (sampled at every batch) and the largest ``rank_metrics()["memory_bytes"]``."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 
 import numpy as np
@@ -52,6 +55,8 @@ def main() -> None:
             n = 0
             with open(f"{cfg['out']}.{epoch}", "wb") as out:
                 for batch in rx:
+                    if n == cfg.get("die_after", -1):
+                        os.kill(os.getpid(), signal.SIGKILL)  # the rank dies mid-epoch
                     out.write(batch.column("id").to_numpy().tobytes())
                     batch_bytes = max(batch_bytes, batch.nbytes)
                     growth = max(growth, rss() - base)

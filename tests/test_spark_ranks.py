@@ -563,6 +563,61 @@ def test_a_rank_that_goes_away_fails_send_naming_it_and_the_other_rank(spark: Sp
     assert "error" in result, "send() raised"
 
 
+def test_a_rank_killed_while_the_tasks_write_to_it_fails_send_promptly_naming_it(
+    spark: SparkSession, tmp_path: Any
+) -> None:
+    """Rank 1 runs in a process of its own and is killed (SIGKILL) after 5 batches, while
+    the tasks still stream millions of rows to both ranks: ``send`` raises naming rank 1
+    well within its 600 s timeout, and rank 0 raises naming it instead of waiting."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    secret = "d" * 64
+    rx0 = cfs.Receiver(rank=0, world_size=2, batch_size=1000, secret=secret, timeout=300)
+    cfg = {
+        "rank": 1,
+        "world": 2,
+        "batch": 1000,
+        "secret": secret,
+        "memory": 64 << 20,
+        "spill_dir": str(tmp_path),
+        "shuffle": True,
+        "epochs": 1,
+        "out": str(tmp_path / "rank1"),
+        "die_after": 5,
+    }
+    worker = Path(__file__).resolve().parent / "rank_worker.py"
+    proc = subprocess.Popen([sys.executable, str(worker), json.dumps(cfg)], stdout=subprocess.PIPE, text=True)
+    result: dict[str, Any] = {}
+    rank0: list[BaseException] = []
+    try:
+        address1 = json.loads(proc.stdout.readline())["address"]  # type: ignore[union-attr]
+
+        def run() -> None:
+            try:
+                result["stats"] = cfs.send(numbers(spark, 4_000_000, 2), [rx0.address, address1], secret)
+            except BaseException as exc:
+                result["error"] = exc
+
+        t = threading.Thread(target=run)
+        t.start()
+        with pytest.raises(cf.CreditflowError) as raised:
+            for _ in rx0:
+                pass
+        rank0.append(raised.value)
+        assert proc.wait(60) == -signal.SIGKILL
+        t.join(120)  # the default timeout is 600 s
+        assert not t.is_alive(), "send() raised well within its timeout"
+    finally:
+        proc.kill()
+        rx0.close()
+    assert "error" in result, "send() raised"
+    assert "rank 1" in str(result["error"])
+    assert "rank 1" in str(rank0[0]), rank0[0]
+
+
 def test_a_second_attempt_waits_for_the_first_and_continues_after_it() -> None:
     """Attempt fencing: rank 0 grants a partition to one attempt at a time. A second attempt
     (speculative, or a retry) is answered only once the first one's stream settled, and
@@ -683,6 +738,22 @@ def test_a_rank_reports_its_data_stall_and_the_tasks_backpressure() -> None:
         rx.close()
         env.close()
     assert server.closed, "closing the receiver stops its server"
+
+
+def test_the_ranks_are_told_the_task_s_own_error_not_the_jvm_s_wrapping() -> None:
+    from creditflow.spark._sending import cause_of
+
+    wrapped = RuntimeError(
+        "An error occurred while calling o57.collectToPython.\n"
+        "org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 failed 4 times\n"
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "_sending.py", line 128, in _register\n'
+        "ConnectionError: rank 1's receiver at 127.0.0.1:4000 went away: refused\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner.handle(PythonRunner.scala:1097)\n"
+        "java.lang.IllegalStateException: some JVM detail\n"
+    )
+    assert cause_of(wrapped) == "ConnectionError: rank 1's receiver at 127.0.0.1:4000 went away: refused"
+    assert cause_of(ValueError("plain words")) == "plain words"
 
 
 def test_rank_arguments_are_checked() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import re
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -72,12 +73,28 @@ def tell_job_failed(plan: SendPlan, exc: BaseException) -> None:
     for address in plan.addresses:
         try:
             _messages.send(
-                address, plan.env.secret, {"kind": "job_failed", "job": plan.job, "error": str(exc)[:2000]}
+                address, plan.env.secret, {"kind": "job_failed", "job": plan.job, "error": cause_of(exc)}
             )
         except (OSError, EOFError, multiprocessing.AuthenticationError) as notice:
             _log.warning(
                 "creditflow: could not tell the receiver at %s that the job failed: %s", address, notice
             )
+
+
+#: The last line of a Python traceback: the exception a task raised, and its message.
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$", re.MULTILINE)
+
+
+def cause_of(exc: BaseException, limit: int = 2000) -> str:
+    """What a failed job says went wrong, in a line or so: the last exception a Python task
+    raised (a JVM error wraps its whole traceback, with the task's exception at its end),
+    else the start of the message."""
+    text = str(exc)
+    raised = [r for r in _RAISED.findall(text) if not r[0].startswith(("org.", "java.", "scala.", "py4j."))]
+    if raised:
+        name, message = raised[-1]
+        return f"{name.rsplit('.', 1)[-1]}: {message}"[:limit]
+    return text[:limit]
 
 
 def register_job(plan: SendPlan, num_partitions: int) -> SendPlan:

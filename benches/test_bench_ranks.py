@@ -1,7 +1,11 @@
-"""What a rank's shuffle costs: the same DataFrame streamed once into two jobs of 2 ranks each,
-one with ``shuffle=False`` and one with ``shuffle=True``, then later epochs replayed from the
-ranks (no Spark), in paired rounds (one epoch of each per round). Reported: rows per second of
-a replayed epoch (both ranks together, wall time) and CPU seconds per GB of Arrow data.
+"""What a rank's shuffle costs: the same DataFrame streamed once into three jobs of 2 ranks each
+(the ranks are threads of this process, each with its own environment), with
+``shuffle=False``, ``shuffle=True`` (seeded block order and a row window within each rank) and
+``shuffle="global"`` (the blocks also dealt out to the ranks anew, over creditflow channels
+between the ranks' environments), then later epochs replayed from the ranks (no Spark), in
+paired rounds (one epoch of each per round). Reported: rows per second of a replayed epoch
+(both ranks together, wall time), CPU seconds per GB of Arrow data, and each shuffle's rows
+per second as a share of the unshuffled one's in the same round.
 
 ``CREDITFLOW_BENCH_RANK_ROWS`` (default 2,000,000; 5 columns: 40 bytes a row) and
 ``CREDITFLOW_BENCH_RANK_ROUNDS`` (default 5). Figures: docs/benchmarks.md.
@@ -14,7 +18,7 @@ import statistics
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -58,26 +62,38 @@ def _epoch(ranks: list[cfs.Receiver], epoch: int) -> tuple[float, float, int]:
     return time.perf_counter() - start, time.process_time() - cpu, sum(rows)
 
 
+MODES: tuple[tuple[str, bool | Literal["global"]], ...] = (
+    ("off", False),
+    ("block+window", True),
+    ("global", "global"),
+)
+
+
 def test_shuffle_cost(spark: SparkSession, report: Any) -> None:
     df = spark.range(0, ROWS, numPartitions=4).select(
         "id", *[(F.col("id") * k).cast("double").alias(f"f{k}") for k in range(1, 5)]
     )
     jobs: dict[str, list[cfs.Receiver]] = {}
-    for mode, shuffle in (("ordered", False), ("shuffled", True)):
-        secret = mode * 8
-        ranks = [
-            cfs.Receiver(
-                rank=r, world_size=2, batch_size=BATCH, secret=secret, shuffle=shuffle, memory="256MiB"
-            )
-            for r in range(2)
-        ]
-        jobs[mode] = ranks
-        sender = threading.Thread(target=cfs.send, args=(df, [rx.address for rx in ranks], secret))
-        sender.start()
-        first = _epoch(ranks, 0)
-        sender.join()
-        assert first[2] == ROWS
     try:
+        for mode, shuffle in MODES:
+            secret = (mode * 64)[:64]
+            ranks = [
+                cfs.Receiver(
+                    rank=r,
+                    world_size=2,
+                    batch_size=BATCH,
+                    secret=secret,
+                    shuffle=shuffle,
+                    memory="256MiB",
+                )
+                for r in range(2)
+            ]
+            jobs[mode] = ranks
+            sender = threading.Thread(target=cfs.send, args=(df, [rx.address for rx in ranks], secret))
+            sender.start()
+            first = _epoch(ranks, 0)
+            sender.join()
+            assert first[2] == ROWS
         seen: dict[str, list[tuple[float, float, int]]] = {m: [] for m in jobs}
         for epoch in range(1, ROUNDS + 1):
             for mode, ranks in jobs.items():
@@ -93,3 +109,6 @@ def test_shuffle_cost(spark: SparkSession, report: Any) -> None:
         cpu = statistics.median(c for _, c, _ in rounds)
         report(f"ranks replay {mode}: rows/s", ROWS / wall, "rows/s")
         report(f"ranks replay {mode}: CPU s/GB", cpu / gb, "s/GB", higher_is_better=False)
+        if mode != "off":
+            paired = statistics.median(o[0] / m[0] for o, m in zip(seen["off"], rounds, strict=True))
+            report(f"ranks replay {mode}: rows/s vs off", paired, "x")

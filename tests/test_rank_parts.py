@@ -3,6 +3,8 @@ stripes, the shuffle window, row sets and the state's format."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -51,16 +53,21 @@ def test_the_bound_never_exceeds_the_final_full_steps() -> None:
             assert full_steps_at_least(known, world, batch, drop_last) <= steps.full
 
 
-def test_moves_give_every_rank_what_it_needs_from_spare_rows_only() -> None:
-    rng = np.random.default_rng(2)
+def layouts(seed: int, most: int) -> Iterator[tuple[list[int], list[int]]]:
+    """500 random ranks' row counts (1 to 6 ranks, up to ``most`` rows each) and the rows
+    each needs for its steps (random batch sizes, with and without drop_last)."""
+    rng = np.random.default_rng(seed)
     for _ in range(500):
         world = int(rng.integers(1, 7))
-        holdings = [int(x) for x in rng.integers(0, 3000, world)]
-        total = sum(holdings)
-        if total < world:
+        counts = [int(x) for x in rng.integers(0, most, world)]
+        if sum(counts) < world:
             continue
-        steps = plan(total, world, 100, drop_last=bool(rng.integers(2)))
-        needs = [steps.need(r) for r in range(world)]
+        steps = plan(sum(counts), world, int(rng.integers(2, 300)), drop_last=bool(rng.integers(2)))
+        yield counts, [steps.need(r) for r in range(len(counts))]
+
+
+def test_moves_give_every_rank_what_it_needs_from_spare_rows_only() -> None:
+    for holdings, needs in layouts(2, 3000):
         after = list(holdings)
         for giver, taker, rows in moves(holdings, needs):
             assert rows > 0
@@ -161,15 +168,8 @@ def test_rowset_difference_and_last_match_plain_sets() -> None:
 def test_traffic_gives_every_rank_what_it_needs_from_every_rank() -> None:
     """Every rank sends all of its home and every rank gets exactly its need; each rank's
     home is spread over every rank in proportion (within a row of rounding)."""
-    rng = np.random.default_rng(5)
-    for _ in range(500):
-        world = int(rng.integers(1, 7))
-        homes = [int(x) for x in rng.integers(0, 5000, world)]
-        total = sum(homes)
-        if total < world:
-            continue
-        steps = plan(total, world, int(rng.integers(2, 300)), drop_last=bool(rng.integers(2)))
-        needs = [steps.need(r) for r in range(world)]
+    for homes, needs in layouts(5, 5000):
+        world, total = len(homes), sum(homes)
         out = traffic(homes, needs)
         assert all(x >= 0 for row in out for x in row)
         assert [sum(row) for row in out] == homes, "every row of a home is sent or left out"

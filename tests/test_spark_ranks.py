@@ -115,6 +115,33 @@ def start_send(df: DataFrame, job: Job, result: dict[str, Any], **kw: Any) -> th
     return t
 
 
+def resumed(
+    df: DataFrame,
+    before: list[list[np.ndarray]],
+    states: list[dict[str, Any]],
+    epoch: int,
+    rows: int,
+    batch: int,
+    **kw: Any,
+) -> list[list[np.ndarray]]:
+    """The whole job started again from ``states`` (new receivers, Spark again): the rest of
+    ``epoch``; checks that ``before`` and the rest are every row once, in equal steps."""
+    again = Job(2, batch, states=states, **kw)
+    result: dict[str, Any] = {}
+    try:
+        t = start_send(df, again, result)
+        after = again.epoch(epoch)
+        t.join(120)
+    finally:
+        again.close()
+    assert "error" not in result, result
+    steps = [len(b) + len(a) for b, a in zip(before, after, strict=True)]
+    assert steps[0] == steps[1], f"equal steps across the restart: {steps}"
+    got = np.concatenate([x for b in before + after for x in b])
+    assert np.array_equal(np.sort(got), np.arange(rows)), f"epoch {epoch}: every row once across the restart"
+    return after
+
+
 def test_two_ranks_get_every_row_once_in_equal_steps_every_epoch(spark: SparkSession, tmp_path: Any) -> None:
     """Epoch 0 streams from Spark, epochs 1 and 2 replay from the ranks (Spark ran once):
     every row reaches one rank per epoch, both ranks yield the same number of batches of
@@ -203,18 +230,7 @@ def test_the_global_shuffle_resumes_a_restarted_job_at_the_next_batch(spark: Spa
     finally:
         job.close()
     assert [s["shuffle"] for s in states] == ["global", "global"]
-    again = Job(2, batch, shuffle="global", seed=9, states=states)
-    result = {}
-    try:
-        t = start_send(df, again, result)
-        after = again.epoch(2)
-        t.join(120)
-    finally:
-        again.close()
-    assert "error" not in result, result
-    got = np.concatenate([x for b in before + after for x in b])
-    assert np.array_equal(np.sort(got), np.arange(rows)), "every row once across the restart"
-    assert len(before[0]) + len(after[0]) == len(before[1]) + len(after[1])
+    resumed(df, before, states, 2, rows, batch, shuffle="global", seed=9)
 
 
 def skewed(spark: SparkSession, big: int, tiny: int, width: int) -> tuple[DataFrame, np.ndarray]:
@@ -369,21 +385,7 @@ def test_a_restarted_job_continues_the_epoch_with_no_row_twice_or_missing(spark:
         t.join(300)
         assert not t.is_alive(), "send() returned once the ranks went away"
         assert all(s["epoch"] == epoch and s["batches"] == stop for s in states)
-        again = Job(2, batch, seed=3, states=states)
-        result = {}
-        try:
-            t = start_send(df, again, result)
-            after = again.epoch(epoch)
-            t.join(120)
-        finally:
-            again.close()
-        assert "error" not in result, result
-        assert len(before[0]) + len(after[0]) == len(before[1]) + len(after[1]), (
-            "equal steps across the restart"
-        )
-        got = np.concatenate([x for b in before + after for x in b])
-        assert len(got) == rows, f"epoch {epoch}"
-        assert np.array_equal(np.sort(got), np.arange(rows)), f"epoch {epoch}: every row once"
+        resumed(df, before, states, epoch, rows, batch, seed=3)
 
 
 @pytest.mark.parametrize("epoch", [0, 1])
@@ -444,16 +446,7 @@ def test_a_prefetching_loader_s_state_counts_what_the_trainer_got(spark: SparkSe
     assert [s["batches"] for s in states] == [stop, stop], "the batches the trainer got"
     live = np.concatenate([x for b in before + rest for x in b])
     assert np.array_equal(np.sort(live), np.arange(rows)), "a new loader goes on at the next batch"
-    again = Job(2, batch, seed=2, states=states)
-    result = {}
-    try:
-        t = start_send(df, again, result)
-        after = again.epoch(epoch)
-        t.join(120)
-    finally:
-        again.close()
-    got = np.concatenate([x for b in before + after for x in b])
-    assert np.array_equal(np.sort(got), np.arange(rows)), "every row once across the restart"
+    resumed(df, before, states, epoch, rows, batch, seed=2)
 
 
 def test_a_live_rank_goes_back_to_a_checkpoint_without_spark(spark: SparkSession) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from typing_extensions import Self
 
 import creditflow as cf
 
@@ -98,9 +99,26 @@ class Job:
             raise errors[0]
         return out
 
+    def stream(
+        self, df: DataFrame, epochs: int, **kw: Any
+    ) -> tuple[list[list[list[np.ndarray]]], dict[str, Any]]:
+        """``send(df)`` to the ranks while they read epochs ``0 .. epochs - 1``: each epoch's
+        ids per rank, and what ``send`` returned (``stats``) or raised (``error``)."""
+        result: dict[str, Any] = {}
+        t = start_send(df, self, result, **kw)
+        got = [self.epoch(e) for e in range(epochs)]
+        t.join(120)
+        return got, result
+
     def close(self) -> None:
         for rx in self.rx:
             rx.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 def start_send(df: DataFrame, job: Job, result: dict[str, Any], **kw: Any) -> threading.Thread:
@@ -126,14 +144,11 @@ def resumed(
 ) -> list[list[np.ndarray]]:
     """The whole job started again from ``states`` (new receivers, Spark again): the rest of
     ``epoch``; checks that ``before`` and the rest are every row once, in equal steps."""
-    again = Job(2, batch, states=states, **kw)
-    result: dict[str, Any] = {}
-    try:
+    with Job(2, batch, states=states, **kw) as again:
+        result: dict[str, Any] = {}
         t = start_send(df, again, result)
         after = again.epoch(epoch)
         t.join(120)
-    finally:
-        again.close()
     assert "error" not in result, result
     steps = [len(b) + len(a) for b, a in zip(before, after, strict=True)]
     assert steps[0] == steps[1], f"equal steps across the restart: {steps}"
@@ -329,14 +344,8 @@ def test_a_rank_holds_at_most_its_memory_and_a_batch(spark: SparkSession, tmp_pa
 
 def test_drop_last_gives_full_batches_and_drops_fewer_than_a_step(spark: SparkSession) -> None:
     rows, batch = 50_017, 512
-    job = Job(2, batch, drop_last=True)
-    result: dict[str, Any] = {}
-    try:
-        t = start_send(numbers(spark, rows, 2), job, result)
-        epochs = [job.epoch(e) for e in range(2)]
-        t.join(120)
-    finally:
-        job.close()
+    with Job(2, batch, drop_last=True) as job:
+        epochs, _ = job.stream(numbers(spark, rows, 2), 2)
     for per_rank in epochs:
         assert len(per_rank[0]) == len(per_rank[1]) == rows // (2 * batch)
         assert {len(x) for b in per_rank for x in b} == {batch}
@@ -351,15 +360,9 @@ def test_unbalanced_partitions_still_give_equal_steps(spark: SparkSession) -> No
     big = spark.range(0, 30_000, numPartitions=1)
     tiny = spark.range(30_000, 30_050, numPartitions=5)
     df = big.union(tiny).select("id")
-    job = Job(3, 700, shuffle=False)
-    result: dict[str, Any] = {}
-    try:
-        t = start_send(df, job, result)
-        e0, e1 = job.epoch(0), job.epoch(1)
-        t.join(120)
-    finally:
-        job.close()
-    for per_rank in (e0, e1):
+    with Job(3, 700, shuffle=False) as job:
+        epochs, _ = job.stream(df, 2)
+    for per_rank in epochs:
         assert len({len(b) for b in per_rank}) == 1
         got = np.concatenate([x for b in per_rank for x in b])
         assert np.array_equal(np.sort(got), np.arange(30_050))
@@ -485,14 +488,10 @@ def test_a_worker_killed_in_epoch_0_still_gives_every_row_once(spark: SparkSessi
 
     df = numbers(spark, rows, 2).mapInArrow(kill_first_attempt, "id long, x double")
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "5000")
-    job = Job(2, 1000)
-    result: dict[str, Any] = {}
     try:
-        t = start_send(df, job, result)
-        e0 = job.epoch(0)
-        t.join(120)
+        with Job(2, 1000) as job:
+            (e0,), result = job.stream(df, 1)
     finally:
-        job.close()
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     assert "error" not in result, result
     attempts = {(s["partition"], s["attempt"]) for s in result["stats"]}
@@ -520,14 +519,10 @@ def test_a_task_whose_input_ends_early_is_retried_and_continues(spark: SparkSess
 
     df = numbers(spark, rows, 2).mapInArrow(fail_first_attempt, "id long, x double")
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "5000")
-    job = Job(2, 1000)
-    result: dict[str, Any] = {}
     try:
-        t = start_send(df, job, result)
-        e0, e1 = job.epoch(0), job.epoch(1)
-        t.join(120)
+        with Job(2, 1000) as job:
+            (e0, e1), result = job.stream(df, 2)
     finally:
-        job.close()
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     assert "error" not in result, result
     assert (0, 1) in {(s["partition"], s["attempt"]) for s in result["stats"]}, result["stats"]
@@ -611,6 +606,23 @@ def test_a_rank_killed_while_the_tasks_write_to_it_fails_send_promptly_naming_it
     assert "rank 1" in str(rank0[0]), rank0[0]
 
 
+def lone_rank_job(rx: cfs.Receiver, secret: str, job: str, env: cf.NetworkEnvironment) -> dict[str, Any]:
+    """Registers job ``job`` of one partition with ``rx`` (rank 0 of 1) as ``send`` would;
+    returns what a task of it registers its partition with (but its attempt and id)."""
+    from creditflow.spark import _messages
+
+    message = {
+        "kind": "job",
+        "job": job,
+        "num_partitions": 1,
+        "world_size": 1,
+        "rank": 0,
+        "ranks": [rx.address],
+    }
+    assert _messages.send(rx.address, secret, message, reply=True)["accept"]
+    return {"kind": "partition", "job": job, "partition": 0, "address": env.address}
+
+
 def test_a_second_attempt_waits_for_the_first_and_continues_after_it() -> None:
     """Attempt fencing: rank 0 grants a partition to one attempt at a time. A second attempt
     (speculative, or a retry) is answered only once the first one's stream settled, and
@@ -622,24 +634,9 @@ def test_a_second_attempt_waits_for_the_first_and_continues_after_it() -> None:
     rx = cfs.Receiver(rank=0, world_size=1, batch_size=10, secret=secret)
     answers: dict[str, Any] = {}
     try:
-        job = {
-            "kind": "job",
-            "job": "j",
-            "num_partitions": 1,
-            "world_size": 1,
-            "rank": 0,
-            "ranks": [rx.address],
-        }
-        assert _messages.send(rx.address, secret, job, reply=True)["accept"]
         with cf.NetworkEnvironment(memory="2MiB", secret=secret) as env:
             part = env.create_partition("p", 1)
-            reg = {
-                "kind": "partition",
-                "job": "j",
-                "partition": 0,
-                "address": env.address,
-                "partition_id": part.id,
-            }
+            reg = {**lone_rank_job(rx, secret, "j", env), "partition_id": part.id}
             answers["first"] = _messages.send(rx.address, secret, {**reg, "attempt": 0}, reply=True)
 
             def second() -> None:
@@ -684,18 +681,11 @@ def test_a_rank_reports_its_data_stall_and_the_tasks_backpressure() -> None:
     env = cf.NetworkEnvironment(memory="2MiB", secret=secret)
     got: list[pa.RecordBatch] = []
     try:
-        job = {
-            "kind": "job",
-            "job": "m",
-            "num_partitions": 1,
-            "world_size": 1,
-            "rank": 0,
-            "ranks": [rx.address],
-        }
-        assert _messages.send(rx.address, secret, job, reply=True)["accept"]
+        reg = lone_rank_job(rx, secret, "m", env)
         part = env.create_partition("p", 1)
-        reg = {"kind": "partition", "job": "m", "partition": 0, "attempt": 0, "address": env.address}
-        assert _messages.send(rx.address, secret, {**reg, "partition_id": "p"}, reply=True)["accept"]
+        assert _messages.send(rx.address, secret, {**reg, "attempt": 0, "partition_id": "p"}, reply=True)[
+            "accept"
+        ]
         trainer = threading.Thread(target=lambda: got.append(rx.next(timeout=60)))
         trainer.start()
         poll("the trainer waits for data", lambda: rx.rank_metrics()["stall_total"] > 0)

@@ -69,7 +69,7 @@ MODES: tuple[tuple[str, bool | Literal["global"]], ...] = (
 )
 
 
-def test_shuffle_cost(spark: SparkSession, report: Any) -> None:
+def test_shuffle_cost(benchmark: Any, report: Any, spark: SparkSession) -> None:
     df = spark.range(0, ROWS, numPartitions=4).select(
         "id", *[(F.col("id") * k).cast("double").alias(f"f{k}") for k in range(1, 5)]
     )
@@ -95,9 +95,13 @@ def test_shuffle_cost(spark: SparkSession, report: Any) -> None:
             sender.join()
             assert first[2] == ROWS
         seen: dict[str, list[tuple[float, float, int]]] = {m: [] for m in jobs}
-        for epoch in range(1, ROUNDS + 1):
-            for mode, ranks in jobs.items():
-                seen[mode].append(_epoch(ranks, epoch))
+
+        def rounds() -> None:
+            for epoch in range(1, ROUNDS + 1):
+                for mode, ranks in jobs.items():
+                    seen[mode].append(_epoch(ranks, epoch))
+
+        benchmark.pedantic(rounds, rounds=1, iterations=1)
     finally:
         for ranks in jobs.values():
             for rx in ranks:
@@ -107,6 +111,9 @@ def test_shuffle_cost(spark: SparkSession, report: Any) -> None:
         assert all(rows == ROWS for _, _, rows in rounds)
         wall = statistics.median(w for w, _, _ in rounds)
         cpu = statistics.median(c for _, c, _ in rounds)
+        benchmark.extra_info[f"{mode} rounds (wall s, cpu s)"] = [
+            (round(w, 3), round(c, 3)) for w, c, _ in rounds
+        ]
         report(f"ranks replay {mode}: rows/s", ROWS / wall, "rows/s")
         report(f"ranks replay {mode}: CPU s/GB", cpu / gb, "s/GB", higher_is_better=False)
         if mode != "off":

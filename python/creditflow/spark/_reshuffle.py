@@ -69,9 +69,13 @@ def pass_id(job: str, source: int, epoch: int, n: int) -> str:
 
 
 def _draw(rng: np.random.Generator, left: list[int]) -> int:
-    """An index drawn in proportion to ``left``."""
-    cumulative = np.cumsum(left)
-    return int(np.searchsorted(cumulative, rng.integers(int(cumulative[-1])), side="right"))
+    """An index drawn in proportion to ``left`` (a few ranks: plain Python beats NumPy)."""
+    x = int(rng.integers(sum(left)))
+    for i, n in enumerate(left):
+        if x < n:
+            return i
+        x -= n
+    raise AssertionError("x < sum(left)")
 
 
 def deal(

@@ -38,8 +38,12 @@ def pieces(
 def share_ids(partition: int, rank: int, world: int, start: int, count: int) -> np.ndarray:
     """The ids of rows ``start .. start + count`` of ``rank``'s share of ``partition`` (its
     stripes of that partition, in order)."""
-    i = np.arange(start, start + count, dtype=np.int64)
     first = (rank - partition) % world
+    if start % STRIPE_ROWS + count <= STRIPE_ROWS:  # within one stripe (a run's chunk): consecutive
+        stripe = first + world * (start // STRIPE_ROWS)
+        base = (partition << ID_BITS) | (stripe * STRIPE_ROWS + start % STRIPE_ROWS)
+        return np.arange(base, base + count, dtype=np.int64)
+    i = np.arange(start, start + count, dtype=np.int64)
     stripe = first + world * (i // STRIPE_ROWS)
     ids: np.ndarray = (np.int64(partition) << ID_BITS) | (stripe * STRIPE_ROWS + i % STRIPE_ROWS)
     return ids

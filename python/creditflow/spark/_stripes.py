@@ -44,8 +44,8 @@ def share_ids(partition: int, rank: int, world: int, start: int, count: int) -> 
         base = (partition << ID_BITS) | (stripe * STRIPE_ROWS + start % STRIPE_ROWS)
         return np.arange(base, base + count, dtype=np.int64)
     i = np.arange(start, start + count, dtype=np.int64)
-    stripe = first + world * (i // STRIPE_ROWS)
-    ids: np.ndarray = (np.int64(partition) << ID_BITS) | (stripe * STRIPE_ROWS + i % STRIPE_ROWS)
+    stripes = first + world * (i // STRIPE_ROWS)
+    ids: np.ndarray = (np.int64(partition) << ID_BITS) | (stripes * STRIPE_ROWS + i % STRIPE_ROWS)
     return ids
 
 

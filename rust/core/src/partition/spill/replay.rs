@@ -123,8 +123,10 @@ fn push(pool: &LocalPool, store: &SpillStore, view: &Subpartition, mut data: &[u
             Some(s) => s,
             None => {
                 // The store may hold more than its share now (a gate created since took
-                // part of the pool): it spills until it fits, then a segment frees up.
+                // part of the pool): it spills until it fits, and then until a segment is
+                // free (other readers may hold more than their room).
                 store.fit(pool)?;
+                store.make_room(pool);
                 pool.request(&mut wait)?
             }
         };

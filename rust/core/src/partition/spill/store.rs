@@ -382,6 +382,30 @@ impl SpillStore {
         Ok(())
     }
 
+    /// A reader needs a segment to read a spilled chunk back into and the pool has none
+    /// free: spills in-memory chunks until one is. The readers' room may be overdrawn (a
+    /// reader that started alone read ahead more than its part once others started), and
+    /// the reader being waited on must not wait for those that are not.
+    pub(crate) fn make_room(&self, pool: &LocalPool) {
+        let mut st = self.lock();
+        while !st.released {
+            let stats = pool.stats();
+            if stats.in_use < stats.share {
+                break;
+            }
+            match self.spill_one(&mut st) {
+                Ok(Spilled::Free(seg)) => {
+                    st.segments -= 1;
+                    drop(seg);
+                }
+                Ok(Spilled::Shared) => {}
+                // Nothing in memory, or the disk is full (`max_spill`): the reader waits for
+                // a segment as before; the writer meets the error, if it is one.
+                Ok(Spilled::Nothing) | Err(_) => break,
+            }
+        }
+    }
+
     /// A reader starts feeding its view (until [`SpillStore::reader_done`]).
     pub(crate) fn reader_started(&self) {
         self.readers.fetch_add(1, Ordering::SeqCst);

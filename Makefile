@@ -160,6 +160,20 @@ bench: build ## Benchmarks: pytest-benchmark (benches/) and criterion (cargo ben
 		--benchmark-sort=name $(PYTEST_ARGS)
 	cargo bench -p creditflow-core
 
+# Not part of `test` or `bench`: a DataFrame from Spark local[2] into 2 PyTorch ranks, creditflow
+# against Petastorm, Mosaic streaming, Hugging Face datasets and Parquet + pyarrow
+# (benches/training/), in its own environment BENCH_VENV: torch and the peers stay out of .venv
+# (scripts/bootstrap-bench-venv.sh). TRAINING_ARGS e.g. '--rounds 1 --contenders parquet'.
+BENCH_VENV ?= .venv-bench
+TRAINING_ARGS ?=
+BENCH_PY = $(abspath $(BENCH_VENV))/bin/python
+
+.PHONY: bench-training
+bench-training: build ## Spark -> 2 PyTorch ranks: creditflow vs Petastorm, Mosaic, HF datasets, Parquet (own venv)
+	PYTHON=$(BASE_PYTHON) scripts/bootstrap-bench-venv.sh $(BENCH_VENV) $(WHEEL_DIR)/creditflow-*.whl
+	VIRTUAL_ENV=$(abspath $(BENCH_VENV)) PYSPARK_PYTHON=$(BENCH_PY) PYSPARK_DRIVER_PYTHON=$(BENCH_PY) \
+		$(BENCH_PY) -m benches.training $(TRAINING_ARGS)
+
 # Not part of `test`: it runs for SOAK_MINUTES and exits non-zero on any lost, duplicated,
 # reordered or corrupted batch, or any error.
 .PHONY: soak
@@ -269,5 +283,5 @@ clean: ## Remove build outputs and caches (keeps .venv)
 	find python -name '*.so' -delete
 
 .PHONY: distclean
-distclean: clean ## clean, and remove .venv too
-	rm -rf $(VENV)
+distclean: clean ## clean, and remove .venv (and .venv-bench) too
+	rm -rf $(VENV) $(BENCH_VENV)

@@ -34,10 +34,7 @@ import contextlib
 import gc
 import json
 import os
-import queue
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -49,23 +46,34 @@ import pyarrow as pa
 
 import creditflow as cf
 
+# The worker harness is the tests' (tests/workers.py): one copy for tests and benchmarks.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from workers import Config, WorkerError, emit, environment, partitioner, receive, run_threads, sleep_until
+from workers import Worker as _Worker
+
 ROWS = 65_536
 POOL = 4  # distinct pre-built batches, cycled
 SEED = 11
 TIMEOUT = 120.0  # any single wait of a worker or of the parent
 
-Config = dict[str, Any]
 
-
-def make_batches(rows: int = ROWS, pool: int = POOL, seed: int = SEED) -> list[pa.RecordBatch]:
+def make_batches(
+    rows: int = ROWS, pool: int = POOL, seed: int = SEED, columns: str = "mixed"
+) -> list[pa.RecordBatch]:
     """``pool`` distinct batches ``k: int64, v: float64, s: utf8`` ("k" + up to 7 digits, about
     8 characters). 65,536 rows are about 1.83 MB of Arrow data (``RecordBatch.nbytes``,
     1,827,677 to 1,827,930 bytes for the default pool: 8 + 8 bytes a row, 4 of offsets, 7.9 of
-    characters, and validity bitmaps). Deterministic: every process that calls this with the
-    same arguments gets the same batches."""
+    characters, and validity bitmaps). ``columns="numeric"``: ``k, a: int64, v, b: float64``
+    instead (32 bytes a row: 65,536 rows are 2 MiB). Deterministic: every process that calls
+    this with the same arguments gets the same batches."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(pool):
+        if columns == "numeric":
+            ints = rng.integers(-(2**62), 2**62, (2, rows))
+            floats = rng.random((2, rows))
+            out.append(pa.record_batch({"k": ints[0], "a": ints[1], "v": floats[0], "b": floats[1]}))
+            continue
         words = np.char.add("k", rng.integers(0, 10**7, rows).astype(str))
         out.append(
             pa.record_batch(
@@ -87,65 +95,26 @@ def payload_bytes(batches: list[pa.RecordBatch], count: int, start: int = 0) -> 
 # ------------------------------------------------------------------------------- worker side
 
 
-def emit(**fields: Any) -> None:
-    sys.stdout.write(json.dumps(fields) + "\n")
-    sys.stdout.flush()
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process's threads so far, summed by thread name
+    (``creditflow-io``, ``creditflow-flusher``, ``python`` for the interpreter's threads...);
+    empty where ``/proc`` has no per-thread stat."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    with contextlib.suppress(OSError):
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(OSError):
+                stat = (task / "stat").read_text()
+                name = stat[stat.index("(") + 1 : stat.rindex(")")]
+                fields = stat[stat.rindex(")") + 2 :].split()
+                out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
-def receive() -> Config:
-    line = sys.stdin.readline()
-    if not line:
-        raise SystemExit("the parent closed stdin")
-    msg: Config = json.loads(line)
-    return msg
-
-
-def sleep_until(t: float) -> None:
-    while (left := t - time.monotonic()) > 0:
-        time.sleep(min(left, 0.05))
-
-
-def run_threads(fns: list[Callable[[], None]], timeout: float = TIMEOUT) -> None:
-    """Runs each function in its own thread, joins them, re-raises the first error."""
-    errors: list[BaseException] = []
-
-    def guard(fn: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                fn()
-            except BaseException as exc:
-                errors.append(exc)
-
-        return run
-
-    threads = [threading.Thread(target=guard(fn), daemon=True) for fn in fns]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    if errors:
-        raise errors[0]
-    if any(t.is_alive() for t in threads):
-        raise RuntimeError(f"a thread is still running after {timeout} s")
-
-
-def _partitioner(name: str) -> cf.ForwardPartitioner | cf.RoundRobinPartitioner | cf.HashPartitioner:
-    if name == "forward":
-        return cf.ForwardPartitioner()
-    if name == "round_robin":
-        return cf.RoundRobinPartitioner()
-    if name.startswith("hash:"):
-        return cf.HashPartitioner(name.removeprefix("hash:").split(","))
-    raise ValueError(f"unknown partitioner {name!r}")
-
-
-def environment(settings: Config) -> cf.NetworkEnvironment:
-    """A NetworkEnvironment from JSON settings; ``tls`` holds :class:`cf.TLSConfig` arguments."""
-    kwargs = dict(settings)
-    if "tls" in kwargs:
-        kwargs["tls"] = cf.TLSConfig(**kwargs["tls"])
-    return cf.NetworkEnvironment(**kwargs)
+def thread_cpu_since(before: dict[str, float]) -> dict[str, float]:
+    """CPU seconds by thread name since ``before`` (a :func:`thread_cpu`)."""
+    now = thread_cpu()
+    return {k: round(v - before.get(k, 0.0), 3) for k, v in now.items()}
 
 
 def _gates(env: cf.NetworkEnvironment, specs: list[list[list[Any]]]) -> list[cf.InputGate]:
@@ -154,8 +123,10 @@ def _gates(env: cf.NetworkEnvironment, specs: list[list[list[Any]]]) -> list[cf.
 
 
 def cf_producer(cfg: Config) -> None:
-    """cfg: env, partitions, subpartitions, partitioner, count, warmup, rows."""
-    batches = make_batches(cfg.get("rows", ROWS))
+    """cfg: env, partitions, subpartitions, partitioner, count, warmup, rows, columns. Its
+    result carries the process's CPU seconds at the start (``cpu0``); after "exit" it reports
+    them again (``cpu1``): the sender loop works until its readers have taken everything."""
+    batches = make_batches(cfg.get("rows", ROWS), columns=cfg.get("columns", "mixed"))
     with environment(cfg["env"]) as env:
         parts = [env.create_partition(pid, cfg["subpartitions"]) for pid in cfg["partitions"]]
         emit(address=env.address)
@@ -166,7 +137,7 @@ def cf_producer(cfg: Config) -> None:
 
         def writer(part: cf.ResultPartition) -> Callable[[], None]:
             def run() -> None:
-                with cf.RecordWriter(part, _partitioner(cfg["partitioner"]), timeout=TIMEOUT) as w:
+                with cf.RecordWriter(part, partitioner(cfg["partitioner"]), timeout=TIMEOUT) as w:
                     for i in range(cfg["warmup"]):
                         w.write(batches[i % len(batches)])
                     w.flush()
@@ -179,23 +150,31 @@ def cf_producer(cfg: Config) -> None:
 
             return run
 
+        cpu0 = [0.0]
+        threads0: dict[str, float] = {}
+
         def control() -> None:
             start_at[0] = receive()["start_at"]
+            cpu0[0] = time.process_time()
+            threads0.update(thread_cpu())
             go.set()
 
-        run_threads([control] + [writer(p) for p in parts])
+        run_threads([control] + [writer(p) for p in parts], TIMEOUT)
         emit(
             t0=min(starts),
             t_written=max(ends),
             rows=len(parts) * cfg["count"] * cfg.get("rows", ROWS),
             bytes=len(parts) * payload_bytes(batches, cfg["count"], cfg["warmup"]),
+            cpu0=cpu0[0],
         )
         receive()  # "exit": remote readers may still be reading what is queued here
+        emit(cpu1=time.process_time(), threads=thread_cpu_since(threads0))
 
 
 def cf_consumer(cfg: Config) -> None:
-    """cfg: env, gates, warmup (batches per gate before "warm"), verify, rows."""
-    pool = make_batches(cfg.get("rows", ROWS))
+    """cfg: env, gates, warmup (batches per gate before "warm"), verify, rows, columns. Its
+    result carries the CPU seconds it spent from "warm" to the end of its streams (``cpu``)."""
+    pool = make_batches(cfg.get("rows", ROWS), columns=cfg.get("columns", "mixed"))
     by_first_key = {b.column("k")[0].as_py(): i for i, b in enumerate(pool)}
     with environment(cfg["env"]) as env:
         gates = _gates(env, cfg["gates"])
@@ -227,12 +206,19 @@ def cf_consumer(cfg: Config) -> None:
 
             return run
 
+        cpu0 = [0.0]
+        threads0: dict[str, float] = {}
+
         def announce() -> None:
             warm.wait(TIMEOUT)
+            cpu0[0] = time.process_time()
+            threads0.update(thread_cpu())
             emit(warm=True)
 
-        run_threads([announce] + [reader(g) for g in gates])
+        run_threads([announce] + [reader(g) for g in gates], TIMEOUT)
         emit(
+            cpu=time.process_time() - cpu0[0],
+            threads=thread_cpu_since(threads0),
             t_end=max(t for _, _, t in results),
             rows=sum(r for r, _, _ in results),
             batches=sum(n for _, n, _ in results),
@@ -315,7 +301,7 @@ def hol_producer(cfg: Config) -> None:
             schedule.update(receive())
             go.set()
 
-        run_threads([control, writer("a"), writer("b")])
+        run_threads([control, writer("a"), writer("b")], TIMEOUT)
         emit(written=written, batch_bytes=payload_bytes(batches, len(batches)) / len(batches))
         receive()
 
@@ -358,7 +344,7 @@ def hol_consumer(cfg: Config) -> None:
             stall_at[0] = receive()["stall_at"]
             scheduled.set()
 
-        run_threads([announce, reader("a"), reader("b")])
+        run_threads([announce, reader("a"), reader("b")], TIMEOUT)
         emit(times=times)
 
 
@@ -421,84 +407,110 @@ ROLES: dict[str, Callable[[Config], None]] = {
 # ------------------------------------------------------------------------------- parent side
 
 
-class WorkerError(RuntimeError):
-    pass
+class Worker(_Worker):
+    """A worker process of this script (see the roles above)."""
+
+    script = Path(__file__).resolve()
+    timeout = TIMEOUT
 
 
-class Worker(contextlib.AbstractContextManager["Worker"]):
-    """A worker process: ``read()`` its next JSON line, ``send(**fields)`` one to it.
+def transfer(producers: list[Config], consumers_for: Callable[[list[str]], list[Config]]) -> Config:
+    """Runs one timed transfer: starts the ``cf-producer`` processes (they create their
+    partitions and write their warm-up batches), then the ``cf-consumer`` processes (gates over
+    the producers' addresses, which read the warm-up), then tells every producer to start at
+    the same instant. Checks that every row written was read; returns ``seconds`` (last
+    consumer's end of stream - first timed write), ``bytes`` (payload written), ``gbps``,
+    ``cpu`` (CPU seconds of every process over the transfer, a producer's until its sender
+    loop has sent everything) and ``threads`` (of them, by ``side/thread name``)."""
+    with contextlib.ExitStack() as stack:
+        prods = [stack.enter_context(Worker("cf-producer", **cfg)) for cfg in producers]
+        addresses = [p.read()["address"] for p in prods]
+        cons = [stack.enter_context(Worker("cf-consumer", **cfg)) for cfg in consumers_for(addresses)]
+        for c in cons:
+            if not c.read()["warm"]:
+                raise WorkerError("a consumer did not warm up")
+        start_at = time.monotonic() + 0.05
+        for p in prods:
+            p.send(start_at=start_at)
+        written = [p.read() for p in prods]
+        read = [c.read() for c in cons]
+        for p in prods:
+            p.send(cmd="exit")
+        ends = [p.read() for p in prods]
+        for w in (*prods, *cons):
+            w.wait()
+    rows = sum(w["rows"] for w in written)
+    if sum(r["rows"] for r in read) != rows:
+        raise WorkerError(f"rows read {[r['rows'] for r in read]} != rows written {rows}")
+    seconds = max(r["t_end"] for r in read) - min(w["t0"] for w in written)
+    payload = sum(w["bytes"] for w in written)
+    threads: dict[str, float] = {}
+    for side, reports in (("producer", ends), ("consumer", read)):
+        for r in reports:
+            for name, secs in r["threads"].items():
+                threads[f"{side}/{name}"] = threads.get(f"{side}/{name}", 0.0) + secs
+    return {
+        "seconds": seconds,
+        "bytes": payload,
+        "gbps": payload / seconds / 1e9,
+        "cpu": sum(e["cpu1"] - w["cpu0"] for w, e in zip(written, ends, strict=True))
+        + sum(r["cpu"] for r in read),
+        "threads": threads,
+    }
 
-    It runs ``script`` (this file; a subclass may point at another script that dispatches
-    roles the same way, e.g. ``benches/test_bench_barrier.py``)."""
 
-    script: Path = Path(__file__).resolve()
+#: Head-of-line schedule: B writes alone for ``max(1.5, stall / 2)`` s; then A too; 0.5 s
+#: later A's reader stalls for ``stall`` s; both go on for 0.5 s; A closes, and B writes alone
+#: as long again. B's solo rate is from both solo phases (the first 0.3 s of each not
+#: counted), so a machine that gets busier or quieter during the run biases the ratio less;
+#: together they last about as long as the stall, so the load swings of a shared machine
+#: (±20% over a second or two) weigh on both sides of the ratio alike.
+HOL_SHARED = 0.5
 
-    def __init__(self, role: str, **cfg: Any) -> None:
-        self.role = role
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by kill())
-        self._proc = subprocess.Popen(
-            [sys.executable, str(self.script), role, json.dumps(cfg)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
-        self._pump_thread.start()
 
-    def _pump(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
+def head_of_line(env: Config, stall: float) -> Config:
+    """Two channels ("hol/a", "hol/b") from one producer environment (``env``) to one consumer
+    environment, so over one connection. B writes alone, then A too, then A's reader stops for
+    ``stall`` seconds, then B alone again. Returns B's GB/s alone, while sharing the connection
+    and during the stall, stall / alone in %, and B's GB/s in each 0.25 s."""
+    solo_s = max(1.5, stall / 2)
+    with Worker("hol-producer", env=env) as prod:
+        address = prod.read()["address"]
+        with Worker("hol-consumer", env=env, producer=address, stall=stall) as cons:
+            if not cons.read()["warm"]:
+                raise WorkerError("the consumer did not warm up")
+            t0 = time.monotonic() + 0.1
+            a_start = t0 + solo_s
+            stall_at = a_start + HOL_SHARED
+            a_end = stall_at + stall + HOL_SHARED
+            end = a_end + solo_s
+            prod.send(start={"a": a_start, "b": t0}, end={"a": a_end, "b": end})
+            cons.send(stall_at=stall_at)
+            written = prod.read(timeout=TIMEOUT + end - t0)
+            times = cons.read(timeout=TIMEOUT + end - t0)["times"]
+            prod.send(cmd="exit")
+            prod.wait()
+            cons.wait()
+    for name in ("a", "b"):
+        if len(times[name]) != written["written"][name] - 1:
+            raise WorkerError(f"channel {name} lost batches")
+    size = float(written["batch_bytes"])
 
-    def _fail(self, what: str) -> WorkerError:
-        self._stderr.seek(0)
-        tail = self._stderr.read()[-4000:]
-        return WorkerError(f"worker {self.role}: {what}\n--- its stderr ---\n{tail}")
+    def rate(*windows: tuple[float, float]) -> float:
+        """B's GB/s over these (start, end) windows together."""
+        n = sum(1 for t in times["b"] for lo, hi in windows if lo <= t < hi)
+        return n * size / sum(hi - lo for lo, hi in windows) / 1e9
 
-    def read(self, timeout: float = TIMEOUT) -> Config:
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise self._fail(f"no answer within {timeout} s") from None
-        if line is None:
-            self._proc.wait(5)
-            raise self._fail(f"exited (code {self._proc.returncode}) without answering")
-        msg: Config = json.loads(line)
-        return msg
-
-    def send(self, **fields: Any) -> None:
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps(fields) + "\n")
-        self._proc.stdin.flush()
-
-    def wait(self, timeout: float = TIMEOUT) -> None:
-        """Waits for the worker to exit, and raises if it failed."""
-        try:
-            code = self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise self._fail(f"still running after {timeout} s") from None
-        if code != 0:
-            raise self._fail(f"exited with code {code}")
-
-    def kill(self) -> None:
-        """Kills the worker if it is still running, and closes its pipes."""
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
-        assert self._proc.stdin is not None
-        assert self._proc.stdout is not None
-        with contextlib.suppress(OSError):  # a broken pipe to a dead worker
-            self._proc.stdin.close()
-        self._pump_thread.join(5)
-        self._proc.stdout.close()
-        self._stderr.close()
-
-    def __exit__(self, *_exc: object) -> None:
-        self.kill()
+    solo = rate((t0 + 0.3, a_start), (a_end + 0.3, end))
+    stalled = rate((stall_at, stall_at + stall))
+    return {
+        "solo": solo,
+        "shared": rate((a_start + 0.2, stall_at)),
+        "stalled": stalled,
+        "percent": 100 * stalled / solo,
+        "a_during_stall": sum(1 for t in times["a"] if stall_at + 0.1 <= t < stall_at + stall),
+        "b_timeline": [rate((t0 + i / 4, t0 + (i + 1) / 4)) for i in range(int((end - t0) * 4))],
+    }
 
 
 def main(argv: list[str]) -> None:

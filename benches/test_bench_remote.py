@@ -25,14 +25,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import creditflow as cf
-from remote import ROWS, TIMEOUT, Config, Worker, make_batches, payload_bytes
+from remote import ROWS, TIMEOUT, Config, Worker, make_batches, payload_bytes, transfer
+from remote import head_of_line as hol
 
 # Test certificates come from the tests' helper (one copy of the PKI code).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -58,14 +58,6 @@ LAT_COUNT = 1_000
 LAT_WARMUP = 100
 LAT_INTERVAL = 0.001
 STALL = float(os.environ.get("CREDITFLOW_BENCH_STALL_SECONDS", "10"))
-# Head-of-line schedule: B writes alone for HOL_SOLO s; then A too; HOL_SHARED s later A's
-# reader stalls for STALL s; both go on for HOL_SHARED s; A closes, and B writes alone for
-# HOL_SOLO s more. B's solo rate is from both solo phases (the first 0.3 s of each not
-# counted), so a machine that gets busier or quieter during the run biases the ratio less;
-# together they last about as long as the stall, so the load swings of this shared machine
-# (±20% over a second or two) weigh on both sides of the ratio alike.
-HOL_SOLO = max(1.5, STALL / 2)
-HOL_SHARED = 0.5
 
 
 def _median(samples: list[float]) -> float:
@@ -112,30 +104,9 @@ def batch_bytes() -> int:
 
 
 def exchange(producers: list[Config], consumers_for: Callable[[list[str]], list[Config]]) -> dict[str, float]:
-    """Runs one timed transfer: starts the producer processes (they create their partitions and
-    write their warm-up batches), then the consumer processes (gates over the producers'
-    addresses, which read the warm-up), then tells every producer to start at the same
-    instant. GB/s = payload written / (last consumer's end of stream - first timed write)."""
-    with ExitStack() as stack:
-        prods = [stack.enter_context(Worker("cf-producer", **cfg)) for cfg in producers]
-        addresses = [p.read()["address"] for p in prods]
-        cons = [stack.enter_context(Worker("cf-consumer", **cfg)) for cfg in consumers_for(addresses)]
-        for c in cons:
-            assert c.read()["warm"]
-        start_at = time.monotonic() + 0.05
-        for p in prods:
-            p.send(start_at=start_at)
-        written = [p.read() for p in prods]
-        read = [c.read() for c in cons]
-        for p in prods:
-            p.send(cmd="exit")
-        for w in (*prods, *cons):
-            w.wait()
-    rows = sum(w["rows"] for w in written)
-    assert sum(r["rows"] for r in read) == rows, f"rows read {[r['rows'] for r in read]} != written {rows}"
-    seconds = max(r["t_end"] for r in read) - min(w["t0"] for w in written)
-    payload = sum(w["bytes"] for w in written)
-    return {"seconds": seconds, "bytes": payload, "gbps": payload / seconds / 1e9}
+    """One timed transfer (:func:`remote.transfer`): seconds, bytes and GB/s."""
+    t = transfer(producers, consumers_for)
+    return {k: t[k] for k in ("seconds", "bytes", "gbps")}
 
 
 def one_to_one(count: int, verify: str | bool = False, env: Config = ENV) -> dict[str, float]:
@@ -227,47 +198,9 @@ def latencies() -> list[float]:
 
 
 def head_of_line(flow_control: str, shared_memory: bool = False) -> dict[str, Any]:
-    """Two channels ("hol/a", "hol/b") from one producer environment to one consumer
-    environment, so over one connection (TCP unless ``shared_memory``). B writes alone, then A
-    too, then A's reader stops for STALL seconds, then B alone again (see HOL_SOLO). Returns
-    B's GB/s alone, while sharing the connection and during the stall, and stall / alone in %."""
+    """:func:`remote.head_of_line` with this file's settings and stall."""
     env = {**(SHM_ENV if shared_memory else TCP_ENV), "flow_control": flow_control}
-    with Worker("hol-producer", env=env) as prod:
-        address = prod.read()["address"]
-        with Worker("hol-consumer", env=env, producer=address, stall=STALL) as cons:
-            assert cons.read()["warm"]
-            t0 = time.monotonic() + 0.1
-            a_start = t0 + HOL_SOLO
-            stall_at = a_start + HOL_SHARED
-            a_end = stall_at + STALL + HOL_SHARED
-            end = a_end + HOL_SOLO
-            prod.send(start={"a": a_start, "b": t0}, end={"a": a_end, "b": end})
-            cons.send(stall_at=stall_at)
-            written = prod.read(timeout=TIMEOUT + end - t0)
-            times = cons.read(timeout=TIMEOUT + end - t0)["times"]
-            prod.send(cmd="exit")
-            prod.wait()
-            cons.wait()
-    for name in ("a", "b"):
-        assert len(times[name]) == written["written"][name] - 1, f"channel {name} lost batches"
-    size = float(written["batch_bytes"])
-
-    def rate(*windows: tuple[float, float]) -> float:
-        """B's GB/s over these (start, end) windows together."""
-        n = sum(1 for t in times["b"] for lo, hi in windows if lo <= t < hi)
-        return n * size / sum(hi - lo for lo, hi in windows) / 1e9
-
-    solo = rate((t0 + 0.3, a_start), (a_end + 0.3, end))
-    stalled = rate((stall_at, stall_at + STALL))
-    return {
-        "solo": solo,
-        "shared": rate((a_start + 0.2, stall_at)),
-        "stalled": stalled,
-        "percent": 100 * stalled / solo,
-        "a_during_stall": sum(1 for t in times["a"] if stall_at + 0.1 <= t < stall_at + STALL),
-        # B's GB/s in each 0.25 s from its start: the whole story of one run
-        "b_timeline": [rate((t0 + i / 4, t0 + (i + 1) / 4)) for i in range(int((end - t0) * 4))],
-    }
+    return hol(env, STALL)
 
 
 # ------------------------------------------------------------------------ 1→1 throughput

@@ -44,7 +44,7 @@ RUST_CORE_LAYERS = ["base", "memory", "serde", "protocol", "partition", "net", "
 # file not named elsewhere).
 RUST_BINDINGS_LAYERS: list[tuple[str, list[str]]] = [
     ("errors", ["error.rs"]),
-    ("support", ["*"]),  # blocking, logs, tls, args, metrics dicts: the core's types made Python
+    ("support", ["*"]),  # blocking, logs, tls, args, arrow_in, metrics dicts: the core's types made Python
     ("partition", ["partition.rs"]),
     ("io", ["io.rs"]),
     ("env", ["env.rs"]),

@@ -27,7 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from remote_worker import Worker, WorkerError, soak_gates, soak_partitions, vm_rss_kib
+from remote_worker import Worker, soak_gates, soak_partitions, vm_rss_kib
+from workers import WorkerError
 
 PARTITIONS = 4
 CHANNELS = 4

@@ -84,7 +84,7 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
         import functools
 
         import creditflow as cf
-        from remote_worker import SHARED_MEMORY_VAR
+        from workers import SHARED_MEMORY_VAR
 
         monkeypatch.setenv(SHARED_MEMORY_VAR, "0")
         monkeypatch.setattr(

@@ -54,14 +54,20 @@ class Hosts:
         ip("-n", self.a, "link", "set", self.dev_a, "up" if up else "down")
 
 
-@contextlib.contextmanager
-def namespaces(tag: str) -> Iterator[Hosts]:
-    """Creates the two namespaces (names from ``tag``, at most 11 characters) and removes
-    them on exit, whatever happened. Raises :class:`Unavailable` with the reason if it cannot."""
+def require_namespaces() -> None:
+    """Raises :class:`Unavailable` with the reason unless this process may make namespaces
+    (root, iproute2's ``ip`` and ``tc``)."""
     if os.geteuid() != 0:
         raise Unavailable("network namespaces need root")
     if shutil.which("ip") is None or shutil.which("tc") is None:
         raise Unavailable("iproute2 (ip, tc) is not installed")
+
+
+@contextlib.contextmanager
+def namespaces(tag: str) -> Iterator[Hosts]:
+    """Creates the two namespaces (names from ``tag``, at most 11 characters) and removes
+    them on exit, whatever happened. Raises :class:`Unavailable` with the reason if it cannot."""
+    require_namespaces()
     subnet = f"10.213.{os.getpid() % 250}"
     h = Hosts(f"{tag}a", f"{tag}b", f"{subnet}.1", f"{subnet}.2", f"{tag}va", f"{tag}vb", tag)
     try:

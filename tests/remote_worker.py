@@ -9,6 +9,8 @@ cross processes are ``time.monotonic()`` (``CLOCK_MONOTONIC``: one clock for the
 
 Roles:
 
+The harness (messages, :class:`Worker`) is ``tests/workers.py``.
+
 ``producer``  one NetworkEnvironment (``env``: its settings) with the partitions in
               ``partitions`` (each: ``id``, ``subpartitions``, ``partitioner``, ``data``,
               ``count``, ``rows``, ``delay``), one writer thread each. Prints ``{"address"}``
@@ -45,18 +47,14 @@ Data kinds (made the same way in every process, from the batch number ``i``):
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
-import queue
 import random
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -65,12 +63,12 @@ import numpy as np
 import pyarrow as pa
 
 import creditflow as cf
+from workers import Config, commands, emit, environment, guarded, partitioner
+from workers import Worker as _Worker
 
 #: Any single wait of a worker or of its parent.
 TIMEOUT = 60.0
 SEED = 23
-
-Config = dict[str, Any]
 
 
 # ------------------------------------------------------------------------------------- data
@@ -285,16 +283,6 @@ class Tracker:
         }
 
 
-def partitioner(name: str) -> cf.ForwardPartitioner | cf.RoundRobinPartitioner | cf.HashPartitioner:
-    if name == "forward":
-        return cf.ForwardPartitioner()
-    if name == "round_robin":
-        return cf.RoundRobinPartitioner()
-    if name.startswith("hash:"):
-        return cf.HashPartitioner(name.removeprefix("hash:").split(","))
-    raise ValueError(f"unknown partitioner {name!r}")
-
-
 def seq_partition(count: int | None, rows: int, partition_id: str = "p", data: str = "seq") -> Config:
     """A producer's partition spec: one subpartition of ``seq`` data (or another kind
     :class:`Tracker` checks), ``count`` batches (``None``: until "stop") of about ``rows`` rows."""
@@ -333,21 +321,6 @@ def soak_gates(address: str, partitions: int = 4, channels: int = 4) -> list[lis
     return [[[address, f"soak/{p}", c] for p in range(partitions)] for c in range(channels)]
 
 
-#: Set to "0" by the ``transport`` fixture (conftest.py) to run workers without shared memory.
-SHARED_MEMORY_VAR = "CREDITFLOW_TEST_SHARED_MEMORY"
-
-
-def environment(settings: Config) -> cf.NetworkEnvironment:
-    """A NetworkEnvironment from JSON settings; ``tls`` holds :class:`cf.TLSConfig` arguments."""
-    kwargs = dict(settings)
-    if os.environ.get(SHARED_MEMORY_VAR) == "0":
-        # The tests' ``transport`` fixture: TCP between processes (one side off suffices).
-        kwargs.setdefault("shared_memory", False)
-    if "tls" in kwargs:
-        kwargs["tls"] = cf.TLSConfig(**kwargs["tls"])
-    return cf.NetworkEnvironment(**kwargs)
-
-
 def vm_rss_kib(pid: int | str = "self") -> int:
     """Resident set size of a process, in KiB (0 once it is gone)."""
     try:
@@ -361,33 +334,6 @@ def vm_rss_kib(pid: int | str = "self") -> int:
 
 
 # ------------------------------------------------------------------------------ worker side
-
-_emit_lock = threading.Lock()
-
-
-def emit(**fields: Any) -> None:
-    with _emit_lock:
-        sys.stdout.write(json.dumps(fields) + "\n")
-        sys.stdout.flush()
-
-
-def commands() -> Iterator[Config]:
-    """The parent's commands, until it closes stdin."""
-    for line in sys.stdin:
-        if line.strip():
-            yield json.loads(line)
-
-
-def guarded(where: str, fn: Callable[[], None]) -> Callable[[], None]:
-    """``fn``, printing its failure as ``{"error"}`` instead of dying silently in a thread."""
-
-    def run() -> None:
-        try:
-            fn()
-        except BaseException as exc:
-            emit(error=f"{type(exc).__name__}: {exc}", type=type(exc).__name__, where=where)
-
-    return run
 
 
 def producer(cfg: Config) -> None:
@@ -502,104 +448,11 @@ ROLES: dict[str, Callable[[Config], None]] = {"producer": producer, "consumer": 
 # ------------------------------------------------------------------------------ parent side
 
 
-class WorkerError(RuntimeError):
-    pass
+class Worker(_Worker):
+    """A worker process of this script (see the roles above)."""
 
-
-class Worker(contextlib.AbstractContextManager["Worker"]):
-    """A worker process: :meth:`wait_for` one of its messages, :meth:`send` it a command."""
-
-    #: The script run as ``python SCRIPT ROLE CONFIG_JSON`` (subclasses run their own).
     script = Path(__file__).resolve()
-
-    def __init__(self, role: str, *, netns: str | None = None, **cfg: Any) -> None:
-        """Starts ``role`` with ``cfg``; in network namespace ``netns`` if given (``ip netns exec``)."""
-        self.role = role
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by kill())
-        prefix = ["ip", "netns", "exec", netns] if netns else []
-        self._proc = subprocess.Popen(
-            [*prefix, sys.executable, str(self.script), role, json.dumps(cfg)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._stash: list[Config] = []
-        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
-        self._pump_thread.start()
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    def _pump(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def _fail(self, what: str) -> WorkerError:
-        self._stderr.seek(0)
-        tail = self._stderr.read()[-4000:]
-        return WorkerError(f"worker {self.role}: {what}\n--- its stderr ---\n{tail}")
-
-    def wait_for(self, key: str, timeout: float = TIMEOUT) -> Config:
-        """The next message with ``key``; other messages are kept for later calls. A message
-        reporting an error raises :class:`WorkerError`."""
-        for i, kept in enumerate(self._stash):
-            if key in kept:
-                return self._stash.pop(i)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise self._fail(f"no {key!r} within {timeout} s") from None
-            if line is None:
-                self._proc.wait(5)
-                raise self._fail(f"exited (code {self._proc.returncode}) before {key!r}")
-            msg: Config = json.loads(line)
-            if key in msg:
-                return msg
-            if "error" in msg:
-                raise self._fail(f"failed in {msg['where']}: {msg['error']}")
-            self._stash.append(msg)
-
-    def send(self, **fields: Any) -> None:
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps(fields) + "\n")
-        self._proc.stdin.flush()
-
-    def wait(self, timeout: float = TIMEOUT) -> None:
-        """Waits for the worker to exit, and raises if it failed."""
-        try:
-            code = self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise self._fail(f"still running after {timeout} s") from None
-        if code != 0:
-            raise self._fail(f"exited with code {code}")
-
-    def kill(self) -> None:
-        """SIGKILLs the worker if it is still running (no clean-up of any kind in it)."""
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
-
-    def close(self) -> None:
-        """Kills the worker if it is still running, and closes its pipes."""
-        self.kill()
-        assert self._proc.stdin is not None
-        assert self._proc.stdout is not None
-        with contextlib.suppress(OSError):  # a broken pipe to a dead worker
-            self._proc.stdin.close()
-        self._pump_thread.join(5)
-        self._proc.stdout.close()
-        self._stderr.close()
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
+    timeout = TIMEOUT
 
 
 def wait_all_segments_free(metrics: Callable[[], Config], what: str, timeout: float = 5.0) -> None:

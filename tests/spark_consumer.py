@@ -1,6 +1,7 @@
-"""A consumer outside Spark (tests/test_spark_exchange.py): opens a creditflow Receiver,
-prints its address and secret as one JSON line, reads what the driver sends at a throttled
-pace, and writes a JSON report (rows, distinct ids, seconds) to --out."""
+"""A consumer outside Spark (tests/test_spark_exchange.py, tests/test_multihost.py): opens a
+creditflow Receiver (on ``--bind``, with TLS from ``--tls CERT KEY CA``), prints its address and
+secret as one JSON line, reads what the driver sends at a throttled pace, and writes a JSON
+report (rows, distinct ids, sum of ids, seconds) to --out."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 
 import numpy as np
 
+import creditflow as cf
 from creditflow.spark import Receiver
 
 
@@ -18,8 +20,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--delay", type=float, default=0.01, help="seconds to sleep per batch (the throttle)")
+    ap.add_argument("--bind", default="127.0.0.1", help="the host the receiver listens on")
+    ap.add_argument("--tls", nargs=3, metavar=("CERT", "KEY", "CA"), help="TLS files (mutual TLS)")
     args = ap.parse_args()
-    with Receiver(memory="8MiB", max_queued=2, timeout=120) as rx:
+    tls = cf.TLSConfig(*args.tls) if args.tls else None
+    with Receiver(memory="8MiB", max_queued=2, timeout=120, bind=args.bind, tls=tls) as rx:
         print(json.dumps({"address": rx.address, "secret": rx.secret}), flush=True)
         start = time.monotonic()
         ids = []
@@ -30,6 +35,7 @@ def main() -> None:
         report = {
             "rows": int(len(all_ids)),
             "unique_ids": int(len(np.unique(all_ids))),
+            "id_sum": int(all_ids.sum()),
             "seconds": time.monotonic() - start,
         }
     with open(args.out, "w") as f:

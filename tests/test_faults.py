@@ -141,7 +141,7 @@ def test_wait_consumed_fails_when_a_consumer_is_killed_before_reading_everything
 # --------------------------------------------------------------------------- garbage peers
 
 MAGIC = b"CFLW"
-PROTOCOL_VERSION = 5  # codec::PROTOCOL_VERSION
+PROTOCOL_VERSION = 6  # codec::PROTOCOL_VERSION
 HELLO, AUTH_PROOF, ERROR_RESPONSE = 1, 3, 8
 AUTHENTICATION = 3  # error kind
 SEGMENT = 32 * 1024

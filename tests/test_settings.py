@@ -228,6 +228,7 @@ def test_exchange_defaults_are_the_task_settings() -> None:
         "spill_dir",
         "wire_compression",
         "shared_memory",
+        "tls",
     ]
     for name in shared:
         assert same(params[name].default, defaults[name]), name

@@ -37,6 +37,7 @@ from pyspark.sql import functions as F  # noqa: E402
 
 import creditflow.spark as cfs  # noqa: E402
 from creditflow.spark._driver import is_connect  # noqa: E402
+from spark_data import placement  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -65,12 +66,6 @@ def num_partitions(df: DataFrame) -> int:
     row = df.select(F.spark_partition_id().alias("p")).agg(F.max("p").alias("p")).first()
     assert row is not None
     return int(row["p"]) + 1
-
-
-def placement(df: DataFrame) -> dict[int, int]:
-    """Row id -> partition index, as the DataFrame's partitions hold them."""
-    rows = df.select("id", F.spark_partition_id().alias("pid")).collect()
-    return {r["id"]: r["pid"] for r in rows}
 
 
 def lineitem(spark: SparkSession, rows: int, partitions: int, seed: int = 7) -> DataFrame:

@@ -1,12 +1,13 @@
 """Test certificates for TLS (``cryptography``): a CA and a certificate it signed for
-``localhost`` and ``127.0.0.1``, written as PEM files; and the self-signed certificate most
-guides make with the ``openssl`` command."""
+``localhost``, ``127.0.0.1`` and any other addresses asked for, written as PEM files; and the
+self-signed certificate most guides make with the ``openssl`` command."""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography import x509
@@ -27,9 +28,12 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-def make_tls(directory: Path, name: str = "test", *, client_auth: bool = True) -> cf.TLSConfig:
+def make_tls(
+    directory: Path, name: str = "test", *, client_auth: bool = True, addresses: Sequence[str] = ()
+) -> cf.TLSConfig:
     """A fresh CA and a leaf certificate it signed, as ``directory/name-{ca,cert,key}.pem``,
-    in a :class:`cf.TLSConfig`."""
+    in a :class:`cf.TLSConfig`; the leaf is valid for ``localhost``, ``127.0.0.1`` and the IP
+    ``addresses`` (every peer presents the same one)."""
     now = datetime.datetime.now(datetime.timezone.utc)
     valid = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1))
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -59,8 +63,9 @@ def make_tls(directory: Path, name: str = "test", *, client_auth: bool = True) -
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
+    ips = dict.fromkeys(["127.0.0.1", *addresses])
     san = x509.SubjectAlternativeName(
-        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        [x509.DNSName("localhost"), *(x509.IPAddress(ipaddress.ip_address(a)) for a in ips)]
     )
     leaf = (
         x509.CertificateBuilder()

@@ -177,6 +177,10 @@ class RemoteStats(TypedDict):
     record_bytes_granted: int
     #: The gate's record budget: records start only while held + granted is under it.
     record_budget: int
+    #: Record buffers allocated fresh (each costs page faults as it is first written).
+    record_blocks_allocated: int
+    #: Record buffers used again after the batches over them were dropped.
+    record_blocks_reused: int
 
 
 class DebloatMetrics(TypedDict):

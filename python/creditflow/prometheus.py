@@ -363,6 +363,20 @@ FAMILIES: tuple[Family, ...] = (
         "remote.record_budget",
     ),
     _family(
+        "creditflow_gate_record_blocks_allocated",
+        "counter",
+        "Record buffers allocated fresh (each costs page faults as it is first written)",
+        GATE,
+        "remote.record_blocks_allocated",
+    ),
+    _family(
+        "creditflow_gate_record_blocks_reused",
+        "counter",
+        "Record buffers used again after the batches over them were dropped",
+        GATE,
+        "remote.record_blocks_reused",
+    ),
+    _family(
         "creditflow_gate_queued_batches",
         "gauge",
         "Decoded batches not yet returned",

@@ -38,6 +38,21 @@ def is_connect(spark: Any) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect.")
 
 
+def driver_host() -> str | None:
+    """Where Spark's executors reach this process: ``spark.driver.host`` of the classic
+    SparkContext running here (Spark's own RPC address for them), or None when there is none
+    (none started yet, or only a Spark Connect client, which executors may not reach)."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:  # pyspark-client: Connect only
+        return None
+    sc = getattr(SparkContext, "_active_spark_context", None)
+    if sc is None:
+        return None
+    host = sc.getConf().get("spark.driver.host")
+    return str(host) if host else None
+
+
 def ensure_python(sc: SparkContext) -> None:
     """Makes Spark's Python workers run this interpreter when nobody chose one (classic sessions).
 

@@ -23,6 +23,31 @@ import creditflow as cf
 
 
 @dataclass(frozen=True)
+class TlsFiles:
+    """A :class:`creditflow.TLSConfig` as the paths it names, which is what travels in a job's
+    closure (a ``TLSConfig`` does not pickle); each task makes it a ``TLSConfig`` again where it
+    creates its environment, so the files are read on the executor, at these paths."""
+
+    cert: str
+    key: str
+    ca: str
+    client_auth: bool = True
+
+    @classmethod
+    def of(cls, tls: cf.TLSConfig | None) -> TlsFiles | None:
+        """``tls``'s paths (None for None); raises TypeError for anything but a ``TLSConfig``."""
+        if tls is None:
+            return None
+        if not isinstance(tls, cf.TLSConfig):
+            raise TypeError(f"tls must be a creditflow.TLSConfig or None, got {type(tls).__name__}")
+        return cls(str(tls.cert), str(tls.key), str(tls.ca), tls.client_auth)
+
+    def config(self) -> cf.TLSConfig:
+        """The ``TLSConfig`` these paths make."""
+        return cf.TLSConfig(self.cert, self.key, self.ca, client_auth=self.client_auth)
+
+
+@dataclass(frozen=True)
 class EnvSettings:
     """What a task's environment is created with (part of the closure Spark ships to tasks).
 
@@ -50,6 +75,8 @@ class EnvSettings:
     wire_compression: str | None = None
     #: Tasks on one host exchange through shared memory (False: loopback TCP).
     shared_memory: bool = True
+    #: TLS on every connection of the task's environment (the files are read on the executor).
+    tls: TlsFiles | None = None
 
 
 #: The values ``wire_compression`` takes besides None (the core's; tests/test_settings.py checks
@@ -126,6 +153,7 @@ class _Cache:
                 max_connections=settings.max_connections,
                 wire_compression=settings.wire_compression,
                 shared_memory=settings.shared_memory,
+                tls=settings.tls.config() if settings.tls is not None else None,
             )
             self.envs[settings] = (env, 1)
             return env

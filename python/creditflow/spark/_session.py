@@ -25,6 +25,40 @@ def _find_java_home() -> str | None:
     return None
 
 
+#: Settings that act only when the driver's JVM starts (the heap, its options and class path,
+#: packages resolved by spark-submit): given to the JVM's start, which makes them its own.
+JVM_START_SETTINGS = (
+    "spark.driver.memory",
+    "spark.driver.extraJavaOptions",
+    "spark.driver.extraClassPath",
+    "spark.driver.extraLibraryPath",
+    "spark.jars.packages",
+    "spark.jars.repositories",
+    "spark.jars.excludes",
+    "spark.jars.ivy",
+)
+
+
+def _start_jvm(settings: dict[str, Any]) -> None:
+    """Starts PySpark's JVM (once per process) with only :data:`JVM_START_SETTINGS`.
+
+    PySpark starts its JVM with ``spark-submit`` and the first session's whole configuration,
+    which ``spark-submit`` makes Java system properties of the JVM, and every later session of
+    the process starts from those: a second session inherited every setting of the first that
+    it did not set again (its executors' cores and memory, its event log...).
+    """
+    from pyspark import SparkConf, SparkContext
+
+    with SparkContext._lock:
+        if SparkContext._gateway is not None:
+            return
+        conf = SparkConf(loadDefaults=False)
+        for key in JVM_START_SETTINGS:
+            if key in settings:
+                conf.set(key, str(settings[key]))
+        SparkContext._ensure_initialized(conf=conf)
+
+
 def local_session(
     master: str = "local[2]",
     app_name: str = "creditflow",
@@ -46,7 +80,8 @@ def local_session(
     client (on 127.0.0.1:15002: one such server per machine at a time); ``session.stop()``
     stops the server. Needs ``pyspark[connect]``'s dependencies
     (``pip install creditflow[spark-connect]``). A classic session and a local Connect server
-    do not share a process: stop one before starting the other.
+    do not share a process: stop one before starting the other. Each session has the settings
+    given to it (and Spark's defaults), whatever sessions ran in the process before it.
     """
     if not os.environ.get("JAVA_HOME"):
         home = _find_java_home()
@@ -70,6 +105,7 @@ def local_session(
         # per machine.
         settings["spark.connect.grpc.binding.address"] = "127.0.0.1"
     settings.update(conf or {})
+    _start_jvm(settings)
     builder = SparkSession.builder.remote(master) if connect else SparkSession.builder.master(master)
     builder = builder.appName(app_name)
     for key, value in settings.items():

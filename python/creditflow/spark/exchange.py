@@ -37,7 +37,13 @@ from pyspark.sql.types import StructType
 import creditflow as cf
 from creditflow.samples import TaskSample
 from creditflow.spark._driver import check_slots, is_connect, prepare
-from creditflow.spark._process import EnvSettings, check_wire_compression, metrics_url_of, task_environment
+from creditflow.spark._process import (
+    EnvSettings,
+    TlsFiles,
+    check_wire_compression,
+    metrics_url_of,
+    task_environment,
+)
 from creditflow.spark._rendezvous import driver_rendezvous, gather
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
 
@@ -87,6 +93,7 @@ def exchange(
     spill_dir: str | None = None,
     wire_compression: str | None = None,
     shared_memory: bool = True,
+    tls: cf.TLSConfig | None = None,
     timeout: float | None = 600.0,
     monitor: Monitor | None = None,
     rendezvous: Rendezvous | None = None,
@@ -129,6 +136,13 @@ def exchange(
         wire_compression, shared_memory: as for :class:`creditflow.NetworkEnvironment`:
             ``"lz4"`` or ``"zstd"`` compresses what each task sends (pays between hosts on
             a slow network); ``shared_memory=False`` keeps tasks of one host on loopback TCP.
+        tls: A :class:`creditflow.TLSConfig`: every connection between the tasks is TLS with
+            these files, which each executor reads at these paths. The certificate must be
+            valid for the address of every executor that presents it (a certificate per host
+            at the same path, or one naming every executor's address), and mutual TLS
+            (``client_auth=True``, the default) makes every task prove itself too. The
+            exchange's own fresh secret still authenticates every connection and the
+            tasks' meeting through the driver (which carries addresses, not data).
         timeout: Longest a task waits without progress (for a buffer, for data, or for its
             consumers to finish reading), in seconds; None waits without limit.
         monitor: A :class:`creditflow.spark.Monitor` that receives live per-task metrics.
@@ -178,6 +192,7 @@ def exchange(
         spill_dir=spill_dir,
         wire_compression=wire_compression,
         shared_memory=shared_memory,
+        tls=TlsFiles.of(tls),
         # Every peer reads this task's partition over a connection of its own: past 512 tasks
         # the default limit would refuse some of them.
         max_connections=max(EnvSettings.max_connections, 2 * n),

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from creditflow._closeable import Closeable
 from creditflow.samples import TaskSample
+from creditflow.spark._driver import driver_host
 from creditflow.spark._messages import Inbox, Message, Outbox
 
 if TYPE_CHECKING:
@@ -57,9 +58,11 @@ class MonitorHandle:
 class Monitor(Closeable):
     """Receives live metric samples from the tasks of creditflow Spark jobs.
 
-    ``host`` is the driver address the executors reach (default: ``SPARK_LOCAL_IP`` or
-    loopback); ``interval`` is how often each task reports, in seconds. Keeps the latest
-    sample per task and, up to ``max_samples``, every sample in arrival order.
+    ``host`` is the driver address the executors reach (default: ``spark.driver.host`` of
+    the SparkContext running in this process, where Spark's own executors reach the driver;
+    without one, ``SPARK_LOCAL_IP`` or loopback: make the session first); ``interval`` is how
+    often each task reports, in seconds. Keeps the latest sample per task and, up to
+    ``max_samples``, every sample in arrival order.
 
     ``metrics``: have every task on a loopback executor (local mode) serve its environment's
     ``/metrics`` and report the URL (:meth:`metrics_urls`: what ``creditflow top`` takes).
@@ -96,7 +99,7 @@ class Monitor(Closeable):
             from creditflow.web import PipelineServer
 
             self._web = PipelineServer(self.pipeline, web, token=web_token, insecure=web_insecure)
-        host = host or os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
+        host = host or driver_host() or os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
         try:
             self._inbox = Inbox(self._receive, host=host, key=key, name="creditflow-monitor")
         except BaseException:

@@ -35,7 +35,7 @@ from creditflow._closeable import Closeable
 from creditflow.metrics import RankMetrics, ReceiverMetrics, SpillMetrics
 from creditflow.spark._driver import prepare
 from creditflow.spark._modes import Direct, Spooled
-from creditflow.spark._process import EnvSettings, check_wire_compression
+from creditflow.spark._process import EnvSettings, TlsFiles, check_wire_compression
 from creditflow.spark._rank import Options, Ranked
 from creditflow.spark._rankstate import RankState
 from creditflow.spark._sending import (
@@ -116,6 +116,11 @@ class Receiver(Closeable):
         job: A training job's spec (:class:`creditflow.spark.TrainingJob`; default the
             ``CREDITFLOW_JOB`` environment variable when a rank is asked for and no secret is
             given): the rank takes the job's secret and tells the driver its address.
+        tls: A :class:`creditflow.TLSConfig`: the receiver reads the tasks' partitions over
+            TLS (pass :func:`send` the same kind of files: each task's certificate must be
+            valid for its executor's address, the receiver's for ``bind``). The secret still
+            authenticates both ends and the registrations sent to :attr:`address` (which
+            carry where the partitions are, not data).
 
     Iterate it (or call :meth:`next`) to get ``pyarrow.RecordBatch`` objects: without a rank,
     in the order they arrive (partitions interleave), ending once the job that registered
@@ -149,6 +154,7 @@ class Receiver(Closeable):
         shuffle_window: int | None = None,
         state: dict[str, Any] | None = None,
         job: str | None = None,
+        tls: cf.TLSConfig | None = None,
     ) -> None:
         if max_queued < 1:
             raise ValueError(f"max_queued must be at least 1, got {max_queued}")
@@ -187,6 +193,7 @@ class Receiver(Closeable):
             secret=self.secret,
             spill_dir=spill_dir,  # both None (the defaults) without spill or a rank
             max_spill=max_spill,
+            tls=tls,
         )
         self._mode: Direct | Spooled | Ranked
         try:
@@ -415,6 +422,7 @@ def send(
     memory: int | str = "16MiB",
     segment_size: int | str = "32KiB",
     wire_compression: str | None = None,
+    tls: cf.TLSConfig | None = None,
     timeout: float | None = 600.0,
     monitor: Monitor | None = None,
 ) -> list[dict[str, Any]]:
@@ -431,6 +439,10 @@ def send(
 
     ``wire_compression`` (``"lz4"``, ``"zstd"``) compresses what the tasks send, as for
     :class:`creditflow.NetworkEnvironment` (pays when the receiver is across a slow link).
+    ``tls`` (a :class:`creditflow.TLSConfig`, for receivers made with ``tls``): every task
+    serves its partition over TLS with these files, which each executor (or, with
+    ``via="driver"``, the driver) reads at these paths; the certificate must be valid for the
+    address the receivers reach it at.
     ``timeout`` bounds each wait for buffer space or for the receiver to finish reading, in
     seconds. ``monitor`` receives every task's samples (and every rank's, with its data
     stall). Returns one dict per partition: ``partition``, ``attempt``, ``accepted``,
@@ -442,7 +454,11 @@ def send(
     check_wire_compression(wire_compression)
     where, ranks = addresses_of(addresses)
     settings = EnvSettings(
-        secret=secret, memory=memory, segment_size=segment_size, wire_compression=wire_compression
+        secret=secret,
+        memory=memory,
+        segment_size=segment_size,
+        wire_compression=wire_compression,
+        tls=TlsFiles.of(tls),
     )
     plan = SendPlan(
         uuid.uuid4().hex[:12],

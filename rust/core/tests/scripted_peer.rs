@@ -27,7 +27,8 @@ use creditflow_core::partition::writer::RecordWriter;
 use creditflow_core::protocol::credit::{BufferHeader, Credit, DataType};
 use creditflow_core::protocol::wire::{
     encode, encode_buffer_response_header, max_frame_size, AuthMode, BufferResponse, Decoder, ErrorKind,
-    Event, Hello, Message, Payload, ReceiverId, MAX_CONTROL_FRAME_LEN, NONCE_LEN, PROTOCOL_VERSION, TAG_LEN,
+    Event, Hello, Message, Payload, ReceiverId, MAX_BULK_PAYLOAD, MAX_CONTROL_FRAME_LEN, NONCE_LEN,
+    PROTOCOL_VERSION, TAG_LEN,
 };
 use creditflow_core::serde::{BatchEncoder, RecordDeserializer};
 
@@ -467,39 +468,41 @@ fn a_backlog_counts_down_and_sequence_numbers_go_up_serialized() {
 }
 
 #[test]
-fn a_large_handed_off_batch_is_cut_into_segment_sized_buffers() {
+fn a_large_handed_off_batch_goes_in_a_first_segment_then_bulk_buffers() {
     let env = env_with(true, |_| {});
-    let (mut p, written) = request_written(&env, 1, 3000, 1000);
+    // About 1.3 MB: a segment, a bulk buffer of MAX_BULK_PAYLOAD, and the rest.
+    let (mut p, written) = request_written(&env, 1, 60_000, 1000);
     let got = recv_to_end(&mut p, 1, 0);
-    assert!(got.len() > 2, "{} buffers", got.len());
-    let n = got.len();
+    let lens: Vec<usize> = got.iter().map(|d| d.payload.len()).collect();
+    assert_eq!(lens.len(), 3, "buffers of {lens:?} bytes");
+    assert_eq!(&lens[..2], &[SEG, MAX_BULK_PAYLOAD]);
     for (i, d) in got.iter().enumerate() {
-        assert_eq!(d.backlog as usize, n - 1 - i);
-        if i + 1 < n {
-            assert_eq!(d.payload.len(), SEG);
-        }
+        assert_eq!(d.backlog as usize, 2 - i);
     }
     assert_eq!(decode_records(got.iter().map(|d| d.payload.as_slice())), written);
 }
 
 /// One batch spanning several buffers, with credit for one buffer: the first buffer (the
 /// record's length prefix) takes it, the buffers wholly inside the record follow without
-/// credit, and the one that completes the record waits for the next AddCredit.
+/// credit (segments of a serialized stream; one bulk buffer of a handed-off batch), and the
+/// one that completes the record waits for the next AddCredit.
 fn record_body_buffers_go_out_without_credit(handoff: bool) {
     let env = env_with(handoff, |_| {});
-    let (mut p, written) = request_written(&env, 1, 3000, 1);
+    let rows = if handoff { 60_000 } else { 3000 };
+    let (mut p, written) = request_written(&env, 1, rows, 1);
     let first = data(p.recv());
     assert_eq!((first.seq, first.payload.len()), (0, SEG));
     let backlog = first.backlog as usize;
     assert!(
-        backlog >= 3,
-        "the record should span at least 4 buffers, not {}",
+        backlog >= 2,
+        "the record should span at least 3 buffers, not {}",
         backlog + 1
     );
+    let body = if handoff { MAX_BULK_PAYLOAD } else { SEG };
     let mut got = vec![first];
     for seq in 1..=backlog as u64 - 1 {
         let d = data(p.recv());
-        assert_eq!((d.seq, d.payload.len()), (seq, SEG), "a record body buffer");
+        assert_eq!((d.seq, d.payload.len()), (seq, body), "a record body buffer");
         got.push(d);
     }
     p.assert_quiet();
@@ -520,12 +523,15 @@ fn a_record_body_buffers_go_out_without_credit_serialized() {
 }
 
 #[test]
-fn a_client_with_smaller_segments_gets_buffers_of_its_size() {
+fn a_client_with_smaller_segments_gets_first_buffers_of_its_size() {
     let env = env_with(true, |c| c.segment_size = 2 * SEG);
     let (mut p, written) = request_written(&env, 1, 3000, 1000);
     let got = recv_to_end(&mut p, 1, 0);
-    assert!(got.iter().all(|d| d.payload.len() <= SEG));
+    // The first buffer (it starts the record, so it takes one of the client's buffers) is cut
+    // at the client's size; the rest of the record's body is one bulk buffer.
+    assert_eq!(got.len(), 2);
     assert_eq!(got[0].payload.len(), SEG);
+    assert!(got[1].payload.len() > 2 * SEG);
     assert_eq!(decode_records(got.iter().map(|d| d.payload.as_slice())), written);
 }
 
@@ -756,10 +762,10 @@ fn a_wrong_protocol_version_in_hello_is_refused() {
     let env = env_with(true, |_| {});
     // Version 1 peers count credit differently (no record body buffers), version 2 peers
     // start records without record grants, version 3 peers send a shorter Hello (no
-    // shared-memory block), version 4 peers do not know SharedBuffer: refused too, with the
-    // versions named.
-    assert_eq!(PROTOCOL_VERSION, 5);
-    for version in [1, 2, 3, 4, PROTOCOL_VERSION + 1] {
+    // shared-memory block), version 4 peers do not know SharedBuffer, version 5 peers refuse
+    // data buffers longer than a segment: refused too, with the versions named.
+    assert_eq!(PROTOCOL_VERSION, 6);
+    for version in [1, 2, 3, 4, 5, PROTOCOL_VERSION + 1] {
         let mut p = Peer::new(TcpStream::connect(env.address()).unwrap());
         p.send(&[Message::Hello(Hello {
             version,
@@ -1300,16 +1306,61 @@ fn b_end_of_partition_inside_a_record_is_a_protocol_error() {
 
 #[test]
 fn b_oversized_frame_is_a_protocol_error() {
+    // Over the frame limit (the decoder refuses it), and over a segment with no record in
+    // progress (the reader refuses it): only the 35-byte header each time, so the length field
+    // alone must be refused.
+    for len in [MAX_BULK_PAYLOAD + 1, SEG + 1] {
+        let mut s = scripted(|_| {});
+        let header = BufferHeader {
+            sequence_number: 0,
+            backlog: 0,
+            data_type: DataType::Data,
+        };
+        let head = encode_buffer_response_header(s.rid, header, len).unwrap();
+        s.peer.send_raw(&head);
+        s.expect_fatal_protocol_error();
+        s.assert_gate_fails(|e| matches!(e, Error::Protocol(_)));
+    }
+}
+
+/// The stream of one record of `rows` rows, and the record's length with its prefix.
+fn one_record(s: &mut Scripted, rows: usize) -> (Vec<u8>, usize) {
+    let mut bytes = Vec::new();
+    encode_records(&mut s.enc, &[batch(0, rows)], &mut bytes);
+    let len = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    assert_eq!(len, bytes.len());
+    (bytes, len)
+}
+
+#[test]
+fn b_bulk_buffers_inside_a_record_are_read_into_it() {
     let mut s = scripted(|_| {});
-    let header = BufferHeader {
-        sequence_number: 0,
-        backlog: 0,
-        data_type: DataType::Data,
-    };
-    // Only the 35-byte header: the length field alone must be refused.
-    let head = encode_buffer_response_header(s.rid, header, SEG + 1).unwrap();
-    s.peer.send_raw(&head);
-    s.expect_fatal_protocol_error();
+    let (bytes, len) = one_record(&mut s, 20_000);
+    assert!(len > 4 * SEG);
+    // The prefix in a segment (a credit), a long buffer inside the record (none), then a long
+    // one that completes it exactly (a credit).
+    s.peer.send(&[
+        data_msg(s.rid, 0, 2, &bytes[..SEG]),
+        data_msg(s.rid, 1, 1, &bytes[SEG..len - SEG - 1]),
+        data_msg(s.rid, 2, 0, &bytes[len - SEG - 1..]),
+    ]);
+    s.send_end(3);
+    assert_eq!(s.gate.next(&mut wait()).unwrap(), Some(batch(0, 20_000)));
+    assert_eq!(s.gate.next(&mut wait()).unwrap(), None);
+}
+
+#[test]
+fn b_a_long_buffer_past_its_record_is_a_protocol_error() {
+    let mut s = scripted(|_| {});
+    let (mut bytes, len) = one_record(&mut s, 20_000);
+    encode_records(&mut s.enc, &[batch(1, 10)], &mut bytes);
+    s.peer.send(&[
+        data_msg(s.rid, 0, 1, &bytes[..SEG]),
+        // Longer than a segment, and running into the next record.
+        data_msg(s.rid, 1, 0, &bytes[SEG..len + 8]),
+    ]);
+    let message = s.expect_fatal_protocol_error();
+    assert!(message.contains("exceeds the segment size"), "{message}");
     s.assert_gate_fails(|e| matches!(e, Error::Protocol(_)));
 }
 

@@ -210,7 +210,7 @@ impl NetworkEnvironment {
         let inner = Python::attach(|py| creditflow_core::NetworkEnvironment::new(config).py_err(py))?;
         Ok(NetworkEnvironment {
             inner,
-            pid: std::process::id(),
+            pid: crate::args::current_pid(),
         })
     }
 

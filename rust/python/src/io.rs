@@ -16,6 +16,7 @@ use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 use pyo3_arrow::input::AnyRecordBatch;
 
 use crate::args::{check_pid, count_arg};
+use crate::arrow_in::BatchImporter;
 use crate::blocking;
 use crate::error::to_py;
 use crate::partition::ResultPartition;
@@ -217,6 +218,8 @@ fn to_pyarrow(py: Python<'_>, batch: RecordBatch, token: Option<Token>) -> PyRes
 #[pyclass(module = "creditflow._native", frozen)]
 pub struct RecordWriter {
     inner: Mutex<creditflow_core::RecordWriter>,
+    /// Imports the batches written, their schema once (taken with the GIL held).
+    import: Mutex<BatchImporter>,
     partition: Arc<creditflow_core::ResultPartition>,
     pid: u32,
     timeout: Option<f64>,
@@ -236,6 +239,7 @@ impl RecordWriter {
         let kind = partitioner_arg(partitioner)?;
         Ok(RecordWriter {
             inner: Mutex::new(creditflow_core::RecordWriter::new(p.inner.clone(), kind)),
+            import: Mutex::new(BatchImporter::new()),
             partition: p.inner.clone(),
             pid: p.pid,
             timeout,
@@ -256,40 +260,54 @@ impl RecordWriter {
         check_pid(self.pid, "RecordWriter")?;
         let target = subpartition.map(|s| count_arg(s, "subpartition")).transpose()?;
         let timeout = blocking::timeout(timeout.or(self.timeout))?;
-        let input: AnyRecordBatch = data.extract().map_err(|e| {
+        let not_arrow = |e: PyErr| {
             PyTypeError::new_err(format!(
                 "write() takes Arrow data (an object with __arrow_c_array__ or __arrow_c_stream__: a pyarrow \
                  RecordBatch, Table or RecordBatchReader, a polars DataFrame, a duckdb relation...), got {}: {e}",
                 data.get_type().name().map(|n| n.to_string()).unwrap_or_default()
             ))
-        })?;
-        match input {
+        };
+        if let Some((schema, array)) = BatchImporter::capsules(data).map_err(not_arrow)? {
+            let batch = self
+                .import
+                .lock()
+                .unwrap()
+                .batch(&schema, &array)
+                .map_err(not_arrow)?;
+            let token = token_for(py, data)?;
+            return blocking::run(py, timeout, "waiting for a free buffer", |wait| {
+                let mut w = self.inner.lock().unwrap();
+                match target {
+                    Some(sp) => w.write_to(&batch, token, sp, wait),
+                    None => w.write_with_token(&batch, token, wait),
+                }
+            });
+        }
+        let reader = match data.extract::<AnyRecordBatch>().map_err(not_arrow)? {
+            AnyRecordBatch::Stream(s) => s.into_reader()?,
             AnyRecordBatch::RecordBatch(b) => {
+                // Not reached: an object with __arrow_c_array__ was taken above.
                 let batch = b.into_inner();
-                let token = token_for(py, data)?;
-                blocking::run(py, timeout, "waiting for a free buffer", |wait| {
+                return blocking::run(py, timeout, "waiting for a free buffer", |wait| {
                     let mut w = self.inner.lock().unwrap();
                     match target {
-                        Some(sp) => w.write_to(&batch, token, sp, wait),
-                        None => w.write_with_token(&batch, token, wait),
+                        Some(sp) => w.write_to(&batch, None, sp, wait),
+                        None => w.write(&batch, wait),
                     }
-                })
+                });
             }
-            AnyRecordBatch::Stream(s) => {
-                let reader = s.into_reader()?;
-                blocking::run(py, timeout, "waiting for a free buffer", |wait| {
-                    let mut w = self.inner.lock().unwrap();
-                    for batch in reader {
-                        let batch = batch?;
-                        match target {
-                            Some(sp) => w.write_to(&batch, None, sp, wait)?,
-                            None => w.write(&batch, wait)?,
-                        }
-                    }
-                    Ok(())
-                })
+        };
+        blocking::run(py, timeout, "waiting for a free buffer", |wait| {
+            let mut w = self.inner.lock().unwrap();
+            for batch in reader {
+                let batch = batch?;
+                match target {
+                    Some(sp) => w.write_to(&batch, None, sp, wait)?,
+                    None => w.write(&batch, wait)?,
+                }
             }
-        }
+            Ok(())
+        })
     }
 
     /// Makes partly filled buffers readable now.

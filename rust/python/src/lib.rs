@@ -17,6 +17,7 @@
 //! registers its exception classes, starts log forwarding and `/metrics` servers).
 
 mod args;
+mod arrow_in;
 mod blocking;
 mod env;
 mod error;

@@ -158,6 +158,8 @@ fn remote_stats<'py>(py: Python<'py>, r: &RemoteStats) -> PyResult<Bound<'py, Py
         record_bytes_peak,
         record_bytes_granted,
         record_budget,
+        record_blocks_allocated,
+        record_blocks_reused,
     } = *r;
     let d = PyDict::new(py);
     put!(d;
@@ -173,6 +175,8 @@ fn remote_stats<'py>(py: Python<'py>, r: &RemoteStats) -> PyResult<Bound<'py, Py
         record_bytes_peak,
         record_bytes_granted,
         record_budget,
+        record_blocks_allocated,
+        record_blocks_reused,
     );
     Ok(d)
 }

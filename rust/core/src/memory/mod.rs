@@ -14,16 +14,21 @@
 //! Locking: a local pool's mutex may be held while taking the global mutex, never the other
 //! way round. The global pool wakes waiting local pools only after releasing its own lock.
 //!
+//! * A [`RecordPool`] holds the blocks received records are gathered into, so that a block a
+//!   dropped batch gave back is written again instead of a fresh allocation (page faults).
+//!
 //! Rooms: [`segment`] (the fixed-size aligned block), `global` ([`GlobalPool`], the registry of
-//! local pools and redistribution) and `local` ([`LocalPool`], [`PooledSegment`],
-//! [`Reservation`]). May use [`crate::base`] only.
+//! local pools and redistribution), `local` ([`LocalPool`], [`PooledSegment`],
+//! [`Reservation`]) and `records` ([`RecordPool`]). May use [`crate::base`] only.
 
 mod global;
 mod local;
+mod records;
 pub mod segment;
 #[cfg(test)]
 mod tests;
 
 pub use global::{GlobalPool, HeldOutside, PoolStats};
 pub use local::{LocalPool, PooledSegment, Reservation};
+pub use records::{RecordBuf, RecordPool, RecordPoolStats};
 pub use segment::Segment;

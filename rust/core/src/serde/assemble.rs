@@ -3,13 +3,15 @@
 
 use std::mem::MaybeUninit;
 
-use arrow_buffer::{Buffer, MutableBuffer};
+use arrow_buffer::Buffer;
 
 use super::framing::LengthPrefix;
 use crate::base::error::{Error, Result};
+use crate::memory::{RecordBuf, RecordPool};
 
 /// Gathers the records of a subpartition's byte stream, each into one 64-byte aligned buffer
-/// of exactly its length (the length prefix is not kept). Three ways in, freely mixed:
+/// of exactly its length (the length prefix is not kept), taken from a [`RecordPool`]. Three
+/// ways in, freely mixed:
 ///
 /// * [`RecordAssembler::push`] copies stream bytes in (a local channel's buffers, or the
 ///   length prefixes and small pieces of a remote one);
@@ -24,12 +26,14 @@ pub struct RecordAssembler {
     body: Option<Body>,
     /// Largest record accepted (guards against a corrupt length).
     max_record: usize,
+    /// Where record buffers come from (and go back to once the batches over them are dropped).
+    pool: RecordPool,
 }
 
 /// A record in progress.
 enum Body {
-    /// Copied into a buffer of its own, which will hold `.1` bytes.
-    Own(MutableBuffer, usize),
+    /// Copied into a buffer of its own.
+    Own(RecordBuf),
     /// Already where it lies (shared memory): the whole record, of which `have` bytes have
     /// arrived in the stream so far.
     Shared { buf: Buffer, have: usize },
@@ -40,12 +44,18 @@ fn shared_misplaced() -> Error {
 }
 
 impl RecordAssembler {
-    /// An assembler accepting records up to `max_record` bytes.
+    /// An assembler accepting records up to `max_record` bytes, each in a fresh allocation.
     pub fn new(max_record: usize) -> RecordAssembler {
+        RecordAssembler::with_pool(max_record, RecordPool::new(0))
+    }
+
+    /// An assembler accepting records up to `max_record` bytes, gathered into `pool`'s blocks.
+    pub fn with_pool(max_record: usize, pool: RecordPool) -> RecordAssembler {
         RecordAssembler {
             prefix: LengthPrefix::default(),
             body: None,
             max_record,
+            pool,
         }
     }
 
@@ -67,7 +77,7 @@ impl RecordAssembler {
     pub fn body_missing(&self) -> usize {
         match &self.body {
             None => 0,
-            Some(Body::Own(buf, want)) => want - buf.len(),
+            Some(Body::Own(buf)) => buf.missing(),
             Some(Body::Shared { buf, have }) => buf.len() - have,
         }
     }
@@ -82,16 +92,9 @@ impl RecordAssembler {
     /// a length prefix is expected or the record is shared). Write a prefix of it, then call
     /// [`RecordAssembler::commit_body`].
     pub fn body_spare(&mut self) -> &mut [MaybeUninit<u8>] {
-        let Some(Body::Own(buf, want)) = self.body.as_mut() else {
-            return &mut [];
-        };
-        let (len, want) = (buf.len(), *want);
-        debug_assert!(buf.capacity() >= want);
-        // SAFETY: the buffer was allocated with capacity `want` and holds `len` bytes, so
-        // `len..want` lies inside the allocation; `&mut self` makes this the only access, and
-        // `MaybeUninit` allows the bytes to be uninitialized.
-        unsafe {
-            std::slice::from_raw_parts_mut(buf.as_mut_ptr().add(len).cast::<MaybeUninit<u8>>(), want - len)
+        match self.body.as_mut() {
+            Some(Body::Own(buf)) => buf.spare(),
+            _ => &mut [],
         }
     }
 
@@ -103,17 +106,17 @@ impl RecordAssembler {
     /// and `n` must not exceed [`RecordAssembler::body_missing`] (checked: panics).
     pub unsafe fn commit_body(&mut self, n: usize) -> Option<Buffer> {
         assert!(n <= self.body_missing(), "commit_body past the end of the record");
-        let Some(Body::Own(buf, want)) = self.body.as_mut() else {
+        let Some(Body::Own(buf)) = self.body.as_mut() else {
             assert_eq!(n, 0, "commit_body of a shared record");
             return None;
         };
-        // SAFETY: the caller initialized these `n` bytes, within the capacity (checked above).
-        unsafe { buf.set_len(buf.len() + n) };
-        if buf.len() < *want {
+        // SAFETY: the caller initialized these `n` bytes, within the record (checked above).
+        unsafe { buf.commit(n) };
+        if buf.missing() > 0 {
             return None;
         }
         match self.body.take() {
-            Some(Body::Own(buf, _)) => Some(buf.into()),
+            Some(Body::Own(buf)) => Some(buf.freeze()),
             _ => unreachable!("an own body"),
         }
     }
@@ -168,19 +171,19 @@ impl RecordAssembler {
                                 Body::Shared { buf, have: 0 }
                             }
                             Some(_) => return Err(shared_misplaced()),
-                            None => Body::Own(MutableBuffer::with_capacity(len), len),
+                            None => Body::Own(self.pool.take(len)),
                         });
                     }
                 }
-                Some(Body::Own(buf, want)) => {
-                    let n = (*want - buf.len()).min(bytes.len());
+                Some(Body::Own(buf)) => {
+                    let n = buf.missing().min(bytes.len());
                     buf.extend_from_slice(&bytes[..n]);
                     *bytes = &bytes[n..];
-                    if buf.len() == *want {
-                        let Some(Body::Own(buf, _)) = self.body.take() else {
+                    if buf.missing() == 0 {
+                        let Some(Body::Own(buf)) = self.body.take() else {
                             unreachable!("an own body")
                         };
-                        done(buf.into())?;
+                        done(buf.freeze())?;
                     }
                 }
                 Some(Body::Shared { buf, have }) => {

@@ -16,7 +16,7 @@
 //!
 //! Rooms: `encode` ([`BatchEncoder`]), `framing` (the length prefix, [`RecordFraming`]),
 //! `assemble` ([`RecordAssembler`]), `decode` ([`RecordDeserializer`]). May use
-//! [`crate::base`] only.
+//! [`crate::base`] and [`crate::memory`] (the [`crate::memory::RecordPool`] records go into).
 
 mod assemble;
 mod decode;

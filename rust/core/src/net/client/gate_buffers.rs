@@ -13,7 +13,7 @@ use super::state::{GateBuffers, Received, RecordBytes, RemoteChannel, RemoteGate
 use super::stats::{RemoteChannelStats, RemoteStats};
 use crate::base::config::{ChannelSpec, FlowControl};
 use crate::base::error::{Error, Result};
-use crate::memory::PooledSegment;
+use crate::memory::{PooledSegment, RecordPool};
 use crate::net::shm::ChannelTransport;
 use crate::protocol::credit::{
     BufferLease, ChannelCreditStats, ChannelId, ChannelRecordStats, Credit, Delivery, GateCredit,
@@ -109,6 +109,8 @@ impl RemoteGate {
             priority: AtomicBool::new(false),
             flow,
             max_record,
+            // Idle record buffers, with the records out, stay within the record budget.
+            record_pool: RecordPool::new(usize::try_from(record_budget).unwrap_or(usize::MAX)),
             bufs: Mutex::new(GateBuffers {
                 credit,
                 records: RecordBudget::new(record_budget),
@@ -146,6 +148,9 @@ impl RemoteGate {
         s.record_bytes_peak = b.records.peak();
         s.record_bytes_granted = b.records.granted();
         s.record_budget = b.records.budget();
+        let blocks = self.record_pool.stats();
+        s.record_blocks_allocated = blocks.allocated;
+        s.record_blocks_reused = blocks.reused;
         let channels: Vec<Arc<RemoteChannel>> = b.channels.iter().filter_map(Weak::upgrade).collect();
         drop(b);
         s.queued_buffers = channels.iter().map(|c| c.queued()).sum();

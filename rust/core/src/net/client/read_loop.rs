@@ -20,7 +20,9 @@ use crate::net::handshake;
 use crate::net::io::{FrameReader, FrameSource, InFrame};
 use crate::net::shm::{HeapLease, HeapReader};
 use crate::protocol::credit::BufferLease;
-use crate::protocol::wire::{ErrorKind, Message, Payload, ReceiverId, SharedBuffer};
+use crate::protocol::wire::{
+    BufferResponse, BufferResponseHeader, ErrorKind, Message, Payload, ReceiverId, SharedBuffer,
+};
 use crate::serde::RecordAssembler;
 
 /// The error a channel fails with for an ErrorResponse about it.
@@ -99,29 +101,39 @@ impl Items {
 /// of their own, so many small records in one buffer do not cost a system call each.
 const DIRECT_READ_MIN: usize = 4096;
 
-/// Reads one data payload of `seg.len()` bytes into the channel's records, appending the
-/// records it completes to `done`. The outer error is the connection's (the socket); the
-/// inner one the channel's (a bad length prefix), after which the payload has still been
-/// read to its end.
+/// Reads the next `n` payload bytes straight into the body of the channel's record in progress
+/// (`n` at most what it misses); returns the record if they completed it.
+async fn read_into_record<R: FrameSource>(
+    reader: &mut FrameReader<R>,
+    asm: &mut RecordAssembler,
+    n: usize,
+) -> Result<Option<Buffer>> {
+    reader.read_payload_into(&mut asm.body_spare()[..n]).await?;
+    // SAFETY: `read_payload_into` initialized exactly these `n` bytes.
+    Ok(unsafe { asm.commit_body(n) })
+}
+
+/// Reads one data payload of `len` bytes into the channel's records, appending the records it
+/// completes to `done`; `seg` (at least `len` bytes unless the payload lies inside the record
+/// in progress) takes what does not go straight into a record. The outer error is the
+/// connection's (the socket); the inner one the channel's (a bad length prefix), after which
+/// the payload has still been read to its end.
 pub(super) async fn read_records<R: FrameSource>(
     reader: &mut FrameReader<R>,
     asm: &mut RecordAssembler,
+    len: usize,
     seg: &mut [u8],
     done: &mut Vec<Buffer>,
     mut start: impl FnMut(u64) -> Result<()>,
 ) -> Result<Result<()>> {
-    let mut left = seg.len();
+    let mut left = len;
     while left > 0 {
         let missing = asm.body_missing();
         let buffered = reader.buffered_payload();
-        if missing > 0 && (missing.min(left) >= DIRECT_READ_MIN || buffered >= missing.min(left)) {
-            let n = missing.min(left);
-            reader.read_payload_into(&mut asm.body_spare()[..n]).await?;
-            // SAFETY: `read_payload_into` initialized exactly these `n` bytes.
-            if let Some(record) = unsafe { asm.commit_body(n) } {
-                done.push(record);
-            }
-            left -= n;
+        let piece = missing.min(left);
+        if missing > 0 && (piece >= DIRECT_READ_MIN || buffered >= piece || left > seg.len()) {
+            done.extend(read_into_record(reader, asm, piece).await?);
+            left -= piece;
         } else if missing == 0 && buffered >= asm.header_missing().min(left) {
             // A length prefix the decoder holds: no system call for it.
             let n = asm.header_missing().min(left);
@@ -131,7 +143,7 @@ pub(super) async fn read_records<R: FrameSource>(
             if let Err(e) = asm.push_checked(&prefix[..n], &mut start, |_| {
                 unreachable!("a prefix completes no record")
             }) {
-                reader.read_payload(&mut seg[..left]).await?;
+                reader.skip_payload().await?;
                 return Ok(Err(e));
             }
         } else {
@@ -178,10 +190,15 @@ fn hand_on(
         ch.push(Inbound::Data(received));
     }
     if let Err(e) = outcome {
-        assemblies.remove(&rid);
-        if let Some(ch) = conn.remove(rid) {
-            ch.fail(Error::Protocol(format!("channel {:?}: {e}", ch.spec)));
-        }
+        fail_stream(conn, assemblies, rid, e);
+    }
+}
+
+/// The channel's byte stream broke (a bad record): it fails, the connection goes on.
+fn fail_stream(conn: &ClientConn, assemblies: &mut HashMap<ReceiverId, Assembly>, rid: ReceiverId, e: Error) {
+    assemblies.remove(&rid);
+    if let Some(ch) = conn.remove(rid) {
+        ch.fail(Error::Protocol(format!("channel {:?}: {e}", ch.spec)));
     }
 }
 
@@ -192,10 +209,35 @@ fn assembly<'a>(
     rid: ReceiverId,
 ) -> &'a mut Assembly {
     assemblies.entry(rid).or_insert_with(|| Assembly {
-        records: RecordAssembler::new(ch.gate.max_record),
+        records: RecordAssembler::with_pool(ch.gate.max_record, ch.gate.record_pool.clone()),
         bytes: RecordBytes::empty(ch.gate.clone(), ch.cid),
         uncounted: 0,
     })
+}
+
+/// Whether a buffer of `len` bytes lies inside `rid`'s record in progress without completing
+/// it (a record body buffer: it takes no credit).
+fn inside_record(assemblies: &HashMap<ReceiverId, Assembly>, rid: ReceiverId, len: usize) -> bool {
+    assemblies
+        .get(&rid)
+        .is_some_and(|a| len < a.records.body_missing())
+}
+
+/// Protocol version 3: a record starts only on record bytes granted; the bytes started are
+/// counted in the assembly's record bytes.
+fn record_start<'a>(ch: &'a RemoteChannel, started: &'a mut u64) -> impl FnMut(u64) -> Result<()> + 'a {
+    move |n| {
+        ch.gate.records_started(ch.cid, n)?;
+        *started += n;
+        Ok(())
+    }
+}
+
+/// After a buffer that took credit: lets the writer announce credit when the sender runs low.
+async fn after_credited_buffer(ch: &RemoteChannel) {
+    if ch.gate.credit_running_low(ch) {
+        tokio::task::yield_now().await;
+    }
 }
 
 /// A SharedBuffer: the buffer's bytes are in the link's heap, where a record that lies whole
@@ -220,17 +262,14 @@ async fn read_shared(
     let lease = items.lease(&b)?;
     let header = b.header();
     let offset = b.offset as usize;
-    let bytes = lease
+    let mut rest = lease
         .bytes(offset, header.payload_len)
         .expect("the wire and the lease checked the range");
     let adopt = |at: usize, len: usize| lease.buffer(offset + at, len);
-    let inside_record = assemblies
-        .get(&rid)
-        .is_some_and(|a| header.payload_len < a.records.body_missing());
-    match ch.gate.take_buffer(&ch, header, inside_record).await? {
+    let inside = inside_record(assemblies, rid, header.payload_len);
+    match ch.gate.take_buffer(&ch, header, inside).await? {
         Landing::Record => {
             let a = assemblies.get_mut(&rid).expect("inside its record");
-            let mut rest = bytes;
             let outcome = a.records.push_shared(
                 &mut rest,
                 adopt,
@@ -239,36 +278,177 @@ async fn read_shared(
             );
             a.uncounted += 1;
             if let Err(e) = outcome {
-                assemblies.remove(&rid);
-                if let Some(ch) = conn.remove(rid) {
-                    ch.fail(Error::Protocol(format!("channel {:?}: {e}", ch.spec)));
-                }
+                fail_stream(conn, assemblies, rid, e);
             }
         }
         Landing::Segment(seg, credit) => {
             let a = assembly(assemblies, &ch, rid);
             let mut records = Vec::new();
-            let started = &mut a.bytes.bytes;
-            let mut rest = bytes;
             let outcome = a.records.push_shared(
                 &mut rest,
                 adopt,
-                |n| {
-                    ch.gate.records_started(ch.cid, n)?;
-                    *started += n;
-                    Ok(())
-                },
+                record_start(&ch, &mut a.bytes.bytes),
                 |record| {
                     records.push(record);
                     Ok(())
                 },
             );
             hand_on(conn, assemblies, &ch, rid, (seg, credit), records, outcome);
-            if ch.gate.credit_running_low(&ch) {
-                tokio::task::yield_now().await;
-            }
+            after_credited_buffer(&ch).await;
         }
         Landing::Drop => {}
+    }
+    Ok(())
+}
+
+/// A data BufferResponse: its payload goes into the channel's records, the body of a record in
+/// progress straight from the socket. A payload longer than a segment must lie inside the
+/// record in progress (a bulk buffer of protocol version 6).
+async fn read_data<R: FrameSource>(
+    conn: &Arc<ClientConn>,
+    reader: &mut FrameReader<R>,
+    assemblies: &mut HashMap<ReceiverId, Assembly>,
+    header: BufferResponseHeader,
+) -> Result<()> {
+    let rid = header.receiver;
+    let len = header.payload_len;
+    let Some(ch) = conn.channel(rid) else {
+        assemblies.remove(&rid);
+        return reader.skip_payload().await;
+    };
+    if assemblies.get(&rid).is_some_and(|a| a.records.is_shared()) {
+        return Err(Error::Protocol(format!(
+            "{rid}: a buffer inside a record placed in shared memory"
+        )));
+    }
+    let inside = inside_record(assemblies, rid, len);
+    match ch.gate.take_buffer(&ch, header, inside).await? {
+        Landing::Record => {
+            let a = assemblies.get_mut(&rid).expect("inside its record");
+            let completed = read_into_record(reader, &mut a.records, len).await?;
+            debug_assert!(completed.is_none(), "a buffer inside a record does not end it");
+            a.uncounted += 1;
+        }
+        Landing::Segment(mut seg, lease) => {
+            let dst = seg.segment_mut().as_mut_slice();
+            let in_record = assemblies
+                .get(&rid)
+                .is_some_and(|a| len <= a.records.body_missing());
+            if len > dst.len() && !in_record {
+                return Err(Error::Protocol(format!(
+                    "{rid}: payload of {len} bytes exceeds the segment size {} outside a record's body",
+                    dst.len()
+                )));
+            }
+            let a = assembly(assemblies, &ch, rid);
+            let mut records = Vec::new();
+            let started = record_start(&ch, &mut a.bytes.bytes);
+            let outcome = read_records(reader, &mut a.records, len, dst, &mut records, started).await?;
+            hand_on(conn, assemblies, &ch, rid, (seg, lease), records, outcome);
+            after_credited_buffer(&ch).await;
+        }
+        Landing::Drop => reader.skip_payload().await?,
+    }
+    Ok(())
+}
+
+/// An event BufferResponse: to its channel, in its place among the data; the last one ends the
+/// channel (a partly received record then fails it).
+fn on_event(
+    conn: &Arc<ClientConn>,
+    assemblies: &mut HashMap<ReceiverId, Assembly>,
+    br: BufferResponse<'static>,
+) -> Result<()> {
+    let Some(ch) = conn.channel(br.receiver) else {
+        return Ok(());
+    };
+    ch.gate.on_event(&ch, br.header())?;
+    let Payload::Event(ev) = br.payload else {
+        return Ok(());
+    };
+    if matches!(ev, Event::Barrier { unaligned: true, .. }) {
+        // Set before the push's wake-up, so the gate sees it with the item.
+        ch.gate.priority.store(true, Ordering::Release);
+    }
+    let rid = br.receiver;
+    let mid_record = assemblies
+        .get(&rid)
+        .is_some_and(|a| !a.records.is_at_record_boundary());
+    let item = Inbound::Event(ev);
+    if !item.is_last() {
+        // An aligned barrier comes between records; an unaligned one and a user event may
+        // come anywhere (the record completes after them).
+        if matches!(item, Inbound::Event(Event::Barrier { unaligned: false, .. })) && mid_record {
+            conn.remove(rid);
+            assemblies.remove(&rid);
+            ch.fail(Error::Protocol(format!(
+                "channel {:?}: aligned barrier in the middle of a record",
+                ch.spec
+            )));
+        } else {
+            ch.push(item);
+        }
+        return Ok(());
+    }
+    conn.remove(rid);
+    assemblies.remove(&rid);
+    if mid_record && matches!(item, Inbound::Event(Event::EndOfPartition)) {
+        ch.fail(Error::Protocol(format!(
+            "channel {:?} ended in the middle of a record",
+            ch.spec
+        )));
+    } else {
+        ch.push(item);
+        ch.gate.release(&ch);
+    }
+    Ok(())
+}
+
+/// A control message from the server (anything but data and events).
+fn on_control(
+    conn: &Arc<ClientConn>,
+    assemblies: &mut HashMap<ReceiverId, Assembly>,
+    msg: Message<'static>,
+) -> Result<()> {
+    match msg {
+        Message::RecordAnnouncement { receiver, bytes } => {
+            if let Some(ch) = conn.channel(receiver) {
+                ch.gate.on_record_announcement(&ch, bytes)?;
+            }
+        }
+        Message::BacklogAnnouncement { receiver, backlog } => {
+            if let Some(ch) = conn.channel(receiver) {
+                ch.gate.on_backlog(&ch, backlog)?;
+            }
+        }
+        Message::PartitionNotFound { receiver } => {
+            if let Some(ch) = conn.channel(receiver) {
+                schedule_retry(conn, ch);
+            }
+        }
+        Message::ErrorResponse {
+            receiver: Some(receiver),
+            kind,
+            message,
+        } => {
+            assemblies.remove(&receiver);
+            if let Some(ch) = conn.remove(receiver) {
+                let e = channel_error(&ch.spec, kind, message);
+                ch.fail(e);
+            }
+        }
+        Message::ErrorResponse {
+            receiver: None,
+            kind,
+            message,
+        } => return Err(handshake::remote_error(kind, &message)),
+        Message::CloseRequest => return Err(Error::ConnectionLost("the peer closed the connection".into())),
+        other => {
+            return Err(Error::Protocol(format!(
+                "a server sent {:?}, which only clients send",
+                other.message_type()
+            )))
+        }
     }
     Ok(())
 }
@@ -291,6 +471,7 @@ pub(super) async fn read_loop<R: FrameSource>(
             }
         }
         match frame {
+            InFrame::Data(header) => read_data(conn, reader, &mut assemblies, header).await?,
             InFrame::Message(Message::SharedBuffer(b)) => {
                 let Some(items) = items.as_mut() else {
                     return Err(Error::Protocol(
@@ -299,161 +480,8 @@ pub(super) async fn read_loop<R: FrameSource>(
                 };
                 read_shared(conn, &mut assemblies, items, b).await?;
             }
-            InFrame::Data(header) => {
-                let Some(ch) = conn.channel(header.receiver) else {
-                    assemblies.remove(&header.receiver);
-                    reader.skip_payload().await?;
-                    continue;
-                };
-                if assemblies
-                    .get(&header.receiver)
-                    .is_some_and(|a| a.records.is_shared())
-                {
-                    return Err(Error::Protocol(format!(
-                        "{}: a buffer inside a record placed in shared memory",
-                        header.receiver
-                    )));
-                }
-                let inside_record = assemblies
-                    .get(&header.receiver)
-                    .is_some_and(|a| header.payload_len < a.records.body_missing());
-                match ch.gate.take_buffer(&ch, header, inside_record).await? {
-                    Landing::Record => {
-                        let len = header.payload_len;
-                        let a = assemblies.get_mut(&header.receiver).expect("inside its record");
-                        reader
-                            .read_payload_into(&mut a.records.body_spare()[..len])
-                            .await?;
-                        // SAFETY: `read_payload_into` initialized exactly these `len` bytes.
-                        let completed = unsafe { a.records.commit_body(len) };
-                        debug_assert!(completed.is_none(), "a buffer inside a record does not end it");
-                        a.uncounted += 1;
-                    }
-                    Landing::Segment(mut seg, lease) => {
-                        let len = header.payload_len;
-                        let dst = seg.segment_mut().as_mut_slice();
-                        if len > dst.len() {
-                            return Err(Error::Protocol(format!(
-                                "{}: payload of {len} bytes exceeds the segment size {}",
-                                header.receiver,
-                                dst.len()
-                            )));
-                        }
-                        let a = assembly(&mut assemblies, &ch, header.receiver);
-                        let mut records = Vec::new();
-                        let started = &mut a.bytes.bytes;
-                        let outcome =
-                            read_records(reader, &mut a.records, &mut dst[..len], &mut records, |n| {
-                                // Protocol version 3: a record starts only on record bytes granted.
-                                ch.gate.records_started(ch.cid, n)?;
-                                *started += n;
-                                Ok(())
-                            })
-                            .await?;
-                        hand_on(
-                            conn,
-                            &mut assemblies,
-                            &ch,
-                            header.receiver,
-                            (seg, lease),
-                            records,
-                            outcome,
-                        );
-                        if ch.gate.credit_running_low(&ch) {
-                            tokio::task::yield_now().await;
-                        }
-                    }
-                    Landing::Drop => reader.skip_payload().await?,
-                }
-            }
-            InFrame::Message(Message::BufferResponse(br)) => {
-                let Some(ch) = conn.channel(br.receiver) else {
-                    continue;
-                };
-                let header = br.header();
-                ch.gate.on_event(&ch, header)?;
-                if let Payload::Event(ev) = br.payload {
-                    if matches!(ev, Event::Barrier { unaligned: true, .. }) {
-                        // Set before the push's wake-up, so the gate sees it with the item.
-                        ch.gate.priority.store(true, Ordering::Release);
-                    }
-                    let item = Inbound::Event(ev);
-                    let mid_record = || {
-                        assemblies
-                            .get(&br.receiver)
-                            .is_some_and(|a| !a.records.is_at_record_boundary())
-                    };
-                    if !item.is_last() {
-                        // An aligned barrier comes between records; an unaligned one and a
-                        // user event may come anywhere (the record completes after them).
-                        if matches!(item, Inbound::Event(Event::Barrier { unaligned: false, .. }))
-                            && mid_record()
-                        {
-                            conn.remove(br.receiver);
-                            assemblies.remove(&br.receiver);
-                            ch.fail(Error::Protocol(format!(
-                                "channel {:?}: aligned barrier in the middle of a record",
-                                ch.spec
-                            )));
-                        } else {
-                            ch.push(item);
-                        }
-                        continue;
-                    }
-                    let partial = mid_record();
-                    conn.remove(br.receiver);
-                    assemblies.remove(&br.receiver);
-                    if partial && matches!(item, Inbound::Event(Event::EndOfPartition)) {
-                        ch.fail(Error::Protocol(format!(
-                            "channel {:?} ended in the middle of a record",
-                            ch.spec
-                        )));
-                    } else {
-                        ch.push(item);
-                        ch.gate.release(&ch);
-                    }
-                }
-            }
-            InFrame::Message(Message::RecordAnnouncement { receiver, bytes }) => {
-                if let Some(ch) = conn.channel(receiver) {
-                    ch.gate.on_record_announcement(&ch, bytes)?;
-                }
-            }
-            InFrame::Message(Message::BacklogAnnouncement { receiver, backlog }) => {
-                if let Some(ch) = conn.channel(receiver) {
-                    ch.gate.on_backlog(&ch, backlog)?;
-                }
-            }
-            InFrame::Message(Message::PartitionNotFound { receiver }) => {
-                if let Some(ch) = conn.channel(receiver) {
-                    schedule_retry(conn, ch);
-                }
-            }
-            InFrame::Message(Message::ErrorResponse {
-                receiver: Some(receiver),
-                kind,
-                message,
-            }) => {
-                assemblies.remove(&receiver);
-                if let Some(ch) = conn.remove(receiver) {
-                    let e = channel_error(&ch.spec, kind, message);
-                    ch.fail(e);
-                }
-            }
-            InFrame::Message(Message::ErrorResponse {
-                receiver: None,
-                kind,
-                message,
-            }) => return Err(handshake::remote_error(kind, &message)),
-            InFrame::Message(Message::CloseRequest) => {
-                return Err(Error::ConnectionLost("the peer closed the connection".into()))
-            }
-            InFrame::Message(other) => {
-                return Err(Error::Protocol(format!(
-                    "a server sent {:?}, which only clients send",
-                    other.message_type()
-                )))
-            }
+            InFrame::Message(Message::BufferResponse(br)) => on_event(conn, &mut assemblies, br)?,
+            InFrame::Message(msg) => on_control(conn, &mut assemblies, msg)?,
         }
     }
 }

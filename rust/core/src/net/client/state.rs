@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use crate::base::config::{Backoff, ChannelSpec, FlowControl};
 use crate::base::error::Error;
 use crate::base::event::Event;
-use crate::memory::PooledSegment;
+use crate::memory::{PooledSegment, RecordPool};
 use crate::partition::subpartition::Listener;
 use crate::protocol::credit::{BufferLease, ChannelId, GateCredit, RecordBudget};
 use crate::protocol::wire::{Message, ReceiverId};
@@ -70,6 +70,9 @@ pub(crate) struct RemoteGate {
     pub(super) flow: FlowControl,
     /// Largest record a channel accepts (a longer length prefix fails the channel).
     pub(super) max_record: usize,
+    /// The blocks its channels' records are gathered into, used again once the consumer
+    /// dropped the batches over them.
+    pub(super) record_pool: RecordPool,
     pub(super) bufs: Mutex<GateBuffers>,
     /// tcp mode: a reader task waits here for a free segment.
     pub(super) recycled: Notify,

@@ -31,6 +31,10 @@ pub struct RemoteStats {
     /// The gate's record budget: records start only while `record_bytes +
     /// record_bytes_granted` is under it.
     pub record_budget: u64,
+    /// Record buffers allocated fresh (each costs page faults as it is first written).
+    pub record_blocks_allocated: u64,
+    /// Record buffers used again after the batches over them were dropped.
+    pub record_blocks_reused: u64,
 }
 
 /// Buffers and credit of one remote channel, for metrics.

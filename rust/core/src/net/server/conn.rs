@@ -351,95 +351,16 @@ impl ServerConn {
             if !r.is_available() {
                 continue;
             }
-            let frame = match r.queue.front_mut().expect("available means non-empty") {
-                Item::Data(cursor) => {
-                    r.chunks -= place(self.heap.as_ref(), rid, readers, cursor);
-                    let (parts, len) = cursor.take();
-                    let shared = match &mut cursor.placement {
-                        Placement::Heap {
-                            item,
-                            len: item_len,
-                            sent,
-                        } => {
-                            let at = *sent;
-                            *sent += len as u64;
-                            // The rest of the record in one frame (see `place`).
-                            cursor.limit = cursor.remaining.max(1);
-                            Some((*item, *item_len, at))
-                        }
-                        _ => None,
-                    };
-                    let started = parts
-                        .iter()
-                        .map(|part| r.framing.advance(part.bytes()))
-                        .fold(0u64, u64::saturating_add);
-                    let hold = if cursor.remaining == 0 {
-                        cursor.hold.take()
-                    } else {
-                        None
-                    };
-                    if cursor.remaining == 0 {
-                        r.queue.pop_front();
-                    }
-                    r.chunks -= 1;
-                    let header = if queue_head == QueueHead::RecordBody {
-                        debug_assert_eq!(started, 0, "a record body buffer starts no record");
-                        r.credit.on_record_body_sent(r.backlog())
-                    } else {
-                        r.credit.on_records_started(started)?;
-                        if started > 0 {
-                            r.looked_ahead = false;
-                        }
-                        r.credit.on_buffer_sent(DataType::Data, r.backlog())?
-                    };
-                    if let Some(stats) = r.sub.remote_reader() {
-                        stats.count_sent(len);
-                        stats.set_credit(u64::from(r.credit.credit().get()));
-                    }
-                    match shared {
-                        Some((item, item_len, offset)) => {
-                            // The bytes are in the heap already: the frame names their place.
-                            let msg = Message::SharedBuffer(SharedBuffer {
-                                receiver: rid,
-                                sequence_number: header.sequence_number,
-                                backlog: header.backlog,
-                                item,
-                                item_len,
-                                offset,
-                                len: u32::try_from(len).expect("a buffer fits a u32"),
-                            });
-                            OutFrame {
-                                _hold: hold,
-                                ..OutFrame::control(&msg)?
-                            }
-                        }
-                        None => OutFrame {
-                            head: wire::encode_buffer_response_header(rid, header, len)?.to_vec(),
-                            parts,
-                            _hold: hold,
-                        },
-                    }
+            let frame = if matches!(r.queue.front(), Some(Item::Data(_))) {
+                self.data_frame(r, rid, readers, queue_head)?
+            } else {
+                let (frame, end) = event_frame(r, rid)?;
+                if end {
+                    // The reader sent its end: nothing more to serve.
+                    let r = st.readers.remove(&rid).expect("present");
+                    r.partition.subpartition_done();
                 }
-                Item::Event(_) => {
-                    let Some(Item::Event(event)) = r.queue.pop_front() else {
-                        unreachable!()
-                    };
-                    let header = r.credit.on_buffer_sent(DataType::Event, r.backlog())?;
-                    let mut head = Vec::with_capacity(BUFFER_RESPONSE_HEADER_LEN + 8);
-                    let ev = event.to_wire();
-                    let msg = Message::event(rid, header.sequence_number, header.backlog, ev);
-                    wire::encode(&msg, &mut head)?;
-                    if event.is_end() {
-                        // The reader is at its end: nothing more to serve.
-                        let r = st.readers.remove(&rid).expect("present");
-                        r.partition.subpartition_done();
-                    }
-                    OutFrame {
-                        head,
-                        parts: Vec::new(),
-                        _hold: None,
-                    }
-                }
+                frame
             };
             bytes += frame.len();
             frames.push(frame);
@@ -451,4 +372,101 @@ impl ServerConn {
         }
         Ok(frames)
     }
+
+    /// The next data frame of reader `rid` (its head is data it may send): a chunk of its head
+    /// item, inline or naming its place in the link's heap, with the credit it takes.
+    fn data_frame(
+        &self,
+        r: &mut SubReader,
+        rid: ReceiverId,
+        readers: usize,
+        queue_head: QueueHead,
+    ) -> Result<OutFrame> {
+        let Some(Item::Data(cursor)) = r.queue.front_mut() else {
+            unreachable!("the head is data")
+        };
+        r.chunks -= place(self.heap.as_ref(), rid, readers, cursor);
+        let (parts, len) = cursor.take();
+        let shared = match &mut cursor.placement {
+            Placement::Heap {
+                item,
+                len: item_len,
+                sent,
+            } => {
+                let at = *sent;
+                *sent += len as u64;
+                Some((*item, *item_len, at))
+            }
+            _ => None,
+        };
+        if shared.is_some() {
+            // The rest of the record in one frame (see `place`).
+            cursor.rest_in_one();
+        }
+        let started = parts
+            .iter()
+            .map(|part| r.framing.advance(part.bytes()))
+            .fold(0u64, u64::saturating_add);
+        let done = cursor.remaining == 0;
+        let hold = if done { cursor.hold.take() } else { None };
+        if done {
+            r.queue.pop_front();
+        }
+        r.chunks -= 1;
+        let header = if queue_head == QueueHead::RecordBody {
+            debug_assert_eq!(started, 0, "a record body buffer starts no record");
+            r.credit.on_record_body_sent(r.backlog())
+        } else {
+            r.credit.on_records_started(started)?;
+            if started > 0 {
+                r.looked_ahead = false;
+            }
+            r.credit.on_buffer_sent(DataType::Data, r.backlog())?
+        };
+        if let Some(stats) = r.sub.remote_reader() {
+            stats.count_sent(len);
+            stats.set_credit(u64::from(r.credit.credit().get()));
+        }
+        Ok(match shared {
+            Some((item, item_len, offset)) => {
+                // The bytes are in the heap already: the frame names their place.
+                let msg = Message::SharedBuffer(SharedBuffer {
+                    receiver: rid,
+                    sequence_number: header.sequence_number,
+                    backlog: header.backlog,
+                    item,
+                    item_len,
+                    offset,
+                    len: u32::try_from(len).expect("a buffer fits a u32"),
+                });
+                OutFrame {
+                    _hold: hold,
+                    ..OutFrame::control(&msg)?
+                }
+            }
+            None => OutFrame {
+                head: wire::encode_buffer_response_header(rid, header, len)?.to_vec(),
+                parts,
+                _hold: hold,
+            },
+        })
+    }
+}
+
+/// The event at the head of reader `rid`'s queue as a frame (events take no credit), and
+/// whether it ends the reader's stream.
+fn event_frame(r: &mut SubReader, rid: ReceiverId) -> Result<(OutFrame, bool)> {
+    let Some(Item::Event(event)) = r.queue.pop_front() else {
+        unreachable!("the head is an event")
+    };
+    let header = r.credit.on_buffer_sent(DataType::Event, r.backlog())?;
+    let mut head = Vec::with_capacity(BUFFER_RESPONSE_HEADER_LEN + 8);
+    let msg = Message::event(rid, header.sequence_number, header.backlog, event.to_wire());
+    wire::encode(&msg, &mut head)?;
+    let frame = OutFrame {
+        head,
+        parts: Vec::new(),
+        _hold: None,
+    };
+    Ok((frame, event.is_end()))
 }

@@ -11,6 +11,7 @@ use crate::base::event::Event;
 use crate::partition::buffer::BufferSlice;
 use crate::partition::subpartition::LocalBatch;
 use crate::protocol::wire::{self, Message};
+use crate::serde::RECORD_HEADER_LEN;
 
 /// Bytes of frames gathered into one vectored write.
 pub(super) const MAX_WRITE_BYTES: usize = 1 << 20;
@@ -66,26 +67,98 @@ pub(super) enum Placement {
     },
 }
 
-/// Stream bytes still to send from one polled item, cut into payloads of at most `limit`
-/// bytes: the negotiated size, or the buffer size the reader's gate announced when the item
-/// was queued (buffer debloating).
+/// Stream bytes still to send from one polled item, cut into payloads: at most `limit` bytes
+/// (the negotiated size, or the buffer size the reader's gate announced when the item was
+/// queued: buffer debloating), except that once a handed-off record's length prefix has gone,
+/// the rest of its body goes in payloads of up to `bulk` bytes. Those lie wholly inside the
+/// record, so the receiver reads them straight into it with as few system calls as the socket
+/// allows; the one that completes the record takes a credit like any buffer that completes
+/// one, the others none (record body buffers).
 pub(super) struct Cursor {
     pub(super) parts: VecDeque<Part>,
     pub(super) remaining: usize,
     pub(super) limit: usize,
+    /// The longest payload inside the record's body (`limit` for an item that is not one whole
+    /// record, a segment of a serialized stream).
+    pub(super) bulk: usize,
+    /// Bytes of the item taken so far.
+    pub(super) taken: usize,
     /// The handed-off batch whose segments account for the bytes; released with the last chunk.
     pub(super) hold: Option<LocalBatch>,
     pub(super) placement: Placement,
 }
 
 impl Cursor {
+    /// A cursor over a segment's bytes (any part of a serialized stream).
+    pub(super) fn slice(parts: VecDeque<Part>, limit: usize) -> Cursor {
+        let remaining = parts.iter().map(Part::len).sum();
+        Cursor {
+            parts,
+            remaining,
+            limit,
+            bulk: limit,
+            taken: 0,
+            hold: None,
+            placement: Placement::Inline,
+        }
+    }
+
+    /// A cursor over one whole record (a handed-off batch encoded for the wire): its body
+    /// goes in bulk payloads after the first, unless the reader's gate asked for smaller
+    /// buffers than `negotiated` (buffer debloating: then every payload is cut at `limit`).
+    pub(super) fn record(parts: VecDeque<Part>, limit: usize, negotiated: usize, hold: LocalBatch) -> Cursor {
+        let bulk = if limit < negotiated {
+            limit
+        } else {
+            limit.max(wire::MAX_BULK_PAYLOAD)
+        };
+        Cursor {
+            bulk,
+            hold: Some(hold),
+            placement: Placement::Undecided,
+            ..Cursor::slice(parts, limit)
+        }
+    }
+
+    /// The length of the chunk after `taken` bytes, with `remaining` left.
+    fn chunk_len(&self, taken: usize, remaining: usize) -> usize {
+        let max = if taken >= RECORD_HEADER_LEN {
+            self.bulk
+        } else {
+            self.limit
+        };
+        remaining.min(max)
+    }
+
+    /// The rest in one chunk (a record placed in shared memory: the frame names its place).
+    pub(super) fn rest_in_one(&mut self) {
+        self.limit = self.remaining.max(1);
+        self.bulk = self.limit;
+    }
+
+    /// Where each chunk still to take starts, relative to the next one, and its length.
+    fn chunk_spans(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let (mut at, mut left) = (0, self.remaining);
+        std::iter::from_fn(move || {
+            if left == 0 {
+                return None;
+            }
+            let n = self.chunk_len(self.taken + at, left);
+            let span = (at, n);
+            at += n;
+            left -= n;
+            Some(span)
+        })
+    }
+
+    /// Chunks still to take.
     pub(super) fn chunks(&self) -> usize {
-        self.remaining.div_ceil(self.limit)
+        self.chunk_spans().count()
     }
 
     /// Bytes of the next chunk [`Cursor::take`] hands out.
     pub(super) fn next_len(&self) -> usize {
-        self.remaining.min(self.limit)
+        self.chunk_len(self.taken, self.remaining)
     }
 
     /// The bytes of the next chunk [`Cursor::take`] hands out, without taking them.
@@ -95,8 +168,7 @@ impl Cursor {
 
     /// The bytes of the chunk `index` chunks after the next one (empty past the end).
     pub(super) fn peek_chunk(&self, index: usize) -> impl Iterator<Item = &[u8]> {
-        let mut skip = index * self.limit;
-        let mut left = self.remaining.saturating_sub(skip).min(self.limit);
+        let (mut skip, mut left) = self.chunk_spans().nth(index).unwrap_or((self.remaining, 0));
         self.parts.iter().filter_map(move |p| {
             let bytes = p.bytes();
             if skip >= bytes.len() {
@@ -114,7 +186,7 @@ impl Cursor {
     }
 
     pub(super) fn take(&mut self) -> (Vec<Part>, usize) {
-        let limit = self.limit;
+        let limit = self.next_len();
         let mut out = Vec::new();
         let mut n = 0;
         while n < limit {
@@ -133,6 +205,7 @@ impl Cursor {
             }
         }
         self.remaining -= n;
+        self.taken += n;
         (out, n)
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::frames::{Cursor, Item, Part, Placement};
+use super::frames::{Cursor, Item, Part};
 use crate::base::error::Result;
 use crate::base::event::Event;
 use crate::partition::subpartition::{Polled, Subpartition};
@@ -41,21 +41,12 @@ pub(super) struct SubReader {
 impl SubReader {
     /// Moves everything readable from the subpartition into the queue, to be sent in
     /// payloads of at most `limit` bytes (or the subpartition's debloated buffer size).
-    pub(super) fn fill(&mut self, limit: usize) -> Result<()> {
-        let limit = self.sub.buffer_size(limit);
+    pub(super) fn fill(&mut self, negotiated: usize) -> Result<()> {
+        let limit = self.sub.buffer_size(negotiated);
         while !self.drained && !self.paused {
             let Some(polled) = self.sub.poll() else { break };
             let item = match polled {
-                Polled::Data(slice) => {
-                    let remaining = slice.len();
-                    Item::Data(Cursor {
-                        parts: VecDeque::from([Part::Slice(slice)]),
-                        remaining,
-                        limit,
-                        hold: None,
-                        placement: Placement::Inline,
-                    })
-                }
+                Polled::Data(slice) => Item::Data(Cursor::slice(VecDeque::from([Part::Slice(slice)]), limit)),
                 Polled::Batch(lb) => {
                     let encoder = match self.encoder.as_mut() {
                         Some(e) => e,
@@ -69,15 +60,9 @@ impl SubReader {
                     let mut all = VecDeque::with_capacity(parts.len() + 1);
                     all.push_back(Part::Bytes(header.to_vec()));
                     all.extend(parts.into_iter().filter(|p| !p.is_empty()).map(Part::Arrow));
-                    let remaining = all.iter().map(Part::len).sum();
-                    debug_assert!(remaining >= RECORD_HEADER_LEN);
-                    Item::Data(Cursor {
-                        parts: all,
-                        remaining,
-                        limit,
-                        hold: Some(lb),
-                        placement: Placement::Undecided,
-                    })
+                    let cursor = Cursor::record(all, limit, negotiated, lb);
+                    debug_assert!(cursor.remaining >= RECORD_HEADER_LEN);
+                    Item::Data(cursor)
                 }
                 Polled::Event(e) => {
                     self.drained = e.is_end();

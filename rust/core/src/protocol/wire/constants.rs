@@ -7,7 +7,7 @@ pub use crate::base::event::MAX_EVENT_PAYLOAD_LEN;
 pub const MAGIC: [u8; 4] = *b"CFLW";
 
 /// The frame format version this side speaks; a frame with any other version is rejected.
-pub const PROTOCOL_VERSION: u8 = 5;
+pub const PROTOCOL_VERSION: u8 = 6;
 
 /// Bytes of the header every frame starts with: length, magic, version, message type.
 pub const HEADER_LEN: usize = 10;
@@ -68,12 +68,19 @@ pub const MAX_CONTROL_FRAME_LEN: usize = HEADER_LEN
         ),
     );
 
-/// The frame limit for a connection whose data frames carry at most one segment of
-/// `segment_size` bytes: `segment_size + BUFFER_RESPONSE_HEADER_LEN`, but never less than
-/// [`MAX_CONTROL_FRAME_LEN`] so that every control message fits.
+/// The most payload a data BufferResponse that lies wholly inside a record's body may carry
+/// (since version 6): such a buffer is read straight into the record, so it is not bounded by
+/// the buffer (segment) size. Every other data buffer carries at most one segment.
+pub const MAX_BULK_PAYLOAD: usize = 1 << 20;
+
+/// The frame limit for a connection with segments of `segment_size` bytes: a data frame of
+/// one segment or of [`MAX_BULK_PAYLOAD`], whichever is larger, but never less than
+/// [`MAX_CONTROL_FRAME_LEN`] so that every control message fits. (Only data frames can be this
+/// long: every other message has a limit of its own, and a data payload is streamed, never
+/// buffered whole by the decoder.)
 pub const fn max_frame_size(segment_size: usize) -> usize {
     max(
-        segment_size.saturating_add(BUFFER_RESPONSE_HEADER_LEN),
+        max(segment_size, MAX_BULK_PAYLOAD).saturating_add(BUFFER_RESPONSE_HEADER_LEN),
         MAX_CONTROL_FRAME_LEN,
     )
 }

@@ -49,9 +49,12 @@
 //!
 //! # Limits
 //!
-//! A connection's frame limit is [`max_frame_size`]`(segment_size)` = segment size +
-//! 35, and never less than [`MAX_CONTROL_FRAME_LEN`] (the largest control message or
-//! event); before the handshake the limit is `MAX_CONTROL_FRAME_LEN`. The decoder reads the
+//! A connection's frame limit is [`max_frame_size`]`(segment_size)` = the larger of the
+//! segment size and [`MAX_BULK_PAYLOAD`] (a data buffer inside a record's body, read straight
+//! into the record, may be that long), + 35, and never less than [`MAX_CONTROL_FRAME_LEN`] (the
+//! largest control message or event); before the handshake the limit is
+//! `MAX_CONTROL_FRAME_LEN`. That a data payload over the segment size lies inside a record is
+//! the receiver's check, which knows the records. The decoder reads the
 //! declared length from the first 4 bytes and rejects it, before allocating anything, if it is
 //! over the limit or under the minimum for its type; fixed-size messages must have exactly
 //! their size. Then a wrong magic, version or message type is rejected as soon as its byte
@@ -131,8 +134,9 @@ pub mod samples;
 mod tests;
 
 pub use constants::{
-    max_frame_size, AuthTag, Nonce, BUFFER_RESPONSE_HEADER_LEN, HEADER_LEN, MAGIC, MAX_CONTROL_FRAME_LEN,
-    MAX_EVENT_PAYLOAD_LEN, MAX_MESSAGE_LEN, MAX_PARTITION_ID_LEN, NONCE_LEN, PROTOCOL_VERSION, TAG_LEN,
+    max_frame_size, AuthTag, Nonce, BUFFER_RESPONSE_HEADER_LEN, HEADER_LEN, MAGIC, MAX_BULK_PAYLOAD,
+    MAX_CONTROL_FRAME_LEN, MAX_EVENT_PAYLOAD_LEN, MAX_MESSAGE_LEN, MAX_PARTITION_ID_LEN, NONCE_LEN,
+    PROTOCOL_VERSION, TAG_LEN,
 };
 pub use decode::{check, check_header, decode, decode_buffer_response_header, FrameInfo};
 pub use decoder::{Decoder, Frame};

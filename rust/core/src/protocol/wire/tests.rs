@@ -417,7 +417,12 @@ fn largest_control_frames_fit_the_control_limit() {
         assert!(check(&bytes, MAX_CONTROL_FRAME_LEN).unwrap().is_some());
     }
     assert!(max_frame_size(crate::memory::segment::MIN_SEGMENT_SIZE) >= MAX_CONTROL_FRAME_LEN);
-    assert_eq!(max_frame_size(32 << 10), (32 << 10) + BUFFER_RESPONSE_HEADER_LEN);
+    // Data frames: a segment, or a bulk buffer inside a record, whichever is longer.
+    assert_eq!(
+        max_frame_size(32 << 10),
+        MAX_BULK_PAYLOAD + BUFFER_RESPONSE_HEADER_LEN
+    );
+    assert_eq!(max_frame_size(4 << 20), (4 << 20) + BUFFER_RESPONSE_HEADER_LEN);
 }
 
 #[test]

@@ -1,0 +1,338 @@
+"""creditflow.spark across hosts: a Spark standalone cluster whose two workers are hosts of
+their own (network namespaces with their own addresses, ``tests/multihost.py``), the driver
+outside them, one executor of 2 cores per worker.
+
+Checked: an exchange whose rows cross between the hosts puts every row where Spark's
+``repartition`` does, with the exchange's secret and with TLS (and a certificate that does not
+name the hosts' addresses is refused); a ``Monitor`` made on the driver hears the tasks of
+both hosts; ``send`` streams to a receiver on a third host, from the
+executors and from the driver, with a secret and with TLS; an executor JVM killed with SIGKILL
+in the middle of an exchange, and the link between the two hosts cut in the middle of one,
+each fail that attempt (the cut with a ``ConnectionLostError`` naming the other host) and
+Spark's retry gives the same result. Spark's own record of the attempts comes from the
+application's event log.
+
+One bed and one session serve the whole module; the bed's namespaces and processes are
+removed at its end whatever happened. Needs root (skipped with the reason otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+pytestmark = [pytest.mark.multihost, pytest.mark.spark, pytest.mark.slow]
+
+pytest.importorskip("pyspark")
+from pyspark import BarrierTaskContext  # noqa: E402
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql.types import LongType, StructField, StructType  # noqa: E402
+
+import creditflow as cf  # noqa: E402
+import creditflow.spark as cfs  # noqa: E402
+import multihost  # noqa: E402
+from creditflow.spark._driver import concurrent_slots  # noqa: E402
+from helpers import poll  # noqa: E402
+from netns import Unavailable  # noqa: E402
+from spark_data import lineitem, placement  # noqa: E402
+from tls_certs import make_tls, tls_kwargs  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+ROWS = 40_000
+#: Rows of the fault tests: more than the channels' credit lets through before the tasks stall,
+#: so that data is still waiting to cross when the executor dies or the link goes.
+FAULT_ROWS = 200_000
+#: How long a stalled first attempt waits for the test before it goes on by itself.
+STALL_LIMIT = 120.0
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[multihost.Cluster]:
+    try:
+        with multihost.cluster(tmp_path_factory.mktemp("multihost")) as c:
+            yield c
+    except Unavailable as exc:
+        pytest.skip(f"the multi-host test bed needs network namespaces: {exc}")
+
+
+@pytest.fixture(scope="module")
+def spark(bed: multihost.Cluster) -> Iterator[SparkSession]:
+    session = cfs.local_session(bed.master_url, "creditflow-test-multihost", bed.session_conf())
+    try:
+        poll("every executor registered", lambda: concurrent_slots(session) >= bed.slots, deadline=180)
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def tls(bed: multihost.Cluster, tmp_path_factory: pytest.TempPathFactory) -> cf.TLSConfig:
+    """One certificate for every host of the bed and the driver (they share the filesystem)."""
+    addresses = [bed.net.driver_addr, *(h.addr for h in bed.net.hosts.values())]
+    return make_tls(tmp_path_factory.mktemp("tls"), "multihost", addresses=addresses)
+
+
+def host_names(bed: multihost.Cluster) -> dict[int, str]:
+    """Host name by network namespace inode (what ``os.stat("/proc/self/ns/net")`` gives)."""
+    return {os.stat(f"/run/netns/{h.ns}").st_ino: name for name, h in bed.net.hosts.items()}
+
+
+def tag_host(column: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function that appends ``column``: the network namespace (inode) of the
+    process it runs in, which names the host."""
+
+    def tag(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        here = os.stat("/proc/self/ns/net").st_ino
+        for b in batches:
+            yield b.append_column(column, pa.array([here] * b.num_rows, pa.int64()))
+
+    return tag
+
+
+def with_column(df: DataFrame, name: str) -> StructType:
+    """``df``'s schema and a long column ``name``."""
+    return StructType([*df.schema.fields, StructField(name, LongType())])
+
+
+@pytest.mark.parametrize("security", ["secret", "tls"])
+def test_exchange_across_hosts_puts_every_row_where_repartition_does(
+    spark: SparkSession, bed: multihost.Cluster, tls: cf.TLSConfig, security: str
+) -> None:
+    df = lineitem(spark, ROWS, bed.slots)
+    # Each row is tagged with the host that read it, then the one its exchange task runs on.
+    src = df.mapInArrow(tag_host("src"), with_column(df, "src"))
+    out = cfs.exchange(
+        src,
+        "l_orderkey",
+        func=tag_host("dst"),
+        schema=with_column(src, "dst"),
+        tls=tls if security == "tls" else None,
+    )
+    rows = out.select("*", F.spark_partition_id().alias("p")).collect()
+    want = placement(df.repartition(bed.slots, "l_orderkey"))
+    assert len(rows) == ROWS
+    assert {r["id"]: r["p"] for r in rows} == want
+    # The values arrive intact.
+    assert sorted(tuple(r)[:-3] for r in rows) == sorted(tuple(r) for r in df.collect())
+    names = host_names(bed)
+    by_partition = {r["p"]: names[r["dst"]] for r in rows}
+    assert sorted(set(by_partition.values())) == ["a", "b"], by_partition
+    # Rows crossed both ways between the hosts.
+    crossed = {(names[r["src"]], names[r["dst"]]) for r in rows}
+    assert {("a", "b"), ("b", "a")} <= crossed
+
+
+def test_a_certificate_that_does_not_name_the_hosts_is_refused(
+    spark: SparkSession, bed: multihost.Cluster, tmp_path: Path
+) -> None:
+    loopback_only = make_tls(tmp_path, "loopback")  # localhost and 127.0.0.1, not the hosts
+    df = lineitem(spark, 1_000, bed.slots)
+    with pytest.raises(Exception, match="certificate") as info:
+        cfs.exchange(df, "l_orderkey", tls=loopback_only, timeout=30).collect()
+    # The failure names a host's address that the certificate does not cover.
+    assert any(h.addr in str(info.value) for h in bed.workers), str(info.value)[-3000:]
+
+
+@pytest.mark.parametrize("via", ["executors", "driver"])
+@pytest.mark.parametrize("security", ["secret", "tls"])
+def test_send_streams_to_a_receiver_on_another_host(
+    spark: SparkSession, bed: multihost.Cluster, tls: cf.TLSConfig, tmp_path: Path, security: str, via: str
+) -> None:
+    client = bed.net.hosts["c"]
+    report = tmp_path / "report.json"
+    argv = [sys.executable, str(HERE / "spark_consumer.py"), "--out", str(report), "--delay", "0"]
+    argv += ["--bind", client.addr]
+    if security == "tls":
+        t = tls_kwargs(tls)
+        argv += ["--tls", str(t["cert"]), str(t["key"]), str(t["ca"])]
+    consumer = subprocess.Popen(client.exec(*argv), stdout=subprocess.PIPE, text=True)
+    try:
+        assert consumer.stdout is not None
+        hello = json.loads(consumer.stdout.readline())
+        assert hello["address"].startswith(f"{client.addr}:")
+        df = spark.range(0, 100_000, numPartitions=bed.slots).select(
+            "id", F.concat(F.lit("row "), F.col("id").cast("string")).alias("s")
+        )
+        stats = cfs.send(
+            df, hello["address"], hello["secret"], via=via, tls=tls if security == "tls" else None
+        )
+        assert consumer.wait(60) == 0
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+            consumer.wait()
+        if consumer.stdout is not None:
+            consumer.stdout.close()
+    got = json.loads(report.read_text())
+    assert (got["rows"], got["unique_ids"], got["id_sum"]) == (100_000, 100_000, sum(range(100_000)))
+    assert len(stats) == (bed.slots if via == "executors" else 1)
+    assert all(s["accepted"] for s in stats)
+
+
+def test_a_monitor_made_on_the_driver_hears_the_tasks_of_every_host(
+    spark: SparkSession, bed: multihost.Cluster
+) -> None:
+    # Made without a host, as on one machine: it must listen where the executors reach the
+    # driver (the session's spark.driver.host), not on loopback.
+    with cfs.Monitor(interval=0.1) as mon:
+        assert mon.handle.address.startswith(f"{bed.net.driver_addr}:")
+        df = lineitem(spark, ROWS, bed.slots)
+        out = cfs.exchange(df, "l_orderkey", monitor=mon, func=tag_host("dst"), schema=with_column(df, "dst"))
+        rows = out.select("dst", F.spark_partition_id().alias("p")).distinct().collect()
+        tasks = mon.tasks()
+    names = host_names(bed)
+    assert sorted(names[r["dst"]] for r in rows) == ["a", "a", "b", "b"]
+    # Every task reported, and its last report says it is done, with what it received.
+    assert sorted(t["task"] for t in tasks) == list(range(bed.slots))
+    assert all(t["done"] for t in tasks), tasks
+    assert sum(t["rows_out"] for t in tasks) == ROWS
+
+
+# ------------------------------------------------------------------------------------ faults
+
+
+def stall_first_attempt(marks: Path) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """An exchange ``func`` that appends ``p``, its task's (output partition's) index, and
+    whose tasks, until the file ``marks/go`` exists, stop after their first batch (each says
+    so with ``marks/started-<p>``) and wait for it: the exchange is in full flight, its
+    writers blocked for credit, until the test has done its harm and written ``go``. Tasks
+    that start after ``go`` (the retry) go straight through."""
+
+    def func(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        go = marks / "go"
+        stall = not go.exists()
+        me = BarrierTaskContext.get().partitionId()
+        for b in batches:
+            yield b.append_column("p", pa.array([me] * b.num_rows, pa.int64()))
+            if stall:
+                stall = False
+                (marks / f"started-{me}").touch()
+                deadline = time.monotonic() + STALL_LIMIT
+                while not go.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+
+    return func
+
+
+def run_in_background(action: Callable[[], Any]) -> Callable[[], Any]:
+    """Starts ``action`` in a thread; returns a function that waits for it and returns its
+    result or raises its exception."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = action()
+        except BaseException as exc:
+            result["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def wait() -> Any:
+        t.join(600)
+        assert not t.is_alive(), "the Spark action did not end within 600 s"
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
+
+    return wait
+
+
+def faulted_exchange(
+    spark: SparkSession, bed: multihost.Cluster, marks: Path, name: str, harm: Callable[[], None]
+) -> list[dict[str, Any]]:
+    """Runs an exchange that stalls in its first attempt, does ``harm`` once every task is in
+    flight (``harm`` lets the tasks go on), checks that every row (after Spark's retries) is in
+    the partition ``repartition`` puts it in, and returns what the event log says of the job."""
+    df = lineitem(spark, FAULT_ROWS, bed.slots)
+    want = placement(df.repartition(bed.slots, "l_orderkey"))
+    out = cfs.exchange(
+        df, "l_orderkey", func=stall_first_attempt(marks), schema=with_column(df, "p"), timeout=120
+    )
+    sc = spark.sparkContext
+
+    def action() -> dict[int, int]:
+        sc.setJobDescription(name)  # a property of this thread's jobs
+        # Spark retries a failed barrier stage only when it feeds a shuffle (a failed barrier
+        # result stage fails the job): the exchange's rows go through one more.
+        rows = out.select("id", "p").repartition(1).collect()
+        return {r["id"]: r["p"] for r in rows}
+
+    wait = run_in_background(action)
+    poll("every task of the first attempt in flight", lambda: len(list(marks.glob("started-*"))) == bed.slots)
+    harm()
+    assert wait() == want
+    return bed.job_events(sc.applicationId, name)
+
+
+def attempts(events: list[dict[str, Any]]) -> list[int]:
+    """The stage attempts the events show, in order."""
+    submitted = [e for e in events if e["Event"] == "SparkListenerStageSubmitted"]
+    return [e["Stage Info"]["Stage Attempt ID"] for e in submitted]
+
+
+def failures(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The failed tasks' end reasons (killed tasks left out)."""
+    ends = [e["Task End Reason"] for e in events if e["Event"] == "SparkListenerTaskEnd"]
+    return [r for r in ends if r["Reason"] not in ("Success", "TaskKilled")]
+
+
+def test_an_executor_killed_during_an_exchange_is_retried_with_the_same_result(
+    spark: SparkSession, bed: multihost.Cluster, tmp_path: Path
+) -> None:
+    killed: list[int] = []
+
+    def kill_executor_on_b() -> None:
+        killed.extend(bed.executor_pids("b"))
+        assert len(killed) == 1, killed
+        os.kill(killed[0], signal.SIGKILL)
+        (tmp_path / "go").touch()
+
+    events = faulted_exchange(spark, bed, tmp_path, "exchange, executor killed", kill_executor_on_b)
+    assert max(attempts(events)) >= 1
+    assert any(f["Reason"] == "ExecutorLostFailure" for f in failures(events)), failures(events)
+    # The worker started a new executor in place of the killed one.
+    poll("a new executor on b", lambda: bed.executor_pids("b") and bed.executor_pids("b") != killed)
+
+
+def test_a_link_cut_during_an_exchange_fails_clearly_and_is_retried_with_the_same_result(
+    spark: SparkSession, bed: multihost.Cluster, tmp_path: Path
+) -> None:
+    tracker = spark.sparkContext.statusTracker()
+
+    def failed_tasks() -> int:
+        stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+        return sum(s.numFailedTasks + s.currentAttemptId for s in stages if s is not None)
+
+    def cut_until_a_task_fails() -> None:
+        bed.net.cut("a", "b")
+        try:
+            (tmp_path / "go").touch()
+            # creditflow's peer_timeout (30 s by default) ends the connections over the cut.
+            poll("a task failed by the cut", failed_tasks, deadline=120)
+        finally:
+            bed.net.restore()
+
+    events = faulted_exchange(spark, bed, tmp_path, "exchange, link cut", cut_until_a_task_fails)
+    assert max(attempts(events)) >= 1
+    # The first attempt failed with a ConnectionLostError naming the other host.
+    lost = [
+        f["Description"]
+        for f in failures(events)
+        if f["Reason"] == "ExceptionFailure" and "ConnectionLostError" in f["Description"]
+    ]
+    assert lost, failures(events)
+    addresses = [bed.net.hosts[h].addr for h in ("a", "b")]
+    assert any(f"connection to {a}:" in d for d in lost for a in addresses), lost

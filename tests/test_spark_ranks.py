@@ -325,6 +325,8 @@ def test_a_rank_holds_at_most_its_memory_and_a_batch(spark: SparkSession, tmp_pa
     finally:
         for p in procs:
             p.kill()
+            p.wait()
+            p.stdout.close()  # type: ignore[union-attr]
     assert reports[0]["batches"] == reports[1]["batches"], "equal steps"
     for e in range(3):
         got = np.concatenate([np.fromfile(tmp_path / f"rank{r}.{e}", dtype=np.int64) for r in range(2)])
@@ -600,6 +602,8 @@ def test_a_rank_killed_while_the_tasks_write_to_it_fails_send_promptly_naming_it
         assert not t.is_alive(), "send() raised well within its timeout"
     finally:
         proc.kill()
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
         rx0.close()
     assert "error" in result, "send() raised"
     assert "rank 1" in str(result["error"])

@@ -111,6 +111,31 @@ mod unit {
     }
 
     #[test]
+    fn one_more_segment_beyond_a_held_over_share_and_back_when_recycled() {
+        let g = GlobalPool::new(10 * SEG, SEG).unwrap();
+        let a = g.create_local_pool("a", 2, usize::MAX, "").unwrap();
+        let mut held = a.request_many(10, &mut no_wait()).unwrap();
+        let b = g.create_local_pool("b", 2, usize::MAX, "").unwrap();
+        drop(held.drain(..3).collect::<Vec<_>>()); // a holds 7, its share is 5
+        assert_eq!((a.stats().held, a.stats().share), (7, 5));
+        assert!(a.try_request().is_none());
+        assert!(a.try_request_overdraft().is_none(), "overdraft is off");
+        let extra = a.try_request_one_more().expect("one beyond what it holds");
+        assert_eq!(a.stats().held, 8);
+        // Never another pool's minimum: b's 2 stay free for b.
+        assert_eq!(g.available_segments(), 2);
+        let more: Vec<_> = (0..3).filter_map(|_| a.try_request_one_more()).collect();
+        assert_eq!(more.len(), 0, "b's minimum is not lent");
+        drop(extra);
+        assert_eq!(
+            a.stats().held,
+            7,
+            "recycled above the share: back to the global pool"
+        );
+        assert_eq!(b.request_many(2, &mut no_wait()).unwrap().len(), 2);
+    }
+
+    #[test]
     fn a_pool_cannot_take_another_pools_minimum() {
         let g = GlobalPool::new(10 * SEG, SEG).unwrap();
         let a = g.create_local_pool("a", 1, 8, "").unwrap();

@@ -195,9 +195,9 @@ def test_a_monitor_made_on_the_driver_hears_the_tasks_of_every_host(
     names = host_names(bed)
     assert sorted(names[r["dst"]] for r in rows) == ["a", "a", "b", "b"]
     # Every task reported, and its last report says it is done, with what it received.
-    assert sorted(t["task"] for t in tasks) == list(range(bed.slots))
-    assert all(t["done"] for t in tasks), tasks
-    assert sum(t["rows_out"] for t in tasks) == ROWS
+    assert sorted(t.task for t in tasks) == list(range(bed.slots))
+    assert all(t.done for t in tasks), tasks
+    assert sum(t.rows_received for t in tasks) == ROWS
 
 
 # ------------------------------------------------------------------------------------ faults

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
 pytest.importorskip("pyspark")
 from creditflow.spark._messages import Inbox, Message, Outbox
+from creditflow.spark._sending import tell_job_failed
 
 PEERS = 64
 
@@ -55,13 +57,19 @@ def test_many_peers_connecting_at_once_all_get_through() -> None:
         inbox.close()
 
 
+def plan_to(address: str, job: str) -> Any:
+    """A send's plan to the one receiver at ``address``."""
+    from creditflow.spark._process import EnvSettings
+    from creditflow.spark._sending import SendPlan
+
+    return SendPlan(job, (address,), False, EnvSettings(secret="k" * 32), None, None)
+
+
 def test_telling_a_gone_receiver_that_the_job_failed_leaves_the_job_s_error_to_raise(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """``send`` tells its receiver when the job fails and raises the job's error; a receiver
     that is gone must not turn that error into a ConnectionRefusedError."""
-    from creditflow.spark.stream import _tell_job_failed
-
     inbox = Inbox(lambda m: None, host="127.0.0.1", key="k" * 32, name="test-inbox")
     address = inbox.address
     inbox.close()  # nobody listens there any more
@@ -70,7 +78,7 @@ def test_telling_a_gone_receiver_that_the_job_failed_leaves_the_job_s_error_to_r
         try:
             raise ValueError("the job's own error")
         except ValueError as exc:
-            _tell_job_failed(address, "k" * 32, "job-1", exc)
+            tell_job_failed(plan_to(address, "job-1"), exc)
             raise
 
     with pytest.raises(ValueError, match="the job's own error"):
@@ -82,9 +90,7 @@ def test_a_reachable_receiver_is_told_that_the_job_failed() -> None:
     got: list[Message] = []
     inbox = Inbox(got.append, host="127.0.0.1", key="k" * 32, name="test-inbox")
     try:
-        from creditflow.spark.stream import _tell_job_failed
-
-        _tell_job_failed(inbox.address, "k" * 32, "job-2", RuntimeError("boom"))
+        tell_job_failed(plan_to(inbox.address, "job-2"), RuntimeError("boom"))
         deadline = time.monotonic() + 10
         while not got and time.monotonic() < deadline:
             time.sleep(0.01)

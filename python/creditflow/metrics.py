@@ -28,6 +28,8 @@ __all__ = [
     "GateMetrics",
     "PartitionMetrics",
     "PoolStats",
+    "RankMetrics",
+    "ReceiverMetrics",
     "RemoteChannelStats",
     "RemoteReaderMetrics",
     "RemoteStats",
@@ -324,3 +326,50 @@ class EnvMetrics(TypedDict):
     gates: dict[str, GateMetrics]
     #: The spill directory, once a blocking or hybrid partition opened it (else ``None``).
     spill: SpillDirMetrics | None
+
+
+class RankMetrics(TypedDict):
+    """A training rank's progress (``Receiver.rank_metrics()``; computed in Python)."""
+
+    rank: int
+    world_size: int
+    #: The current epoch and the batches the trainer took in it.
+    epoch: int
+    batches: int
+    #: Rows yielded since the receiver started, over every epoch.
+    rows_yielded: int
+    #: Rows this rank holds (its share of the stream, kept for the later epochs).
+    rows_held: int
+    #: Pieces received and not yet taken by the consumer (epoch 0), rows in its window, and
+    #: rows of epoch 0 left in the runs while the ranks' bound held the consumer back.
+    queued: int
+    window_rows: int
+    rows_parked: int
+    #: Whether this rank has its whole share; the epoch's number of batches once settled.
+    stream_ended: bool
+    steps: int | None
+    #: The data stall: milliseconds of the last second the consumer waited in ``next()``
+    #: for a batch, and seconds in total.
+    stall_ms_per_second: float
+    stall_total: float
+    #: The tasks' backpressure from this rank: milliseconds of the last second its trainer
+    #: held the tasks back (the rank's queue was full, its readers waited), and seconds in all.
+    backpressure_ms_per_second: float
+    backpressure_total: float
+    #: What holds the rank back now: ``"trainer"`` (the tasks wait for it most of each
+    #: second), ``"spark"`` (its trainer waits for data most of each second in epoch 0),
+    #: ``"ranks"`` (it waits for the other ranks' rows: a later epoch's deal, the end of
+    #: epoch 0), or None.
+    bottleneck: str | None
+    #: What the rank holds now: its environment's allocated segments plus the rows held
+    #: outside them (queue, window) at the largest average row size seen; its ``memory``;
+    #: and the part of it reserved for the rows held outside the pools.
+    memory_bytes: int
+    memory_limit: int
+    reserved_bytes: int
+
+
+class ReceiverMetrics(EnvMetrics):
+    """``Receiver.metrics()``: its environment's metrics and, for a rank, the rank's."""
+
+    rank: RankMetrics | None

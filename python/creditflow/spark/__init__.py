@@ -3,6 +3,9 @@
 * :func:`exchange` repartitions a DataFrame by key inside one barrier stage through
   creditflow (no shuffle files, bounded memory per task, backpressure), with the rows in the
   same partitions as ``df.repartition(n, *keys)``.
+* :func:`send` streams a DataFrame out of Spark to a :class:`Receiver` in another process,
+  or to the W ranks of a training job (``Receiver(rank=r, world_size=W, batch_size=B)``;
+  :class:`TrainingJob` lets ranks started by ``torchrun`` find the driver).
 * :class:`Monitor` collects live per-task metrics of those jobs on the driver.
 
 Needs ``pyspark`` (4.x; ``pip install creditflow[spark]``). Importing this module starts no
@@ -14,6 +17,7 @@ from __future__ import annotations
 from creditflow.spark._process import close_environments, open_environments
 from creditflow.spark._session import local_session
 from creditflow.spark.exchange import PartitionFunction, exchange
+from creditflow.spark.job import TrainingJob
 from creditflow.spark.monitor import Monitor, MonitorHandle
 from creditflow.spark.stream import Receiver, send
 
@@ -22,6 +26,7 @@ __all__ = [
     "MonitorHandle",
     "PartitionFunction",
     "Receiver",
+    "TrainingJob",
     "close_environments",
     "exchange",
     "local_session",

@@ -15,11 +15,7 @@ import socket
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
+from typing import Any
 
 #: Largest control message accepted.
 MAX_MESSAGE = 1 << 20
@@ -27,22 +23,6 @@ MAX_MESSAGE = 1 << 20
 Message = dict[str, Any]
 #: Handles one message; returns the reply, or None when the peer expects none.
 Handler = Callable[[Message], "Message | None"]
-
-
-class Closeable:
-    """A context manager that calls ``close()`` on the way out."""
-
-    def close(self) -> None:
-        """Releases what the object holds. Idempotent."""
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -87,8 +67,18 @@ class Inbox:
     """Accepts authenticated peers on ``host`` (ephemeral port) and passes each message to
     ``handler`` on a thread of its own per peer; replies when the handler returns one."""
 
-    def __init__(self, handler: Handler, *, host: str, key: str, name: str) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        host: str,
+        key: str,
+        name: str,
+        on_end: Callable[[Message], None] | None = None,
+    ) -> None:
         self._handler = handler
+        #: Called with a connection's first message when its peer ends it (not on close()).
+        self._on_end = on_end
         # multiprocessing's default backlog is 1: with many tasks connecting at once, the
         # kernel drops the final ACK of those that do not fit, their side counts as connected
         # and waits for the challenge forever (seen with a 16-task exchange's reporters).
@@ -117,14 +107,20 @@ class Inbox:
             threading.Thread(target=self._serve, args=(conn,), name=f"{self._name}-peer", daemon=True).start()
 
     def _serve(self, conn: Connection) -> None:
+        first: Message | None = None
         try:
             while not self._closed.is_set():
                 try:
                     data = conn.recv_bytes(MAX_MESSAGE)
                 except (EOFError, OSError, TypeError) as exc:
                     self._check_ended(exc)
+                    if first is not None and self._on_end is not None and not self._closed.is_set():
+                        self._on_end(first)
                     return
-                answer = self._handler(json.loads(data))
+                message = json.loads(data)
+                if first is None:
+                    first = message
+                answer = self._handler(message)
                 if answer is not None:
                     try:
                         conn.send_bytes(json.dumps(answer).encode())

@@ -246,10 +246,19 @@ impl RecordWriter {
         })
     }
 
-    /// Writes a batch, table or stream. Blocks while the partition has no free buffer.
-    #[pyo3(signature = (data, timeout = None))]
-    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+    /// Writes a batch, table or stream. Blocks while the partition has no free buffer. With
+    /// ``subpartition``, every batch goes whole to that subpartition (the partitioner is not
+    /// asked).
+    #[pyo3(signature = (data, timeout = None, *, subpartition = None))]
+    fn write(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        subpartition: Option<i64>,
+    ) -> PyResult<()> {
         check_pid(self.pid, "RecordWriter")?;
+        let target = subpartition.map(|s| count_arg(s, "subpartition")).transpose()?;
         let timeout = blocking::timeout(timeout.or(self.timeout))?;
         let not_arrow = |e: PyErr| {
             PyTypeError::new_err(format!(
@@ -267,7 +276,11 @@ impl RecordWriter {
                 .map_err(not_arrow)?;
             let token = token_for(py, data)?;
             return blocking::run(py, timeout, "waiting for a free buffer", |wait| {
-                self.inner.lock().unwrap().write_with_token(&batch, token, wait)
+                let mut w = self.inner.lock().unwrap();
+                match target {
+                    Some(sp) => w.write_to(&batch, token, sp, wait),
+                    None => w.write_with_token(&batch, token, wait),
+                }
             });
         }
         let reader = match data.extract::<AnyRecordBatch>().map_err(not_arrow)? {
@@ -276,14 +289,22 @@ impl RecordWriter {
                 // Not reached: an object with __arrow_c_array__ was taken above.
                 let batch = b.into_inner();
                 return blocking::run(py, timeout, "waiting for a free buffer", |wait| {
-                    self.inner.lock().unwrap().write(&batch, wait)
+                    let mut w = self.inner.lock().unwrap();
+                    match target {
+                        Some(sp) => w.write_to(&batch, None, sp, wait),
+                        None => w.write(&batch, wait),
+                    }
                 });
             }
         };
         blocking::run(py, timeout, "waiting for a free buffer", |wait| {
             let mut w = self.inner.lock().unwrap();
             for batch in reader {
-                w.write(&batch?, wait)?;
+                let batch = batch?;
+                match target {
+                    Some(sp) => w.write_to(&batch, None, sp, wait)?,
+                    None => w.write(&batch, wait)?,
+                }
             }
             Ok(())
         })

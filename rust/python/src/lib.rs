@@ -35,6 +35,7 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<env::NetworkEnvironment>()?;
+    m.add_class::<env::MemoryReservation>()?;
     m.add_class::<partition::ResultPartition>()?;
     m.add_class::<io::RecordWriter>()?;
     m.add_class::<io::InputGate>()?;

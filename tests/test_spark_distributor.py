@@ -1,7 +1,8 @@
-"""Ranks that are Spark tasks themselves: PySpark's ``TorchDistributor`` runs the training
+"""Ranks started by torch's launchers. PySpark's ``TorchDistributor`` runs the training
 function as a barrier job of 2 tasks (CPU, gloo), each rank finds the driver through a
 ``TrainingJob`` spec passed as an argument, and the DataFrame streams to them as another job
-of the same session.
+of the same session. ``torchrun`` starts 2 rank processes that find the driver through the
+``CREDITFLOW_JOB`` environment variable and their rank through torchrun's own.
 
 A barrier stage needs as many free task slots as it has tasks, and the sending job needs one
 more while the ranks run: the session is ``local[4]`` (the other Spark tests use 2 slots).
@@ -9,8 +10,12 @@ more while the ranks run: the session is ``local[4]`` (the other Spark tests use
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,3 +98,40 @@ def test_torch_distributor_ranks_are_spark_tasks_fed_by_another_job(spark: Spark
     for e in range(epochs):
         got = np.sort(np.array(ranks[0]["ids"][e] + ranks[1]["ids"][e]))
         assert np.array_equal(got, np.arange(rows)), f"epoch {e}: every row once"
+
+
+def test_torchrun_ranks_find_the_job_through_the_environment(spark: SparkSession, tmp_path: Path) -> None:
+    """``torchrun --nproc-per-node 2``: each rank takes ``RANK``/``WORLD_SIZE`` from torchrun
+    and the job from ``CREDITFLOW_JOB``; two epochs with an all-reduce per step end on both
+    ranks (equal steps), and every row reaches one rank per epoch."""
+    rows, batch, epochs = 30_007, 512, 2
+    df = spark.range(0, rows, numPartitions=3).selectExpr("id", "cast(id as float) as x")
+    torchrun = Path(sys.executable).parent / "torchrun"
+    script = Path(__file__).resolve().parent / "torchrun_rank.py"
+    out = tmp_path / "ids"
+    with cfs.TrainingJob(world_size=2) as job:
+        env = {**os.environ, **job.env}
+        cmd = [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(out),
+            str(epochs),
+            str(batch),
+        ]
+        with subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ) as ranks:
+            try:
+                cfs.send(df, job.addresses(timeout=300), job.secret)
+                output, _ = ranks.communicate(timeout=300)
+            finally:
+                ranks.kill()
+    assert ranks.returncode == 0, output
+    for e in range(epochs):
+        got = [np.fromfile(f"{out}.{r}.{e}", dtype=np.int64) for r in range(2)]
+        steps = [int(Path(f"{out}.{r}.{e}.steps").read_text()) for r in range(2)]
+        assert steps[0] == steps[1] > 0, f"epoch {e}: equal steps"
+        assert np.array_equal(np.sort(np.concatenate(got)), np.arange(rows)), f"epoch {e}: every row once"

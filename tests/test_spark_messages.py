@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("pyspark")
-from creditflow.spark._messages import Inbox, Message, Outbox, send
+from creditflow.spark._messages import Inbox, Message, Outbox, request, send
 from creditflow.spark._sending import tell_job_failed
 
 PEERS = 64
@@ -84,6 +84,41 @@ def test_both_ends_of_a_control_connection_send_at_once() -> None:
             assert _nodelay(out._conn.fileno())
         finally:
             out.close()
+    finally:
+        inbox.close()
+
+
+def test_requests_to_one_inbox_share_a_connection_and_survive_its_loss() -> None:
+    """A task's registration and confirmation go over one kept connection; one the inbox
+    closed meanwhile is replaced, the message handled once; an answer that came too late
+    is not taken for the next request's."""
+    seen: list[tuple[int, int]] = []
+    slow = threading.Event()
+
+    def handle(message: Message) -> Message:
+        seen.append((message["n"], threading.get_ident()))  # one serving thread per connection
+        if slow.is_set():
+            time.sleep(0.5)
+        return {"echo": message["n"]}
+
+    inbox = Inbox(handle, host="127.0.0.1", key="k" * 32, name="test-inbox")
+    try:
+        assert [request(inbox.address, "k" * 32, {"n": n})["echo"] for n in range(3)] == [0, 1, 2]
+        assert len({ident for _, ident in seen}) == 1
+        with inbox._lock:
+            conns = list(inbox._conns)
+        for c in conns:  # as when the receiver's side drops it
+            with socket.socket(fileno=os.dup(c.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        time.sleep(0.1)
+        assert request(inbox.address, "k" * 32, {"n": 3}) == {"echo": 3}
+        assert [n for n, _ in seen] == [0, 1, 2, 3]
+        slow.set()
+        with pytest.raises(TimeoutError):
+            request(inbox.address, "k" * 32, {"n": 4}, timeout=0.1)
+        slow.clear()
+        time.sleep(0.6)  # the late answer to 4 arrives on a connection no longer used
+        assert request(inbox.address, "k" * 32, {"n": 5}) == {"echo": 5}
     finally:
         inbox.close()
 

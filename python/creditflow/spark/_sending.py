@@ -109,7 +109,7 @@ def register_job(plan: SendPlan, num_partitions: int) -> SendPlan:
             message["monitor"] = dataclasses.asdict(plan.monitor)
         who = f"rank {rank}'s receiver" if plan.ranks else "the receiver"
         try:
-            answer = _messages.send(address, plan.env.secret, message, reply=True, timeout=REGISTER_TIMEOUT)
+            answer = _messages.request(address, plan.env.secret, message, timeout=REGISTER_TIMEOUT)
         except (OSError, EOFError, multiprocessing.AuthenticationError) as exc:
             raise ConnectionError(f"cannot reach {who} at {address}: {type(exc).__name__}: {exc}") from exc
         if not answer.get("accept"):
@@ -123,7 +123,7 @@ def register_job(plan: SendPlan, num_partitions: int) -> SendPlan:
 def _register(plan: SendPlan, rank: int, message: dict[str, Any]) -> dict[str, Any]:
     address = plan.addresses[rank]
     try:
-        return _messages.send(address, plan.env.secret, message, reply=True, timeout=REGISTER_TIMEOUT)
+        return _messages.request(address, plan.env.secret, message, timeout=REGISTER_TIMEOUT)
     except (OSError, EOFError) as exc:
         raise ConnectionError(
             f"rank {rank}'s receiver at {address} went away: {type(exc).__name__}: {exc}"
@@ -284,9 +284,7 @@ def _confirm(plan: SendPlan, rank: int, index: int, grant: object) -> None:
     may have stopped reading (a full spill directory, ``max_spill``) and cancelled the
     channel, which drops the rest of what the task wrote without an error here."""
     message = {"kind": "delivered", "job": plan.job, "partition": index, "grant": grant}
-    answer = _messages.send(
-        plan.addresses[rank], plan.env.secret, message, reply=True, timeout=REGISTER_TIMEOUT * 2
-    )
+    answer = _messages.request(plan.addresses[rank], plan.env.secret, message, timeout=REGISTER_TIMEOUT * 2)
     if not answer.get("ok"):
         reason = answer.get("reason")
         who = f"rank {rank}'s receiver" if plan.ranks else "the receiver"

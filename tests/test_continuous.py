@@ -30,6 +30,7 @@ from creditflow.spark._sending import (
     tell_job_committed,
     tell_job_failed,
 )
+from stream_consumer import Consumer
 
 ROWS = 4096
 
@@ -83,43 +84,6 @@ def rows(batch_id: int, part: int, batches: int, fail_after: int | None = None) 
             raise RuntimeError(f"task of partition {part} failed after {i} batches")
         start = batch_id * 1_000_000 + part * 100_000 + i * ROWS
         yield pa.record_batch({"id": np.arange(start, start + ROWS, dtype=np.int64)})
-
-
-class Consumer:
-    """Iterates ``rx.items()`` in a thread, keeping the batches' ids and the boundaries."""
-
-    def __init__(self, rx: cfs.Receiver, delay: float = 0.0) -> None:
-        self.rx = rx
-        self.delay = delay
-        self.ids: list[np.ndarray] = []
-        self.done: list[cfs.JobDone] = []
-        self.ended = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            for item in self.rx.items():
-                if isinstance(item, cfs.JobDone):
-                    self.done.append(item)
-                else:
-                    self.ids.append(item.column("id").to_numpy())
-                    time.sleep(self.delay)
-        except BaseException as exc:  # the test asserts on it
-            self.error = exc
-        finally:
-            self.ended.set()
-
-    def wait_jobs(self, n: int, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.done) < n:
-            assert time.monotonic() < deadline, f"{len(self.done)} of {n} jobs after {timeout} s"
-            assert self.error is None, self.error
-            time.sleep(0.02)
-
-    def all_ids(self) -> np.ndarray:
-        return np.concatenate(self.ids) if self.ids else np.array([], dtype=np.int64)
 
 
 def expected(batch_ids: list[int], parts: int = 2, batches: int = 3) -> np.ndarray:

@@ -1,0 +1,53 @@
+"""A consumer of a ``Receiver(continuous=True)`` in a thread, for the streaming tests: it keeps
+every batch's ids and every job boundary, optionally taking its time over each row."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+import creditflow.spark as cfs
+
+
+class Consumer:
+    """Iterates ``rx.items()`` in a thread, keeping the batches' ids and the boundaries."""
+
+    def __init__(self, rx: cfs.Receiver, column: str = "id", seconds_per_row: float = 0.0) -> None:
+        self.rx = rx
+        self.column = column
+        #: A slow consumer: it spends this long on each row it takes.
+        self.seconds_per_row = seconds_per_row
+        self.rows = 0
+        self.ids: list[np.ndarray] = []
+        self.done: list[cfs.JobDone] = []
+        self.ended = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for item in self.rx.items():
+                if isinstance(item, cfs.JobDone):
+                    self.done.append(item)
+                else:
+                    self.ids.append(item.column(self.column).to_numpy())
+                    self.rows += item.num_rows
+                    if self.seconds_per_row:
+                        time.sleep(item.num_rows * self.seconds_per_row)
+        except BaseException as exc:  # the test asserts on it
+            self.error = exc
+        finally:
+            self.ended.set()
+
+    def wait_jobs(self, n: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.done) < n:
+            assert time.monotonic() < deadline, f"{len(self.done)} of {n} jobs after {timeout} s"
+            assert self.error is None, self.error
+            time.sleep(0.02)
+
+    def all_ids(self) -> np.ndarray:
+        return np.concatenate(self.ids) if self.ids else np.array([], dtype=np.int64)

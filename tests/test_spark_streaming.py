@@ -243,3 +243,28 @@ def test_a_slow_consumer_lowers_the_query_input_rate(spark: SparkSession, tmp_pa
     assert slow["paused"] > 0  # the receiver held the tasks back
     assert statistics.median(slow["rates"]) < 1500, slow["rates"]
     assert slow["memory"] <= 16 * 2**20
+
+
+@pytest.mark.parametrize("via", ["sink", "foreachBatch"])
+def test_the_streaming_example_applies_every_micro_batch_once_across_a_restart(via: str) -> None:
+    """examples/stream_features.py: a feature service fed by a streaming query, stopped and
+    started again from its checkpoint half-way."""
+    import json
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "stream_features.py"
+    done = subprocess.run(
+        [sys.executable, str(example), "--batches", "4", "--rows", "2000", "--via", via],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])["summary"]
+    assert summary["every_row_once"]
+    applied = summary["micro_batches"]
+    assert applied == list(range(len(applied)))
+    assert len(applied) >= 4
+    assert summary["rows"] == 2000 * len(applied)
+    assert summary["keys"] == 16

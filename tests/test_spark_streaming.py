@@ -237,7 +237,7 @@ def test_a_slow_consumer_lowers_the_query_input_rate(spark: SparkSession, tmp_pa
     rows wait for it, so the query cannot run more than a micro-batch or so ahead of it, and
     its input rate falls to about what the consumer takes; the receiver holds at most its
     ``memory``. (The same query into a fast consumer, for comparison, is in
-    benches/streaming.py: a rate, not a bound, so not asserted here.)"""
+    benches/structured_streaming.py: a rate, not a bound, so not asserted here.)"""
     slow = run_at(spark, tmp_path, 1e-3, batches=4)
     assert slow["ahead"] <= 2, slow  # completed micro-batches beyond what the consumer took
     assert slow["paused"] > 0  # the receiver held the tasks back

@@ -28,7 +28,6 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any
 
 import pyarrow as pa
 
@@ -73,7 +72,7 @@ class Continuous:
         #: Committed batches the consumer has not taken: the readers pause beyond max_queued.
         self._backlog = 0
         self._readers: list[threading.Thread] = []
-        self._m: dict[str, Any] = dict.fromkeys(
+        self._m: dict[str, int] = dict.fromkeys(
             (
                 "jobs_committed",
                 "jobs_delivered",
@@ -400,8 +399,16 @@ class Continuous:
         :class:`creditflow.metrics.ContinuousMetrics`)."""
         with self._cond:
             staged = sum(len(j.partitions) for j in self._jobs.values())
-            return {  # type: ignore[typeddict-item]
-                **self._m,
+            m = self._m
+            return {
+                "jobs_committed": m["jobs_committed"],
+                "rows_committed": m["rows_committed"],
+                "jobs_delivered": m["jobs_delivered"],
+                "rows_delivered": m["rows_delivered"],
+                "replays_dropped": m["replays_dropped"],
+                "jobs_dropped": m["jobs_dropped"],
+                "rows_dropped": m["rows_dropped"],
+                "attempts_failed": m["attempts_failed"],
                 "jobs_staged": len(self._jobs),
                 "partitions_staged": staged,
                 "backlog_batches": self._backlog,

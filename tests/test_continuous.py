@@ -71,7 +71,7 @@ class Sender:
             return "replay"
         for p in range(parts):
             self.task(plan, p)
-        return tell_job_committed(plan, range(parts))
+        return tell_job_committed(plan, dict.fromkeys(range(parts), 0))
 
     def close(self) -> None:
         self.env.close()
@@ -157,11 +157,11 @@ def test_a_replay_that_reaches_the_commit_is_dropped_there(rx: cfs.Receiver, sen
     first, second = sender.plan(5), sender.plan(5)
     for p in range(2):
         sender.task(first, p)
-    assert tell_job_committed(first, [0, 1])["ok"]
+    assert tell_job_committed(first, {0: 0, 1: 0})["ok"]
     consumer.wait_jobs(1)
     stats = sender.task(second, 0)
     assert not stats["accepted"]  # the task learns it is a replay and sends nothing
-    assert tell_job_committed(second, [0]) == {"ok": True, "replay": True}
+    assert tell_job_committed(second, {0: 0}) == {"ok": True, "replay": True}
     time.sleep(0.2)
     assert len(consumer.done) == 1
     assert rx.continuous_metrics()["replays_dropped"] == 1
@@ -198,11 +198,27 @@ def test_a_broken_attempt_is_replaced_by_the_next_attempt_of_its_partition(
         sender.task(plan, 1, attempt=0, fail_after=2)  # 2 of 3 batches sent, then broken
     again = sender.task(plan, 1, attempt=1)  # Spark's retry of the task
     assert again["accepted"]
-    late = sender.task(plan, 1, attempt=2)  # a speculative copy: the partition is delivered
-    assert not late["accepted"]
-    assert tell_job_committed(plan, [0, 1])["ok"]
+    late = sender.task(plan, 1, attempt=2)  # a speculative copy, also read whole
+    assert late["accepted"]
+    assert tell_job_committed(plan, {0: 0, 1: 1})["ok"]  # Spark kept attempt 1
     consumer.wait_jobs(1)
     np.testing.assert_array_equal(np.sort(consumer.all_ids()), expected([0]))
+    assert rx.continuous_metrics()["attempts_failed"] == 2  # the broken one, and the copy not kept
+
+
+def test_an_attempt_that_ended_cleanly_is_not_delivered_when_spark_kept_another(
+    rx: cfs.Receiver, sender: Sender
+) -> None:
+    """A task whose input ended early (an upstream Python worker died) ends its stream cleanly
+    with part of its partition; Spark retries it and keeps the retry: only that is delivered."""
+    consumer = Consumer(rx)
+    plan = register_job(sender.plan(0), 1)
+    early = stream_partition(sender.env, plan, 0, 0, rows(0, 0, 1))  # 1 batch of 3, ended cleanly
+    assert early["accepted"]
+    assert sender.task(plan, 0, attempt=1)["accepted"]
+    assert tell_job_committed(plan, {0: 1})["ok"]
+    consumer.wait_jobs(1)
+    np.testing.assert_array_equal(np.sort(consumer.all_ids()), expected([0], parts=1))
 
 
 def test_a_commit_without_every_partition_whole_fails_and_delivers_nothing(
@@ -212,7 +228,7 @@ def test_a_commit_without_every_partition_whole_fails_and_delivers_nothing(
     plan = register_job(sender.plan(0), 2)
     sender.task(plan, 0)
     with pytest.raises(RuntimeError, match=r"partitions \[1\] were not received whole"):
-        tell_job_committed(plan, [0, 1])
+        tell_job_committed(plan, {0: 0, 1: 0})
     assert sender.job(0) != "replay"
     consumer.wait_jobs(1)
     np.testing.assert_array_equal(np.sort(consumer.all_ids()), expected([0]))
@@ -271,7 +287,7 @@ def test_a_micro_batch_larger_than_memory_fails_clearly_without_spill_and_spills
         with pytest.raises(RuntimeError, match="does not fit in the receiver's memory.*spill=True"):
             sender.task(plan, 0, batches=40)  # 40 x 32 KiB: beyond 1 MiB, withheld until the commit
         with pytest.raises(RuntimeError, match="not received whole"):
-            tell_job_committed(plan, [0])
+            tell_job_committed(plan, {0: 0})
         assert small.continuous_metrics()["rows_committed"] == 0
     finally:
         sender.close()
@@ -286,7 +302,7 @@ def test_a_micro_batch_larger_than_memory_fails_clearly_without_spill_and_spills
         spill = spilling.metrics()["spill"]
         assert spill is not None
         assert spill["disk_bytes"] > 0
-        assert tell_job_committed(plan, [0])["ok"]
+        assert tell_job_committed(plan, {0: 0})["ok"]
         consumer.wait_jobs(1)
         np.testing.assert_array_equal(np.sort(consumer.all_ids()), expected([0], parts=1, batches=40))
     finally:
@@ -313,7 +329,7 @@ def test_a_slow_consumer_holds_the_tasks_back_within_max_queued_batches() -> Non
         assert not task.is_alive()
         assert stats["accepted"]
         assert rx.continuous_metrics()["paused_seconds"] > 0
-        assert tell_job_committed(plan, [0])["ok"]
+        assert tell_job_committed(plan, {0: 0})["ok"]
     finally:
         sender.close()
         rx.close()

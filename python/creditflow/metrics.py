@@ -385,7 +385,8 @@ class ContinuousMetrics(TypedDict):
     #: superseded by another run of the query) and the rows they held.
     jobs_dropped: int
     rows_dropped: int
-    #: Partition attempts that broke off (or were cut off) and were dropped.
+    #: Partition attempts dropped: broke off, failed in their task, or read whole but not the
+    #: attempt Spark kept (a retry's predecessor whose input ended early, a speculative copy).
     attempts_failed: int
     #: Jobs and partitions received and not yet committed.
     jobs_staged: int

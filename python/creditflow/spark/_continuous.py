@@ -132,6 +132,7 @@ class Continuous:
             return {"accept": False, "reason": "this receiver is not a rank (no world_size given)"}
         with self._cond:
             job = self._job(msg)
+            job.num_partitions = int(msg["num_partitions"])
             if self._replay(job):
                 self._m["replays_dropped"] += 1
                 del self._jobs[job.key]
@@ -139,38 +140,22 @@ class Continuous:
         return {"accept": True, "continuous": True}
 
     def _partition(self, msg: _messages.Message) -> _messages.Message:
-        """A task's partition attempt: read it, unless the job is a replay or dropped, or
-        another attempt delivers it (a broken one is replaced; a running one is waited for)."""
+        """A task's partition attempt: read it into a spool of its own, unless the job is a
+        replay or dropped. Every attempt is read: which one counts is for the commit to say
+        (the attempt Spark kept), as an attempt can end cleanly and still have failed in
+        Spark (its input ended early when an upstream Python worker died)."""
         index, number = int(msg["partition"]), int(msg.get("attempt", 0))
-        deadline = time.monotonic() + REGISTER_TIMEOUT
         with self._cond:
             job = self._job(msg)
-            while True:
-                if self._replay(job):
-                    return {
-                        "accept": False,
-                        "replay": True,
-                        "reason": "this micro-batch was delivered already",
-                    }
-                if job.dropped is not None:
-                    return {"accept": False, "reason": f"the job was dropped: {job.dropped}"}
-                live = job.live(index)
-                if live is None:
-                    break
-                if live.state == "done":
-                    return {
-                        "accept": False,
-                        "delivered": True,
-                        "reason": f"partition {index} was delivered by attempt {live.attempt}",
-                    }
-                left = deadline - time.monotonic()
-                if left <= 0 or self.closed.is_set():
-                    return {
-                        "accept": False,
-                        "retry": True,
-                        "reason": f"attempt {live.attempt} of partition {index} is still being received",
-                    }
-                self._cond.wait(min(left, POLL))
+            if self._replay(job):
+                return {"accept": False, "replay": True, "reason": "this micro-batch was delivered already"}
+            if job.dropped is not None:
+                return {"accept": False, "reason": f"the job was dropped: {job.dropped}"}
+            if job.attempt(index, number) is not None:
+                return {
+                    "accept": False,
+                    "reason": f"attempt {number} of partition {index} registered already",
+                }
             att = new_attempt(self._env, index, number)
             job.partitions.setdefault(index, []).append(att)
             spec = cf.ChannelSpec(msg["address"], msg["partition_id"], 0)
@@ -178,7 +163,7 @@ class Continuous:
                 target=self._read, args=(job, att, spec), name=f"creditflow-receiver-{index}", daemon=True
             )
             self._readers.append(thread)
-        thread.start()
+            thread.start()  # under the lock: close() joins only started threads
         return {"accept": True, "confirm": True}
 
     def _read(self, job: Job, att: Attempt, spec: cf.ChannelSpec) -> None:
@@ -259,14 +244,16 @@ class Continuous:
         return {"ok": att.state == "done", "reason": att.reason}
 
     def _commit(self, msg: _messages.Message) -> _messages.Message:
-        """The job succeeded (``send``'s Spark job, the sink's micro-batch): its partitions go to
-        the consumer, unless it is a replay; a partition without a whole attempt fails it."""
-        wanted = sorted({int(p) for p in msg.get("partitions", [])})
+        """The job succeeded (``send``'s Spark job, the sink's micro-batch): the attempt Spark
+        kept of each partition goes to the consumer, unless the job is a replay; one that was
+        not received whole fails the commit. Every other attempt is dropped."""
+        wanted = {int(p): int(a) for p, a in dict(msg.get("attempts", {})).items()}
         deadline = time.monotonic() + COMMIT_WAIT
         with self._cond:
             job = self._job(msg)
             while not self._replay(job) and job.dropped is None and time.monotonic() < deadline:
-                if not any(a is not None and a.state == "reading" for a in map(job.live, wanted)):
+                kept = [job.attempt(p, a) for p, a in wanted.items()]
+                if not any(k is not None and k.state == "reading" for k in kept):
                     break
                 self._cond.wait(POLL)
             self._jobs.pop(job.key, None)
@@ -277,17 +264,22 @@ class Continuous:
             elif job.dropped is not None:
                 return {"ok": False, "reason": f"the job was dropped: {job.dropped}"}
             else:
-                parts = [job.live(i) for i in wanted]
-                missing = [i for i, a in zip(wanted, parts, strict=True) if a is None or a.state != "done"]
+                kept = [job.attempt(p, a) for p, a in wanted.items()]
+                missing = sorted(
+                    p for p, k in zip(wanted, kept, strict=True) if k is None or k.state != "done"
+                )
+                if job.num_partitions is not None:
+                    missing += sorted(set(range(job.num_partitions)) - set(wanted))
                 if missing:
                     why = f"partitions {missing} were not received whole"
                     held = job.drop(why)
                     self._count_dropped(held)
                     answer = {"ok": False, "reason": why}
                 else:
-                    kept = [a for a in parts if a is not None]
-                    answer = self._deliver(job, kept)
-                    held = [a for a in job.drop("committed") if a not in kept]
+                    whole = [k for k in kept if k is not None]
+                    answer = self._deliver(job, whole)
+                    held = [a for a in job.drop("committed") if a not in whole]
+                    self._m["attempts_failed"] += sum(a.state == "done" for a in held)
         release(held)
         return answer
 

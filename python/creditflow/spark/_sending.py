@@ -17,7 +17,7 @@ import multiprocessing
 import re
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,11 +147,13 @@ def register_job(plan: SendPlan, num_partitions: int) -> SendPlan:
     return plan
 
 
-def tell_job_committed(plan: SendPlan, partitions: Sequence[int]) -> dict[str, Any]:
-    """Commits the job at a continuous receiver: ``partitions`` succeeded, and the receiver
-    hands them to its consumer (or drops them as a replay). Raises RuntimeError with the
-    receiver's reason when it cannot (a partition it did not receive whole)."""
-    message = {"kind": "commit", "job": plan.job, "partitions": sorted(partitions), **plan.tags()}
+def tell_job_committed(plan: SendPlan, attempts: Mapping[int, int]) -> dict[str, Any]:
+    """Commits the job at a continuous receiver: ``attempts`` names the attempt of each
+    partition that Spark kept, and the receiver hands those to its consumer (or drops them as
+    a replay). Raises RuntimeError with the receiver's reason when it cannot (an attempt it
+    did not receive whole)."""
+    chosen = {str(p): int(a) for p, a in attempts.items()}
+    message = {"kind": "commit", "job": plan.job, "attempts": chosen, **plan.tags()}
     answer = _register(plan, 0, message, timeout=3 * REGISTER_TIMEOUT)
     if not answer.get("ok"):
         raise RuntimeError(
@@ -389,7 +391,7 @@ def send_from_driver(df: DataFrame, plan: SendPlan) -> list[dict[str, Any]]:
     if plan.ranks:
         tell_job_done(plan, [stats])
     if plan.continuous:
-        tell_job_committed(plan, [0])
+        tell_job_committed(plan, {0: 0})
     return [stats]
 
 

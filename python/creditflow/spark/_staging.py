@@ -1,11 +1,10 @@
 """What a continuous receiver holds of a job before the job commits: each partition attempt's
 batches in a spool of its own (a hybrid partition with replay, so that nothing is read before
-the commit and what does not fit in ``memory`` spills), and which attempt of each partition
-delivered it whole.
+the commit and what does not fit in ``memory`` spills), and how each attempt went.
 
-One spool per attempt, not per job: an attempt that breaks half-way is dropped with its
-spool, and another attempt of the partition starts from nothing, so no row of the broken one
-reaches the consumer.
+One spool per attempt, not per job: the commit names the attempt of each partition that Spark
+kept, and every other attempt is dropped with its spool, so no row of a broken attempt reaches
+the consumer, even one that ended cleanly on this side (its task's input ended early).
 """
 
 from __future__ import annotations
@@ -57,13 +56,12 @@ class Job:
     partitions: dict[int, list[Attempt]] = field(default_factory=dict)
     #: Why the job was dropped (failed, aborted, a replay); None while it may commit.
     dropped: str | None = None
+    #: The number of partitions ``send`` registered (the sink's tasks register on their own).
+    num_partitions: int | None = None
 
-    def live(self, index: int) -> Attempt | None:
-        """The attempt of partition ``index`` that is being read or delivered it, if any."""
-        for att in self.partitions.get(index, []):
-            if att.state != "failed":
-                return att
-        return None
+    def attempt(self, index: int, number: int) -> Attempt | None:
+        """Attempt ``number`` of partition ``index``, if it registered."""
+        return next((a for a in self.partitions.get(index, []) if a.attempt == number), None)
 
     def drop(self, reason: str) -> list[Attempt]:
         """Drops the job (its attempts' spools are released by the caller, outside the lock);

@@ -143,7 +143,7 @@ class CreditflowStreamWriter(DataSourceStreamArrowWriter):
             return  # no task: nothing to hand over
         first = written[0]
         plan = self._plan(first.job, first.stream, batchId)
-        tell_job_committed(plan, [m.partition for m in written])
+        tell_job_committed(plan, {m.partition: m.attempt for m in written})
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """The driver, when a task failed: the receiver drops what it holds of the micro-batch."""

@@ -588,5 +588,5 @@ def send(
     if plan.ranks:
         tell_job_done(plan, stats)
     if plan.continuous:
-        tell_job_committed(plan, range(n))
+        tell_job_committed(plan, {s["partition"]: s["attempt"] for s in stats})
     return stats

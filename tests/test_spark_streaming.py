@@ -10,6 +10,7 @@ whatever happens, so "every row once" is: the values the consumer took are 0..M-
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -217,9 +218,10 @@ def run_at(spark: SparkSession, tmp_path: Path, seconds_per_row: float, batches:
             .start()
         )
         wait_for(lambda: len(taken.done) >= batches, why=f"{batches} micro-batches")
-        ahead = max(p["batchId"] for p in query.recentProgress) - taken.done[-1].batch_id  # type: ignore[operator]
+        progress = query.recentProgress  # before stop(): a stopped Connect query reports none
+        ahead = max(p["batchId"] for p in progress) - taken.done[-1].batch_id  # type: ignore[operator]
         stop(query)
-        rates = [p["inputRowsPerSecond"] for p in query.recentProgress if p["numInputRows"]][1:]
+        rates = [p["inputRowsPerSecond"] for p in progress if p["numInputRows"]][1:]
         env = rx.metrics()
         return {
             "rates": rates,
@@ -254,11 +256,18 @@ def test_the_streaming_example_applies_every_micro_batch_once_across_a_restart(v
     import sys
 
     example = Path(__file__).resolve().parent.parent / "examples" / "stream_features.py"
+    # A Connect session of this process marks the environment as Connect's: not the example's.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SPARK_CONNECT", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"))
+    }
     done = subprocess.run(
         [sys.executable, str(example), "--batches", "4", "--rows", "2000", "--via", via],
         capture_output=True,
         text=True,
         timeout=600,
+        env=env,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])["summary"]

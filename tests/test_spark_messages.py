@@ -6,6 +6,8 @@ Every task of an exchange or a ``send`` with a monitor opens an ``Outbox`` to th
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from typing import Any
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("pyspark")
-from creditflow.spark._messages import Inbox, Message, Outbox
+from creditflow.spark._messages import Inbox, Message, Outbox, send
 from creditflow.spark._sending import tell_job_failed
 
 PEERS = 64
@@ -53,6 +55,35 @@ def test_many_peers_connecting_at_once_all_get_through() -> None:
                     break
             time.sleep(0.05)
         assert sorted(m["peer"] for m in got) == list(range(PEERS))
+    finally:
+        inbox.close()
+
+
+def _nodelay(fd: int) -> bool:
+    with socket.socket(fileno=os.dup(fd)) as s:
+        return bool(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+
+def test_both_ends_of_a_control_connection_send_at_once() -> None:
+    """A message written right after the authentication handshake (whose last write is the
+    client's) waited for that write's delayed ACK, 40 ms on Linux, with Nagle's algorithm on:
+    every registration and confirmation of every task paid it. Both ends turn it off."""
+    seen: list[bool] = []
+
+    def handle(message: Message) -> Message:
+        with inbox._lock:  # the connection this message came on: the only one open
+            seen.extend(_nodelay(c.fileno()) for c in inbox._conns)
+        return {"echo": message["n"]}
+
+    inbox = Inbox(handle, host="127.0.0.1", key="k" * 32, name="test-inbox")
+    try:
+        assert send(inbox.address, "k" * 32, {"n": 7}, reply=True) == {"echo": 7}
+        assert seen == [True]
+        out = Outbox(inbox.address, "k" * 32)
+        try:
+            assert _nodelay(out._conn.fileno())
+        finally:
+            out.close()
     finally:
         inbox.close()
 

@@ -48,6 +48,7 @@ from creditflow.spark._reshuffle import Gathering, deal, pass_id, traffic
 from creditflow.spark._runs import MovedIn, Runs, with_ids
 from creditflow.spark._steps import moves, plan
 from creditflow.spark._stripes import STRIPE_ROWS, share_ids, share_size
+from creditflow.spark._window import warm_up
 from creditflow.spark.monitor import MonitorHandle, Reporter
 
 __all__ = ["Options", "Ranked"]
@@ -110,6 +111,8 @@ class Ranked(Consumer):
             name=f"creditflow-rank{opts.rank}",
             on_end=group.lost,
         )
+        # The Arrow kernels' one-time set-up, while the job starts (not before its first batch).
+        threading.Thread(target=warm_up, name="creditflow-rank-warm-up", daemon=True).start()
 
     # ------------------------------------------------------------------------------ control
 

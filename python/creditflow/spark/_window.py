@@ -93,6 +93,15 @@ class Window:
         self._mixed, self._mixed_ids, self._pos = None, np.empty(0, dtype=np.int64), 0
 
 
+def warm_up() -> None:
+    """Runs, on a few rows, the Arrow kernels a window uses (``take``, ``filter``, a
+    concatenation). The first ``take`` of a process imports ``pyarrow.compute`` and sets up
+    its kernels, which costs a good part of a second of CPU: a rank does it while it waits
+    for the job rather than in front of its first batch."""
+    tiny = pa.record_batch([pa.array([0, 1], pa.int64())], names=["x"])
+    _one_batch([tiny, tiny]).take(pa.array([1, 0])).filter(pa.array([True, False]))
+
+
 def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     """The rows of ``batches`` as one batch (a copy unless there is one batch)."""
     if len(batches) == 1:

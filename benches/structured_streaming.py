@@ -28,7 +28,6 @@ import json
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,40 +35,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-
-class Taker:
-    """Iterates a continuous receiver in a thread, optionally spending time on each row."""
-
-    def __init__(self, rx: Any, seconds_per_row: float = 0.0) -> None:
-        import creditflow.spark as cfs
-
-        self.done: list[Any] = []
-        self.values: list[np.ndarray] = []
-        self._cfs = cfs
-        self._delay = seconds_per_row
-        self._rx = rx
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        for item in self._rx.items():
-            if isinstance(item, self._cfs.JobDone):
-                self.done.append(item)
-            else:
-                if "value" in item.schema.names:
-                    self.values.append(item.column("value").to_numpy())
-                if self._delay:
-                    time.sleep(item.num_rows * self._delay)
-
-    def wait(self, n: int, timeout: float = 600.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.done) < n:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(self.done)} of {n} micro-batches")
-            time.sleep(0.01)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from stream_consumer import Consumer, forget_last_commit
 
 
 def _stop(query: Any) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 2
     while query.status["isTriggerActive"] and time.monotonic() < deadline:
         time.sleep(0.05)
     query.stop()
@@ -102,25 +73,23 @@ def exactly_once(spark: Any, tmp: Path) -> dict[str, Any]:
 
     stream = _rate(spark, 2000).mapInArrow(breaks_once, "value long")
     rx = cfs.Receiver(continuous=True)
-    taker = Taker(rx)
+    taker = Consumer(rx, "value")
     progress: list[dict[str, Any]] = []
     try:
         query = _sink(stream, rx, str(checkpoint))
-        taker.wait(3)
+        taker.wait_jobs(3, timeout=600)
         _stop(query)
         progress += query.recentProgress
-        last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
-        for name in (str(last), f".{last}.crc"):
-            (checkpoint / "commits" / name).unlink()
+        forget_last_commit(checkpoint)
         query = _sink(stream, rx, str(checkpoint))
-        taker.wait(len(taker.done) + 2)
+        taker.wait_jobs(len(taker.done) + 2, timeout=600)
         _stop(query)
         progress += query.recentProgress
         time.sleep(0.5)
         m = rx.continuous_metrics()
     finally:
         rx.close()
-    got = np.sort(np.concatenate(taker.values))
+    got = np.sort(taker.all_ids())
     return {
         "micro_batches_run_by_spark": len([p for p in progress if p["numInputRows"]]),
         "rows_run_by_spark": sum(p["numInputRows"] for p in progress),
@@ -139,10 +108,10 @@ def backpressure(spark: Any, tmp: Path, seconds_per_row: float) -> dict[str, Any
     import creditflow.spark as cfs
 
     rx = cfs.Receiver(continuous=True, max_queued=2)
-    taker = Taker(rx, seconds_per_row)
+    taker = Consumer(rx, "value", seconds_per_row)
     try:
         query = _sink(_rate(spark, 8000), rx, str(tmp / f"bp-{seconds_per_row}"))
-        taker.wait(6)
+        taker.wait_jobs(6, timeout=600)
         _stop(query)
         paused = rx.continuous_metrics()["paused_seconds"]
     finally:
@@ -168,13 +137,13 @@ def micro_batch_cost(spark: Any, rows: int, rounds: int) -> dict[str, Any]:
     df = df.cache()
     df.count()
     rx = cfs.Receiver(continuous=True, memory="256MiB")
-    taker = Taker(rx)
+    taker = Consumer(rx, "id")
     times: dict[str, list[float]] = {"send": [], "toArrow": [], "count": []}
     try:
         for i in range(rounds + 1):  # the first round warms up
             t0 = time.perf_counter()
             cfs.send(df, rx.address, rx.secret, batch_id=i, stream="bench")
-            taker.wait(i + 1)
+            taker.wait_jobs(i + 1, timeout=600)
             t1 = time.perf_counter()
             table = df.toArrow()
             t2 = time.perf_counter()

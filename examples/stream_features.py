@@ -101,7 +101,7 @@ def wait_batches(service: FeatureService, n: int, timeout: float = 600.0) -> Non
 def stop_between_batches(query: Any) -> None:
     """Stops the query when no micro-batch runs (one stopped midway is dropped by the
     receiver and runs again after the restart)."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 2
     while query.status["isTriggerActive"] and time.monotonic() < deadline:
         time.sleep(0.05)
     query.stop()

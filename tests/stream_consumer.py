@@ -1,10 +1,13 @@
-"""A consumer of a ``Receiver(continuous=True)`` in a thread, for the streaming tests: it keeps
-every batch's ids and every job boundary, optionally taking its time over each row."""
+"""For the streaming tests (and benches/structured_streaming.py): a consumer of a
+``Receiver(continuous=True)`` in a thread, which keeps every batch's ids and every job
+boundary, optionally taking its time over each row; and a checkpoint made to replay its last
+micro-batch."""
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -51,3 +54,18 @@ class Consumer:
 
     def all_ids(self) -> np.ndarray:
         return np.concatenate(self.ids) if self.ids else np.array([], dtype=np.int64)
+
+
+def forget_last_commit(checkpoint: Path) -> int:
+    """Makes the checkpoint look as if the driver died right after the sink committed the last
+    micro-batch and before Spark recorded it: removes that commit-log entry, and the offsets of
+    a micro-batch started after it (stopped midway), so that the next start runs it again."""
+
+    def ids(folder: str) -> list[int]:
+        return sorted(int(p.name) for p in (checkpoint / folder).iterdir() if p.name.isdigit())
+
+    last = ids("commits")[-1]
+    for folder, batch in [("offsets", b) for b in ids("offsets") if b > last] + [("commits", last)]:
+        for name in (str(batch), f".{batch}.crc"):
+            (checkpoint / folder / name).unlink(missing_ok=True)
+    return last

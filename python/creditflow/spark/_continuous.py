@@ -23,7 +23,6 @@ micro-batch takes longer, and the query's input rate falls to what the consumer 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -162,6 +161,8 @@ class Continuous:
             thread = threading.Thread(
                 target=self._read, args=(job, att, spec), name=f"creditflow-receiver-{index}", daemon=True
             )
+            # A receiver lives for many jobs: keep only the readers still running.
+            self._readers = [t for t in self._readers if t.is_alive()]
             self._readers.append(thread)
             thread.start()  # under the lock: close() joins only started threads
         return {"accept": True, "confirm": True}
@@ -427,5 +428,3 @@ class Continuous:
         release(held)
         for t in list(self._readers):
             t.join(timeout=10.0)
-        with contextlib.suppress(Exception):
-            release(held)

@@ -203,6 +203,12 @@ def test_the_creditflow_sink_delivers_every_row_once_across_a_broken_task_and_a_
         rx.close()
 
 
+def of(progress: Any, name: str) -> Any:
+    """A field of a progress report: a dict on a classic session; on Connect an object, whose
+    item access gives None for the computed figures."""
+    return progress[name] if isinstance(progress, dict) else getattr(progress, name)
+
+
 def run_at(spark: SparkSession, tmp_path: Path, seconds_per_row: float, batches: int) -> dict[str, Any]:
     """The sink into a consumer that takes ``seconds_per_row`` per row: Spark's progress
     reports and the receiver's figures once the consumer took ``batches`` micro-batches."""
@@ -229,7 +235,9 @@ def run_at(spark: SparkSession, tmp_path: Path, seconds_per_row: float, batches:
         wait_for(enough, why=f"{batches} micro-batches")
         ahead = max(progress) - taken.done[-1].batch_id  # type: ignore[operator]
         stop(query)
-        rates = [p["inputRowsPerSecond"] for _, p in sorted(progress.items()) if p["numInputRows"]][1:]
+        rates = [of(p, "inputRowsPerSecond") for _, p in sorted(progress.items()) if of(p, "numInputRows")][
+            1:
+        ]
         env = rx.metrics()
         return {
             "rates": rates,

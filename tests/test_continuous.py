@@ -363,3 +363,19 @@ def test_batch_id_to_a_receiver_that_is_not_continuous_is_refused() -> None:
             rx.next(timeout=10)  # told, instead of waiting for the job
     finally:
         rx.close()
+
+
+def test_the_sink_checks_its_options_when_the_query_starts() -> None:
+    from creditflow.spark.sink import CreditflowDataSource
+
+    source = CreditflowDataSource({"address": "127.0.0.1:1"})
+    with pytest.raises(ValueError, match=r"needs the options \['secret'\]"):
+        source.streamWriter(None, False)  # type: ignore[arg-type]
+    source = CreditflowDataSource({"address": "127.0.0.1:1", "secret": "s", "adress": "x"})
+    with pytest.raises(ValueError, match=r"does not take the options \['adress'\]"):
+        source.streamWriter(None, False)  # type: ignore[arg-type]
+    ok = CreditflowDataSource(
+        {"Address": "127.0.0.1:1", "secret": "s", "checkpointLocation": "/c", "timeout": "5"}
+    )
+    assert ok.streamWriter(None, False).timeout == 5.0  # type: ignore[arg-type]
+    assert CreditflowDataSource.name() == "creditflow"

@@ -27,6 +27,8 @@ wait for the receiver may take, default 600), ``wire_compression`` (``lz4`` or `
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -155,7 +157,9 @@ class CreditflowStreamWriter(DataSourceStreamArrowWriter):
         }
         if written:
             message.update(stream=written[0].stream, batch_id=batchId)
-        _messages.send(self.address, self.env.secret, message, timeout=REGISTER_TIMEOUT)
+        # Best effort: a receiver that is gone holds nothing of the micro-batch any more.
+        with contextlib.suppress(OSError, EOFError, multiprocessing.AuthenticationError):
+            _messages.send(self.address, self.env.secret, message, timeout=REGISTER_TIMEOUT)
 
 
 #: Options Spark passes to every sink along with the user's.

@@ -25,6 +25,7 @@ import creditflow.spark as cfs
 from creditflow.spark._process import EnvSettings
 from creditflow.spark._sending import (
     SendPlan,
+    is_replay,
     register_job,
     stream_partition,
     tell_job_committed,
@@ -146,6 +147,10 @@ def test_a_replayed_micro_batch_is_dropped_and_its_job_never_runs(rx: cfs.Receiv
     assert m["replays_dropped"] == 2
     assert m["jobs_delivered"] == 3
     assert rx.last_batch_ids == {"q": 1, "another query": 0}
+    # send asks first, before Spark computes anything
+    assert is_replay(sender.plan(1))
+    assert not is_replay(sender.plan(2))
+    assert not is_replay(sender.plan(None))
     both = np.sort(np.concatenate([expected([0, 1]), expected([0])]))  # q's 0 and 1, the other's 0
     np.testing.assert_array_equal(np.sort(consumer.all_ids()), both)
 

@@ -97,6 +97,7 @@ class Continuous:
     def _on_message(self, msg: _messages.Message) -> _messages.Message | None:
         handlers = {
             "job": self._register,
+            "seen": self._seen,
             "partition": self._partition,
             "delivered": self._delivered,
             "attempt_failed": self._attempt_failed,
@@ -124,6 +125,14 @@ class Continuous:
             return False
         stream = job.stream or ""
         return self.log.seen(stream, job.batch_id) or job.batch_id <= self._committed_ids.get(stream, -1)
+
+    def _seen(self, msg: _messages.Message) -> _messages.Message:
+        """``send`` asks, before it computes anything, whether it has a replay in hand."""
+        with self._cond:
+            job = Job("", msg.get("stream"), int(msg["batch_id"]))
+            replay = self._replay(job)
+            self._m["replays_dropped"] += replay
+        return {"continuous": True, "replay": replay}
 
     def _register(self, msg: _messages.Message) -> _messages.Message:
         """``send`` registers its job: a replay is told to skip it."""

@@ -147,6 +147,16 @@ def register_job(plan: SendPlan, num_partitions: int) -> SendPlan:
     return plan
 
 
+def is_replay(plan: SendPlan) -> bool:
+    """Whether the receiver already has the plan's micro-batch (asked before the job computes
+    anything). False for a plan without a micro-batch, and for a receiver that is not a
+    continuous one (registering then says why)."""
+    if plan.batch_id is None:
+        return False
+    answer = _register(plan, 0, {"kind": "seen", **plan.tags()})
+    return bool(answer.get("replay"))
+
+
 def tell_job_committed(plan: SendPlan, attempts: Mapping[int, int]) -> dict[str, Any]:
     """Commits the job at a continuous receiver: ``attempts`` names the attempt of each
     partition that Spark kept, and the receiver hands those to its consumer (or drops them as

@@ -49,6 +49,7 @@ from creditflow.spark._sending import (
     STATS_SCHEMA,
     SendPlan,
     addresses_of,
+    is_replay,
     register_job,
     send_from_driver,
     send_task,
@@ -564,6 +565,8 @@ def send(
         batch_id=batch_id,
         stream=stream,
     )
+    if not plan.ranks and is_replay(plan):
+        return []  # a micro-batch the receiver has: Spark computes nothing
     if via == "driver":
         return send_from_driver(df, plan)
     try:

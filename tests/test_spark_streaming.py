@@ -204,9 +204,10 @@ def test_the_creditflow_sink_delivers_every_row_once_across_a_broken_task_and_a_
 
 
 def of(progress: Any, name: str) -> Any:
-    """A field of a progress report: a dict on a classic session; on Connect an object, whose
-    item access gives None for the computed figures."""
-    return progress[name] if isinstance(progress, dict) else getattr(progress, name)
+    """A field of a progress report: a plain dict on a classic session; on Connect a
+    ``StreamingQueryProgress``, a dict whose item access gives None for the computed figures
+    (``numInputRows``, the rates) and whose attributes have them."""
+    return getattr(progress, name) if hasattr(progress, name) else progress[name]
 
 
 def run_at(spark: SparkSession, tmp_path: Path, seconds_per_row: float, batches: int) -> dict[str, Any]:

@@ -261,13 +261,15 @@ class Receiver(Closeable):
         and the task's error if a partition failed (with ``spill=True`` or a rank: a
         :class:`creditflow.ProducerFailedError` naming it; a rank also when another rank went
         away). With replay, :meth:`next` continues the current pass (the first one if none
-        started) and returns None at its end; ``iter(rx)`` starts new ones."""
+        started) and returns None at its end; ``iter(rx)`` starts new ones. A continuous
+        receiver's: the next batch of any job (boundaries skipped), None once closed."""
         return self._mode.next(self._timeout if timeout is None else timeout)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         """The batches until the end. With replay, the whole stream from its first batch,
         ``epochs`` times over (each ``iter(rx)`` starts again). A rank's: the rest of the
-        current epoch (a new iteration continues where the last stopped)."""
+        current epoch (a new iteration continues where the last stopped). A continuous
+        receiver's: every job's batches, until :meth:`close` (see :meth:`items`)."""
         if isinstance(self._mode, Ranked | Continuous):
             while (batch := self.next()) is not None:
                 yield batch

@@ -389,7 +389,8 @@ class Receiver(Closeable):
     def spill_metrics(self) -> SpillMetrics | None:
         """With ``spill=True`` or a rank, the store's metrics (``creditflow.metrics.SpillMetrics``:
         bytes stored, spilled and read back, what it holds in memory and on disk now); None
-        without."""
+        without, and for a continuous receiver, whose spools (one per partition attempt) are
+        among :meth:`metrics`' partitions, its spill directory under ``metrics()["spill"]``."""
         return self._mode.spill_metrics()
 
     def close(self) -> None:

@@ -369,7 +369,39 @@ class RankMetrics(TypedDict):
     reserved_bytes: int
 
 
+class ContinuousMetrics(TypedDict):
+    """The jobs of a ``Receiver(continuous=True)`` (``Receiver.metrics()["continuous"]``;
+    computed in Python). A job is one ``send`` or one micro-batch of the ``creditflow`` sink."""
+
+    #: Jobs committed (every partition received whole, the job succeeded) and the rows in them.
+    jobs_committed: int
+    rows_committed: int
+    #: Jobs the consumer took whole (up to their boundary) and the rows it took.
+    jobs_delivered: int
+    rows_delivered: int
+    #: Replays of micro-batches committed already (Spark retried or replayed them), dropped.
+    replays_dropped: int
+    #: Jobs dropped before they committed (failed, aborted, a partition not received whole,
+    #: superseded by another run of the query) and the rows they held.
+    jobs_dropped: int
+    rows_dropped: int
+    #: Partition attempts dropped: broke off, failed in their task, or read whole but not the
+    #: attempt Spark kept (a retry's predecessor whose input ended early, a speculative copy).
+    attempts_failed: int
+    #: Jobs and partitions received and not yet committed.
+    jobs_staged: int
+    partitions_staged: int
+    #: Committed batches the consumer has not taken yet; beyond ``max_queued`` the receiver
+    #: stops reading the tasks (backpressure), for ``paused_seconds`` so far in all.
+    backlog_batches: int
+    paused_seconds: float
+    #: The last micro-batch of each stream (query id) that the consumer took whole.
+    last_batch_ids: dict[str, int]
+
+
 class ReceiverMetrics(EnvMetrics):
-    """``Receiver.metrics()``: its environment's metrics and, for a rank, the rank's."""
+    """``Receiver.metrics()``: its environment's metrics and, for a rank, the rank's; for a
+    continuous receiver, its jobs'."""
 
     rank: RankMetrics | None
+    continuous: ContinuousMetrics | None

@@ -197,3 +197,18 @@ def check_slots(spark: SparkSession, tasks: int) -> None:
             f"partitions (num_partitions={slots} or df.repartition({slots}) first), or give Spark more "
             "cores (local[N], more executors or spark.executor.cores)."
         )
+
+
+#: The local property Spark sets to a streaming query's id in the jobs of its micro-batches.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+def query_of(df: DataFrame) -> str | None:
+    """The id of the streaming query whose micro-batch ``df`` is, inside ``foreachBatch`` on a
+    classic session (the function runs on the query's thread, which carries the id); None
+    elsewhere (a Connect session's ``foreachBatch`` runs in a process of its own)."""
+    spark = df.sparkSession
+    if is_connect(spark):
+        return None
+    value = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+    return str(value) if value else None

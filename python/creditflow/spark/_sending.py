@@ -10,13 +10,14 @@ rows of its share it already has (from an attempt that broke), and those are ski
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import multiprocessing
 import re
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,18 @@ class SendPlan:
     env: EnvSettings
     timeout: float | None
     monitor: MonitorHandle | None
+    #: The micro-batch this job delivers and its streaming query (``send(batch_id=...)``, the
+    #: sink): a continuous receiver delivers each micro-batch of a stream once.
+    batch_id: int | None = None
+    stream: str | None = None
+    #: Whether the receiver is a continuous one (the job then commits when it succeeded), and
+    #: whether it already has this micro-batch (the job is skipped).
+    continuous: bool = False
+    replay: bool = False
+
+    def tags(self) -> dict[str, Any]:
+        """The job's micro-batch, for the messages to a continuous receiver."""
+        return {"batch_id": self.batch_id, "stream": self.stream} if self.batch_id is not None else {}
 
 
 #: The one row each sending task returns to the driver.
@@ -102,7 +115,12 @@ def register_job(plan: SendPlan, num_partitions: int) -> SendPlan:
     single address turned out to be a rank (of one). Raises ValueError naming a receiver
     that refuses, ConnectionError naming one that cannot be reached."""
     for rank, address in enumerate(plan.addresses):
-        message: dict[str, Any] = {"kind": "job", "job": plan.job, "num_partitions": num_partitions}
+        message: dict[str, Any] = {
+            "kind": "job",
+            "job": plan.job,
+            "num_partitions": num_partitions,
+            **plan.tags(),
+        }
         if plan.ranks:
             message.update(world_size=len(plan.addresses), rank=rank, ranks=list(plan.addresses))
         if plan.monitor is not None:
@@ -117,13 +135,49 @@ def register_job(plan: SendPlan, num_partitions: int) -> SendPlan:
         if not plan.ranks and answer.get("world_size") == 1:
             # A rank of one given as a plain address: its partitions go to it as to a rank.
             plan = dataclasses.replace(plan, ranks=True)
+        if answer.get("continuous"):
+            plan = dataclasses.replace(plan, continuous=True, replay=bool(answer.get("replay")))
+    if plan.batch_id is not None and not plan.continuous:
+        error = ValueError(
+            f"batch_id={plan.batch_id}: the receiver at {plan.addresses[0]} is not a continuous one; "
+            "exactly-once micro-batches need Receiver(continuous=True)"
+        )
+        tell_job_failed(plan, error)
+        raise error
     return plan
 
 
-def _register(plan: SendPlan, rank: int, message: dict[str, Any]) -> dict[str, Any]:
+def is_replay(plan: SendPlan) -> bool:
+    """Whether the receiver already has the plan's micro-batch (asked before the job computes
+    anything). False for a plan without a micro-batch, and for a receiver that is not a
+    continuous one (registering then says why)."""
+    if plan.batch_id is None:
+        return False
+    answer = _register(plan, 0, {"kind": "seen", **plan.tags()})
+    return bool(answer.get("replay"))
+
+
+def tell_job_committed(plan: SendPlan, attempts: Mapping[int, int]) -> dict[str, Any]:
+    """Commits the job at a continuous receiver: ``attempts`` names the attempt of each
+    partition that Spark kept, and the receiver hands those to its consumer (or drops them as
+    a replay). Raises RuntimeError with the receiver's reason when it cannot (an attempt it
+    did not receive whole)."""
+    chosen = {str(p): int(a) for p, a in attempts.items()}
+    message = {"kind": "commit", "job": plan.job, "attempts": chosen, **plan.tags()}
+    answer = _register(plan, 0, message, timeout=3 * REGISTER_TIMEOUT)
+    if not answer.get("ok"):
+        raise RuntimeError(
+            f"the receiver at {plan.addresses[0]} did not commit the job: {answer.get('reason')}"
+        )
+    return answer
+
+
+def _register(
+    plan: SendPlan, rank: int, message: dict[str, Any], timeout: float = REGISTER_TIMEOUT
+) -> dict[str, Any]:
     address = plan.addresses[rank]
     try:
-        return _messages.request(address, plan.env.secret, message, timeout=REGISTER_TIMEOUT)
+        return _messages.request(address, plan.env.secret, message, timeout=timeout)
     except (OSError, EOFError) as exc:
         raise ConnectionError(
             f"rank {rank}'s receiver at {address} went away: {type(exc).__name__}: {exc}"
@@ -131,10 +185,11 @@ def _register(plan: SendPlan, rank: int, message: dict[str, Any]) -> dict[str, A
 
 
 def _granted(plan: SendPlan, message: dict[str, Any]) -> dict[str, Any]:
-    """Rank 0's grant of the partition to this attempt. While another attempt's stream is
-    being received, rank 0 holds the answer until that stream settles (it ended: this
-    attempt continues after what the ranks have, which may be nothing; it broke: this one
-    takes over), then asks again, up to ``plan.timeout``."""
+    """The receiver's (rank 0's) grant of the partition to this attempt. While another
+    attempt's stream is being received, the receiver holds the answer until that stream
+    settles (it ended: this attempt continues after what the ranks have, which may be
+    nothing, or, at a continuous receiver, sends nothing; it broke: this one takes over),
+    then asks again, up to ``plan.timeout``."""
     deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
     while True:
         answer = _register(plan, 0, message)
@@ -197,8 +252,9 @@ def stream_partition(
             "attempt": attempt,
             "address": env.address,
             "partition_id": part.id,
+            **plan.tags(),
         }
-        answers = [_granted(plan, message) if plan.ranks else _register(plan, 0, message)]
+        answers = [_granted(plan, message)]
         if plan.ranks and answers[0].get("accept"):
             grant = answers[0]["grant"]
             answers += [_register(plan, r, {**message, "grant": grant}) for r in range(1, world)]
@@ -219,21 +275,47 @@ def stream_partition(
         if plan.ranks:
             _write_stripes(writer, plan, index, batches, [int(a.get("skip", 0)) for a in answers], stats)
         else:
-            for batch in batches:
-                writer.write(batch, timeout=plan.timeout)
-                stats["rows"] += batch.num_rows
-                stats["bytes"] += batch.nbytes
+            _write_all(writer, plan, index, attempt, batches, stats)
         writer.close()
         part.wait_consumed(timeout=plan.timeout)
         for rank, answer in enumerate(answers):
             if answer.get("confirm"):
-                _confirm(plan, rank, index, answer.get("grant"))
+                _confirm(plan, rank, index, answer.get("grant"), attempt)
     except cf.ConnectionLostError as exc:
         raise ConnectionError(f"partition {index}: {_who_went_away(plan, exc)}") from exc
     finally:
         reporter.stop()
         part.release()
     return _finish(stats, start)
+
+
+def _write_all(
+    writer: cf.RecordWriter,
+    plan: SendPlan,
+    index: int,
+    attempt: int,
+    batches: Iterator[pa.RecordBatch],
+    stats: dict[str, Any],
+) -> None:
+    """Writes the partition to the one receiver. When computing it fails, a continuous
+    receiver is told at once (it drops the attempt, and another attempt may take over):
+    the worker's environment outlives the task, so the channel would not break by itself."""
+    try:
+        for batch in batches:
+            writer.write(batch, timeout=plan.timeout)
+            stats["rows"] += batch.num_rows
+            stats["bytes"] += batch.nbytes
+    except BaseException as exc:
+        if plan.continuous:
+            why = f"the task failed: {type(exc).__name__}: {exc}"
+            with contextlib.suppress(Exception):
+                writer.fail(why)
+            # The receiver may not have opened the channel yet (then it never sees the
+            # failure there): say it on the control channel too.
+            message = {"kind": "attempt_failed", "job": plan.job, "partition": index, "attempt": attempt}
+            with contextlib.suppress(OSError, EOFError, TimeoutError, multiprocessing.AuthenticationError):
+                _register(plan, 0, {**message, "error": why[:2000]})
+        raise
 
 
 def _finish(stats: dict[str, Any], start: float) -> dict[str, Any]:
@@ -279,11 +361,11 @@ def _write_stripes(
         stats["bytes"] += batch.nbytes
 
 
-def _confirm(plan: SendPlan, rank: int, index: int, grant: object) -> None:
+def _confirm(plan: SendPlan, rank: int, index: int, grant: object, attempt: int) -> None:
     """Asks a receiver whether it kept partition ``index`` whole; raises if not. Its reader
     may have stopped reading (a full spill directory, ``max_spill``) and cancelled the
     channel, which drops the rest of what the task wrote without an error here."""
-    message = {"kind": "delivered", "job": plan.job, "partition": index, "grant": grant}
+    message = {"kind": "delivered", "job": plan.job, "partition": index, "grant": grant, "attempt": attempt}
     answer = _messages.request(plan.addresses[rank], plan.env.secret, message, timeout=REGISTER_TIMEOUT * 2)
     if not answer.get("ok"):
         reason = answer.get("reason")
@@ -306,6 +388,8 @@ def send_from_driver(df: DataFrame, plan: SendPlan) -> list[dict[str, Any]]:
     process (:func:`creditflow.spark._process.task_environment`, as a task's)."""
     table = df.toArrow()
     plan = register_job(plan, 1)
+    if plan.replay:
+        return []
     with task_environment(plan.env, host_towards(plan.addresses[0])) as env:
         try:
             stats = stream_partition(env, plan, 0, 0, iter(table.to_batches()))
@@ -314,6 +398,8 @@ def send_from_driver(df: DataFrame, plan: SendPlan) -> list[dict[str, Any]]:
             raise
     if plan.ranks:
         tell_job_done(plan, [stats])
+    if plan.continuous:
+        tell_job_committed(plan, {0: 0})
     return [stats]
 
 

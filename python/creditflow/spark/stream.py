@@ -8,14 +8,17 @@ computes them; the receiver reads every registered partition through credit-base
 A consumer that reads slowly holds back its credit, so the tasks' writers block, and with them
 the Spark computation feeding them: executor memory stays within each task's ``memory``.
 
-A :class:`Receiver` works in one of three modes, each a class of its own behind this face:
+A :class:`Receiver` works in one of four modes, each a class of its own behind this face:
 
 * batches in arrival order through a bounded queue (:class:`creditflow.spark._modes.Direct`);
 * ``spill=True``: kept in a hybrid partition that spills, so the job finishes at Spark's
   speed, and replayed for epochs (:class:`creditflow.spark._modes.Spooled`);
 * ``rank=r, world_size=W, batch_size=B``: one rank of a training job
   (:class:`creditflow.spark._rank.Ranked`): batches of B rows, the same number on every rank
-  in every epoch, epochs replayed from memory or spill, shuffled, resumable.
+  in every epoch, epochs replayed from memory or spill, shuffled, resumable;
+* ``continuous=True``: one job after another (a streaming query's micro-batches), each
+  withheld until it commits and delivered once, with a boundary after each
+  (:class:`creditflow.spark._continuous.Continuous`).
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
+import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -32,8 +37,10 @@ from pyspark.sql import DataFrame
 
 import creditflow as cf
 from creditflow._closeable import Closeable
-from creditflow.metrics import RankMetrics, ReceiverMetrics, SpillMetrics
-from creditflow.spark._driver import prepare
+from creditflow.metrics import ContinuousMetrics, RankMetrics, ReceiverMetrics, SpillMetrics
+from creditflow.spark._batchlog import BatchLog
+from creditflow.spark._continuous import Continuous
+from creditflow.spark._driver import prepare, query_of
 from creditflow.spark._modes import Direct, Spooled
 from creditflow.spark._process import EnvSettings, TlsFiles, check_wire_compression
 from creditflow.spark._rank import Options, Ranked
@@ -42,12 +49,15 @@ from creditflow.spark._sending import (
     STATS_SCHEMA,
     SendPlan,
     addresses_of,
+    is_replay,
     register_job,
     send_from_driver,
     send_task,
+    tell_job_committed,
     tell_job_done,
     tell_job_failed,
 )
+from creditflow.spark._staging import Item
 from creditflow.spark.monitor import Monitor
 
 if TYPE_CHECKING:
@@ -128,7 +138,8 @@ class Receiver(Closeable):
     (:meth:`set_epoch`). Raises :class:`ValueError` for ``replay``, ``epochs``, ``spill_dir``
     or ``max_spill`` without ``spill=True`` or a rank, for ``epochs > 1`` with
     ``replay=False``, for rank settings without ``batch_size`` or the other way round, and
-    for a bad rank, size, window or state.
+    for a bad rank, size, window or state, and for ``continuous=True`` with a rank,
+    ``replay`` or ``epochs``, or ``batch_log`` without it.
     """
 
     def __init__(
@@ -155,12 +166,27 @@ class Receiver(Closeable):
         state: dict[str, Any] | None = None,
         job: str | None = None,
         tls: cf.TLSConfig | None = None,
+        continuous: bool = False,
+        batch_log: str | os.PathLike[str] | None = None,
     ) -> None:
         if max_queued < 1:
             raise ValueError(f"max_queued must be at least 1, got {max_queued}")
         ranked = batch_size is not None or rank is not None or world_size is not None or job is not None
         opts = None
         found = None
+        log = None
+        if continuous:
+            if ranked or replay is not None or epochs != 1:
+                raise ValueError(
+                    "continuous=True serves one job after another to one consumer: rank, world_size, "
+                    "batch_size, job, replay and epochs do not apply"
+                )
+            _check_spill(spill, None, 1, spill_dir, max_spill)
+            log = BatchLog(_log_path(batch_log, spill_dir))
+            if not spill:
+                max_spill = 0  # a micro-batch is withheld within ``memory``, never spilled
+        elif batch_log is not None:
+            raise ValueError("batch_log needs continuous=True")
         if ranked:
             from creditflow.spark.job import find_job
 
@@ -176,7 +202,7 @@ class Receiver(Closeable):
                 )
             if found is not None:
                 secret = found.secret
-        else:
+        if not continuous and not ranked:
             replay = _check_spill(spill, replay, epochs, spill_dir, max_spill)
         host = bind.strip("[]")
         if bind.count(":") == 1:  # "host:port" (an IPv6 address has more colons)
@@ -195,9 +221,13 @@ class Receiver(Closeable):
             max_spill=max_spill,
             tls=tls,
         )
-        self._mode: Direct | Spooled | Ranked
+        self._mode: Direct | Spooled | Ranked | Continuous
         try:
-            if opts is not None:
+            if log is not None:
+                self._mode = Continuous(
+                    self._env, host=host, secret=self.secret, max_queued=max_queued, log=log, spill=spill
+                )
+            elif opts is not None:
                 self._mode = Ranked(self._env, host=host, secret=self.secret, opts=opts)
                 if found is not None:
                     found.register(opts.rank, opts.world, self._mode.address)
@@ -216,7 +246,9 @@ class Receiver(Closeable):
     @property
     def address(self) -> str:
         """The one address to give :func:`send` (``host:port``)."""
-        return self._mode.address if isinstance(self._mode, Ranked) else self._mode.intake.address
+        if isinstance(self._mode, Ranked | Continuous):
+            return self._mode.address
+        return self._mode.intake.address
 
     @property
     def timeout(self) -> float | None:
@@ -229,18 +261,55 @@ class Receiver(Closeable):
         and the task's error if a partition failed (with ``spill=True`` or a rank: a
         :class:`creditflow.ProducerFailedError` naming it; a rank also when another rank went
         away). With replay, :meth:`next` continues the current pass (the first one if none
-        started) and returns None at its end; ``iter(rx)`` starts new ones."""
+        started) and returns None at its end; ``iter(rx)`` starts new ones. A continuous
+        receiver's: the next batch of any job (boundaries skipped), None once closed."""
         return self._mode.next(self._timeout if timeout is None else timeout)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         """The batches until the end. With replay, the whole stream from its first batch,
         ``epochs`` times over (each ``iter(rx)`` starts again). A rank's: the rest of the
-        current epoch (a new iteration continues where the last stopped)."""
-        if isinstance(self._mode, Ranked):
+        current epoch (a new iteration continues where the last stopped). A continuous
+        receiver's: every job's batches, until :meth:`close` (see :meth:`items`)."""
+        if isinstance(self._mode, Ranked | Continuous):
             while (batch := self.next()) is not None:
                 yield batch
             return
         yield from self._mode.passes(self._timeout)
+
+    def _continuous(self, what: str) -> Continuous:
+        if not isinstance(self._mode, Continuous):
+            raise ValueError(f"{what} needs Receiver(continuous=True)")
+        return self._mode
+
+    def next_item(self, timeout: float | None = None) -> Item | None:
+        """A continuous receiver's next batch or :class:`JobDone` boundary (after the last
+        batch of each job); None once the receiver closed. Raises
+        :class:`creditflow.TimeoutError` after ``timeout`` seconds (default: the receiver's)."""
+        return self._continuous("next_item").next_item(self._timeout if timeout is None else timeout)
+
+    def items(self) -> Iterator[Item]:
+        """A continuous receiver's stream with its boundaries: every job's batches, then a
+        :class:`JobDone` naming the job (and its micro-batch); ends at :meth:`close`."""
+        mode = self._continuous("items")
+        timeout = self._timeout
+
+        def stream() -> Iterator[Item]:
+            while (item := mode.next_item(timeout)) is not None:
+                yield item
+
+        return stream()
+
+    def continuous_metrics(self) -> ContinuousMetrics:
+        """A continuous receiver's jobs: committed, delivered, replays and failed jobs dropped,
+        the backlog and the time its readers paused for the consumer
+        (:class:`creditflow.metrics.ContinuousMetrics`)."""
+        return self._continuous("continuous_metrics").metrics()
+
+    @property
+    def last_batch_ids(self) -> dict[str, int]:
+        """A continuous receiver's last micro-batch of each stream (query id; ``""`` when the
+        sender named none) that the consumer took whole."""
+        return self._continuous("last_batch_ids").log.snapshot()
 
     def _rank(self, what: str) -> Ranked:
         if not isinstance(self._mode, Ranked):
@@ -296,7 +365,8 @@ class Receiver(Closeable):
         :meth:`spill_metrics`)."""
         env = self._env.metrics()
         rank = self._mode.rank_metrics() if isinstance(self._mode, Ranked) else None
-        return {**env, "rank": rank}  # type: ignore[typeddict-item]
+        jobs = self._mode.metrics() if isinstance(self._mode, Continuous) else None
+        return {**env, "rank": rank, "continuous": jobs}  # type: ignore[typeddict-item]
 
     def serve_metrics(self, port: int = 0, addr: str = "127.0.0.1") -> MetricsServer:
         """Serves :meth:`metrics` in the Prometheus text format at ``http://addr:port/metrics``
@@ -319,7 +389,8 @@ class Receiver(Closeable):
     def spill_metrics(self) -> SpillMetrics | None:
         """With ``spill=True`` or a rank, the store's metrics (``creditflow.metrics.SpillMetrics``:
         bytes stored, spilled and read back, what it holds in memory and on disk now); None
-        without."""
+        without, and for a continuous receiver, whose spools (one per partition attempt) are
+        among :meth:`metrics`' partitions, its spill directory under ``metrics()["spill"]``."""
         return self._mode.spill_metrics()
 
     def close(self) -> None:
@@ -332,6 +403,18 @@ class Receiver(Closeable):
             server.close()
         self._mode.close()
         self._env.close()
+
+
+def _log_path(batch_log: str | os.PathLike[str] | None, spill_dir: str | None) -> Path | None:
+    """Where a continuous receiver's batch log goes (a relative path: under ``spill_dir``)."""
+    if batch_log is None:
+        return None
+    path = Path(batch_log)
+    if not path.is_absolute():
+        base = Path(spill_dir) if spill_dir is not None else Path(tempfile.gettempdir()) / "creditflow-spill"
+        path = base / path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _rank_of(rank: int | None, world_size: int | None, from_job: bool) -> tuple[int, int]:
@@ -425,6 +508,8 @@ def send(
     tls: cf.TLSConfig | None = None,
     timeout: float | None = 600.0,
     monitor: Monitor | None = None,
+    batch_id: int | None = None,
+    stream: str | None = None,
 ) -> list[dict[str, Any]]:
     """Streams ``df`` to the :class:`Receiver` at ``addresses``; returns when it has it all.
 
@@ -448,7 +533,20 @@ def send(
     stall). Returns one dict per partition: ``partition``, ``attempt``, ``accepted``,
     ``rows``, ``bytes``, ``seconds``. Raises what the job raised, after telling the
     receivers (which then raise too); a rank that went away is named.
+
+    To a ``Receiver(continuous=True)``, the job commits once it succeeded: only then does
+    the consumer get its rows (a failed job is dropped whole). Inside ``foreachBatch``, pass
+    the micro-batch's id as ``batch_id``: a micro-batch that the receiver delivered already
+    (Spark retries it, or replays it after a restart from its checkpoint) is skipped without
+    running a Spark job, and ``send`` returns ``[]``. ``stream`` names the streaming query
+    (default: its id, which a classic session's ``foreachBatch`` knows; on Spark Connect pass
+    ``stream=query_name_or_id`` when several queries feed one receiver). Raises
+    ``ValueError`` for ``batch_id`` to a receiver that is not continuous.
     """
+    if batch_id is not None and (isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0):
+        raise ValueError(f"batch_id must be an int >= 0 (foreachBatch's second argument), got {batch_id!r}")
+    if stream is None and batch_id is not None:
+        stream = query_of(df)
     if via not in ("executors", "driver"):
         raise ValueError(f'via must be "executors" or "driver", got {via!r}')
     check_wire_compression(wire_compression)
@@ -467,7 +565,11 @@ def send(
         settings,
         timeout,
         monitor.handle if monitor is not None else None,
+        batch_id=batch_id,
+        stream=stream,
     )
+    if not plan.ranks and is_replay(plan):
+        return []  # a micro-batch the receiver has: Spark computes nothing
     if via == "driver":
         return send_from_driver(df, plan)
     try:
@@ -477,6 +579,8 @@ def send(
         tell_job_failed(plan, exc)
         raise
     plan = register_job(plan, n)
+    if plan.replay:
+        return []
     try:
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -489,4 +593,6 @@ def send(
     stats = [r.asDict() for r in sorted(rows, key=lambda r: (r.partition, r.attempt))]
     if plan.ranks:
         tell_job_done(plan, stats)
+    if plan.continuous:
+        tell_job_committed(plan, {s["partition"]: s["attempt"] for s in stats})
     return stats

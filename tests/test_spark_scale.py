@@ -133,7 +133,7 @@ def test_skewed_key_pipelined_makes_every_producer_wait_and_names_the_hot_task(s
     # Every writer waited for buffers (all of them feed the hot task), and the other tasks'
     # readers waited for data longer than the hot one's, which was busy.
     assert all(s.backpressured_total > 0 for s in final.values()), final
-    assert all(final[t]["idle_total"] > final[hot]["idle_total"] for t in cold), final
+    assert all(final[t].idle_total > final[hot].idle_total for t in cold), final
     # The live view named the hot task as the bottleneck, more often than any other.
     assert watch.marked, "the live view never named a bottleneck"
     assert watch.marked.most_common(1)[0][0] == f"task {hot}", watch.marked
@@ -144,9 +144,9 @@ def test_skewed_key_hybrid_producers_do_not_wait(spark: SparkSession, tmp_path: 
     it; the hot task still reads everything, and its spill files go with the partitions."""
     pipelined, _ = skewed_run(spark, "pipelined")
     hybrid, _ = skewed_run(spark, "hybrid", spill_dir=str(tmp_path))
-    assert all(s["partition_kind"] == "hybrid" for s in hybrid.values())
+    assert all(s.partition_kind == "hybrid" for s in hybrid.values())
     waited = {
-        kind: sum(s["backpressured_total"] for s in run.values())
+        kind: sum(s.backpressured_total for s in run.values())
         for kind, run in (("pipelined", pipelined), ("hybrid", hybrid))
     }
     assert waited["hybrid"] < waited["pipelined"] / 2, waited
@@ -218,7 +218,7 @@ def test_many_tasks_match_repartition_and_leave_reused_workers_clean(spark: Spar
             samples = mon.samples()
         assert samples
         assert max(s.out_pool_usage for s in samples) <= 1.0
-        assert max(s.get("in_pool_usage", 0.0) for s in samples) <= 1.0
+        assert max((s.in_pool_usage or 0.0) for s in samples) <= 1.0
         if run in (0, 4):
             states.append(worker_state(spark, tasks))
     first, last = states

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Literal, TypedDict
 
 __all__ = [
+    "BUSY_THRESHOLD",
     "ChannelMetrics",
     "ChannelSpecFields",
     "DebloatMetrics",
@@ -36,6 +37,7 @@ __all__ = [
     "SpillDirMetrics",
     "SpillMetrics",
     "SubpartitionMetrics",
+    "level_of",
 ]
 
 
@@ -405,3 +407,16 @@ class ReceiverMetrics(EnvMetrics):
 
     rank: RankMetrics | None
     continuous: ContinuousMetrics | None
+
+
+#: A task busier than this share of a second counts as busy.
+BUSY_THRESHOLD = 0.5
+
+
+def level_of(backpressured_ratio: float) -> str:
+    """Flink's level for a share of time backpressured: OK <= 0.1 < LOW <= 0.5 < HIGH."""
+    if backpressured_ratio <= 0.10:
+        return "OK"
+    if backpressured_ratio <= 0.50:
+        return "LOW"
+    return "HIGH"

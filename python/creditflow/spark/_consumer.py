@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 import creditflow as cf
-from creditflow.snapshot import BUSY_THRESHOLD
+from creditflow.metrics import BUSY_THRESHOLD
 from creditflow.spark._budget import Budget
 from creditflow.spark._group import Group
 from creditflow.spark._home import Home

@@ -36,7 +36,7 @@ import pyarrow as pa
 import creditflow as cf
 from creditflow.metrics import SpillMetrics
 from creditflow.samples import TaskSample
-from creditflow.snapshot import level_of
+from creditflow.metrics import level_of
 from creditflow.spark import _messages
 from creditflow.spark._budget import Budget
 from creditflow.spark._consumer import Consumer, Options

@@ -34,9 +34,8 @@ from typing import Any
 import pyarrow as pa
 
 import creditflow as cf
-from creditflow.metrics import SpillMetrics
+from creditflow.metrics import SpillMetrics, level_of
 from creditflow.samples import TaskSample
-from creditflow.metrics import level_of
 from creditflow.spark import _messages
 from creditflow.spark._budget import Budget
 from creditflow.spark._consumer import Consumer, Options

@@ -188,12 +188,10 @@ def test_skew(benchmark: Any, report: Any, spark: SparkSession) -> None:
                 finally:
                     watch.stop()
                 deadline = time.monotonic() + 10
-                while sum(1 for s in mon.tasks() if s["done"]) < SKEW_TASKS and time.monotonic() < deadline:
+                while sum(1 for s in mon.tasks() if s.done) < SKEW_TASKS and time.monotonic() < deadline:
                     time.sleep(0.05)
                 final = mon.tasks()
-            per_task[kind].append(
-                {int(s["task"]): (float(s["backpressured_total"]), float(s["idle_total"])) for s in final}
-            )
+            per_task[kind].append({s.task: (s.backpressured_total, s.idle_total) for s in final})
             watched[kind].append((dict(watch.marked), watch.reads))
 
         return run
@@ -337,9 +335,9 @@ def test_many_tasks(benchmark: Any, report: Any, spark: SparkSession, tasks: int
             samples = mon.samples()
         usage.append(
             (
-                max(s["out_pool_usage"] for s in samples),
+                max(s.out_pool_usage for s in samples),
                 max(s.get("in_pool_usage", 0.0) for s in samples),
-                max(s["rss_bytes"] - s["rss_start_bytes"] for s in samples),
+                max(s.rss_bytes - s.rss_start_bytes for s in samples),
             )
         )
 

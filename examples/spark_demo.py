@@ -45,6 +45,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from creditflow.samples import TaskSample
+
 TICK_SECONDS = 0.25
 #: Spark runs the job as local[2]: the exchange's barrier stage has two tasks.
 TASKS = 2
@@ -260,29 +262,29 @@ class TaskRow:
     done: bool = False
 
 
-def task_rows(samples: list[dict[str, Any]], now: float) -> list[TaskRow]:
+def task_rows(samples: list[TaskSample], now: float) -> list[TaskRow]:
     """The latest state of each task, with its write rate over the last second."""
     rows: dict[int, TaskRow] = {}
-    history: dict[int, list[dict[str, Any]]] = {}
+    history: dict[int, list[TaskSample]] = {}
     for s in samples:
-        history.setdefault(s["task"], []).append(s)
+        history.setdefault(s.task, []).append(s)
     for task, hs in sorted(history.items()):
         last = hs[-1]
-        recent = [h for h in hs if h["time"] >= now - 1.0] or hs[-1:]
+        recent = [h for h in hs if h.time >= now - 1.0] or hs[-1:]
         first = recent[0] if recent[0] is not last else (hs[-2] if len(hs) > 1 else last)
-        dt = last["time"] - first["time"]
-        rate = (last["rows_in"] - first["rows_in"]) / dt if dt > 0 else 0.0
+        dt = last.time - first.time
+        rate = (last.rows_written - first.rows_written) / dt if dt > 0 else 0.0
         rows[task] = TaskRow(
             task=task,
-            rows_in=last["rows_in"],
-            rows_out=last["rows_out"],
-            bytes_in=last["bytes_in"],
+            rows_in=last.rows_written,
+            rows_out=last.rows_received,
+            bytes_in=last.bytes_written,
             rate=rate,
-            out_pool=last["out_pool_usage"],
-            bp_ms=last["backpressured_ms_per_second"],
-            level=last["level"],
-            idle_ms=last.get("idle_ms_per_second", 0.0),
-            done=last["done"],
+            out_pool=last.out_pool_usage,
+            bp_ms=last.backpressured_ms_per_second,
+            level=last.level,
+            idle_ms=last.idle_ms_per_second,
+            done=last.done,
         )
     return list(rows.values())
 
@@ -366,7 +368,7 @@ class Result:
     """What a finished run leaves for the checks, the summary and the chart."""
 
     seconds: float
-    samples: list[dict[str, Any]]
+    samples: list[TaskSample]
     start: float
     levels: dict[int, set[str]]
 
@@ -618,7 +620,7 @@ def verify(spark: Any, cfg: Config, out_dir: str) -> tuple[bool, list[str]]:
 def slow_window(cfg: Config, result: Result) -> tuple[float, float] | None:
     """When (seconds from the start) task 1's consumer was slow, from its samples."""
     lo, hi = cfg.slow_rows()
-    times = [s["time"] - result.start for s in result.samples if s["task"] == 1 and lo <= s["rows_out"] < hi]
+    times = [s.time - result.start for s in result.samples if s.task == 1 and lo <= s.rows_received < hi]
     return (min(times), max(times)) if times else None
 
 
@@ -632,19 +634,19 @@ def write_chart(cfg: Config, result: Result, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    by_task: dict[int, list[dict[str, Any]]] = {}
+    by_task: dict[int, list[TaskSample]] = {}
     for s in result.samples:
-        by_task.setdefault(s["task"], []).append(s)
+        by_task.setdefault(s.task, []).append(s)
     fig, (ax_rate, ax_bp, ax_pool) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     for task, ss in sorted(by_task.items()):
-        t = [s["time"] - result.start for s in ss]
+        t = [s.time - result.start for s in ss]
         rates = [0.0] + [
-            (b["bytes_in"] - a["bytes_in"]) / 1e6 / max(b["time"] - a["time"], 1e-6)
+            (b.bytes_written - a.bytes_written) / 1e6 / max(b.time - a.time, 1e-6)
             for a, b in zip(ss, ss[1:], strict=False)
         ]
         ax_rate.plot(t, rates, label=f"task {task}")
-        ax_bp.plot(t, [s["backpressured_ms_per_second"] for s in ss], label=f"task {task}")
-        ax_pool.plot(t, [100 * s["out_pool_usage"] for s in ss], label=f"task {task}")
+        ax_bp.plot(t, [s.backpressured_ms_per_second for s in ss], label=f"task {task}")
+        ax_pool.plot(t, [100 * s.out_pool_usage for s in ss], label=f"task {task}")
     window = slow_window(cfg, result)
     for ax in (ax_rate, ax_bp, ax_pool):
         if window is not None:
@@ -685,7 +687,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         generate_seconds = timed(df.count)  # every run below reads these same cached rows
         result = run_exchange(cfg, df, out)
-        bytes_in = sum(max(s["bytes_in"] for s in result.samples if s["task"] == t) for t in result.levels)
+        bytes_in = sum(max(s.bytes_written for s in result.samples if s.task == t) for t in result.levels)
         print(
             f"exchange with task 1's consumer slowed on purpose: {cfg.rows:,} rows"
             f" ({bytes_in / 1e6:,.0f} MB of Arrow data) in {result.seconds:.1f} s"

@@ -13,6 +13,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+source scripts/venv-lib.sh
 venv=${1:?usage: $0 VENV_DIR WHEEL}
 wheel=${2:?usage: $0 VENV_DIR WHEEL}
 python=${PYTHON:-python3}
@@ -22,14 +23,7 @@ imports=benches/training/requirements-peer-imports.txt
 stamp=$venv/.creditflow-bench-stamp
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 
-if [[ -e $venv ]] && ! "$venv/bin/python" -c 'pass' 2>/dev/null; then
-    echo "bootstrap-bench: $venv is broken, recreating it"
-    rm -rf "$venv"
-fi
-if [[ ! -x $venv/bin/python ]]; then
-    echo "bootstrap-bench: creating $venv with $("$python" --version)"
-    "$python" -m venv "$venv"
-fi
+ensure_venv "$venv" "$python" bootstrap-bench
 pip=("$venv/bin/python" -m pip)
 
 # note NAME TEXT: records what became of peer NAME in $venv/peer-install.json.tmp.

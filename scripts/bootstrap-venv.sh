@@ -7,6 +7,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+source scripts/venv-lib.sh
 venv=${1:-.venv}
 python=${PYTHON:-python3}
 reqs=requirements-dev.txt
@@ -17,15 +18,7 @@ if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null
     exit 1
 fi
 
-# A venv whose interpreter no longer runs (machine changed, pyenv version removed) is rebuilt.
-if [[ -e $venv ]] && ! "$venv/bin/python" -c 'pass' 2>/dev/null; then
-    echo "bootstrap: $venv is broken, recreating it"
-    rm -rf "$venv"
-fi
-if [[ ! -x $venv/bin/python ]]; then
-    echo "bootstrap: creating $venv with $("$python" --version)"
-    "$python" -m venv "$venv"
-fi
+ensure_venv "$venv" "$python" bootstrap
 
 want="$("$venv/bin/python" -c 'import sys; print(sys.version)' | head -1) $(sha256sum "$reqs" | cut -d' ' -f1)"
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]]; then

@@ -58,6 +58,7 @@ PYTHON_LAYERS: list[tuple[str, list[str]]] = [
     ("native", ["_native", "errors"]),
     ("library", ["*"]),  # __init__, logs, prometheus, snapshot, charts, ...
     ("spark", ["spark/*"]),
+    ("torch", ["torch"]),  # creditflow.torch: tensors from a Spark rank's Receiver
     ("apps", ["cli", "__main__"]),
 ]
 

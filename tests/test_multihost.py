@@ -200,9 +200,9 @@ def test_a_monitor_made_on_the_driver_hears_the_tasks_of_every_host(
     names = host_names(bed)
     assert sorted(names[r["dst"]] for r in rows) == ["a", "a", "b", "b"]
     # Every task reported, and its last report says it is done, with what it received.
-    assert sorted(t["task"] for t in tasks) == list(range(bed.slots))
-    assert all(t["done"] for t in tasks), tasks
-    assert sum(t["rows_out"] for t in tasks) == ROWS
+    assert sorted(t.task for t in tasks) == list(range(bed.slots))
+    assert all(t.done for t in tasks), tasks
+    assert sum(t.rows_received for t in tasks) == ROWS
 
 
 # ------------------------------------------------------------------------------------ faults
@@ -341,7 +341,8 @@ def test_a_link_cut_during_an_exchange_fails_clearly_and_is_retried_with_the_sam
     ]
     assert lost, failures(events)
     addresses = [bed.net.hosts[h].addr for h in ("a", "b")]
-    assert any(f"connection to {a}:" in d for d in lost for a in addresses), lost
+    # Named by whichever end saw it first: "connection to ADDR:..." or "... at ADDR:PORT went away".
+    assert any(f"{a}:" in d for d in lost for a in addresses), lost
 
 
 # ------------------------------------------------------------------------------ host service

@@ -162,7 +162,11 @@ def test_exchange_on_executors_whose_python_gets_creditflow_from_spark_archives(
         timeout=500,
     )
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    # The Python error's lines first: the tail of a failed job is mostly the JVM's stack.
+    errors = "\n".join(
+        line for line in out.splitlines() if "Error" in line and not line.lstrip().startswith("at ")
+    )
+    assert proc.returncode == 0, errors[-4000:] + "\n...\n" + out[-3000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     got = sorted(result["got"], key=lambda r: r["p"])
     want = sorted(result["want"], key=lambda r: r["p"])

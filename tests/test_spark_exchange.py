@@ -418,14 +418,14 @@ def test_monitor_receives_live_samples_from_every_task(spark: SparkSession) -> N
         # have none of their own: they send samples only, as checked below for the service).
         assert cfs.exchange(df, "k", monitor=mon, host_service=False).count() == 200_000
         deadline = time.monotonic() + 10
-        while len([s for s in mon.tasks() if s["done"]]) < 2 and time.monotonic() < deadline:
+        while len([s for s in mon.tasks() if s.done]) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         final = mon.tasks()
         # The page's data: the two tasks, and the all-to-all between them.
         assert mon.web_url is not None
         with urllib.request.urlopen(mon.web_url + "api/pipeline", timeout=10) as resp:
             graph = json.load(resp)
-        job = final[0]["job"]
+        job = final[0].job
         assert [n["name"] for n in graph["nodes"]] == ["task 0", "task 1"]
         edges = {(e["source"], e["target"]) for e in graph["edges"]}
         assert edges == {(f"{job}/0", f"{job}/1"), (f"{job}/1", f"{job}/0")}
@@ -433,18 +433,18 @@ def test_monitor_receives_live_samples_from_every_task(spark: SparkSession) -> N
         urls = mon.metrics_urls()
         assert len(urls) == 2
         assert all(u.startswith("http://127.0.0.1:") and u.endswith("/metrics") for u in urls)
-    assert sorted(s["task"] for s in final) == [0, 1]
-    assert all(s["done"] for s in final)
-    assert sum(s["rows_in"] for s in final) == 200_000
-    assert sum(s["rows_out"] for s in final) == 200_000
-    assert all(s["level"] in ("OK", "LOW", "HIGH") for s in final)
+    assert sorted(s.task for s in final) == [0, 1]
+    assert all(s.done for s in final)
+    assert sum(s.rows_written for s in final) == 200_000
+    assert sum(s.rows_received for s in final) == 200_000
+    assert all(s.level in ("OK", "LOW", "HIGH") for s in final)
     # Through the host service: the same samples, and no URL.
     with cfs.Monitor(interval=0.05, metrics=True) as mon:
         assert cfs.exchange(df, "k", monitor=mon).count() == 200_000
-        poll("both tasks done", lambda: len([s for s in mon.tasks() if s["done"]]) == 2, deadline=10)
+        poll("both tasks done", lambda: len([s for s in mon.tasks() if s.done]) == 2, deadline=10)
         final = mon.tasks()
         assert mon.metrics_urls() == []
-    assert sum(s["rows_in"] for s in final) == sum(s["rows_out"] for s in final) == 200_000
+    assert sum(s.rows_written for s in final) == sum(s.rows_received for s in final) == 200_000
 
 
 # ----------------------------------------------------------------------------- streaming out
@@ -532,11 +532,11 @@ def test_throttled_consumer_outside_spark_bounds_executor_memory(spark: SparkSes
     assert report["unique_ids"] == rows
     assert sum(s["rows"] for s in stats) == rows
     # Backpressure reached the tasks: they spent most of some second waiting for credit ...
-    assert max(s["backpressured_ms_per_second"] for s in samples) > 500
+    assert max(s.backpressured_ms_per_second for s in samples) > 500
     # ... while their out-pools never held more than the 16 MiB they were given, and no
     # worker grew by anything near its 72 MB share of the data.
-    assert max(s["out_pool_usage"] for s in samples) <= 1.0
-    growth = max(s["rss_bytes"] - s["rss_start_bytes"] for s in samples)
+    assert max(s.out_pool_usage for s in samples) <= 1.0
+    growth = max(s.rss_bytes - s.rss_start_bytes for s in samples)
     assert growth < 48 * 1024 * 1024, growth
 
 
@@ -618,8 +618,8 @@ def test_spilling_receiver_lets_the_job_finish_before_a_throttled_consumer(
     # the consumer has not read).
     samples = result["samples"]
     assert samples
-    assert max(s["out_pool_usage"] for s in samples) <= 1.0
-    growth = max(s["rss_bytes"] - s["rss_start_bytes"] for s in samples)
+    assert max(s.out_pool_usage for s in samples) <= 1.0
+    growth = max(s.rss_bytes - s.rss_start_bytes for s in samples)
     assert growth < 48 * 1024 * 1024, growth
 
 

@@ -6,13 +6,17 @@ Every task of an exchange or a ``send`` with a monitor opens an ``Outbox`` to th
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
+from typing import Any
 
 import pytest
 
 pytest.importorskip("pyspark")
-from creditflow.spark._messages import Inbox, Message, Outbox
+from creditflow.spark._messages import Inbox, Message, Outbox, request, send
+from creditflow.spark._sending import tell_job_failed
 
 PEERS = 64
 
@@ -55,13 +59,83 @@ def test_many_peers_connecting_at_once_all_get_through() -> None:
         inbox.close()
 
 
+def _nodelay(fd: int) -> bool:
+    with socket.socket(fileno=os.dup(fd)) as s:
+        return bool(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+
+def test_both_ends_of_a_control_connection_send_at_once() -> None:
+    """A message written right after the authentication handshake (whose last write is the
+    client's) waited for that write's delayed ACK, 40 ms on Linux, with Nagle's algorithm on:
+    every registration and confirmation of every task paid it. Both ends turn it off."""
+    seen: list[bool] = []
+
+    def handle(message: Message) -> Message:
+        with inbox._lock:  # the connection this message came on: the only one open
+            seen.extend(_nodelay(c.fileno()) for c in inbox._conns)
+        return {"echo": message["n"]}
+
+    inbox = Inbox(handle, host="127.0.0.1", key="k" * 32, name="test-inbox")
+    try:
+        assert send(inbox.address, "k" * 32, {"n": 7}, reply=True) == {"echo": 7}
+        assert seen == [True]
+        out = Outbox(inbox.address, "k" * 32)
+        try:
+            assert _nodelay(out._conn.fileno())
+        finally:
+            out.close()
+    finally:
+        inbox.close()
+
+
+def test_requests_to_one_inbox_share_a_connection_and_survive_its_loss() -> None:
+    """A task's registration and confirmation go over one kept connection; one the inbox
+    closed meanwhile is replaced, the message handled once; an answer that came too late
+    is not taken for the next request's."""
+    seen: list[tuple[int, int]] = []
+    slow = threading.Event()
+
+    def handle(message: Message) -> Message:
+        seen.append((message["n"], threading.get_ident()))  # one serving thread per connection
+        if slow.is_set():
+            time.sleep(0.5)
+        return {"echo": message["n"]}
+
+    inbox = Inbox(handle, host="127.0.0.1", key="k" * 32, name="test-inbox")
+    try:
+        assert [request(inbox.address, "k" * 32, {"n": n})["echo"] for n in range(3)] == [0, 1, 2]
+        assert len({ident for _, ident in seen}) == 1
+        with inbox._lock:
+            conns = list(inbox._conns)
+        for c in conns:  # as when the receiver's side drops it
+            with socket.socket(fileno=os.dup(c.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        time.sleep(0.1)
+        assert request(inbox.address, "k" * 32, {"n": 3}) == {"echo": 3}
+        assert [n for n, _ in seen] == [0, 1, 2, 3]
+        slow.set()
+        with pytest.raises(TimeoutError):
+            request(inbox.address, "k" * 32, {"n": 4}, timeout=0.1)
+        slow.clear()
+        time.sleep(0.6)  # the late answer to 4 arrives on a connection no longer used
+        assert request(inbox.address, "k" * 32, {"n": 5}) == {"echo": 5}
+    finally:
+        inbox.close()
+
+
+def plan_to(address: str, job: str) -> Any:
+    """A send's plan to the one receiver at ``address``."""
+    from creditflow.spark._process import EnvSettings
+    from creditflow.spark._sending import SendPlan
+
+    return SendPlan(job, (address,), False, EnvSettings(secret="k" * 32), None, None)
+
+
 def test_telling_a_gone_receiver_that_the_job_failed_leaves_the_job_s_error_to_raise(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """``send`` tells its receiver when the job fails and raises the job's error; a receiver
     that is gone must not turn that error into a ConnectionRefusedError."""
-    from creditflow.spark.stream import _tell_job_failed
-
     inbox = Inbox(lambda m: None, host="127.0.0.1", key="k" * 32, name="test-inbox")
     address = inbox.address
     inbox.close()  # nobody listens there any more
@@ -70,7 +144,7 @@ def test_telling_a_gone_receiver_that_the_job_failed_leaves_the_job_s_error_to_r
         try:
             raise ValueError("the job's own error")
         except ValueError as exc:
-            _tell_job_failed(address, "k" * 32, "job-1", exc)
+            tell_job_failed(plan_to(address, "job-1"), exc)
             raise
 
     with pytest.raises(ValueError, match="the job's own error"):
@@ -82,9 +156,7 @@ def test_a_reachable_receiver_is_told_that_the_job_failed() -> None:
     got: list[Message] = []
     inbox = Inbox(got.append, host="127.0.0.1", key="k" * 32, name="test-inbox")
     try:
-        from creditflow.spark.stream import _tell_job_failed
-
-        _tell_job_failed(inbox.address, "k" * 32, "job-2", RuntimeError("boom"))
+        tell_job_failed(plan_to(inbox.address, "job-2"), RuntimeError("boom"))
         deadline = time.monotonic() + 10
         while not got and time.monotonic() < deadline:
             time.sleep(0.01)

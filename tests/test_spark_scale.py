@@ -116,9 +116,9 @@ def skewed_run(spark: SparkSession, kind: str, spill_dir: str | None = None) -> 
         finally:
             watch.stop()
         deadline = time.monotonic() + 10
-        while sum(1 for s in mon.tasks() if s["done"]) < SKEW_TASKS and time.monotonic() < deadline:
+        while sum(1 for s in mon.tasks() if s.done) < SKEW_TASKS and time.monotonic() < deadline:
             time.sleep(0.05)
-        final = {int(s["task"]): s for s in mon.tasks()}
+        final = {s.task: s for s in mon.tasks()}
     # Every key once, with all its rows: the hot key's 300,000 in one task.
     assert got[0] == 300_000
     assert len(got) == 5_001
@@ -132,11 +132,11 @@ def test_skewed_key_pipelined_makes_every_producer_wait_and_names_the_hot_task(s
     assert sorted(final) == list(range(SKEW_TASKS))
     cold = [t for t in final if t != hot]
     # The hot task received 30 % and its share of the rest: more than any other.
-    assert all(final[hot]["rows_out"] > final[t]["rows_out"] + 100_000 for t in cold), final
+    assert all(final[hot].rows_received > final[t].rows_received + 100_000 for t in cold), final
     # Every writer waited for buffers (all of them feed the hot task), and the other tasks'
     # readers waited for data longer than the hot one's, which was busy.
-    assert all(s["backpressured_total"] > 0 for s in final.values()), final
-    assert all(final[t]["idle_total"] > final[hot]["idle_total"] for t in cold), final
+    assert all(s.backpressured_total > 0 for s in final.values()), final
+    assert all(final[t].idle_total > final[hot].idle_total for t in cold), final
     # The live view named the hot task as the bottleneck, more often than any other.
     assert watch.marked, "the live view never named a bottleneck"
     assert watch.marked.most_common(1)[0][0] == f"task {hot}", watch.marked
@@ -147,9 +147,9 @@ def test_skewed_key_hybrid_producers_do_not_wait(spark: SparkSession, tmp_path: 
     it; the hot task still reads everything, and its spill files go with the partitions."""
     pipelined, _ = skewed_run(spark, "pipelined")
     hybrid, _ = skewed_run(spark, "hybrid", spill_dir=str(tmp_path))
-    assert all(s["partition_kind"] == "hybrid" for s in hybrid.values())
+    assert all(s.partition_kind == "hybrid" for s in hybrid.values())
     waited = {
-        kind: sum(s["backpressured_total"] for s in run.values())
+        kind: sum(s.backpressured_total for s in run.values())
         for kind, run in (("pipelined", pipelined), ("hybrid", hybrid))
     }
     assert waited["hybrid"] < waited["pipelined"] / 2, waited
@@ -220,8 +220,8 @@ def test_many_tasks_match_repartition_and_leave_reused_workers_clean(spark: Spar
                 assert out.count() == 16_000
             samples = mon.samples()
         assert samples
-        assert max(s["out_pool_usage"] for s in samples) <= 1.0
-        assert max(s.get("in_pool_usage", 0.0) for s in samples) <= 1.0
+        assert max(s.out_pool_usage for s in samples) <= 1.0
+        assert max((s.in_pool_usage or 0.0) for s in samples) <= 1.0
         if run in (0, 4):
             states.append(worker_state(spark, tasks))
     first, last = states

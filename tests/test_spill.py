@@ -202,6 +202,36 @@ def test_blocking_in_process_readers_read_from_the_start_each_time(tmp_path: Pat
             env.create_input_gate([cf.ChannelSpec(env.address, "b", 1)]).next(timeout=10)
 
 
+def test_a_memory_reservation_makes_a_hybrid_partition_spill_down_to_fit(tmp_path: Path) -> None:
+    """Memory held for data kept outside the pools (a rank's window of rows) counts within
+    ``memory``: the store spills down to what is left, and the reservation is given back."""
+    with cf.NetworkEnvironment(memory="2MiB", spill_dir=str(tmp_path)) as env:
+        part = env.create_partition("h", 1, kind="hybrid", replay=True)
+        with cf.RecordWriter(part, cf.ForwardPartitioner()) as w:
+            for i in range(100):
+                w.write(batch(i), timeout=10)
+
+        def in_memory() -> int:
+            m = part.metrics()["spill"]
+            assert m is not None
+            return int(m["memory_segments"]) * env.segment_size
+
+        assert in_memory() > 1 << 20, "the store fills its share first"
+        held = env.reserve_memory("1MiB", "window")
+        assert held.nbytes == 1 << 20
+        assert env.metrics()["segments_reserved"] >= (1 << 20) // env.segment_size
+        part.flush()  # what the environment's flusher does every buffer_timeout
+        assert in_memory() + held.nbytes <= 2 << 20
+        with pytest.raises(cf.InsufficientBuffersError, match="memory"):
+            env.reserve_memory(2 << 20)
+        with held:
+            pass  # leaving the block releases it
+        assert held.nbytes == 0
+        gate = env.create_input_gate([cf.ChannelSpec(env.address, "h", 0)])
+        assert read_keys(gate) == list(range(100)), "what spilled reads back"
+        part.release()
+
+
 @pytest.mark.parametrize("kind", ["blocking", "hybrid"])
 def test_a_consumer_killed_halfway_is_replaced_by_one_that_reads_everything_from_the_start(
     tmp_path: Path, kind: str

@@ -2,7 +2,9 @@
 
 Every round runs each contender once (the order rotates from round to round, so none always
 runs first or last), after a ``noop`` write of the DataFrame (what Spark alone takes to compute
-it: no contender can deliver it faster). Figures are medians over the rounds. Everything goes
+it: no contender can deliver it faster) and a ``mapInArrow`` that only counts the rows (what
+any consumer in Python pays: the JVM's Arrow conversion and a Python worker per task; and when
+its first batch reaches Python). Figures are medians over the rounds. Everything goes
 to ``--out`` as JSON too (every round, every rank's figures).
 """
 
@@ -73,7 +75,7 @@ def main(argv: list[str]) -> int:
         contenders.get(n)  # unknown names fail before Spark starts
     cfg = Config(rows=args.rows, partitions=args.partitions, epochs=args.epochs, timeout=args.timeout)
     spark = session()
-    from benches.training.data import expected, features
+    from benches.training.data import expected, features, python_floor
 
     def part_of(parts: Any) -> Any:
         return features(spark, cfg.rows, cfg.partitions, cfg.seed, parts)
@@ -96,7 +98,16 @@ def main(argv: list[str]) -> int:
         floor.append(
             {"seconds": time.monotonic() - start, "write_bytes": usage.write_bytes, "cpu": usage.cpu_seconds}
         )
-        print(f"round {index + 1}: Spark alone (noop write) {floor[-1]['seconds']:.2f} s", flush=True)
+        sampler = Sampler(root=os.getpid(), directory=args.scratch).start()
+        python = python_floor(df)
+        python["cpu"] = sampler.stop().cpu_seconds
+        floor[-1]["python"] = python
+        print(
+            f"round {index + 1}: Spark alone (noop write) {floor[-1]['seconds']:.2f} s; a Python consumer "
+            f"(mapInArrow counting rows) {python['seconds']:.2f} s, "
+            f"its first batch at {python['first_batch']:.2f} s",
+            flush=True,
+        )
         for name in order:
             from benches.training.trial import run_trial
 
@@ -129,8 +140,15 @@ def main(argv: list[str]) -> int:
         )
     )
     floor_s = report.median([f["seconds"] for f in floor])
+    py_s = report.median([f["python"]["seconds"] for f in floor])
+    py_first = report.median([f["python"]["first_batch"] for f in floor])
+    py_cpu = report.median([f["python"]["cpu"] for f in floor])
     print()
     print(f"Spark alone (noop write of the DataFrame): {floor_s:.2f} s (median of {len(floor)})")
+    print(
+        f"A Python consumer (mapInArrow counting rows): {py_s:.2f} s, first batch at {py_first:.2f} s, "
+        f"{py_cpu:.1f} CPU s (medians)"
+    )
     print(report.table(summaries, want[0]))
     print()
     print(report.errors(summaries) or "no errors")

@@ -10,6 +10,7 @@ sum per epoch over all ranks, next to the row count, shows whether each row arri
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -92,3 +93,27 @@ def expected(df: DataFrame) -> tuple[int, int]:
     row = df.agg(F.count("*").alias("n"), F.sum(key).alias("k")).first()
     assert row is not None
     return int(row["n"]), int(row["k"])
+
+
+class Count:
+    """The floor's ``mapInArrow`` function: counts its partition's rows and notes when its
+    first batch came (wall clock), which is all any Python consumer of the DataFrame must pay."""
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        rows, first = 0, None
+        for batch in batches:
+            if first is None:
+                first = time.time()
+            rows += batch.num_rows
+        schema = pa.schema([("rows", pa.int64()), ("first", pa.float64())])
+        yield pa.RecordBatch.from_pydict({"rows": [rows], "first": [first]}, schema=schema)
+
+
+def python_floor(df: DataFrame) -> dict[str, float]:
+    """The DataFrame through a ``mapInArrow`` that only counts rows: ``seconds`` (the job) and
+    ``first_batch`` (from the job's start to the first batch in a Python worker)."""
+    start_wall, start = time.time(), time.monotonic()
+    rows = df.mapInArrow(Count(), "rows long, first double").collect()
+    seconds = time.monotonic() - start
+    firsts = [r["first"] for r in rows if r["first"] is not None]
+    return {"seconds": seconds, "first_batch": min(firsts) - start_wall if firsts else float("nan")}

@@ -202,6 +202,13 @@ class NetworkEnvironment:
         """
     def create_input_gate(self, channels: Iterable[ChannelSpec]) -> InputGate:
         """Creates an input gate reading the given channels."""
+    def reserve_memory(self, nbytes: int | str, what: str = "reservation") -> MemoryReservation:
+        """Holds ``nbytes`` (an int or a string such as ``"8MiB"``; rounded up to whole segments)
+        of this environment's memory for data kept outside its pools, such as rows a consumer
+        has taken but not used yet: the pools' shares shrink by as much, so blocking and
+        hybrid partitions spill down to fit within ``buffer_timeout``, and the total stays
+        within ``memory``. Allocates nothing. Raises :class:`InsufficientBuffersError` when
+        the pools' minimums leave less."""
     def metrics(self) -> EnvMetrics:
         """Metrics of the environment, its partitions and gates (``creditflow.metrics.EnvMetrics``)."""
     def close(self) -> None:
@@ -302,6 +309,20 @@ def attach(name: str, *, owner: int = 0) -> Attachment:
     """Attaches this process to the host service ``name`` of this user on this host.
     ``owner``: the pid of the process this task belongs to (a Spark executor), whose end may
     end the service (0: none). Raises :class:`ConnectionLostError` when no service answers."""
+
+@final
+class MemoryReservation:
+    """Memory of a :class:`NetworkEnvironment` held by :meth:`NetworkEnvironment.reserve_memory`
+    until :meth:`release` (or the reservation is dropped)."""
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes held (whole segments), 0 once released."""
+    def release(self) -> None:
+        """Gives the memory back to the environment's pools. Idempotent."""
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool:
+        """Calls :meth:`release`."""
 
 @final
 class ResultPartition:
@@ -430,8 +451,10 @@ class RecordWriter:
         *,
         timeout: float | None = None,
     ) -> RecordWriter: ...
-    def write(self, data: object, timeout: float | None = None) -> None:
-        """Writes a batch, table or stream (any Arrow PyCapsule producer)."""
+    def write(self, data: object, timeout: float | None = None, *, subpartition: int | None = None) -> None:
+        """Writes a batch, table or stream (any Arrow PyCapsule producer). With
+        ``subpartition``, every batch goes whole to that subpartition (the partitioner is not
+        asked); out of range raises ``InvalidArgumentError``."""
     def flush(self) -> None:
         """Makes partly filled buffers readable now."""
     def close(self) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Literal, TypedDict
 
 __all__ = [
+    "BUSY_THRESHOLD",
     "ChannelMetrics",
     "ChannelSpecFields",
     "DebloatMetrics",
@@ -28,6 +29,8 @@ __all__ = [
     "GateMetrics",
     "PartitionMetrics",
     "PoolStats",
+    "RankMetrics",
+    "ReceiverMetrics",
     "RemoteChannelStats",
     "RemoteReaderMetrics",
     "RemoteStats",
@@ -35,6 +38,7 @@ __all__ = [
     "SpillDirMetrics",
     "SpillMetrics",
     "SubpartitionMetrics",
+    "level_of",
 ]
 
 
@@ -355,3 +359,95 @@ class EnvMetrics(TypedDict):
     connections_opened: int
     #: Connections other environments opened to this one that are up.
     connections_served: int
+
+
+class RankMetrics(TypedDict):
+    """A training rank's progress (``Receiver.rank_metrics()``; computed in Python)."""
+
+    rank: int
+    world_size: int
+    #: The current epoch and the batches the trainer took in it.
+    epoch: int
+    batches: int
+    #: Rows yielded since the receiver started, over every epoch.
+    rows_yielded: int
+    #: Rows this rank holds (its share of the stream, kept for the later epochs).
+    rows_held: int
+    #: Pieces received and not yet taken by the consumer (epoch 0), rows in its window, and
+    #: rows of epoch 0 left in the runs while the ranks' bound held the consumer back.
+    queued: int
+    window_rows: int
+    rows_parked: int
+    #: Whether this rank has its whole share; the epoch's number of batches once settled.
+    stream_ended: bool
+    steps: int | None
+    #: The data stall: milliseconds of the last second the consumer waited in ``next()``
+    #: for a batch, and seconds in total.
+    stall_ms_per_second: float
+    stall_total: float
+    #: The tasks' backpressure from this rank: milliseconds of the last second its trainer
+    #: held the tasks back (the rank's queue was full, its readers waited), and seconds in all.
+    backpressure_ms_per_second: float
+    backpressure_total: float
+    #: What holds the rank back now: ``"trainer"`` (the tasks wait for it most of each
+    #: second), ``"spark"`` (its trainer waits for data most of each second in epoch 0),
+    #: ``"ranks"`` (it waits for the other ranks' rows: a later epoch's deal, the end of
+    #: epoch 0), or None.
+    bottleneck: str | None
+    #: What the rank holds now: its environment's allocated segments plus the rows held
+    #: outside them (queue, window) at the largest average row size seen; its ``memory``;
+    #: and the part of it reserved for the rows held outside the pools.
+    memory_bytes: int
+    memory_limit: int
+    reserved_bytes: int
+
+
+class ContinuousMetrics(TypedDict):
+    """The jobs of a ``Receiver(continuous=True)`` (``Receiver.metrics()["continuous"]``;
+    computed in Python). A job is one ``send`` or one micro-batch of the ``creditflow`` sink."""
+
+    #: Jobs committed (every partition received whole, the job succeeded) and the rows in them.
+    jobs_committed: int
+    rows_committed: int
+    #: Jobs the consumer took whole (up to their boundary) and the rows it took.
+    jobs_delivered: int
+    rows_delivered: int
+    #: Replays of micro-batches committed already (Spark retried or replayed them), dropped.
+    replays_dropped: int
+    #: Jobs dropped before they committed (failed, aborted, a partition not received whole,
+    #: superseded by another run of the query) and the rows they held.
+    jobs_dropped: int
+    rows_dropped: int
+    #: Partition attempts dropped: broke off, failed in their task, or read whole but not the
+    #: attempt Spark kept (a retry's predecessor whose input ended early, a speculative copy).
+    attempts_failed: int
+    #: Jobs and partitions received and not yet committed.
+    jobs_staged: int
+    partitions_staged: int
+    #: Committed batches the consumer has not taken yet; beyond ``max_queued`` the receiver
+    #: stops reading the tasks (backpressure), for ``paused_seconds`` so far in all.
+    backlog_batches: int
+    paused_seconds: float
+    #: The last micro-batch of each stream (query id) that the consumer took whole.
+    last_batch_ids: dict[str, int]
+
+
+class ReceiverMetrics(EnvMetrics):
+    """``Receiver.metrics()``: its environment's metrics and, for a rank, the rank's; for a
+    continuous receiver, its jobs'."""
+
+    rank: RankMetrics | None
+    continuous: ContinuousMetrics | None
+
+
+#: A task busier than this share of a second counts as busy.
+BUSY_THRESHOLD = 0.5
+
+
+def level_of(backpressured_ratio: float) -> str:
+    """Flink's level for a share of time backpressured: OK <= 0.1 < LOW <= 0.5 < HIGH."""
+    if backpressured_ratio <= 0.10:
+        return "OK"
+    if backpressured_ratio <= 0.50:
+        return "LOW"
+    return "HIGH"

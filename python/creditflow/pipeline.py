@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from creditflow.samples import TaskSample
 from creditflow.snapshot import BUSY_THRESHOLD, TaskView, View, level_of, mark_bottlenecks, per_second
 
 __all__ = ["Edge", "Node", "Pipeline", "from_spark", "from_view", "layout"]
@@ -227,11 +228,11 @@ def from_view(
     return pipeline
 
 
-def _change(cur: Mapping[str, Any], prev: Mapping[str, Any] | None, key: str) -> float:
+def _change(cur: TaskSample, prev: TaskSample | None, key: str) -> float:
     """Per second, how much ``key`` of a task's samples grew from ``prev`` to ``cur``."""
-    if prev is None or key not in prev:
+    if prev is None:
         return 0.0
-    return per_second(float(cur.get(key, 0)), float(prev[key]), float(cur["time"]) - float(prev["time"]))
+    return per_second(float(getattr(cur, key)), float(getattr(prev, key)), cur.time - prev.time)
 
 
 def _mark_hot_consumers(nodes: Sequence[Node], tasks: Sequence[TaskView], exchanges: Iterable[str]) -> None:
@@ -266,79 +267,126 @@ def _mark_hot_consumers(nodes: Sequence[Node], tasks: Sequence[TaskView], exchan
                 view.reason = f"waits for {hot.name}, which receives the most"
 
 
+def _mark_send_bottleneck(nodes: Sequence[Node]) -> None:
+    """A send to ranks: whether Spark or the trainer holds the job back. Ranks that wait for
+    data (their stall, as idle time) most of each second while the tasks are not
+    backpressured wait for Spark: the busiest task is the bottleneck. Tasks backpressured
+    most of each second (as the tasks or the ranks, whose queues hold them back, say) wait
+    for the ranks: the rank that stalls least (the slowest trainer) is. Otherwise neither
+    waits much, and nothing is marked."""
+    ranks = [n for n in nodes if "/rank" in n.id and not n.done]
+    senders = [n for n in nodes if "/rank" not in n.id and n.scraped and not n.done]
+    if not ranks or not senders:
+        return
+    stall = max(n.idle for n in ranks)
+    pressed = max(n.backpressured for n in senders + ranks)
+    for n in nodes:
+        n.bottleneck = False
+    if pressed > BUSY_THRESHOLD:
+        slow = min(ranks, key=lambda n: n.idle)
+        slow.bottleneck = True
+        slow.reason = (
+            f"the trainer: the tasks wait for {slow.name} {round(100 * pressed)}% of each second "
+            f"(it waits for data {round(100 * slow.idle)}%)"
+        )
+    elif stall > BUSY_THRESHOLD:
+        busy = max(senders, key=lambda n: n.busy)
+        busy.bottleneck = True
+        busy.reason = (
+            f"Spark: the ranks wait for data up to {round(100 * stall)}% of each second, the tasks "
+            f"are backpressured {round(100 * pressed)}%"
+        )
+
+
 def from_spark(
-    latest: Sequence[dict[str, Any]],
-    previous: Mapping[tuple[str, int], dict[str, Any]] | None = None,
+    latest: Sequence[TaskSample],
+    previous: Mapping[tuple[str, str, int], TaskSample] | None = None,
     title: str = "creditflow.spark",
 ) -> Pipeline:
     """The graph of Spark tasks from :class:`creditflow.spark.Monitor` samples: ``latest``
-    holds the newest sample of each task, ``previous`` an older one by ``(job, task)`` (rates
+    holds the newest sample of each task, ``previous`` an older one by :attr:`TaskSample.key` (rates
     are over the time between the two). An ``exchange`` is all-to-all between its tasks
-    (each edge's throughput from the reading task's channels); the tasks of a ``send`` all
-    feed one receiver node."""
+    (each edge's throughput from the reading task's channels); the tasks of a ``send`` feed
+    its receiver, or each of its ranks (whose samples, kind ``"rank"``, carry their data
+    stall as idle time: see :func:`_mark_send_bottleneck`)."""
     previous = previous or {}
-    jobs = sorted({str(s.get("job")) for s in latest})
+    jobs = sorted({s.job for s in latest})
     nodes: list[Node] = []
     edges: list[Edge] = []
     tasks: list[TaskView] = []
     for job in jobs:
-        samples = sorted((s for s in latest if str(s.get("job")) == job), key=lambda s: int(s["task"]))
+        ranks = sorted((s for s in latest if s.job == job and s.kind == "rank"), key=lambda s: s.task)
+        samples = sorted((s for s in latest if s.job == job and s.kind != "rank"), key=lambda s: s.task)
         prefix = f"job {job} " if len(jobs) > 1 else ""
-        by_task = {int(s["task"]): s for s in samples}
+        by_task = {s.task: s for s in samples}
         ids = {task: f"{job}/{task}" for task in by_task}
-        exchange = all(s.get("kind") == "exchange" for s in samples)
+        exchange = bool(samples) and all(s.kind == "exchange" for s in samples)
+        targets = [f"{job}/rank{r.task}" for r in ranks] or [f"{job}/receiver"]
         for s in samples:
-            task = int(s["task"])
-            prev = previous.get((job, task))
-            bp = float(s.get("backpressured_ms_per_second", 0.0)) / 1000.0
-            idle = float(s.get("idle_ms_per_second", 0.0)) / 1000.0
-            done = bool(s.get("done"))
+            task = s.task
+            prev = previous.get(s.key)
+            bp = s.backpressured_ms_per_second / 1000.0
+            idle = s.idle_ms_per_second / 1000.0
             upstream = [ids[t] for t in ids if t != task] if exchange else []
             view = TaskView(ids[task], bp, idle, max(0.0, 1.0 - bp - idle), level_of(bp), upstream)
-            if done:  # a finished task waits for nobody and holds nobody up
+            if s.done:  # a finished task waits for nobody and holds nobody up
                 view = TaskView(ids[task], 0.0, 1.0, 0.0, "OK", upstream)
             tasks.append(view)
             node = Node(
                 ids[task],
                 f"{prefix}task {task}",
-                out_pool_usage=float(s.get("out_pool_usage", 0.0)),
-                in_pool_usage=float(s["in_pool_usage"]) if "in_pool_usage" in s else None,
-                bytes_out_per_second=_change(s, prev, "bytes_sent" if exchange else "bytes"),
-                bytes_in_per_second=_change(s, prev, "bytes_out"),
-                rows_out_per_second=_change(s, prev, "rows_in" if exchange else "rows"),
-                rows_in_per_second=_change(s, prev, "rows_out"),
-                done=done,
+                out_pool_usage=s.out_pool_usage,
+                in_pool_usage=s.in_pool_usage,
+                bytes_out_per_second=_change(s, prev, "bytes_written"),
+                bytes_in_per_second=_change(s, prev, "bytes_received"),
+                rows_out_per_second=_change(s, prev, "rows_written"),
+                rows_in_per_second=_change(s, prev, "rows_received"),
+                done=s.done,
             )
             nodes.append(node)
             if exchange:
-                before = list((prev or {}).get("channel_bytes", []))
-                for producer, total in enumerate(s.get("channel_bytes", [])):
+                before = list(prev.channel_bytes) if prev is not None else []
+                for producer, total in enumerate(s.channel_bytes):
                     if producer == task or producer not in ids:
                         continue  # its own subpartition: inside the node
-                    was = None
+                    rate = 0.0
                     if prev is not None and producer < len(before):
-                        was = {"time": prev["time"], "b": before[producer]}
-                    rate = _change({"time": s["time"], "b": total}, was, "b")
-                    partition = str(by_task[producer].get("partition_id", f"task {producer}"))
+                        rate = per_second(float(total), float(before[producer]), s.time - prev.time)
+                    partition = by_task[producer].partition_id or f"task {producer}"
                     edges.append(Edge(ids[producer], ids[task], [partition], rate))
             else:
-                partition = str(s.get("partition_id", ""))
-                edges.append(Edge(ids[task], f"{job}/receiver", [partition], node.bytes_out_per_second))
-        if not exchange and samples:
-            addr = str(samples[0].get("receiver", ""))
+                share = node.bytes_out_per_second / len(targets)
+                edges.extend(Edge(ids[task], t, [s.partition_id], share) for t in targets)
+        for r in ranks:
+            prev = previous.get(r.key)
+            node = Node(
+                f"{job}/rank{r.task}",
+                f"{prefix}rank {r.task}",
+                idle=r.idle_ms_per_second / 1000.0,
+                busy=max(0.0, 1.0 - r.idle_ms_per_second / 1000.0),
+                backpressured=r.backpressured_ms_per_second / 1000.0,
+                level=r.level,
+                rows_in_per_second=_change(r, prev, "rows_received"),
+                bytes_in_per_second=_change(r, prev, "bytes_received"),
+                rows_out_per_second=_change(r, prev, "rows_written"),
+                done=r.done,
+            )
+            nodes.append(node)
+        if not exchange and samples and not ranks:
+            addr = samples[0].receiver or ""
             receiver = Node(f"{job}/receiver", f"{prefix}receiver", scraped=False)
             receiver.reason = f"the Receiver at {addr}, outside Spark: its metrics are not sampled"
             nodes.append(receiver)
     mark_bottlenecks(tasks)
-    exchanges = [
-        job for job in jobs if all(s.get("kind") == "exchange" for s in latest if str(s.get("job")) == job)
-    ]
+    exchanges = [job for job in jobs if all(s.kind == "exchange" for s in latest if s.job == job)]
     _mark_hot_consumers(nodes, tasks, exchanges)
     by_id = {n.id: n for n in nodes}
     for t in tasks:
         n = by_id[t.env]
         n.level, n.backpressured, n.idle, n.busy = t.level, t.backpressured, t.idle, t.busy
         n.bottleneck, n.reason = t.bottleneck, ("done" if n.done else t.reason)
+    for job in jobs:
+        _mark_send_bottleneck([n for n in nodes if n.id.startswith(f"{job}/")])
     pipeline = Pipeline(title, nodes, edges)
     layout(pipeline.nodes, pipeline.edges)
     return pipeline

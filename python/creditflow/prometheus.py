@@ -13,7 +13,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 try:
     from prometheus_client import CollectorRegistry, start_http_server
@@ -27,8 +27,18 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from creditflow._native import NetworkEnvironment
-    from creditflow.metrics import EnvMetrics
+    from creditflow.metrics import EnvMetrics, ReceiverMetrics
+
+
+class Source(Protocol):
+    """What a collector reads: a ``NetworkEnvironment``, or a rank's ``Receiver`` (whose
+    metrics carry the rank's under ``rank``)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def metrics(self) -> EnvMetrics | ReceiverMetrics: ...
+
 
 __all__ = [
     "FAMILIES",
@@ -36,6 +46,7 @@ __all__ = [
     "NOT_EXPORTED",
     "CreditflowCollector",
     "MetricsServer",
+    "Source",
     "register",
     "serve",
 ]
@@ -66,9 +77,18 @@ PART = ("env", "partition")
 SUB = ("env", "partition", "subpartition", "peer")
 GATE = ("env", "gate")
 CHAN = ("env", "gate", "channel", "peer", "partition", "subpartition")
+RANK = ("env", "rank")
 
-#: Which dict each label set reads: the level of ``env.metrics()`` its families describe.
-LEVEL_OF_LABELS = {ENV: "env", PART: "partition", SUB: "subpartition", GATE: "gate", CHAN: "channel"}
+#: Which dict each label set reads: the level of ``env.metrics()`` its families describe
+#: (``rank``: a rank's ``Receiver.metrics()["rank"]``).
+LEVEL_OF_LABELS = {
+    ENV: "env",
+    PART: "partition",
+    SUB: "subpartition",
+    GATE: "gate",
+    CHAN: "channel",
+    RANK: "rank",
+}
 
 
 def _lookup(d: Dict, field: str) -> Any:
@@ -465,6 +485,43 @@ FAMILIES: tuple[Family, ...] = (
         CHAN,
         "remote.floating_in_use",
     ),
+    # a training rank (Receiver(rank=...).serve_metrics())
+    _family(
+        "creditflow_rank_data_stall_ratio",
+        "gauge",
+        "Share of the last second the rank's trainer waited for data",
+        RANK,
+        "stall_ms_per_second",
+        _ratio,
+    ),
+    _family(
+        "creditflow_rank_data_stall_seconds",
+        "counter",
+        "Seconds the rank's trainer waited for data",
+        RANK,
+        "stall_total",
+    ),
+    _family(
+        "creditflow_rank_backpressure_ratio",
+        "gauge",
+        "Share of the last second the rank held the Spark tasks back (its queue was full)",
+        RANK,
+        "backpressure_ms_per_second",
+        _ratio,
+    ),
+    _family(
+        "creditflow_rank_backpressure_seconds",
+        "counter",
+        "Seconds the rank held the Spark tasks back",
+        RANK,
+        "backpressure_total",
+    ),
+    _family("creditflow_rank_epoch", "gauge", "The rank's current epoch", RANK, "epoch"),
+    _family("creditflow_rank_batches", "gauge", "Batches the trainer took in the epoch", RANK, "batches"),
+    _family("creditflow_rank_rows_yielded", "counter", "Rows the rank yielded", RANK, "rows_yielded"),
+    _family("creditflow_rank_rows_held", "gauge", "Rows the rank keeps for the epochs", RANK, "rows_held"),
+    _family("creditflow_rank_memory_bytes", "gauge", "Bytes the rank holds now", RANK, "memory_bytes"),
+    _family("creditflow_rank_memory_limit_bytes", "gauge", "The rank's memory setting", RANK, "memory_limit"),
 )
 
 #: Numeric metrics no family exports, by level and field (as in :attr:`Family.field`), and
@@ -516,6 +573,10 @@ def _rows(m: Dict, labels: tuple[str, ...]) -> Iterator[tuple[list[str], Dict]]:
     elif labels == GATE:
         for name, g in m["gates"].items():
             yield [env, name], g
+    elif labels == RANK:
+        rank = m.get("rank")
+        if rank is not None:
+            yield [env, str(rank["rank"])], rank
     elif labels == CHAN:
         for name, g in m["gates"].items():
             for c in g["channels"]:
@@ -533,8 +594,9 @@ def _rows(m: Dict, labels: tuple[str, ...]) -> Iterator[tuple[list[str], Dict]]:
                 )
 
 
-def families(metrics: EnvMetrics) -> list[Metric]:
-    """The Prometheus metric families of one ``env.metrics()`` dict."""
+def families(metrics: EnvMetrics | ReceiverMetrics) -> list[Metric]:
+    """The Prometheus metric families of one ``env.metrics()`` (or ``Receiver.metrics()``)
+    dict."""
     out: list[Metric] = []
     for f in FAMILIES:
         fam: GaugeMetricFamily | CounterMetricFamily
@@ -551,13 +613,14 @@ def families(metrics: EnvMetrics) -> list[Metric]:
 
 
 class CreditflowCollector(Collector):
-    """A ``prometheus_client`` collector reading an environment's metrics on each scrape.
+    """A ``prometheus_client`` collector reading an environment's (or a receiver's) metrics
+    on each scrape.
 
-    Holds the environment weakly: once it is garbage-collected or closed, scrapes return
-    no samples.
+    Holds the source weakly: once it is garbage-collected or closed, scrapes return no
+    samples.
     """
 
-    def __init__(self, env: NetworkEnvironment) -> None:
+    def __init__(self, env: Source) -> None:
         self._env = weakref.ref(env)
 
     def collect(self) -> Iterator[Metric]:
@@ -568,7 +631,7 @@ class CreditflowCollector(Collector):
         return iter(families(env.metrics()))
 
 
-def register(env: NetworkEnvironment, registry: CollectorRegistry = REGISTRY) -> CreditflowCollector:
+def register(env: Source, registry: CollectorRegistry = REGISTRY) -> CreditflowCollector:
     """Adds a collector of ``env``'s metrics to ``registry`` (the default registry unless
     given) and returns it (``registry.unregister(collector)`` removes it)."""
     collector = CreditflowCollector(env)
@@ -581,7 +644,7 @@ class MetricsServer:
     ``NetworkEnvironment.serve_metrics``). Stops with :meth:`close` or when the environment
     closes."""
 
-    def __init__(self, env: NetworkEnvironment, port: int = 0, addr: str = "127.0.0.1") -> None:
+    def __init__(self, env: Source, port: int = 0, addr: str = "127.0.0.1") -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {port}")
         self.registry = CollectorRegistry(auto_describe=False)
@@ -633,7 +696,7 @@ class MetricsServer:
         return f"MetricsServer(url={self.url!r}, closed={self._closed})"
 
 
-def serve(env: NetworkEnvironment, port: int = 0, addr: str = "127.0.0.1") -> MetricsServer:
+def serve(env: Source, port: int = 0, addr: str = "127.0.0.1") -> MetricsServer:
     """Serves ``env``'s metrics at ``http://addr:port/metrics``; prefer ``env.serve_metrics``,
     which also stops the server when the environment closes."""
     return MetricsServer(env, port, addr)

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from creditflow.metrics import BUSY_THRESHOLD, level_of
 from creditflow.prometheus import LEVELS, families
 
 if TYPE_CHECKING:
@@ -52,19 +53,7 @@ __all__ = [
     "summarize",
 ]
 
-#: A task busier than this share of a second counts as busy.
-BUSY_THRESHOLD = 0.5
-
 _NAMES = {v: k for k, v in LEVELS.items()}
-
-
-def level_of(backpressured_ratio: float) -> str:
-    """Flink's level for a share of time backpressured: OK <= 0.1 < LOW <= 0.5 < HIGH."""
-    if backpressured_ratio <= 0.10:
-        return "OK"
-    if backpressured_ratio <= 0.50:
-        return "LOW"
-    return "HIGH"
 
 
 @dataclass

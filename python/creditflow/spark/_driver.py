@@ -288,3 +288,18 @@ def slots_per_host(spark: Any) -> int:
     if cores:
         return max(int(cores) // task_cpus, 1)
     return max(concurrent_slots(spark), 1)
+
+
+#: The local property Spark sets to a streaming query's id in the jobs of its micro-batches.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+def query_of(df: DataFrame) -> str | None:
+    """The id of the streaming query whose micro-batch ``df`` is, inside ``foreachBatch`` on a
+    classic session (the function runs on the query's thread, which carries the id); None
+    elsewhere (a Connect session's ``foreachBatch`` runs in a process of its own)."""
+    spark = df.sparkSession
+    if is_connect(spark):
+        return None
+    value = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+    return str(value) if value else None

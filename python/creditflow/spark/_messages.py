@@ -11,15 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
+import os
 import socket
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
+from typing import Any
 
 #: Largest control message accepted.
 MAX_MESSAGE = 1 << 20
@@ -29,22 +27,6 @@ Message = dict[str, Any]
 Handler = Callable[[Message], "Message | None"]
 
 
-class Closeable:
-    """A context manager that calls ``close()`` on the way out."""
-
-    def close(self) -> None:
-        """Releases what the object holds. Idempotent."""
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
 def _split(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
@@ -52,27 +34,115 @@ def _split(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _no_delay(conn: Connection) -> Connection:
+    """``conn`` with Nagle's algorithm off. The handshake ends with a write of the client's,
+    and a message written right after it would wait for that write's ACK, which the other
+    side delays (up to 40 ms on Linux) as it has nothing to send back yet: every message
+    would take that long."""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(conn.fileno())) as s:
+        if s.family in (socket.AF_INET, socket.AF_INET6):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def _connect(address: str, key: str) -> Connection:
+    """An authenticated connection to the :class:`Inbox` at ``address``."""
+    return _no_delay(Client(_split(address), authkey=key.encode()))
+
+
+def _ask(conn: Connection, address: str, message: Message, timeout: float) -> Message:
+    """Sends ``message`` on ``conn`` and returns the answer."""
+    conn.send_bytes(json.dumps(message).encode())
+    if not conn.poll(timeout):
+        raise TimeoutError(f"no answer from {address} within {timeout} s")
+    answer: Message = json.loads(conn.recv_bytes(MAX_MESSAGE))
+    return answer
+
+
 def send(address: str, key: str, message: Message, *, reply: bool = False, timeout: float = 30.0) -> Message:
     """Sends one message to the :class:`Inbox` at ``address``; with ``reply``, waits (at most
     ``timeout`` seconds) for the answer and returns it."""
-    conn = Client(_split(address), authkey=key.encode())
+    conn = _connect(address, key)
     try:
+        if reply:
+            return _ask(conn, address, message, timeout)
         conn.send_bytes(json.dumps(message).encode())
-        if not reply:
-            return {}
-        if not conn.poll(timeout):
-            raise TimeoutError(f"no answer from {address} within {timeout} s")
-        answer: Message = json.loads(conn.recv_bytes(MAX_MESSAGE))
-        return answer
+        return {}
     finally:
         conn.close()
+
+
+class _Kept:
+    """Connections this process keeps open to the inboxes it asks (a Spark worker asks the
+    same receivers task after task): a request on one costs a round trip, where a new
+    connection costs three more for the authentication and a thread on the inbox's side.
+    A connection is taken out while in use, so each serves one request at a time; a
+    forked child drops its parent's."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._conns: OrderedDict[tuple[str, str], Connection] = OrderedDict()
+
+    def take(self, address: str, key: str) -> Connection | None:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._conns.clear()  # the parent's sockets: never written to from here
+                self._pid = os.getpid()
+            return self._conns.pop((address, key), None)
+
+    def give(self, address: str, key: str, conn: Connection) -> None:
+        with self._lock:
+            if self._pid != os.getpid():
+                conn.close()
+                return
+            stale = [c for c in [self._conns.pop((address, key), None)] if c is not None]
+            self._conns[(address, key)] = conn
+            while len(self._conns) > self._size:
+                stale.append(self._conns.popitem(last=False)[1])
+        for c in stale:
+            c.close()
+
+
+#: Inboxes a process keeps a connection to, at most (the least recently asked go first).
+KEPT_CONNECTIONS = 64
+_KEPT = _Kept(KEPT_CONNECTIONS)
+
+
+def request(address: str, key: str, message: Message, *, timeout: float = 30.0) -> Message:
+    """Sends ``message`` to the :class:`Inbox` at ``address`` and returns its answer (waiting
+    at most ``timeout`` seconds), over a connection kept open for the next request there.
+    A kept connection that the inbox closed since (it closed, or went away) is replaced by a
+    new one once; a request that timed out leaves its connection closed (its answer may yet
+    come)."""
+    conn = _KEPT.take(address, key)
+    if conn is not None:
+        try:
+            answer = _ask(conn, address, message, timeout)
+        except TimeoutError:
+            conn.close()
+            raise
+        except (EOFError, OSError):
+            conn.close()
+        else:
+            _KEPT.give(address, key, conn)
+            return answer
+    conn = _connect(address, key)
+    try:
+        answer = _ask(conn, address, message, timeout)
+    except BaseException:
+        conn.close()
+        raise
+    _KEPT.give(address, key, conn)
+    return answer
 
 
 class Outbox:
     """A connection that stays open for a stream of messages (live metrics)."""
 
     def __init__(self, address: str, key: str) -> None:
-        self._conn: Connection = Client(_split(address), authkey=key.encode())
+        self._conn: Connection = _connect(address, key)
 
     def send(self, message: Message) -> None:
         """Sends one message."""
@@ -87,8 +157,18 @@ class Inbox:
     """Accepts authenticated peers on ``host`` (ephemeral port) and passes each message to
     ``handler`` on a thread of its own per peer; replies when the handler returns one."""
 
-    def __init__(self, handler: Handler, *, host: str, key: str, name: str) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        host: str,
+        key: str,
+        name: str,
+        on_end: Callable[[Message], None] | None = None,
+    ) -> None:
         self._handler = handler
+        #: Called with a connection's first message when its peer ends it (not on close()).
+        self._on_end = on_end
         # multiprocessing's default backlog is 1: with many tasks connecting at once, the
         # kernel drops the final ACK of those that do not fit, their side counts as connected
         # and waits for the challenge forever (seen with a 16-task exchange's reporters).
@@ -114,17 +194,24 @@ class Inbox:
                     conn.close()
                     return
                 self._conns.add(conn)
+            _no_delay(conn)
             threading.Thread(target=self._serve, args=(conn,), name=f"{self._name}-peer", daemon=True).start()
 
     def _serve(self, conn: Connection) -> None:
+        first: Message | None = None
         try:
             while not self._closed.is_set():
                 try:
                     data = conn.recv_bytes(MAX_MESSAGE)
                 except (EOFError, OSError, TypeError) as exc:
                     self._check_ended(exc)
+                    if first is not None and self._on_end is not None and not self._closed.is_set():
+                        self._on_end(first)
                     return
-                answer = self._handler(json.loads(data))
+                message = json.loads(data)
+                if first is None:
+                    first = message
+                answer = self._handler(message)
                 if answer is not None:
                     try:
                         conn.send_bytes(json.dumps(answer).encode())

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from creditflow._closeable import Closeable
 from creditflow.spark import _messages
 
 #: Groups kept at most (each holds only its tasks' small entries while it fills).
@@ -43,7 +44,7 @@ class _Group:
     failed: str | None = None
 
 
-class Rendezvous(_messages.Closeable):
+class Rendezvous(Closeable):
     """The driver's meeting point: groups of tasks that each send an entry and wait for all.
 
     ``stage_attempt`` gives a stage's current attempt (None: every stage has one attempt).

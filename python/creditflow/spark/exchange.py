@@ -37,6 +37,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 import creditflow as cf
+from creditflow.samples import TaskSample
 from creditflow.spark._driver import (
     HOST_MEMORY_CONF,
     application_id,
@@ -461,10 +462,11 @@ def _exchange_in(
     gate: cf.InputGate | None = None
     writer: _Writer | None = None
     done = False
-    metrics = {"metrics_url": served} if served else {}
 
-    def sample() -> dict[str, Any]:
-        return {**_sample(plan, me, part, gate, writer), **metrics}
+    def sample() -> TaskSample:
+        out = _sample(plan, me, part, gate, writer)
+        out.metrics_url = served
+        return out
 
     reporter = Reporter(plan.monitor, sample)
     try:
@@ -554,33 +556,28 @@ def _sample(
     part: cf.ResultPartition,
     gate: cf.InputGate | None,
     writer: _Writer | None,
-) -> dict[str, Any]:
+) -> TaskSample:
     pm = part.metrics()
     gm = gate.metrics() if gate is not None else None
-    sample: dict[str, Any] = {
-        "job": plan.exchange_id,
-        "kind": "exchange",
-        "partition_kind": plan.kind,
-        "task": task,
-        "partition_id": part.id,
+    sample = TaskSample.of_partition(
+        part,
+        job=plan.exchange_id,
+        kind="exchange",
+        partition_kind=plan.kind,
+        task=task,
+        partition_id=part.id,
         # What the task wrote (its input, split) and what its gate received.
-        "rows_in": pm["rows_written"],
-        "bytes_in": pm["bytes_written"],
-        "write_seconds": writer.write_seconds if writer else 0.0,
-        "rows_out": gm["rows_received"] if gm is not None else 0,
-        "bytes_out": gm["bytes_received"] if gm is not None else 0,
-        "bytes_sent": pm["bytes_written"],
-        # The partition's metrics, under their Rust names (creditflow.metrics).
-        "out_pool_usage": pm["out_pool_usage"],
-        "backpressured_ms_per_second": pm["backpressured_ms_per_second"],
-        "level": pm["level"],
-        "backpressured_total": pm["backpressured_total"],
-    }
+        rows_written=pm["rows_written"],
+        bytes_written=pm["bytes_written"],
+        write_seconds=writer.write_seconds if writer else 0.0,
+    )
     if gm is not None:
-        sample["in_pool_usage"] = gm["pool"]["usage"]
-        sample["idle_ms_per_second"] = gm["idle_ms_per_second"]
-        sample["idle_total"] = gm["idle_total"]
+        sample.rows_received = gm["rows_received"]
+        sample.bytes_received = gm["bytes_received"]
+        sample.in_pool_usage = gm["pool"]["usage"]
+        sample.idle_ms_per_second = gm["idle_ms_per_second"]
+        sample.idle_total = gm["idle_total"]
         # Channel i reads task i's partition (the gate lists the peers in task order).
         channels = sorted(gm["channels"], key=lambda c: c["index"])
-        sample["channel_bytes"] = [c["bytes_received"] for c in channels]
+        sample.channel_bytes = [c["bytes_received"] for c in channels]
     return sample

@@ -25,26 +25,23 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from creditflow._closeable import Closeable
+from creditflow.samples import TaskSample
 from creditflow.spark._driver import driver_host
-from creditflow.spark._messages import Closeable, Inbox, Message, Outbox
+from creditflow.spark._messages import Inbox, Message, Outbox
 
 if TYPE_CHECKING:
     from creditflow.pipeline import Pipeline
     from creditflow.web import PipelineServer
 
-Sample = dict[str, Any]
-
 #: Seconds over which :meth:`Monitor.pipeline` computes rates (the samples come more often).
 RATE_WINDOW = 1.0
 
 
-def _age(older: Sample, newer: Sample) -> float:
-    try:
-        return float(newer["time"]) - float(older["time"])
-    except (KeyError, TypeError, ValueError):
-        return 0.0
+def _age(older: TaskSample, newer: TaskSample) -> float:
+    return newer.time - older.time
 
 
 @dataclass(frozen=True)
@@ -93,10 +90,11 @@ class Monitor(Closeable):
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
         key = secrets.token_hex(16)
         self._lock = threading.Lock()
-        self._latest: dict[tuple[str, int], Sample] = {}
+        #: By :attr:`TaskSample.key` (a rank's samples apart from the task of its number).
+        self._latest: dict[tuple[str, str, int], TaskSample] = {}
         #: Each task's samples of the last RATE_WINDOW seconds or so, for rates over that window.
-        self._recent: dict[tuple[str, int], deque[Sample]] = {}
-        self._samples: list[Sample] = []
+        self._recent: dict[tuple[str, str, int], deque[TaskSample]] = {}
+        self._samples: list[TaskSample] = []
         self._max_samples = max_samples
         self._web: PipelineServer | None = None
         if web is not None:
@@ -112,8 +110,9 @@ class Monitor(Closeable):
             raise
         self.handle = MonitorHandle(self._inbox.address, key, interval, metrics)
 
-    def _receive(self, sample: Message) -> None:
-        task = (str(sample.get("job")), int(sample.get("task", -1)))
+    def _receive(self, message: Message) -> None:
+        sample = TaskSample.from_message(message)
+        task = sample.key
         with self._lock:
             self._latest[task] = sample
             recent = self._recent.setdefault(task, deque())
@@ -126,7 +125,7 @@ class Monitor(Closeable):
 
     def metrics_urls(self, job: str | None = None) -> list[str]:
         """The ``/metrics`` URLs the tasks (of one job, or of all) reported (with ``metrics=True``)."""
-        return sorted({str(s["metrics_url"]) for s in self.tasks(job) if s.get("metrics_url")})
+        return sorted({s.metrics_url for s in self.tasks(job) if s.metrics_url})
 
     @property
     def web_url(self) -> str | None:
@@ -139,16 +138,17 @@ class Monitor(Closeable):
         from creditflow.pipeline import from_spark
 
         with self._lock:
-            latest = [s for (j, _), s in sorted(self._latest.items()) if job is None or j == job]
+            latest = [s for (j, _, _), s in sorted(self._latest.items()) if job is None or j == job]
             previous = {task: recent[0] for task, recent in self._recent.items() if len(recent) > 1}
         return from_spark(latest, previous, title="creditflow.spark: tasks of the running jobs")
 
-    def tasks(self, job: str | None = None) -> list[Sample]:
-        """The latest sample of every task (of one job, or of all), by job and task number."""
+    def tasks(self, job: str | None = None) -> list[TaskSample]:
+        """The latest sample of every task (of one job, or of all), by job and task number (a
+        send's ranks, kind ``"rank"``, after its tasks)."""
         with self._lock:
-            return [s for (j, _), s in sorted(self._latest.items()) if job is None or j == job]
+            return [s for (j, _, _), s in sorted(self._latest.items()) if job is None or j == job]
 
-    def samples(self) -> list[Sample]:
+    def samples(self) -> list[TaskSample]:
         """Every sample received so far, oldest first."""
         with self._lock:
             return list(self._samples)
@@ -183,7 +183,7 @@ class Reporter:
     last sample (with ``done`` set) on :meth:`stop`. Without a monitor it does nothing. A
     monitor that went away only stops the reports, never the task."""
 
-    def __init__(self, handle: MonitorHandle | None, sample: Callable[[], Sample]) -> None:
+    def __init__(self, handle: MonitorHandle | None, sample: Callable[[], TaskSample]) -> None:
         self._handle = handle
         self._sample = sample
         self._stop = threading.Event()
@@ -203,12 +203,12 @@ class Reporter:
         if self._outbox is None:
             return False
         sample = self._sample()
-        sample["time"] = time.time()
-        sample["done"] = done
-        sample["rss_bytes"] = rss_bytes()
-        sample["rss_start_bytes"] = self._rss_start
+        sample.time = time.time()
+        sample.done = done
+        sample.rss_bytes = rss_bytes()
+        sample.rss_start_bytes = self._rss_start
         try:
-            self._outbox.send(sample)
+            self._outbox.send(sample.to_message())
             return True
         except OSError:
             self._outbox.close()

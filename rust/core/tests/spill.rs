@@ -507,3 +507,83 @@ fn a_spill_file_changed_on_disk_fails_its_readers_instead_of_delivering_other_by
         other => panic!("expected ProducerFailed, got {other:?}"),
     }
 }
+
+#[test]
+fn a_memory_reservation_makes_a_hybrid_partition_spill_down_and_is_given_back() {
+    let scratch = tempfile::tempdir().unwrap();
+    let env = NetworkEnvironment::new(config(scratch.path(), None)).unwrap();
+    let total = MEMORY / SEGMENT;
+    let part = env
+        .create_spillable_partition("kept", 1, SpillKind::Hybrid { replay: true }, None)
+        .unwrap();
+    let n = ten_times_memory();
+    write(&part, n);
+    let in_memory = |p: &Arc<ResultPartition>| p.metrics().spill.unwrap().memory_segments;
+    assert!(in_memory(&part) > total / 2, "the store fills its share first");
+
+    let reserved = total / 2;
+    let held = env.reserve_memory("window", reserved * SEGMENT - 1).unwrap();
+    assert_eq!(held.segments(), reserved, "rounded up to whole segments");
+    part.flush(); // what the environment's flusher does every buffer_timeout
+    assert!(
+        in_memory(&part) + reserved <= total,
+        "{} segments in memory beside {reserved} reserved of {total}",
+        in_memory(&part)
+    );
+    assert!(
+        env.pool().allocated_segments() + reserved <= total,
+        "segments allocated before are dropped: {} allocated beside {reserved} held of {total}",
+        env.pool().allocated_segments()
+    );
+    match env.reserve_memory("too much", MEMORY) {
+        Err(Error::InsufficientBuffers { .. }) => {}
+        other => panic!("a reservation beyond the free memory must fail, got {other:?}"),
+    }
+    drop(held);
+    assert!(env.metrics().segments_reserved < reserved, "dropped: given back");
+    let want: Vec<i64> = (0..n).collect();
+    assert_eq!(
+        read_all(&env, &env, "kept").unwrap(),
+        want,
+        "the spilled rows read back"
+    );
+}
+
+#[test]
+fn readers_of_several_spilled_subpartitions_do_not_starve_each_other() {
+    // Five readers of a replaying hybrid partition that spilled most of its data; they are
+    // all open, and the consumer reads one to its end before the next, as an epoch that
+    // interleaves runs may: the readers it does not read hold the read-ahead they queued,
+    // and the one it reads still needs segments to read the file back into.
+    let scratch = tempfile::tempdir().unwrap();
+    let env = NetworkEnvironment::new(config(scratch.path(), None)).unwrap();
+    let subs = 5;
+    let part = env
+        .create_spillable_partition("runs", subs, SpillKind::Hybrid { replay: true }, None)
+        .unwrap();
+    let n = ten_times_memory();
+    let mut w = RecordWriter::new(part.clone(), Partitioner::RoundRobin);
+    for i in 0..n {
+        w.write(&batch(i), &mut wait()).unwrap();
+    }
+    w.close().unwrap();
+    let mut gates: Vec<_> = (0..subs)
+        .map(|sub| {
+            env.create_input_gate(vec![ChannelSpec {
+                address: env.address().into(),
+                partition_id: "runs".into(),
+                subpartition: sub,
+            }])
+            .unwrap()
+        })
+        .collect();
+    for (sub, gate) in gates.iter_mut().enumerate() {
+        let mut got = Vec::new();
+        while let Some(b) = gate.next(&mut wait()).expect("a reader waited for the others") {
+            got.push(first_key(&b));
+        }
+        let want: Vec<i64> = (0..n).filter(|i| (i % subs as i64) as usize == sub).collect();
+        assert_eq!(got, want, "subpartition {sub}");
+    }
+    assert!(part.metrics().spill.unwrap().read_back_chunks > 0);
+}

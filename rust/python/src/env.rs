@@ -2,9 +2,11 @@
 //! `creditflow.NetworkEnvironment`; metrics become dicts in `metrics.rs`).
 
 use std::net::ToSocketAddrs;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use creditflow_core::base::config::{Backoff, Limits};
+use creditflow_core::memory::HeldOutside;
 use creditflow_core::partition::spill::SpillKind;
 use creditflow_core::serde::Compression;
 use creditflow_core::{base::units, EnvConfig, FlowControl};
@@ -340,6 +342,29 @@ impl NetworkEnvironment {
         Ok(InputGate::new(gate, self.pid))
     }
 
+    /// Holds ``nbytes`` (an int or a string such as ``"8MiB"``; rounded up to whole segments)
+    /// of this environment's memory for data kept outside its pools, such as rows a consumer
+    /// has taken but not used yet: the pools' shares shrink by as much, so blocking and
+    /// hybrid partitions spill down to fit within ``buffer_timeout``, and the total stays
+    /// within ``memory``. Allocates nothing. Raises :class:`InsufficientBuffersError` when
+    /// the pools' minimums leave less.
+    #[pyo3(signature = (nbytes, what = "reservation"))]
+    fn reserve_memory(
+        &self,
+        py: Python<'_>,
+        nbytes: &Bound<'_, PyAny>,
+        what: &str,
+    ) -> PyResult<MemoryReservation> {
+        check_pid(self.pid, "NetworkEnvironment")?;
+        let bytes = bytes_arg(nbytes, "nbytes")?;
+        let held = py.detach(|| self.inner.reserve_memory(what, bytes)).py_err(py)?;
+        let bytes = held.segments() * self.inner.pool().segment_size();
+        Ok(MemoryReservation {
+            held: Mutex::new(Some(held)),
+            bytes,
+        })
+    }
+
     /// Metrics of the environment, its partitions and gates (``creditflow.metrics.EnvMetrics``).
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         // Without the GIL: collecting takes every partition's and gate's locks.
@@ -374,5 +399,47 @@ impl NetworkEnvironment {
             m.segment_size,
             if self.inner.is_closed() { ", closed" } else { "" }
         )
+    }
+}
+
+/// Memory of a :class:`NetworkEnvironment` held by :meth:`NetworkEnvironment.reserve_memory`
+/// until :meth:`release` (or the reservation is dropped).
+#[pyclass(module = "creditflow._native", frozen)]
+pub struct MemoryReservation {
+    held: Mutex<Option<HeldOutside>>,
+    bytes: usize,
+}
+
+#[pymethods]
+impl MemoryReservation {
+    /// The bytes held (whole segments), 0 once released.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        if self.held.lock().unwrap().is_some() {
+            self.bytes
+        } else {
+            0
+        }
+    }
+
+    /// Gives the memory back to the environment's pools. Idempotent.
+    fn release(&self, py: Python<'_>) {
+        let held = self.held.lock().unwrap().take();
+        py.detach(move || drop(held));
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// Calls :meth:`release`.
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.release(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!("MemoryReservation(nbytes={})", self.nbytes())
     }
 }

@@ -223,10 +223,19 @@ enum Writer {
 }
 
 impl Writer {
-    fn write(&mut self, batch: &RecordBatch, token: Option<Token>, wait: &mut Wait<'_>) -> Result<(), Error> {
-        match self {
-            Writer::Local(w) => w.write_with_token(batch, token, wait),
-            Writer::Attached(w) => w.write(batch, wait),
+    /// Writes `batch` through the partitioner, or whole to subpartition `target`.
+    fn write(
+        &mut self,
+        batch: &RecordBatch,
+        token: Option<Token>,
+        target: Option<usize>,
+        wait: &mut Wait<'_>,
+    ) -> Result<(), Error> {
+        match (self, target) {
+            (Writer::Local(w), None) => w.write_with_token(batch, token, wait),
+            (Writer::Local(w), Some(sp)) => w.write_to(batch, token, sp, wait),
+            (Writer::Attached(w), None) => w.write(batch, wait),
+            (Writer::Attached(w), Some(sp)) => w.write_to(batch, sp, wait),
         }
     }
 
@@ -338,10 +347,19 @@ impl RecordWriter {
         })
     }
 
-    /// Writes a batch, table or stream. Blocks while the partition has no free buffer.
-    #[pyo3(signature = (data, timeout = None))]
-    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+    /// Writes a batch, table or stream. Blocks while the partition has no free buffer. With
+    /// ``subpartition``, every batch goes whole to that subpartition (the partitioner is not
+    /// asked).
+    #[pyo3(signature = (data, timeout = None, *, subpartition = None))]
+    fn write(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        subpartition: Option<i64>,
+    ) -> PyResult<()> {
         check_pid(self.pid, "RecordWriter")?;
+        let target = subpartition.map(|s| count_arg(s, "subpartition")).transpose()?;
         let timeout = blocking::timeout(timeout.or(self.timeout))?;
         let not_arrow = |e: PyErr| {
             PyTypeError::new_err(format!(
@@ -359,7 +377,7 @@ impl RecordWriter {
                 .map_err(not_arrow)?;
             let token = token_for(py, data)?;
             return blocking::run(py, timeout, "waiting for a free buffer", |wait| {
-                self.inner.lock().unwrap().write(&batch, token, wait)
+                self.inner.lock().unwrap().write(&batch, token, target, wait)
             });
         }
         let reader = match data.extract::<AnyRecordBatch>().map_err(not_arrow)? {
@@ -368,14 +386,14 @@ impl RecordWriter {
                 // Not reached: an object with __arrow_c_array__ was taken above.
                 let batch = b.into_inner();
                 return blocking::run(py, timeout, "waiting for a free buffer", |wait| {
-                    self.inner.lock().unwrap().write(&batch, None, wait)
+                    self.inner.lock().unwrap().write(&batch, None, target, wait)
                 });
             }
         };
         blocking::run(py, timeout, "waiting for a free buffer", |wait| {
             let mut w = self.inner.lock().unwrap();
             for batch in reader {
-                w.write(&batch?, None, wait)?;
+                w.write(&batch?, None, target, wait)?;
             }
             Ok(())
         })

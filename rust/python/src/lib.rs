@@ -40,6 +40,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<host::HostService>()?;
     m.add_class::<host::Attachment>()?;
     m.add_function(wrap_pyfunction!(host::attach, m)?)?;
+    m.add_class::<env::MemoryReservation>()?;
     m.add_class::<partition::ResultPartition>()?;
     m.add_class::<io::RecordWriter>()?;
     m.add_class::<io::InputGate>()?;

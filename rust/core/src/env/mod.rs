@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use crate::base::config::{Backoff, ChannelSpec, DebloatConfig, FlowControl, Limits, TlsSettings};
 use crate::base::error::{Error, Result};
 use crate::gate::{DebloatSetup, GateHandle, GateMetrics, InputGate, RemoteSetup};
-use crate::memory::GlobalPool;
+use crate::memory::{GlobalPool, HeldOutside};
 use crate::net::{Tls, Transport, TransportConfig};
 use crate::partition::spill::replay::READ_AHEAD;
 use crate::partition::spill::{SpillDir, SpillDirMetrics, SpillKind, SpillStore};
@@ -376,6 +376,23 @@ impl NetworkEnvironment {
         ));
         reg.insert(id.to_string(), p.clone());
         Ok(p)
+    }
+
+    /// Holds `bytes` of the environment's memory (rounded up to whole segments) for data its
+    /// owner keeps outside the pools, such as rows a consumer has taken but not yet used: the
+    /// pools' shares shrink by as much, so spillable partitions spill down to fit (within one
+    /// `buffer_timeout`), and free segments beyond the rest are dropped, so what the
+    /// environment allocates plus what is held stays within `memory`. Allocates nothing.
+    /// Dropping the returned value gives the memory back. [`Error::InsufficientBuffers`] when
+    /// the pools' minimums leave less than that.
+    pub fn reserve_memory(&self, what: &str, bytes: usize) -> Result<HeldOutside> {
+        self.check_open()?;
+        let segments = bytes.div_ceil(self.inner.pool.segment_size());
+        self.inner.pool.hold_outside(
+            &format!("memory reservation {what:?}"),
+            segments,
+            "increase `memory` of the NetworkEnvironment, or keep less outside its pools",
+        )
     }
 
     /// A registered partition.

@@ -260,6 +260,7 @@ impl AttachedPartition {
             self.session.clone(),
             self.id.clone(),
             partitioner,
+            self.subpartitions,
             self.schema.clone(),
             end,
         )

@@ -776,8 +776,12 @@ impl Signal {
     }
 }
 
-/// The fixed part of a record frame: which channel (a gate's; 0 from a writer) and the
-/// unaligned checkpoints the batch is in-flight data of.
+/// A writer's record head naming no subpartition: the partition's partitioner splits the batch.
+pub(crate) const TO_PARTITIONER: u32 = u32::MAX;
+
+/// The fixed part of a record frame: which channel (a gate's) or, from a writer, the
+/// subpartition the batch goes to whole ([`TO_PARTITIONER`]: the partitioner splits it), and
+/// the unaligned checkpoints the batch is in-flight data of.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RecordHead {
     pub(crate) channel: u32,

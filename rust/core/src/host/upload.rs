@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tokio::runtime::Handle;
 
-use super::codec::Signal;
+use super::codec::{Signal, TO_PARTITIONER};
 use super::link::{self, HeapEnd, LinkEnd, Watched};
 use super::records::{read_incoming, small, Incoming, RecordReceiver};
 use super::runtime::block_on;
@@ -69,9 +69,10 @@ pub(crate) fn run(
             Ok(Err(e)) | Err(e) => break Err(e),
         };
         let step = match incoming {
-            Incoming::Record { body, .. } => records
-                .decode(0, body)
-                .and_then(|batch| w.write(&batch, &mut wait)),
+            Incoming::Record { head, body } => records.decode(0, body).and_then(|batch| match head.channel {
+                TO_PARTITIONER => w.write(&batch, &mut wait),
+                sp => w.write_to(&batch, None, sp as usize, &mut wait),
+            }),
             Incoming::Signal(Signal::Event {
                 target: None,
                 payload,

@@ -10,7 +10,7 @@ use arrow_schema::SchemaRef;
 use tokio::sync::mpsc;
 
 use super::client::Session;
-use super::codec::{RecordHead, Signal};
+use super::codec::{RecordHead, Signal, TO_PARTITIONER};
 use super::link::{self, HeapEnd, LinkEnd};
 use super::records::{small, Frame, RecordSender};
 use super::runtime::block_on;
@@ -25,6 +25,7 @@ pub struct AttachedWriter {
     session: Arc<Session>,
     partition: String,
     partitioner: Partitioner,
+    subpartitions: usize,
     /// The schema of the partition's first batch (shared with the partition's handle).
     schema: Arc<Mutex<Option<SchemaRef>>>,
     /// Frames to the link's I/O task; dropped by it when the link breaks.
@@ -57,6 +58,7 @@ impl AttachedWriter {
         session: Arc<Session>,
         partition: String,
         partitioner: Partitioner,
+        subpartitions: usize,
         schema: Arc<Mutex<Option<SchemaRef>>>,
         end: LinkEnd,
     ) -> Result<AttachedWriter> {
@@ -114,6 +116,7 @@ impl AttachedWriter {
             session,
             partition,
             partitioner,
+            subpartitions,
             schema,
             frames: Some(frames),
             back,
@@ -199,8 +202,8 @@ impl AttachedWriter {
     }
 
     /// Checks `batch` against the partition's schema (the first batch's, which the
-    /// partitioner must be able to split) as `RecordWriter::write` does.
-    fn check_schema(&self, batch: &RecordBatch) -> Result<()> {
+    /// partitioner must be able to split when it is to split it) as `RecordWriter::write` does.
+    fn check_schema(&self, batch: &RecordBatch, split: bool) -> Result<()> {
         let mut schema = self.schema.lock().unwrap();
         match schema.as_ref() {
             Some(s) if s.as_ref() == batch.schema_ref().as_ref() => Ok(()),
@@ -210,7 +213,9 @@ impl AttachedWriter {
                 actual: batch.schema_ref().to_string(),
             }),
             None => {
-                self.partitioner.check_schema(batch.schema_ref())?;
+                if split {
+                    self.partitioner.check_schema(batch.schema_ref())?;
+                }
                 *schema = Some(batch.schema());
                 Ok(())
             }
@@ -220,10 +225,26 @@ impl AttachedWriter {
     /// Writes a batch; blocks while the service holds the writer back (backpressure), as
     /// `wait` allows.
     pub fn write(&mut self, batch: &RecordBatch, wait: &mut Wait<'_>) -> Result<()> {
+        self.write_record(batch, TO_PARTITIONER, wait)
+    }
+
+    /// Writes a batch whole to `subpartition` (the partitioner is not asked), as
+    /// `RecordWriter::write_to` does.
+    pub fn write_to(&mut self, batch: &RecordBatch, subpartition: usize, wait: &mut Wait<'_>) -> Result<()> {
+        let n = self.subpartitions;
+        if subpartition >= n {
+            return Err(Error::InvalidArgument(format!(
+                "subpartition {subpartition} out of range: the partition has {n}"
+            )));
+        }
+        self.write_record(batch, subpartition as u32, wait)
+    }
+
+    fn write_record(&mut self, batch: &RecordBatch, target: u32, wait: &mut Wait<'_>) -> Result<()> {
         self.check_open()?;
-        self.check_schema(batch)?;
+        self.check_schema(batch, target == TO_PARTITIONER)?;
         let head = RecordHead {
-            channel: 0,
+            channel: target,
             in_flight: Vec::new(),
         };
         let frame = self.sender.frame(head, batch, &self.heap)?;

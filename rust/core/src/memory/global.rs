@@ -25,6 +25,23 @@ struct GlobalState {
     /// Registered local pools by id, for redistribution, minimum reservations and wake-ups.
     pools: HashMap<u64, Arc<LocalShared>>,
     next_id: u64,
+    /// Segments held for data kept outside the pools ([`HeldOutside`]): neither handed to a
+    /// pool nor kept allocated.
+    outside: usize,
+}
+
+impl GlobalState {
+    /// Segments the pools may have: the cap less what is held outside.
+    fn usable(&self, total: usize) -> usize {
+        total.saturating_sub(self.outside)
+    }
+
+    /// Drops free segments while more are allocated than the pools may have.
+    fn trim_free(&mut self, total: usize) {
+        while self.allocated > self.usable(total) && self.free.pop().is_some() {
+            self.allocated -= 1;
+        }
+    }
 }
 
 /// A snapshot of one pool's numbers.
@@ -77,6 +94,7 @@ impl GlobalPool {
                 allocated: 0,
                 pools: HashMap::new(),
                 next_id: 0,
+                outside: 0,
             }),
         }))
     }
@@ -91,10 +109,10 @@ impl GlobalPool {
         self.total
     }
 
-    /// Segments not held by any local pool (free or not yet allocated).
+    /// Segments not held by any local pool (free or not yet allocated), less those held outside.
     pub fn available_segments(&self) -> usize {
         let st = self.state.lock().unwrap();
-        st.free.len() + (self.total - st.allocated)
+        st.free.len() + st.usable(self.total).saturating_sub(st.allocated)
     }
 
     /// Segments actually allocated so far (lazy allocation).
@@ -102,9 +120,39 @@ impl GlobalPool {
         self.state.lock().unwrap().allocated
     }
 
-    /// Sum of the minimums of all registered local pools.
+    /// Sum of the minimums of all registered local pools, and the segments held outside them.
     pub fn reserved_segments(&self) -> usize {
-        self.state.lock().unwrap().pools.values().map(|p| p.min).sum()
+        let st = self.state.lock().unwrap();
+        st.pools.values().map(|p| p.min).sum::<usize>() + st.outside
+    }
+
+    /// Holds `segments` for data its owner keeps outside the pools: the pools' shares shrink
+    /// by as much (spillable partitions spill down to fit) and free segments beyond what
+    /// the pools may still have are dropped, so allocated segments plus those held outside
+    /// stay within the cap. [`Error::InsufficientBuffers`] when the pools' minimums leave less.
+    pub fn hold_outside(self: &Arc<Self>, what: &str, segments: usize, hint: &str) -> Result<HeldOutside> {
+        {
+            let mut st = self.state.lock().unwrap();
+            let reserved: usize = st.pools.values().map(|p| p.min).sum();
+            let available = st.usable(self.total).saturating_sub(reserved);
+            if segments > available {
+                return Err(Error::InsufficientBuffers {
+                    what: what.to_string(),
+                    required: segments,
+                    available,
+                    total: self.total,
+                    segment_size: self.segment_size,
+                    hint: hint.to_string(),
+                });
+            }
+            st.outside += segments;
+            st.trim_free(self.total);
+        }
+        self.redistribute();
+        Ok(HeldOutside {
+            global: self.clone(),
+            segments,
+        })
     }
 
     /// Registers the shared state of a new local pool with a guaranteed `min` and a share
@@ -120,7 +168,7 @@ impl GlobalPool {
         let shared = {
             let mut st = self.state.lock().unwrap();
             let reserved: usize = st.pools.values().map(|p| p.min).sum();
-            let available = self.total - reserved;
+            let available = st.usable(self.total).saturating_sub(reserved);
             if min > available {
                 return Err(Error::InsufficientBuffers {
                     what,
@@ -165,7 +213,7 @@ impl GlobalPool {
             let mut pools: Vec<Arc<LocalShared>> = st.pools.values().cloned().collect();
             pools.sort_by_key(|p| p.id);
             let reserved: usize = pools.iter().map(|p| p.min).sum();
-            let mut excess = self.total.saturating_sub(reserved);
+            let mut excess = st.usable(self.total).saturating_sub(reserved);
             let mut shares: Vec<usize> = pools.iter().map(|p| p.min).collect();
             // Water-filling: hand out the excess evenly among pools still below their max.
             loop {
@@ -202,7 +250,7 @@ impl GlobalPool {
     /// eating into other pools' unmet minimums. All or nothing.
     pub(super) fn take(&self, requester: &LocalShared, k: usize) -> Option<Vec<Segment>> {
         let mut st = self.state.lock().unwrap();
-        let avail = st.free.len() + (self.total - st.allocated);
+        let avail = st.free.len() + st.usable(self.total).saturating_sub(st.allocated);
         let unmet_others: usize = st
             .pools
             .values()
@@ -233,6 +281,7 @@ impl GlobalPool {
         let pools: Vec<Arc<LocalShared>> = {
             let mut st = self.state.lock().unwrap();
             st.free.extend(segs);
+            st.trim_free(self.total);
             st.pools.values().cloned().collect()
         };
         for p in pools {
@@ -243,6 +292,37 @@ impl GlobalPool {
     pub(super) fn unregister(&self, id: u64) {
         self.state.lock().unwrap().pools.remove(&id);
         self.redistribute();
+    }
+}
+
+/// Segments held outside the pools by [`GlobalPool::hold_outside`]; dropping it gives them back.
+pub struct HeldOutside {
+    global: Arc<GlobalPool>,
+    segments: usize,
+}
+
+impl HeldOutside {
+    /// The segments held.
+    pub fn segments(&self) -> usize {
+        self.segments
+    }
+}
+
+impl Drop for HeldOutside {
+    fn drop(&mut self) {
+        {
+            let mut st = self.global.state.lock().unwrap();
+            st.outside -= self.segments;
+        }
+        self.global.redistribute();
+    }
+}
+
+impl std::fmt::Debug for HeldOutside {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldOutside")
+            .field("segments", &self.segments)
+            .finish()
     }
 }
 

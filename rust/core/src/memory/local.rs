@@ -107,10 +107,25 @@ impl LocalPool {
     /// instead of stalling mid-record; they go back to the global pool as soon as they are
     /// recycled (the pool holds more than its share), so usage can exceed 100% meanwhile.
     pub fn try_request_overdraft(&self) -> Option<PooledSegment> {
+        self.try_request_beyond(self.shared.overdraft.load(Ordering::SeqCst))
+    }
+
+    /// One segment now, whatever the pool holds beyond its share, as long as the global pool
+    /// has one free without touching another pool's minimum (the global cap holds). For a
+    /// spilled partition's reader whose consumer waits for it while the pool's segments sit
+    /// in the read-ahead of readers nobody reads yet: one segment per such reader, given back
+    /// to the global pool when recycled (the pool holds more than its share).
+    pub fn try_request_one_more(&self) -> Option<PooledSegment> {
+        let held = self.shared.held.load(Ordering::SeqCst);
+        let share = self.shared.share.load(Ordering::SeqCst).max(1);
+        self.try_request_beyond((held + 1).saturating_sub(share))
+    }
+
+    /// [`LocalPool::try_request_overdraft`] with an overdraft limit of `beyond` segments.
+    fn try_request_beyond(&self, beyond: usize) -> Option<PooledSegment> {
         let sh = &self.shared;
-        let overdraft = sh.overdraft.load(Ordering::SeqCst);
         let mut st = sh.state.lock().unwrap();
-        let seg = self.take_locked(&mut st, 1, overdraft).ok().flatten()?.pop()?;
+        let seg = self.take_locked(&mut st, 1, beyond).ok().flatten()?.pop()?;
         drop(st);
         Some(PooledSegment {
             seg: Some(seg),

@@ -28,7 +28,7 @@ pub mod segment;
 #[cfg(test)]
 mod tests;
 
-pub use global::{GlobalPool, PoolStats};
+pub use global::{GlobalPool, HeldOutside, PoolStats};
 pub use local::{LocalPool, PooledSegment, Reservation};
 pub use records::{RecordBuf, RecordPool, RecordPoolStats};
 pub use segment::Segment;

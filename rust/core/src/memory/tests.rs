@@ -29,6 +29,34 @@ mod unit {
     }
 
     #[test]
+    fn memory_held_outside_shrinks_shares_drops_free_segments_and_comes_back() {
+        let g = GlobalPool::new(10 * SEG, SEG).unwrap();
+        let p = g.create_local_pool("p", 2, usize::MAX, "").unwrap();
+        let segs = p.request_many(8, &mut no_wait()).unwrap();
+        drop(segs); // recycled into p's free list: 8 segments allocated
+        assert_eq!(g.allocated_segments(), 8);
+        let held = g.hold_outside("window", 6, "").unwrap();
+        assert_eq!(p.stats().share, 4, "the pool's share shrinks by what is held");
+        assert!(
+            g.allocated_segments() + held.segments() <= 10,
+            "free segments beyond the rest are dropped: {} allocated",
+            g.allocated_segments()
+        );
+        let in_use = p.request_many(4, &mut no_wait()).unwrap();
+        assert!(p.try_request().is_none(), "the pool stays within its share");
+        assert_eq!(g.available_segments(), 0);
+        assert!(
+            g.hold_outside("more", 3, "").is_err(),
+            "the pools' minimums are not given away"
+        );
+        drop(in_use);
+        drop(held);
+        assert_eq!(p.stats().share, 10, "given back");
+        assert_eq!(g.reserved_segments(), 2);
+        assert_eq!(p.request_many(10, &mut no_wait()).unwrap().len(), 10);
+    }
+
+    #[test]
     fn insufficient_minimum_fails_at_construction_with_numbers() {
         let g = GlobalPool::new(8 * SEG, SEG).unwrap();
         let _a = g.create_local_pool("a", 5, usize::MAX, "").unwrap();
@@ -80,6 +108,31 @@ mod unit {
         drop(segs);
         assert_eq!(a.stats().held, 5, "a keeps only its share");
         assert_eq!(b.request_many(4, &mut no_wait()).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn one_more_segment_beyond_a_held_over_share_and_back_when_recycled() {
+        let g = GlobalPool::new(10 * SEG, SEG).unwrap();
+        let a = g.create_local_pool("a", 2, usize::MAX, "").unwrap();
+        let mut held = a.request_many(10, &mut no_wait()).unwrap();
+        let b = g.create_local_pool("b", 2, usize::MAX, "").unwrap();
+        drop(held.drain(..3).collect::<Vec<_>>()); // a holds 7, its share is 5
+        assert_eq!((a.stats().held, a.stats().share), (7, 5));
+        assert!(a.try_request().is_none());
+        assert!(a.try_request_overdraft().is_none(), "overdraft is off");
+        let extra = a.try_request_one_more().expect("one beyond what it holds");
+        assert_eq!(a.stats().held, 8);
+        // Never another pool's minimum: b's 2 stay free for b.
+        assert_eq!(g.available_segments(), 2);
+        let more: Vec<_> = (0..3).filter_map(|_| a.try_request_one_more()).collect();
+        assert_eq!(more.len(), 0, "b's minimum is not lent");
+        drop(extra);
+        assert_eq!(
+            a.stats().held,
+            7,
+            "recycled above the share: back to the global pool"
+        );
+        assert_eq!(b.request_many(2, &mut no_wait()).unwrap().len(), 2);
     }
 
     #[test]

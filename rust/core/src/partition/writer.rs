@@ -7,7 +7,7 @@ use arrow_array::RecordBatch;
 use crate::base::error::{Error, Result};
 use crate::base::event::{Event, MAX_EVENT_PAYLOAD_LEN};
 use crate::base::wait::Wait;
-use crate::partition::partitioner::{Partitioner, Splitter};
+use crate::partition::partitioner::{Partitioner, Piece, Splitter};
 use crate::partition::subpartition::Token;
 use crate::partition::ResultPartition;
 
@@ -65,6 +65,34 @@ impl RecordWriter {
         };
         let pieces = splitter.split(batch, self.partition.num_subpartitions())?;
         self.partition.write_pieces(pieces, token, wait)
+    }
+
+    /// Like [`RecordWriter::write_with_token`], but the whole batch goes to subpartition
+    /// `subpartition`, whatever the partitioner says (a caller that routes batches itself,
+    /// such as a store keeping each source's batches apart).
+    pub fn write_to(
+        &mut self,
+        batch: &RecordBatch,
+        token: Option<Token>,
+        subpartition: usize,
+        wait: &mut Wait<'_>,
+    ) -> Result<()> {
+        if self.closed {
+            return Err(Error::Closed("record writer"));
+        }
+        let n = self.partition.num_subpartitions();
+        if subpartition >= n {
+            return Err(Error::InvalidArgument(format!(
+                "subpartition {subpartition} out of range: the partition has {n}"
+            )));
+        }
+        self.partition.check_schema(batch)?;
+        let piece = Piece {
+            subpartition,
+            batch: batch.clone(),
+            whole: true,
+        };
+        self.partition.write_pieces(vec![piece], token, wait)
     }
 
     /// Makes partly filled buffers visible to readers now.

@@ -381,10 +381,7 @@ fn on_event(
         if matches!(item, Inbound::Event(Event::Barrier { unaligned: false, .. })) && mid_record {
             conn.remove(rid);
             assemblies.remove(&rid);
-            ch.fail(Error::Protocol(format!(
-                "channel {:?}: aligned barrier in the middle of a record",
-                ch.spec
-            )));
+            ch.fail(mid_record_error(&ch, ": aligned barrier in"));
         } else {
             ch.push(item);
         }
@@ -393,15 +390,18 @@ fn on_event(
     conn.remove(rid);
     assemblies.remove(&rid);
     if mid_record && matches!(item, Inbound::Event(Event::EndOfPartition)) {
-        ch.fail(Error::Protocol(format!(
-            "channel {:?} ended in the middle of a record",
-            ch.spec
-        )));
+        ch.fail(mid_record_error(&ch, " ended in"));
     } else {
         ch.push(item);
         ch.gate.release(&ch);
     }
     Ok(())
+}
+
+/// The protocol error of an event that may not come in the middle of a record: "channel
+/// SPEC{what} the middle of a record".
+fn mid_record_error(ch: &RemoteChannel, what: &str) -> Error {
+    Error::Protocol(format!("channel {:?}{what} the middle of a record", ch.spec))
 }
 
 /// A control message from the server (anything but data and events).

@@ -16,7 +16,7 @@ use super::store::{Next, SpillStore, Stored};
 use crate::base::error::{Error, Result};
 use crate::base::event::Event;
 use crate::base::wait::Wait;
-use crate::memory::LocalPool;
+use crate::memory::{LocalPool, PooledSegment};
 use crate::partition::buffer::new_buffer_limited;
 use crate::partition::subpartition::{Entry, Subpartition};
 
@@ -44,7 +44,10 @@ pub(crate) fn spawn<S: Source>(source: Arc<S>, sub: usize, view: Arc<Subpartitio
         .spawn(move || {
             let me = std::thread::current();
             view.set_taken_listener(Arc::new(move || me.unpark()));
-            if let Err(e) = feed(source.as_ref(), sub, &view) {
+            source.store().reader_started();
+            let fed = feed(source.as_ref(), sub, &view);
+            source.store().reader_done();
+            if let Err(e) = fed {
                 if !view.is_released() {
                     let msg = format!("reading partition {:?}[{sub}] back failed: {e}", source.id());
                     log::warn!("creditflow: {msg}");
@@ -61,7 +64,8 @@ fn feed<S: Source>(source: &S, sub: usize, view: &Subpartition) -> Result<()> {
     let mut pos = 0u64;
     let mut scratch = Vec::new();
     loop {
-        while view.backlog() >= READ_AHEAD {
+        // Fewer than READ_AHEAD when several readers share the partition's pool.
+        while view.backlog() >= store.read_ahead(source.pool().stats().share) {
             if view.is_released() {
                 return Ok(());
             }
@@ -107,23 +111,7 @@ fn feed<S: Source>(source: &S, sub: usize, view: &Subpartition) -> Result<()> {
 /// at the view's (possibly debloated) buffer size.
 fn push(pool: &LocalPool, store: &SpillStore, view: &Subpartition, mut data: &[u8]) -> Result<()> {
     while !data.is_empty() {
-        let mut check = || {
-            if view.is_released() {
-                Err(Error::Closed("reader"))
-            } else {
-                Ok(())
-            }
-        };
-        let mut wait = Wait::timeout(None, "a buffer for a spilled read").with_check(&mut check);
-        let seg = match pool.try_request() {
-            Some(s) => s,
-            None => {
-                // The store may hold more than its share now (a gate created since took
-                // part of the pool): it spills until it fits, then a segment frees up.
-                store.fit(pool)?;
-                pool.request(&mut wait)?
-            }
-        };
+        let seg = segment_for(pool, store, view)?;
         let (mut builder, consumer) = new_buffer_limited(seg, view.buffer_size(usize::MAX));
         let n = builder.append(data);
         builder.finish();
@@ -131,4 +119,39 @@ fn push(pool: &LocalPool, store: &SpillStore, view: &Subpartition, mut data: &[u
         view.add_finished(Entry::Buffer(consumer));
     }
     Ok(())
+}
+
+/// A segment to read a spilled chunk back into. The pool can be full of other readers'
+/// read-ahead that their consumers are not reading yet (a reader that started alone read
+/// ahead more than its part once others started, or gates created since shrank the share):
+/// the store spills what it holds in memory first, and a reader whose consumer is waiting
+/// for it (nothing queued) takes one segment beyond the share rather than wait for those
+/// readers.
+fn segment_for(pool: &LocalPool, store: &SpillStore, view: &Subpartition) -> Result<PooledSegment> {
+    loop {
+        if let Some(seg) = pool.try_request() {
+            return Ok(seg);
+        }
+        store.fit(pool)?;
+        store.make_room(pool);
+        if view.backlog() == 0 {
+            if let Some(seg) = pool.try_request_one_more() {
+                return Ok(seg);
+            }
+        }
+        let mut check = || {
+            if view.is_released() {
+                Err(Error::Closed("reader"))
+            } else {
+                Ok(())
+            }
+        };
+        let mut wait = Wait::timeout(Some(POLL), "a buffer for a spilled read").with_check(&mut check);
+        match pool.request(&mut wait) {
+            Ok(seg) => return Ok(seg),
+            // Look again: the consumer may have taken everything queued meanwhile.
+            Err(Error::Timeout(..)) => continue,
+            Err(e) => return Err(e),
+        }
+    }
 }

@@ -12,6 +12,7 @@
 //! ([`super::replay`]), so the stream can be read again until the partition is released.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -180,8 +181,10 @@ pub struct SpillStore {
     kind: SpillKind,
     dir: Arc<SpillDir>,
     compression: Option<Compression>,
-    /// Segments of the pool left to readers (never held by the store).
+    /// Segments of the pool left to each reader (never held by the store): its read-ahead.
     reader_reserve: usize,
+    /// Readers feeding their views now ([`SpillStore::reader_started`]).
+    readers: AtomicUsize,
     state: Mutex<State>,
     /// Signalled when a log grows, the partition ends or is released.
     changed: Condvar,
@@ -206,6 +209,7 @@ impl SpillStore {
             dir,
             compression,
             reader_reserve,
+            readers: AtomicUsize::new(0),
             state: Mutex::new(State {
                 logs: (0..num_subpartitions).map(|_| Log::default()).collect(),
                 file: None,
@@ -333,7 +337,7 @@ impl SpillStore {
                 return Err(Error::Closed("partition"));
             }
             let share = pool.stats().share;
-            if st.segments + self.reader_reserve < share {
+            if st.segments + self.reader_room(share) < share {
                 if let Some(seg) = pool.try_request() {
                     st.segments += 1;
                     return Ok(seg);
@@ -361,7 +365,11 @@ impl SpillStore {
     /// (the share shrinks when other pools are created), so readers get segments.
     pub(crate) fn fit(&self, pool: &LocalPool) -> Result<()> {
         let mut st = self.lock();
-        while !st.released && st.segments + self.reader_reserve > pool.stats().share {
+        loop {
+            let share = pool.stats().share;
+            if st.released || st.segments + self.reader_room(share) <= share {
+                break;
+            }
             match self.spill_one(&mut st)? {
                 Spilled::Free(seg) => {
                     st.segments -= 1;
@@ -372,6 +380,56 @@ impl SpillStore {
             }
         }
         Ok(())
+    }
+
+    /// A reader needs a segment to read a spilled chunk back into and the pool has none
+    /// free: spills in-memory chunks until one is. The readers' room may be overdrawn (a
+    /// reader that started alone read ahead more than its part once others started), and
+    /// the reader being waited on must not wait for those that are not.
+    pub(crate) fn make_room(&self, pool: &LocalPool) {
+        let mut st = self.lock();
+        while !st.released {
+            let stats = pool.stats();
+            if stats.in_use < stats.share {
+                break;
+            }
+            match self.spill_one(&mut st) {
+                Ok(Spilled::Free(seg)) => {
+                    st.segments -= 1;
+                    drop(seg);
+                }
+                Ok(Spilled::Shared) => {}
+                // Nothing in memory, or the disk is full (`max_spill`): the reader waits for
+                // a segment as before; the writer meets the error, if it is one.
+                Ok(Spilled::Nothing) | Err(_) => break,
+            }
+        }
+    }
+
+    /// A reader starts feeding its view (until [`SpillStore::reader_done`]).
+    pub(crate) fn reader_started(&self) {
+        self.readers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A reader stopped feeding its view.
+    pub(crate) fn reader_done(&self) {
+        self.readers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Segments of a pool of `share` the store leaves to its readers: each reader's
+    /// read-ahead, but at most half the share (the writer keeps the rest). Several readers
+    /// of spilled data at once (an epoch that interleaves runs) each need segments to read
+    /// into; one whose consumer waits on another must not hold them all.
+    fn reader_room(&self, share: usize) -> usize {
+        let readers = self.readers.load(Ordering::SeqCst).max(1);
+        (readers * self.reader_reserve).min(share / 2).max(1)
+    }
+
+    /// How many finished entries each reader may queue ahead of its consumer now: its part
+    /// of the readers' room, at least one.
+    pub(crate) fn read_ahead(&self, share: usize) -> usize {
+        let readers = self.readers.load(Ordering::SeqCst).max(1);
+        (self.reader_room(share) / readers).clamp(1, self.reader_reserve.max(1))
     }
 
     /// Writes one in-memory chunk to the spill file: the newest one of the log with the most

@@ -1,0 +1,196 @@
+"""The receiving side of :func:`creditflow.spark.send` that every receiver mode shares: the
+control inbox the driver and the tasks talk to, the job's registration, the tasks' partitions
+and a reader thread per partition, which hands each batch to the mode's :class:`Sink`.
+
+Every partition is delivered once: a second attempt of a partition already being read
+(speculation, a retried task) is turned away, and a failed attempt fails the stream, so that
+nothing is delivered partly twice. A rank receiver (:mod:`creditflow.spark._rank`) handles its
+partitions itself (it resumes a failed attempt's partition where it broke) and gives the
+inbox a handler of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+import pyarrow as pa
+
+import creditflow as cf
+from creditflow.spark import _messages
+
+#: How long a registration waits for the receiver's answer.
+REGISTER_TIMEOUT = 30.0
+#: How long a partition's broken connection waits for the driver's word that the job failed
+#: (then the consumer raises the job's error rather than the connection's).
+JOB_FAILED_GRACE = 5.0
+#: How often blocked receiver threads look whether the receiver closed.
+POLL = 0.1
+
+
+class Sink(Protocol):
+    """Where a receiver's reader threads put what the tasks send (one class per mode)."""
+
+    #: Whether a task asks, once its channel ended, whether its partition was kept whole
+    #: (a spilling receiver's channels end before its consumer has the data).
+    confirm: bool
+
+    def deliver(self, batch: pa.RecordBatch) -> bool:
+        """Takes ``batch``, waiting while the consumer is behind; False once closed."""
+
+    def end(self) -> None:
+        """Every partition arrived."""
+
+    def fail(self, error: BaseException) -> None:
+        """The job or a partition failed: the consumer raises after the batches before."""
+
+    def failure(self) -> str | None:
+        """The sink's own first failure (a full spill directory...), or None."""
+
+
+class _Settled:
+    """Whether a partition's reader thread kept all of it, once the thread is done."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.failure: str | None = None
+
+
+class Intake:
+    """The inbox and reader threads of a receiver whose batches go to ``sink``."""
+
+    def __init__(self, env: cf.NetworkEnvironment, sink: Sink, *, host: str, secret: str) -> None:
+        self._env = env
+        self._sink = sink
+        self._lock = threading.Lock()
+        self.closed = threading.Event()
+        self._job_failed = threading.Event()
+        self._job: str | None = None
+        self._num_partitions: int | None = None
+        self._accepted: dict[int, str] = {}
+        self._ended: set[int] = set()
+        self._settled: dict[int, _Settled] = {}
+        self._readers: list[threading.Thread] = []
+        self._done = False
+        self._inbox = _messages.Inbox(self._on_message, host=host, key=secret, name="creditflow-receiver")
+
+    @property
+    def address(self) -> str:
+        """The inbox's address (``host:port``): what :func:`send` is given."""
+        return self._inbox.address
+
+    def _on_message(self, msg: _messages.Message) -> _messages.Message | None:
+        kind = msg.get("kind")
+        if kind == "job_failed":
+            with self._lock:
+                # A job may fail before it registers (a Connect session's probe job fails
+                # where the job would): the first job to say anything is this receiver's.
+                if self._job is None:
+                    self._job = msg.get("job")
+                mine = msg.get("job") == self._job
+            if mine:
+                self._sink.fail(cf.ProducerFailedError(f"the Spark job failed: {msg.get('error')}"))
+                self._job_failed.set()
+            return None
+        if kind == "delivered" and msg.get("job") == self._job:
+            return self._delivered(int(msg["partition"]))
+        with self._lock:
+            if kind == "job":
+                if msg.get("world_size", 1) != 1:
+                    return {"accept": False, "reason": "this receiver is not a rank (no world_size given)"}
+                if self._job is not None and self._job != msg["job"]:
+                    return {"accept": False, "reason": "this receiver already serves another job"}
+                self._job = msg["job"]
+                self._num_partitions = int(msg["num_partitions"])
+                end = self._all_ended()
+            elif kind != "partition" or msg.get("job") != self._job:
+                return {"accept": False, "reason": "unknown job"}
+            else:
+                return self._accept(msg)
+        if end:
+            self._sink.end()
+        return {"accept": True}
+
+    def _accept(self, msg: _messages.Message) -> _messages.Message:
+        """A task's partition (under the lock): read it, unless another attempt is."""
+        index = int(msg["partition"])
+        if index in self._accepted:
+            # Another attempt of a partition already being read: delivered once only.
+            return {"accept": False, "reason": f"partition {index} is already being received"}
+        self._accepted[index] = msg["partition_id"]
+        spec = cf.ChannelSpec(msg["address"], msg["partition_id"], 0)
+        thread = threading.Thread(
+            target=self._read, args=(index, spec), name=f"creditflow-receiver-{index}", daemon=True
+        )
+        self._readers.append(thread)
+        thread.start()
+        return {"accept": True, "confirm": self._sink.confirm}
+
+    def _read(self, index: int, spec: cf.ChannelSpec) -> None:
+        failure: str | None = "the receiver closed"
+        try:
+            try:
+                with self._env.create_input_gate([spec]) as gate:
+                    while not self.closed.is_set():
+                        try:
+                            batch = gate.next(timeout=POLL * 10)
+                        except cf.TimeoutError:
+                            continue
+                        if batch is None:
+                            break
+                        if not self._sink.deliver(batch):
+                            return
+            except Exception as exc:
+                if isinstance(exc, cf.ConnectionLostError):
+                    # A PySpark worker whose task failed exits at once: its connection can break
+                    # before its failure arrives. The driver tells of the failed job: give that
+                    # a moment, so the consumer sees the job's error, not the broken connection.
+                    self._job_failed.wait(JOB_FAILED_GRACE)
+                if not self.closed.is_set():
+                    self._sink.fail(exc)
+                failure = self._sink.failure() or f"{type(exc).__name__}: {exc}"
+                return
+            if not self.closed.is_set():
+                failure = None
+            with self._lock:
+                self._ended.add(index)
+                end = self._all_ended()
+            if end:
+                self._sink.end()
+        finally:
+            self._settle(index, failure)
+
+    def _settle(self, index: int, failure: str | None) -> None:
+        """Records that partition ``index`` was kept whole (``failure`` None) or why not."""
+        with self._lock:
+            settled = self._settled.setdefault(index, _Settled())
+        settled.failure = failure
+        settled.event.set()
+
+    def _delivered(self, index: int) -> _messages.Message:
+        """The answer to a task that asks whether its partition was kept whole (its reader
+        thread is done with it by then, or soon)."""
+        with self._lock:
+            settled = self._settled.setdefault(index, _Settled())
+        if not settled.event.wait(REGISTER_TIMEOUT):
+            return {"ok": False, "reason": f"partition {index} is still being received"}
+        return {"ok": settled.failure is None, "reason": settled.failure}
+
+    def _all_ended(self) -> bool:
+        """Whether every partition of the job ended, the first time it is true (the caller
+        then ends the sink, outside the lock: a queue may be full)."""
+        if self._num_partitions is None or len(self._ended) < self._num_partitions or self._done:
+            return False
+        self._done = True
+        return True
+
+    def close(self) -> None:
+        """Stops accepting and waits for the reader threads (the caller releases what a
+        blocked one waits on first, or after :attr:`closed` is set)."""
+        self.closed.set()
+        self._inbox.close()
+
+    def join(self) -> None:
+        """Waits for the reader threads (after :meth:`close`)."""
+        for t in list(self._readers):
+            t.join()

@@ -1,0 +1,208 @@
+"""The pieces of a training rank that need no Spark: equal steps, moves between ranks,
+stripes, the shuffle window, row sets and the state's format."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from creditflow.spark._rankstate import RankState, RowSet
+from creditflow.spark._reshuffle import deal, traffic
+from creditflow.spark._runs import split_ids
+from creditflow.spark._steps import full_steps_at_least, moves, plan
+from creditflow.spark._stripes import ID_BITS, STRIPE_ROWS, pieces, share_ids
+from creditflow.spark._window import Window
+
+
+@pytest.mark.parametrize("total", [0, 1, 7, 999, 1000, 1001, 2047, 2048, 2049, 10_007, 123_457])
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_steps_are_equal_and_lose_or_repeat_nothing(total: int, world: int, drop_last: bool) -> None:
+    batch = 256
+    if not drop_last and 0 < total < world:  # fewer rows than ranks: some batch would be empty
+        with pytest.raises(ValueError, match="drop_last=True"):
+            plan(total, world, batch, drop_last)
+        return
+    steps = plan(total, world, batch, drop_last)
+    sizes = [steps.sizes(r) for r in range(world)]
+    assert len({len(s) for s in sizes}) == 1, "every rank yields the same number of batches"
+    assert all(1 <= n <= batch for s in sizes for n in s)
+    yielded = sum(map(sum, sizes))
+    if drop_last:
+        assert all(n == batch for s in sizes for n in s)
+        assert 0 <= total - yielded <= world * batch - 1
+    else:
+        assert yielded == total
+
+
+def test_the_bound_never_exceeds_the_final_full_steps() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(2000):
+        world, batch = int(rng.integers(1, 6)), int(rng.integers(1, 50))
+        total = int(rng.integers(world, 5000))
+        known = int(rng.integers(0, total + 1))
+        for drop_last in (False, True):
+            steps = (
+                plan(total, world, batch, drop_last) if drop_last or batch > 1 or total % world == 0 else None
+            )
+            if steps is None:
+                continue
+            assert full_steps_at_least(known, world, batch, drop_last) <= steps.full
+
+
+def layouts(seed: int, most: int) -> Iterator[tuple[list[int], list[int]]]:
+    """500 random ranks' row counts (1 to 6 ranks, up to ``most`` rows each) and the rows
+    each needs for its steps (random batch sizes, with and without drop_last)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(500):
+        world = int(rng.integers(1, 7))
+        counts = [int(x) for x in rng.integers(0, most, world)]
+        if sum(counts) < world:
+            continue
+        steps = plan(sum(counts), world, int(rng.integers(2, 300)), drop_last=bool(rng.integers(2)))
+        yield counts, [steps.need(r) for r in range(len(counts))]
+
+
+def test_moves_give_every_rank_what_it_needs_from_spare_rows_only() -> None:
+    for holdings, needs in layouts(2, 3000):
+        after = list(holdings)
+        for giver, taker, rows in moves(holdings, needs):
+            assert rows > 0
+            assert giver != taker
+            after[giver] -= rows
+            after[taker] += rows
+        assert all(a >= n for a, n in zip(after, needs, strict=False))
+        kept = zip(after, holdings, needs, strict=True)
+        assert all(a >= min(h, n) for a, h, n in kept), "a giver keeps what it needs"
+
+
+def test_stripes_send_every_row_to_one_rank_whatever_the_batches() -> None:
+    world, partition, rows = 3, 5, 10 * STRIPE_ROWS + 17
+    table = pa.table({"i": np.arange(rows)})
+    shares: dict[int, list[int]] = {r: [] for r in range(world)}
+    row = 0
+    for size in (1, 700, 3000, 4096, rows):  # odd batch boundaries
+        chunk = table.slice(row, size).to_batches()
+        for b in chunk:
+            for rank, piece in pieces(b, row, partition, world):
+                shares[rank].extend(piece.column(0).to_pylist())
+            row += b.num_rows
+        if row >= rows:
+            break
+    rest = table.slice(row).to_batches()
+    for b in rest:
+        for rank, piece in pieces(b, row, partition, world):
+            shares[rank].extend(piece.column(0).to_pylist())
+        row += b.num_rows
+    assert sorted(sum(shares.values(), [])) == list(range(rows))
+    for rank, got in shares.items():
+        ids = share_ids(partition, rank, world, 0, len(got))
+        assert (ids >> ID_BITS == partition).all()
+        assert ((ids & ((1 << ID_BITS) - 1)) == np.array(got)).all(), "a rank names its rows"
+    assert max(map(len, shares.values())) - min(map(len, shares.values())) <= STRIPE_ROWS
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_window_yields_every_row_once(shuffle: bool) -> None:
+    rng = np.random.default_rng(3) if shuffle else None
+    w = Window(1000, rng)
+    got: list[int] = []
+    n = 0
+    for size in [100, 1024, 3, 777, 2000, 1]:
+        w.add(pa.record_batch({"x": np.arange(n, n + size)}), np.arange(n, n + size))
+        n += size
+        while w.full() and len(w) >= 300:
+            b, ids = w.take(300)
+            assert b.num_rows == 300
+            assert (b.column(0).to_numpy() == ids).all()
+            got.extend(ids.tolist())
+    while len(w):
+        b, ids = w.take(300)
+        got.extend(ids.tolist())
+    assert sorted(got) == list(range(n))
+    assert (got != sorted(got)) == shuffle
+
+
+def test_rowset_ranges_and_state_roundtrip() -> None:
+    s = RowSet()
+    for part in (np.arange(0, 100), np.arange(200, 250), np.arange(100, 150), np.array([5, 7, 999])):
+        s.add(part)
+    assert s.to_list() == [[0, 150], [200, 250], [999, 1000]]
+    assert s.contains(np.array([0, 149, 150, 199, 200, 999, 1000])).tolist() == [
+        True,
+        True,
+        False,
+        False,
+        True,
+        True,
+        False,
+    ]
+    state = RankState(1, 2, 64, 7, True, False, 3, 0, 5, s, None)
+    again = RankState.from_dict(state.to_dict())
+    assert again.consumed.to_list() == s.to_list()
+    with pytest.raises(ValueError, match="batch_size=32 \\(state: 64\\)"):
+        again.check(1, 2, 32, 7, True, False)
+    with pytest.raises(ValueError, match="state_dict"):
+        RankState.from_dict({"format": 99})
+
+
+def test_rowset_difference_and_last_match_plain_sets() -> None:
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        a_ids = np.unique(rng.integers(0, 400, int(rng.integers(0, 200))))
+        b_ids = np.unique(rng.integers(0, 400, int(rng.integers(0, 200))))
+        a, b = RowSet(), RowSet()
+        a.add(a_ids)
+        b.add(b_ids)
+        want = sorted(set(a_ids.tolist()) - set(b_ids.tolist()))
+        got = a.without(b)
+        assert got.contains(np.arange(400)).nonzero()[0].tolist() == want
+        k = int(rng.integers(0, 250))
+        want_last = sorted(a_ids.tolist())[len(a_ids) - min(k, len(a_ids)) :]
+        assert a.last(k).contains(np.arange(400)).nonzero()[0].tolist() == want_last
+
+
+def test_traffic_gives_every_rank_what_it_needs_from_every_rank() -> None:
+    """Every rank sends all of its home and every rank gets exactly its need; each rank's
+    home is spread over every rank in proportion (within a row of rounding)."""
+    for homes, needs in layouts(5, 5000):
+        world, total = len(homes), sum(homes)
+        out = traffic(homes, needs)
+        assert all(x >= 0 for row in out for x in row)
+        assert [sum(row) for row in out] == homes, "every row of a home is sent or left out"
+        assert [sum(out[s][d] for s in range(world)) for d in range(world)] == needs
+        for s in range(world):
+            for d in range(world):
+                assert abs(out[s][d] - homes[s] * needs[d] / total) < world + 1
+
+
+def test_deal_sends_each_rank_its_quota_in_a_seeded_order() -> None:
+    chunks = [
+        (pa.record_batch({"x": np.arange(i, i + n)}), np.arange(i, i + n))
+        for i, n in ((0, 1024), (1024, 1024), (2048, 300), (2348, 1024), (3372, 5))
+    ]
+    total = 3377
+
+    def dealt(seed: int, quotas: list[int]) -> dict[int, list[int]]:
+        got: dict[int, list[int]] = {}
+
+        def write(d: int, b: pa.RecordBatch) -> None:
+            rows, ids = split_ids(b)
+            assert (rows.column(0).to_numpy() == ids).all(), "rows travel with their ids"
+            got.setdefault(d, []).extend(ids.tolist())
+
+        deal(iter(chunks), quotas, np.random.default_rng(seed), write)
+        return got
+
+    quotas = [1200, 1000, 1077, 100]  # three ranks and 100 rows left out
+    a, b, c = dealt(1, quotas), dealt(1, quotas), dealt(2, quotas)
+    assert a == b, "the same seed deals the same"
+    assert a != c
+    assert [len(a[d]) for d in range(3)] == quotas[:3]
+    sent = sorted(x for d in range(3) for x in a[d])
+    assert len(set(sent)) == len(sent) == total - 100
+    with pytest.raises(ValueError, match="fewer"):
+        deal(iter(chunks[:1]), quotas, np.random.default_rng(1), lambda d, b: None)

@@ -522,7 +522,8 @@ def send(
     its executor as Spark computes it, with backpressure from the receivers reaching the
     computation; ``memory`` bounds what each task holds in flight (with ``host_service=False``;
     the tasks attached to a host service share its ``spark.creditflow.hostMemory``). With
-    ``via="driver"`` the driver collects ``df.toArrow()`` (the whole result in driver memory) and streams that.
+    ``via="driver"`` the driver collects ``df.toArrow()`` (the whole result in driver memory)
+    and streams that.
 
     ``wire_compression`` (``"lz4"``, ``"zstd"``) compresses what the tasks send, as for
     :class:`creditflow.NetworkEnvironment` (pays when the receiver is across a slow link).
@@ -535,10 +536,11 @@ def send(
     creditflow service (one pool for the host, ``spark.creditflow.hostMemory``, default 64 MiB
     per task slot of the host; one connection per host to each receiver), ``False`` from an
     environment per task, ``None`` (the default) as the session's
-    ``spark.creditflow.hostService`` says (default true). ``monitor`` receives every task's samples (and every rank's, with its data
-    stall). Returns one dict per partition: ``partition``, ``attempt``, ``accepted``,
-    ``rows``, ``bytes``, ``seconds``. Raises what the job raised, after telling the
-    receivers (which then raise too); a rank that went away is named.
+    ``spark.creditflow.hostService`` says (default true). ``monitor`` receives every task's
+    samples (and every rank's, with its data stall). Returns one dict per partition:
+    ``partition``, ``attempt``, ``accepted``, ``rows``, ``bytes``, ``seconds``. Raises what
+    the job raised, after telling the receivers (which then raise too); a rank that went away
+    is named.
 
     To a ``Receiver(continuous=True)``, the job commits once it succeeded: only then does
     the consumer get its rows (a failed job is dropped whole). Inside ``foreachBatch``, pass

@@ -134,6 +134,34 @@ fn a_task_writes_a_partition_the_service_holds_and_another_task_of_the_host_read
 }
 
 #[test]
+fn an_attached_writer_writes_whole_batches_to_the_subpartition_it_names() {
+    let s = service("write-to", 64 << 20);
+    let (a, b) = (attach(&s), attach(&s));
+    let p = a.create_partition("p", 3, None, None).unwrap();
+    // A hash partitioner on a column the batches lack: write_to never asks it.
+    let mut w = p.writer(Partitioner::Hash(vec!["missing".into()])).unwrap();
+    let mut g = b.create_input_gate(specs(s.address(), "p", 3)).unwrap();
+    let reader = std::thread::spawn(move || drain(&mut g));
+    let mut want: BTreeMap<usize, Vec<i64>> = BTreeMap::new();
+    let mut first = 0;
+    for (i, rows) in [5usize, 80_000, 1, 3_000, 120_000, 7].into_iter().enumerate() {
+        let sp = [2, 0, 2, 1, 0, 2][i];
+        w.write_to(&batch(first, rows, 8), sp, &mut forever()).unwrap();
+        want.entry(sp).or_default().extend(first..first + rows as i64);
+        first += rows as i64;
+    }
+    // Out of range: refused here, and the partition goes on.
+    let err = w.write_to(&batch(0, 1, 8), 3, &mut forever()).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("subpartition 3 out of range")),
+        "{err:?}"
+    );
+    w.close(&mut forever()).unwrap();
+    assert!(p.is_finished().unwrap());
+    assert_eq!(reader.join().unwrap(), want);
+}
+
+#[test]
 fn tasks_on_two_hosts_exchange_over_one_connection_per_pair_of_hosts() {
     let (s1, s2) = (service("h1", 32 << 20), service("h2", 32 << 20));
     let tasks = [attach(&s1), attach(&s1), attach(&s2), attach(&s2)];

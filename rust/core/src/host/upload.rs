@@ -69,10 +69,15 @@ pub(crate) fn run(
             Ok(Err(e)) | Err(e) => break Err(e),
         };
         let step = match incoming {
-            Incoming::Record { head, body } => records.decode(0, body).and_then(|batch| match head.channel {
-                TO_PARTITIONER => w.write(&batch, &mut wait),
-                sp => w.write_to(&batch, None, sp as usize, &mut wait),
-            }),
+            // One IPC stream per target on the link, as the writer encodes them.
+            Incoming::Record { head, body } => {
+                records
+                    .decode(head.channel, body)
+                    .and_then(|batch| match head.channel {
+                        TO_PARTITIONER => w.write(&batch, &mut wait),
+                        sp => w.write_to(&batch, None, sp as usize, &mut wait),
+                    })
+            }
             Incoming::Signal(Signal::Event {
                 target: None,
                 payload,

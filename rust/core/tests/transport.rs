@@ -215,3 +215,48 @@ fn closing_the_producer_right_after_its_writer_still_delivers_everything() {
         assert_eq!(reader.join().unwrap(), 6 * rows);
     }
 }
+
+/// A producer that releases its partition before the end: every attached reader, remote or
+/// in the same environment, mid-stream or not yet read, fails with `ProducerFailed` at once
+/// instead of waiting for an end that will not come.
+#[test]
+fn readers_of_a_partition_released_before_its_end_fail_promptly() {
+    for handoff in [true, false] {
+        let producer = env(|c| c.local_handoff = handoff);
+        let consumer = env(|_| {});
+        let part = producer.create_partition("early", 3).unwrap();
+        let mut remote = consumer
+            .create_input_gate(vec![spec(&producer, "early", 0), spec(&producer, "early", 1)])
+            .unwrap();
+        let mut local = producer
+            .create_input_gate(vec![spec(&producer, "early", 2)])
+            .unwrap();
+        let mut w = RecordWriter::new(part.clone(), Partitioner::RoundRobin);
+        for i in 0..6 {
+            w.write(&batch(i * 100, 100), &mut wait(5)).unwrap();
+        }
+        w.flush();
+        // The remote gate has something of each channel; then the producer goes.
+        assert_eq!(remote.next(&mut wait(5)).unwrap().unwrap().num_rows(), 100);
+        part.release();
+        let started = Instant::now();
+        for gate in [&mut remote, &mut local] {
+            let err = loop {
+                match gate.next(&mut wait(5)) {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => panic!("a released partition's reader ended as if whole"),
+                    Err(e) => break e,
+                }
+            };
+            assert!(
+                matches!(&err, Error::ProducerFailed(m) if m.contains("released by its producer")),
+                "{err:?}"
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}

@@ -589,8 +589,18 @@ impl ResultPartition {
         if self.released.swap(true, Ordering::SeqCst) {
             return;
         }
+        // A reader still attached has not had everything (a partition read whole releases
+        // itself): it fails rather than wait for an end that will not come.
+        let why = format!(
+            "partition {:?} was released by its producer before this reader had all of it",
+            self.id
+        );
         for s in &self.subpartitions {
-            s.release();
+            if s.is_consumed() && !s.is_released() {
+                s.fail_reader(Event::ProducerFailed(why.clone()));
+            } else {
+                s.release();
+            }
         }
         if let Some(store) = &self.spill {
             store.release();

@@ -408,6 +408,14 @@ impl Subpartition {
         }
     }
 
+    /// The producer goes away while a reader is attached: the reader gets `event` (a
+    /// `ProducerFailed`) before anything still queued, and later writes are dropped. The
+    /// reader's side releases the subpartition once it has taken the event.
+    pub fn fail_reader(&self, event: Event) {
+        self.add_priority(event);
+        self.released.store(true, Ordering::SeqCst);
+    }
+
     /// The reader goes away: later writes are dropped and queued entries recycled.
     pub fn release(&self) {
         self.released.store(true, Ordering::SeqCst);

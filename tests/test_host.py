@@ -220,8 +220,10 @@ def test_a_task_killed_while_attached_frees_its_reservations_and_fails_its_unfin
         import time, pyarrow as pa, creditflow as cf
         a = cf.attach({name!r})
         batch = pa.record_batch({{"k": list(range(1000))}})
+        writers = []  # held: a writer dropped without close fails its partition at once
         for pid, kind in (("piped", "pipelined"), ("stored", "blocking"), ("done", "blocking")):
             w = cf.RecordWriter(a.create_partition(pid, 2, kind=kind), cf.RoundRobinPartitioner())
+            writers.append(w)
             w.write(batch)
             w.flush()
             if pid == "done":
@@ -232,16 +234,19 @@ def test_a_task_killed_while_attached_frees_its_reservations_and_fails_its_unfin
         """
     )
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as task:
-        assert task.stdout is not None
-        assert task.stdout.readline().strip() == "wrote"
-        held = observer.metrics()
-        assert held["sessions"] == before["sessions"] + 1
-        assert held["segments_reserved"] > before["segments_reserved"]
-        assert held["gates"] == before["gates"] + 1
-        gate = observer.create_input_gate([cf.ChannelSpec(observer.address, "piped", i) for i in range(2)])
-        got = gate.next(timeout=30)
-        assert got is not None
-        task.kill()
+        try:
+            assert task.stdout is not None
+            assert task.stdout.readline().strip() == "wrote"
+            held = observer.metrics()
+            assert held["sessions"] == before["sessions"] + 1
+            assert held["segments_reserved"] > before["segments_reserved"]
+            assert held["gates"] == before["gates"] + 1
+            piped = [cf.ChannelSpec(observer.address, "piped", i) for i in range(2)]
+            gate = observer.create_input_gate(piped)
+            got = gate.next(timeout=30)
+            assert got is not None
+        finally:
+            task.kill()
     # What was written comes whole, then the failure: never a normal end.
     rows = [got.num_rows]
 

@@ -1,4 +1,4 @@
-"""Observability (issue 5): detailed metrics, Prometheus export, Rust logs in Python
+"""Observability: detailed metrics, Prometheus export, Rust logs in Python
 ``logging``, ``creditflow top`` and the chart recorder.
 
 The pipeline tests run source → map → sink in three worker processes

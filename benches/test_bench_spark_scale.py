@@ -1,4 +1,4 @@
-"""PySpark benchmarks of issue 20: a skewed key, and many tasks (one run each, on ``local[16]``).
+"""PySpark benchmarks with a skewed key, and with many tasks (one run each, on ``local[16]``).
 
 * ``test_skew``: one key holds 30 % of the rows; 4 tasks. Three pipelines, each ending in a
   ``noop`` write, with the same user function (a per-key sum, streamed batch by batch):

@@ -337,7 +337,7 @@ def test_many_tasks(benchmark: Any, report: Any, spark: SparkSession, tasks: int
         usage.append(
             (
                 max(s.out_pool_usage for s in samples),
-                max(s.get("in_pool_usage", 0.0) for s in samples),
+                max(s.in_pool_usage or 0.0 for s in samples),
                 max(s.rss_bytes - s.rss_start_bytes for s in samples),
             )
         )

@@ -302,9 +302,15 @@ class Ranked(Consumer):
                     if not self._keep(p, grant, batch):
                         failure = "superseded"
                         return
-        except (cf.ConnectionLostError, cf.ProducerFailedError, cf.ClosedError) as exc:
-            # The attempt broke (its executor died, its task failed): the next attempt
-            # continues where it stopped, unless the job failed (the driver says so).
+        except (
+            cf.ConnectionLostError,
+            cf.ProducerFailedError,
+            cf.ClosedError,
+            cf.PartitionNotFoundError,
+        ) as exc:
+            # The attempt broke (its executor died, its task failed, or it released its
+            # partition before this rank's request reached it): the next attempt continues
+            # where it stopped, unless the job failed (the driver says so).
             failure = f"{type(exc).__name__}: {exc}"
             with self._cond:
                 current = self._shares[p].grant == grant

@@ -56,10 +56,11 @@ RUST_BINDINGS_LAYERS: list[tuple[str, list[str]]] = [
 PYTHON_LAYERS: list[tuple[str, list[str]]] = [
     ("types", ["metrics"]),  # the TypedDicts of the metrics the native module returns
     ("native", ["_native", "errors"]),
-    ("library", ["*"]),  # __init__, logs, prometheus, snapshot, charts, ...
-    ("spark", ["spark/*"]),
+    ("library", ["*"]),  # __init__, env, host, logs, samples, prometheus (serve_metrics' exporter), ...
+    ("tools", ["tools/*"]),  # what reads metrics back and shows them: snapshot, pipeline, web, charts; certs
+    ("spark", ["spark/*"]),  # its Monitor serves the tools' pipeline page
     ("torch", ["torch"]),  # creditflow.torch: tensors from a Spark rank's Receiver
-    ("apps", ["cli", "__main__"]),
+    ("apps", ["tools/cli", "__main__"]),  # the `creditflow` command
 ]
 
 # Imports that break the rules today, each with the change that removes it. The check skips

@@ -44,9 +44,11 @@ RUST_CORE_LAYERS = ["base", "memory", "serde", "protocol", "partition", "net", "
 # file not named elsewhere).
 RUST_BINDINGS_LAYERS: list[tuple[str, list[str]]] = [
     ("errors", ["error.rs"]),
-    ("support", ["*"]),  # blocking, logs, tls, args, arrow_in, metrics dicts: the core's types made Python
+    # blocking, logs, tls, args, arrow_in/out, metrics dicts, spec, partitioners, gate items: the
+    # core's types made Python
+    ("support", ["*"]),
     ("partition", ["partition.rs"]),
-    ("io", ["io.rs"]),
+    ("io", ["writer.rs", "gate.rs"]),
     ("env", ["env.rs"]),
     ("host", ["host.rs"]),
     ("module", ["lib.rs"]),

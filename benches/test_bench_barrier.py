@@ -1,5 +1,5 @@
 """Checkpoint barrier latency under steady backpressure: aligned without and with buffer
-debloating, and unaligned (issue 7, acceptance point 2), with pytest-benchmark.
+debloating, and unaligned, with pytest-benchmark.
 
 Two OS processes over loopback: a producer writes to a partition of ``CHANNELS`` (4)
 subpartitions at ten times the rate its consumer reads the ``CHANNELS`` remote channels of one

@@ -12,8 +12,7 @@ Settings (environment variables):
                                    environment here, over the defaults ``{"memory": "64MiB",
                                    "segment_size": "32KiB"}``, e.g. ``{"floating_buffers": 64}``
 ``CREDITFLOW_BENCH_4X4_PROCESSES``  processes per side of the 4x4 exchange: 1, 2 or 4 (default 2)
-``CREDITFLOW_BENCH_STALL_SECONDS``  how long the head-of-line consumer stops reading (default 10,
-                                   as in the acceptance of the transport issue)
+``CREDITFLOW_BENCH_STALL_SECONDS``  how long the head-of-line consumer stops reading (default 10)
 """
 
 from __future__ import annotations

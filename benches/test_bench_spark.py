@@ -168,7 +168,7 @@ def tree_cpu_seconds() -> float:
 
 
 def cheap_source(spark: SparkSession) -> DataFrame:
-    """The issue's data: ``key = id % 1000003``, ``value`` (double), ``score`` (long)."""
+    """The cheap function's data: ``key = id % 1000003``, ``value`` (double), ``score`` (long)."""
     i = F.col("id")
     return spark.range(0, ROWS, numPartitions=2).select(
         (i % 1000003).alias("key"), F.rand(7).alias("value"), (i % 997).alias("score")
@@ -273,7 +273,7 @@ def test_spark_cheap_function(benchmark: Any, report: Any, spark: SparkSession) 
             report(label, med[a] / med[b], "x", target, higher_is_better=a == "spark" and b != "floor")
     cpu = {name: statistics.median(cs) for name, cs in cpus.items()}
     if cpu["floor"] > 0:  # CPU seconds: Linux only
-        # The issue's target (<= 1.10x the floor) holds for CPU seconds too: on an idle 2-core
+        # The target (<= 1.10x the floor) holds for CPU seconds too: on an idle 2-core
         # machine the JVM keeps both cores busy, so the exchange's extra CPU is its extra time.
         for name in sorted(set(cpu) - {"floor"}):
             target = 1.10 if name in ("fused", "fused_per_task", "chained") else None

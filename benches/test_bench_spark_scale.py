@@ -1,4 +1,4 @@
-"""PySpark benchmarks of issue 20: a skewed key, and many tasks (one run each, on ``local[16]``).
+"""PySpark benchmarks with a skewed key, and with many tasks (one run each, on ``local[16]``).
 
 * ``test_skew``: one key holds 30 % of the rows; 4 tasks. Three pipelines, each ending in a
   ``noop`` write, with the same user function (a per-key sum, streamed batch by batch):
@@ -9,7 +9,8 @@
   the tasks' last samples, and a thread reads ``Monitor.pipeline()`` (what the live view
   draws) every 0.25 s and counts which task it marks as the bottleneck.
 * ``test_many_tasks``: TPC-H-like ``lineitem`` rows by ``l_orderkey`` with 8 and 16 tasks
-  (64 and 256 channels): ``exchange`` against Spark's ``repartition(n, "l_orderkey")``, alone
+  (64 and 256 channels): ``exchange`` (through the host service, and with an environment per
+  task, paired by round) against Spark's ``repartition(n, "l_orderkey")``, alone
   and followed by an identity ``mapInArrow`` (the Python round trip ``exchange`` makes too),
   all written to ``noop``. Before timing, every output partition of the exchange is checked
   against Spark's (row count and the sum of a 64-bit hash of every row, per partition); after
@@ -336,7 +337,7 @@ def test_many_tasks(benchmark: Any, report: Any, spark: SparkSession, tasks: int
         usage.append(
             (
                 max(s.out_pool_usage for s in samples),
-                max(s.get("in_pool_usage", 0.0) for s in samples),
+                max(s.in_pool_usage or 0.0 for s in samples),
                 max(s.rss_bytes - s.rss_start_bytes for s in samples),
             )
         )
@@ -344,6 +345,10 @@ def test_many_tasks(benchmark: Any, report: Any, spark: SparkSession, tasks: int
     identity = make_identity()
     runs = {
         "exchange": exchange_run,
+        # The same exchange with an environment per task instead of the host's service.
+        "exchange, environment per task": lambda: noop(
+            cfs.exchange(df, "l_orderkey", memory=MEMORY, host_service=False)
+        ),
         "spark repartition": lambda: noop(df.repartition(tasks, "l_orderkey")),
         # The same shuffle with the rows then handed to Python and back, as exchange's are.
         "spark repartition + mapInArrow": lambda: noop(
@@ -364,6 +369,16 @@ def test_many_tasks(benchmark: Any, report: Any, spark: SparkSession, tasks: int
     for spark_run in ("spark repartition", "spark repartition + mapInArrow"):
         ratio = statistics.median(times[spark_run]) / statistics.median(times["exchange"])
         report(f"{tasks} tasks {spark_run} / exchange", ratio, "x", None)
+    per_task = [
+        s / p for s, p in zip(times["exchange"], times["exchange, environment per task"], strict=True)
+    ]
+    report(
+        f"{tasks} tasks exchange / environment per task, paired",
+        statistics.median(per_task),
+        "x",
+        1.0,
+        higher_is_better=False,
+    )
     print(
         f"  per exchange (out-pool max, in-pool max, worker RSS growth MB): "
         f"{[(round(o, 2), round(i, 2), round(r / 1e6)) for o, i, r in usage]}"

@@ -625,16 +625,19 @@ def test_metrics_have_their_keys_and_sensible_numbers(local_handoff: bool) -> No
         assert m["num_subpartitions"] == 3
         assert len(m["backlog"]) == 3
         assert all(x >= 1 for x in m["backlog"])
-        if local_handoff:
-            assert m["backlog"] == [2, 2, 2]
+        # Hand-off: one buffer per batch. Serialized: each subpartition's full segments (its two
+        # batches make 40, 56 and 72 KiB of records); the rest is readable (buffer_timeout=0)
+        # but not finished before close.
+        assert m["backlog"] == ([2, 2, 2] if local_handoff else [1, 1, 2])
         assert m["batches_written"] == 6
         assert m["rows_written"] == sum(b.num_rows for b in batches)
         nbytes = sum(b.nbytes for b in batches)
         assert nbytes <= m["bytes_written"] <= nbytes * 1.25 + 4096
-        assert m["buffers_written"] >= (6 if local_handoff else 0)
+        assert m["buffers_written"] == sum(m["backlog"])  # nothing read yet
         assert 0.0 < m["out_pool_usage"] <= 1.0
-        assert m["level"] in {"OK", "LOW", "HIGH"}
-        assert m["backpressured_ms_per_second"] >= 0
+        # 4 MiB holds every buffer: the writer never waited for one.
+        assert m["level"] == "OK"
+        assert m["backpressured_ms_per_second"] == 0.0
         assert m["finished"] is False
         assert set(m["pool"]) == POOL_KEYS
         assert m["pool"]["min"] == 4
@@ -667,8 +670,9 @@ def test_metrics_have_their_keys_and_sensible_numbers(local_handoff: bool) -> No
         assert gm["bytes_received"] >= nbytes
         assert gm["buffers_received"] >= 6 if local_handoff else gm["buffers_received"] >= 1
         assert gm["queued_batches"] == 0
-        assert gm["idle_ms_per_second"] >= 0
-        assert 0.0 <= gm["pool"]["usage"] <= 1.0
+        # Everything was written before the first read: the gate never waited for data.
+        assert gm["idle_ms_per_second"] == 0.0
+        assert gm["pool"]["usage"] == 0.0  # only remote channels take buffers from the gate's pool
         assert gm["remote"] is None  # every channel is local
         assert gm["debloat"] is None
 

@@ -1,4 +1,5 @@
-"""Bounded memory and backpressure under a slow consumer (issue: Foundation, acceptance 3).
+"""Bounded memory and backpressure under a slow consumer: RSS stays within the budget, and
+the level reads HIGH while the consumer is slow and OK once it keeps up.
 
 A 2 GiB stream of freshly allocated batches goes through a 16 MiB environment while the
 consumer is ten times slower than the producer for the first quarter and unthrottled for the

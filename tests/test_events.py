@@ -1,4 +1,4 @@
-"""In-band events and checkpoint barriers through the Python API (issue 7 items 1-3).
+"""In-band events and checkpoint barriers through the Python API, local and remote.
 
 Every batch carries its write stamp ``t`` in column ``t``, every event its stamp as payload,
 so the tests can check order and exactly-once delivery. "remote" uses a second environment

@@ -1,4 +1,4 @@
-"""Faults between real processes (issue: transport, acceptance): a peer killed mid-stream,
+"""Faults between real processes: a peer killed mid-stream,
 garbage on the listener, and head-of-line blocking in credit versus tcp flow control.
 
 Workers are ``tests/remote_worker.py`` processes; SIGKILL leaves them no chance to say goodbye,

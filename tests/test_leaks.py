@@ -1,4 +1,4 @@
-"""Leak checks (issue 6): opening and closing 1,000 environments, each with a partition, a
+"""Leak checks: opening and closing 1,000 environments, each with a partition, a
 writer and a gate (every tenth with a second environment reading over TCP), leaves the
 process as it found it: flat RSS, no extra threads (Python's or the OS's), no sockets, file
 descriptors or mappings (shared-memory regions among them) left open. Runs over shared memory

@@ -1,4 +1,4 @@
-"""Limits against abuse (issue 6): a producer process with small limits serves a healthy
+"""Limits against abuse: a producer process with small limits serves a healthy
 exchange while abusive peers hit each limit on the same listener, one after the other: garbage,
 an unauthenticated peer, a slowloris peer, too many channels on one connection, too many
 connections, and a peer that floods requests without reading the answers. Each is refused;

@@ -1,4 +1,4 @@
-"""A gate holds at most its budget plus one batch, whatever the batch size (issue 17).
+"""A gate holds at most its budget plus one batch, whatever the batch size.
 
 Producers in other processes write large batches (one int64 column) round robin over their
 subpartitions; one consumer process reads every channel with a gate of ``memory="16MiB"``,

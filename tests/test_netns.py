@@ -1,4 +1,4 @@
-"""Impaired networks (issue 6): producer and consumer run as separate hosts, in two network
+"""Impaired networks: producer and consumer run as separate hosts, in two network
 namespaces joined by a veth pair, each with its own address (worker processes started with
 ``ip netns exec``). Checked: every batch arrives exactly once and in order unimpaired, under a
 bandwidth cap (tc tbf), also with the producer's ``wire_compression`` (``"lz4"``, ``"zstd"``;

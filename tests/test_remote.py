@@ -1,4 +1,4 @@
-"""The TCP transport between two real processes (issue: transport, acceptance).
+"""The TCP transport between two real processes: every batch exactly once and in order.
 
 The producer runs in a worker process (``tests/remote_worker.py``), the consumer in the test
 process; both environments talk over 127.0.0.1 only.

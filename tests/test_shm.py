@@ -1,4 +1,4 @@
-"""Shared-memory channels between two real processes (issue 19): exactness over shared
+"""Shared-memory channels between two real processes: exactness over shared
 memory, the fallback to TCP when either side turns it off, a killed peer (noticed within 2 s,
 its region unmapped), and batches a consumer holds staying as they were while the producer
 goes on writing through the same rings.

@@ -1,4 +1,4 @@
-"""creditflow reaches executors that do not have it installed (issue 20, point 5b).
+"""creditflow reaches executors that do not have it installed, through ``spark.archives``.
 
 PySpark's documented way to ship Python packages to executors: pack a virtual environment with
 ``venv-pack``, give it to Spark as ``spark.archives`` (``env.tar.gz#environment``), and make

@@ -1,5 +1,5 @@
 """creditflow.spark on ``local-cluster[2,1,1024]``: two executor JVMs, each with its own
-Python workers, so every exchange crosses processes over TCP (issue 4)."""
+Python workers, so every exchange crosses processes over TCP."""
 
 from __future__ import annotations
 

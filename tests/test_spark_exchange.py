@@ -1,5 +1,5 @@
 """creditflow.spark: exchange() against Spark's own repartition, failures, reuse of workers,
-and streaming a DataFrame out of Spark to a consumer process (issue 4).
+and streaming a DataFrame out of Spark to a consumer process.
 
 The local[2] tests share one session. Partition placement is checked row by row: every row
 carries a unique id, and the partition Spark's ``repartition(n, key)`` puts it in is joined

@@ -1,4 +1,6 @@
-"""creditflow.spark with a skewed key and with many tasks (issue 20, points 3 and 4), small data.
+"""creditflow.spark with a skewed key and with many tasks, small data: the hot task named, its
+producers held back by it when pipelined and not when hybrid, and exchanges of 8 and 16 tasks
+placing rows as Spark's repartition does.
 
 One ``local[16]`` session (classic): 16 task slots for the 16-task exchanges. The figures
 (times against Spark's shuffle) come from ``benches/test_bench_spark_scale.py``; these tests

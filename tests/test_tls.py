@@ -1,9 +1,9 @@
-"""TLS (issue 6): mutual TLS between processes delivers every batch exactly once and in order;
+"""TLS: mutual TLS between processes delivers every batch exactly once and in order;
 plaintext and TLS peers refuse each other with a clear error on both sides; and a plaintext
 peer, a peer with a certificate from another CA and garbage are refused by a TLS listener
 while a healthy TLS exchange on it completes.
 
-Everyday certificates (issue 19): the self-signed certificate of ``openssl req -x509`` given
+Everyday certificates: the self-signed certificate of ``openssl req -x509`` given
 as cert and ca on both sides works; so do the files ``creditflow certs`` writes; and a
 certificate the peer does not trust is refused with a message naming the file, without
 rustls's debug formatting.

@@ -1,14 +1,14 @@
-"""The pipeline page (issue 21): ``creditflow top --web`` and ``Monitor(web=...)`` draw the
+"""The pipeline page: ``creditflow top --web`` and ``Monitor(web=...)`` draw the
 job as a graph, color tasks by backpressure level and name the bottleneck.
 
 The first tests build graphs from synthetic scrapes (``env.metrics()``-shaped dicts exported
 by :mod:`creditflow.prometheus` and parsed back by :mod:`creditflow.tools.snapshot`, as a scrape
 would) and from synthetic Spark samples: pure Python, fast. Then the server: what it serves,
-its token and its refusal of a non-loopback address. The acceptance test runs source → map →
+its token and its refusal of a non-loopback address. The end-to-end test runs source → map →
 sink in three processes (``tests/pipeline_worker.py``, the sink throttled), serves the page
 with ``creditflow top --web`` and reads the page's DOM as headless Chromium rendered it.
 
-``CREDITFLOW_SCREENSHOT=docs/pipeline.png`` makes the acceptance test also save a screenshot
+``CREDITFLOW_SCREENSHOT=docs/pipeline.png`` makes the end-to-end test also save a screenshot
 of the page while the sink is the bottleneck.
 """
 

@@ -92,7 +92,8 @@ def tls_kwargs(tls: cf.TLSConfig) -> dict[str, str | bool]:
     return {"cert": str(tls.cert), "key": str(tls.key), "ca": str(tls.ca), "client_auth": tls.client_auth}
 
 
-# The command of the guides, word for word (issue 19).
+# The command most guides give for a self-signed certificate (docs/hardening.md shows it), word
+# for word.
 OPENSSL_SELF_SIGNED = (
     "openssl req -x509 -newkey rsa:2048 -nodes -keyout k.pem -out c.pem "
     "-subj /CN=localhost -addext subjectAltName=IP:127.0.0.1"

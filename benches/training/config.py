@@ -21,7 +21,7 @@ class Config:
     epochs: int = 3
     seed: int = 28
     #: Memory each creditflow receiver keeps the stream in (more than a rank's share: the
-    #: "fits in memory" case of the issue's zero-bytes goal).
+    #: "fits in memory" case of the goal of no data on disk, ``report.goals``).
     receiver_memory: str = "256MiB"
     #: Rows a shuffle buffer holds where a peer takes one (Petastorm's shuffling queue).
     shuffle_buffer: int = 16_384

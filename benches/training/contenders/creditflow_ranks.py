@@ -18,8 +18,8 @@ from benches.training.contenders.base import Batch, Contender, DriverContext, Ra
 
 
 def dataset_class(module: Any) -> Any:
-    """The one ``torch.utils.data.IterableDataset`` that ``creditflow.torch`` defines (the issue
-    names the module and the base class, not the class)."""
+    """The one ``torch.utils.data.IterableDataset`` that ``creditflow.torch`` defines, found by
+    its base class so that the contender does not depend on the class's name."""
     from torch.utils.data import IterableDataset
 
     found = [

@@ -2,7 +2,7 @@
 replay=True)`` in each rank, each fed by its own ``send`` of half the DataFrame's source
 partitions (two Spark jobs at once; together they compute every row once).
 
-It is not the issue's design and its figures are not creditflow's: the split is by source
+It is not the training ranks' design and its figures are not creditflow's: the split is by source
 partition (so the ranks' batch counts differ when the halves do), the order is arrival order
 with rows shuffled within each arriving Arrow batch, and the last short batch is kept. Later
 epochs replay the receiver's store (memory, spilling past ``Config.receiver_memory``).

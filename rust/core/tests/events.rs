@@ -1,4 +1,4 @@
-//! In-band events and checkpoint barriers (issue 7 items 1–3), local and over loopback TCP.
+//! In-band events and checkpoint barriers, local and over loopback TCP.
 //!
 //! Every batch carries its write stamp `t` (key column = `t * ROWS ..`), every user event
 //! its stamp as payload, so each test can check order and exactly-once delivery.

@@ -1,4 +1,4 @@
-//! Record bytes end to end (protocol version 3, issue 17): a gate whose consumer falls behind
+//! Record bytes end to end (protocol version 3): a gate whose consumer falls behind
 //! holds at most its record budget plus one record, over TCP, whatever the batch size; a
 //! batch larger than the whole budget still goes through; every batch arrives in order.
 

@@ -124,7 +124,7 @@ fn chunked(sock: &mut Socket<'_>, limit: usize, split: bool, skip: bool) -> Outc
                 // The decoder bounds a data payload by the frame limit (control frames, and
                 // so events, may be longer than a small segment); the receiver refuses a data
                 // payload longer than its segment itself (scripted_peer's
-                // b_oversized_frame_is_a_protocol_error).
+                // server_faults::oversized_frame_is_a_protocol_error).
                 assert!(
                     header.payload_len + BUFFER_RESPONSE_HEADER_LEN <= limit,
                     "a payload over the frame limit was accepted"

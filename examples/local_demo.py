@@ -729,7 +729,7 @@ def serving(env: cf.NetworkEnvironment, cfg: Config) -> Iterator[list[str]]:
         return
     try:
         metrics = env.serve_metrics(cfg.metrics_port)
-        from creditflow.web import serve
+        from creditflow.tools.web import serve
     except ImportError:
         yield ["live view: pip install 'creditflow[top]' to serve /metrics and the pipeline page"]
         return

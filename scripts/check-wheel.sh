@@ -23,7 +23,7 @@ for required in (
     "creditflow/__init__.py",
     "creditflow/py.typed",
     "creditflow/_native.pyi",
-    "creditflow/pipeline.html",  # the page of `creditflow top --web` (package data)
+    "creditflow/tools/pipeline.html",  # the page of `creditflow top --web` (package data)
 ):
     if required not in names:
         problems.append(f"missing {required}")

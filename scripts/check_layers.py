@@ -44,9 +44,11 @@ RUST_CORE_LAYERS = ["base", "memory", "serde", "protocol", "partition", "net", "
 # file not named elsewhere).
 RUST_BINDINGS_LAYERS: list[tuple[str, list[str]]] = [
     ("errors", ["error.rs"]),
-    ("support", ["*"]),  # blocking, logs, tls, args, arrow_in, metrics dicts: the core's types made Python
+    # blocking, logs, tls, args, arrow_in/out, metrics dicts, spec, partitioners, gate items: the
+    # core's types made Python
+    ("support", ["*"]),
     ("partition", ["partition.rs"]),
-    ("io", ["io.rs"]),
+    ("io", ["writer.rs", "gate.rs"]),
     ("env", ["env.rs"]),
     ("host", ["host.rs"]),
     ("module", ["lib.rs"]),
@@ -56,10 +58,11 @@ RUST_BINDINGS_LAYERS: list[tuple[str, list[str]]] = [
 PYTHON_LAYERS: list[tuple[str, list[str]]] = [
     ("types", ["metrics"]),  # the TypedDicts of the metrics the native module returns
     ("native", ["_native", "errors"]),
-    ("library", ["*"]),  # __init__, logs, prometheus, snapshot, charts, ...
-    ("spark", ["spark/*"]),
+    ("library", ["*"]),  # __init__, env, host, logs, samples, prometheus (serve_metrics' exporter), ...
+    ("tools", ["tools/*"]),  # what reads metrics back and shows them: snapshot, pipeline, web, charts; certs
+    ("spark", ["spark/*"]),  # its Monitor serves the tools' pipeline page
     ("torch", ["torch"]),  # creditflow.torch: tensors from a Spark rank's Receiver
-    ("apps", ["cli", "__main__"]),
+    ("apps", ["tools/cli", "__main__"]),  # the `creditflow` command
 ]
 
 # Imports that break the rules today, each with the change that removes it. The check skips

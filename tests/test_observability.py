@@ -32,10 +32,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import creditflow as cf
 import creditflow.logs
-from creditflow.cli import MARK
 from creditflow.metrics import RemoteReaderMetrics
 from creditflow.prometheus import FAMILIES, register
-from creditflow.snapshot import View, scrape, summarize
+from creditflow.tools.cli import MARK
+from creditflow.tools.snapshot import View, scrape, summarize
 from helpers import poll, read_all
 
 
@@ -360,7 +360,7 @@ def test_top_rejects_bad_arguments() -> None:
 
 
 def cf_main(argv: list[str]) -> int:
-    from creditflow.cli import main
+    from creditflow.tools.cli import main
 
     return main(argv)
 
@@ -369,7 +369,7 @@ def cf_main(argv: list[str]) -> int:
 
 
 def test_recorder_writes_a_png_of_an_exchange(tmp_path: Path) -> None:
-    from creditflow.charts import Recorder
+    from creditflow.tools.charts import Recorder
 
     with cf.NetworkEnvironment(memory="4MiB") as env:
         part = env.create_partition("c", 1)
@@ -396,7 +396,7 @@ def test_recorder_writes_a_png_of_an_exchange(tmp_path: Path) -> None:
 
 
 def test_recorder_checks_its_arguments() -> None:
-    from creditflow.charts import Recorder
+    from creditflow.tools.charts import Recorder
 
     with pytest.raises(ValueError, match="at least one"):
         Recorder([])

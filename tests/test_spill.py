@@ -400,8 +400,8 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
 def test_spilling_shows_in_metrics_prometheus_and_top(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from creditflow import cli, snapshot
     from creditflow.prometheus import families
+    from creditflow.tools import cli, snapshot
 
     with cf.NetworkEnvironment(memory="1MiB", spill_dir=str(tmp_path)) as env:
         pipelined = env.create_partition("pipe")

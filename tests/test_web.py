@@ -2,7 +2,7 @@
 job as a graph, color tasks by backpressure level and name the bottleneck.
 
 The first tests build graphs from synthetic scrapes (``env.metrics()``-shaped dicts exported
-by :mod:`creditflow.prometheus` and parsed back by :mod:`creditflow.snapshot`, as a scrape
+by :mod:`creditflow.prometheus` and parsed back by :mod:`creditflow.tools.snapshot`, as a scrape
 would) and from synthetic Spark samples: pure Python, fast. Then the server: what it serves,
 its token and its refusal of a non-loopback address. The end-to-end test runs source → map →
 sink in three processes (``tests/pipeline_worker.py``, the sink throttled), serves the page
@@ -34,12 +34,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from creditflow.pipeline import Pipeline, from_spark, from_view
 from creditflow.prometheus import families
 from creditflow.samples import TaskSample
-from creditflow.snapshot import Snapshot, View, from_text, level_of, summarize
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
-from creditflow.web import PipelineServer, Scraper, check_bind, page, parse_bind, split_name
+from creditflow.tools.pipeline import Pipeline, from_spark, from_view
+from creditflow.tools.snapshot import Snapshot, View, from_text, level_of, summarize
+from creditflow.tools.web import PipelineServer, Scraper, check_bind, page, parse_bind, split_name
 from helpers import poll
 
 MB = 1_000_000
@@ -284,7 +284,7 @@ def test_names_come_from_the_urls_the_environments_were_scraped_from() -> None:
 def test_top_shows_the_names_too() -> None:
     from rich.console import Console
 
-    from creditflow.cli import MARK, render
+    from creditflow.tools.cli import MARK, render
 
     console = Console(width=200, record=True)
     console.print(render(view(chain(0, True), chain(1, True)), {}, {SRC: "source", SINK: "sink"}))
@@ -610,7 +610,7 @@ def test_a_non_loopback_address_needs_a_token_or_insecure() -> None:
 
 
 def test_top_web_refuses_a_public_address_and_stray_options(capsys: pytest.CaptureFixture[str]) -> None:
-    from creditflow.cli import main
+    from creditflow.tools.cli import main
 
     assert main(["top", "--web", "0.0.0.0:0", "127.0.0.1:1"]) == 2
     assert "refusing to serve" in capsys.readouterr().err

@@ -1,7 +1,7 @@
-"""``python -m creditflow``: the ``creditflow`` command (see :mod:`creditflow.cli`)."""
+"""``python -m creditflow``: the ``creditflow`` command (see :mod:`creditflow.tools.cli`)."""
 
 import sys
 
-from creditflow.cli import main
+from creditflow.tools.cli import main
 
 sys.exit(main())

@@ -1,5 +1,5 @@
 """``TaskSample``: the live metrics one Spark task of creditflow reports, as
-:class:`creditflow.spark.Monitor` keeps them and :func:`creditflow.pipeline.from_spark` draws
+:class:`creditflow.spark.Monitor` keeps them and :func:`creditflow.tools.pipeline.from_spark` draws
 them. One record for the tasks of ``exchange`` and of ``send``: what a task *wrote* into its
 partition and what its gate *received*, under those names.
 """

@@ -12,7 +12,7 @@ RSS) and a last one when it ends::
         print(mon.tasks())
 
 ``Monitor(web=PORT)`` also serves the page of ``creditflow top --web`` for these tasks
-(:mod:`creditflow.web`) at :attr:`Monitor.web_url`: the tasks as nodes, an exchange's
+(:mod:`creditflow.tools.web`) at :attr:`Monitor.web_url`: the tasks as nodes, an exchange's
 all-to-all as edges, levels and the bottleneck.
 """
 
@@ -33,8 +33,8 @@ from creditflow.spark._driver import driver_host
 from creditflow.spark._messages import Inbox, Message, Outbox
 
 if TYPE_CHECKING:
-    from creditflow.pipeline import Pipeline
-    from creditflow.web import PipelineServer
+    from creditflow.tools.pipeline import Pipeline
+    from creditflow.tools.web import PipelineServer
 
 #: Seconds over which :meth:`Monitor.pipeline` computes rates (the samples come more often).
 RATE_WINDOW = 1.0
@@ -69,7 +69,7 @@ class Monitor(Closeable):
     Only tasks with an environment of their own (``host_service=False``) have one to serve: the
     tasks attached to a host service report their samples, not a URL.
 
-    ``web``: also serve the pipeline page (:mod:`creditflow.web`) on this ``PORT`` or
+    ``web``: also serve the pipeline page (:mod:`creditflow.tools.web`) on this ``PORT`` or
     ``HOST:PORT`` (port 0: any free port; see :attr:`web_url`). Like ``creditflow top --web``
     it binds to loopback unless told otherwise, and a non-loopback address needs
     ``web_token`` (every request must carry it) or ``web_insecure=True``.
@@ -98,7 +98,7 @@ class Monitor(Closeable):
         self._max_samples = max_samples
         self._web: PipelineServer | None = None
         if web is not None:
-            from creditflow.web import PipelineServer
+            from creditflow.tools.web import PipelineServer
 
             self._web = PipelineServer(self.pipeline, web, token=web_token, insecure=web_insecure)
         host = host or driver_host() or os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
@@ -134,8 +134,8 @@ class Monitor(Closeable):
 
     def pipeline(self, job: str | None = None) -> Pipeline:
         """The tasks (of one job, or of all) as a graph, as the page draws them
-        (:func:`creditflow.pipeline.from_spark`)."""
-        from creditflow.pipeline import from_spark
+        (:func:`creditflow.tools.pipeline.from_spark`)."""
+        from creditflow.tools.pipeline import from_spark
 
         with self._lock:
             latest = [s for (j, _, _), s in sorted(self._latest.items()) if job is None or j == job]

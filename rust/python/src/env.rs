@@ -16,8 +16,9 @@ use pyo3::types::{PyDict, PyInt, PyString};
 
 use crate::args::{check_pid, count_arg};
 use crate::error::IntoPyResult;
-use crate::io::{ChannelSpec, InputGate};
+use crate::gate::InputGate;
 use crate::partition::{Partition, ResultPartition};
+use crate::spec::ChannelSpec;
 use crate::tls::TlsConfig;
 
 /// Removes the spill directories of this process's environments that are still open

@@ -15,8 +15,9 @@ use pyo3::types::PyDict;
 use crate::args::{check_pid, count_arg, current_pid};
 use crate::env::{bytes_arg, exposed_config, secs, wire_compression_arg};
 use crate::error::IntoPyResult;
-use crate::io::{ChannelSpec, InputGate};
+use crate::gate::InputGate;
 use crate::partition::{Partition, ResultPartition};
+use crate::spec::ChannelSpec;
 use crate::tls::TlsConfig;
 
 fn service_metrics<'py>(py: Python<'py>, m: &ServiceMetrics) -> PyResult<Bound<'py, PyDict>> {

@@ -10,7 +10,13 @@
 //! | `env.rs` | `NetworkEnvironment` |
 //! | `host.rs` | `HostService`, `Attachment`, `attach()` |
 //! | `logs.rs` | Rust `log` records → a queue → Python `logging` (`creditflow.logs`) |
-//! | `io.rs` | `RecordWriter`, `InputGate`, `ChannelSpec`, partitioners, Arrow in/out |
+//! | `writer.rs` | `RecordWriter` |
+//! | `gate.rs` | `InputGate`, `GateItems` |
+//! | `items.rs` | what `InputGate.items()` yields: `Batch`, `Event`, `Barrier`, `CheckpointAborted` |
+//! | `spec.rs` | `ChannelSpec` |
+//! | `partitioners.rs` | `HashPartitioner`, `RoundRobinPartitioner`, `BroadcastPartitioner`, `ForwardPartitioner` |
+//! | `arrow_in.rs` | Arrow data in from Python (the C data interface, the schema imported once) |
+//! | `arrow_out.rs` | batches out to Python as `pyarrow.RecordBatch` |
 //! | `tls.rs` | `TLSConfig` |
 //! | `settings.rs` | `settings()`: the core's table of environment settings |
 //!
@@ -19,16 +25,21 @@
 
 mod args;
 mod arrow_in;
+mod arrow_out;
 mod blocking;
 mod env;
 mod error;
+mod gate;
 mod host;
-mod io;
+mod items;
 mod logs;
 mod metrics;
 mod partition;
+mod partitioners;
 mod settings;
+mod spec;
 mod tls;
+mod writer;
 
 use pyo3::prelude::*;
 
@@ -42,19 +53,19 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(host::attach, m)?)?;
     m.add_class::<env::MemoryReservation>()?;
     m.add_class::<partition::ResultPartition>()?;
-    m.add_class::<io::RecordWriter>()?;
-    m.add_class::<io::InputGate>()?;
-    m.add_class::<io::ChannelSpec>()?;
-    m.add_class::<io::Batch>()?;
-    m.add_class::<io::Event>()?;
-    m.add_class::<io::Barrier>()?;
-    m.add_class::<io::CheckpointAborted>()?;
-    m.add_class::<io::GateItems>()?;
+    m.add_class::<writer::RecordWriter>()?;
+    m.add_class::<gate::InputGate>()?;
+    m.add_class::<spec::ChannelSpec>()?;
+    m.add_class::<items::Batch>()?;
+    m.add_class::<items::Event>()?;
+    m.add_class::<items::Barrier>()?;
+    m.add_class::<items::CheckpointAborted>()?;
+    m.add_class::<gate::GateItems>()?;
     m.add_class::<tls::TlsConfig>()?;
-    m.add_class::<io::HashPartitioner>()?;
-    m.add_class::<io::RoundRobinPartitioner>()?;
-    m.add_class::<io::BroadcastPartitioner>()?;
-    m.add_class::<io::ForwardPartitioner>()?;
+    m.add_class::<partitioners::HashPartitioner>()?;
+    m.add_class::<partitioners::RoundRobinPartitioner>()?;
+    m.add_class::<partitioners::BroadcastPartitioner>()?;
+    m.add_class::<partitioners::ForwardPartitioner>()?;
     m.add_class::<settings::Setting>()?;
     m.add_function(wrap_pyfunction!(settings::settings, m)?)?;
     m.add_function(wrap_pyfunction!(error::_register_errors, m)?)?;

@@ -2,18 +2,18 @@
 
 ``creditflow top URL [URL ...]`` scrapes ``/metrics`` endpoints (``env.serve_metrics``)
 and shows, refreshing in the terminal, every task, partition and gate with throughput,
-pool usage and backpressure level, marking the bottleneck (see :mod:`creditflow.snapshot`).
+pool usage and backpressure level, marking the bottleneck (see :mod:`creditflow.tools.snapshot`).
 Needs ``pip install 'creditflow[top]'``.
 
 ``creditflow top --web [HOST:]PORT URL [URL ...]`` scrapes the same way and, instead of the
-terminal view, serves a page that draws the pipeline as a graph (see :mod:`creditflow.web`)
+terminal view, serves a page that draws the pipeline as a graph (see :mod:`creditflow.tools.web`)
 at ``http://HOST:PORT/`` and its data at ``/api/pipeline``, until Ctrl-C. A URL may be given
 as ``NAME=URL`` to name its task (``source=127.0.0.1:9100``).
 
 ``creditflow certs --out DIR NODE [NODE ...]`` writes a CA (``DIR/ca.pem``, ``DIR/ca-key.pem``;
 reused if there) and, per node ``[NAME=]HOST[,HOST...]``, a certificate for its DNS names and IP
 addresses with its key (``DIR/NAME.pem``, ``DIR/NAME-key.pem``, keys mode 0600) for
-``TLSConfig(cert=..., key=..., ca=...)`` (see :mod:`creditflow.certs`). Existing node files are
+``TLSConfig(cert=..., key=..., ca=...)`` (see :mod:`creditflow.tools.certs`). Existing node files are
 kept unless ``--force``. Needs ``pip install 'creditflow[tls]'``.
 """
 
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from creditflow.snapshot import View
+    from creditflow.tools.snapshot import View
 
 __all__ = ["main", "render"]
 
@@ -117,7 +117,7 @@ def top(args: Sequence[str], interval: float, iterations: int | None) -> int:
     except ImportError:
         print("creditflow top needs rich: pip install 'creditflow[top]'", file=sys.stderr)
         return 2
-    from creditflow.snapshot import scrape_all, summarize
+    from creditflow.tools.snapshot import scrape_all, summarize
 
     urls, names = _named(args)
     console = Console()
@@ -135,7 +135,7 @@ def top(args: Sequence[str], interval: float, iterations: int | None) -> int:
 
 def _named(args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """The URLs of ``[NAME=]URL`` arguments, and the names by URL."""
-    from creditflow.web import split_name
+    from creditflow.tools.web import split_name
 
     named = [split_name(a) for a in args]
     return [url for _, url in named], {url: name for name, url in named if name is not None}
@@ -153,7 +153,7 @@ def web(
             "creditflow top --web needs prometheus_client: pip install 'creditflow[metrics]'", file=sys.stderr
         )
         return 2
-    from creditflow.web import serve
+    from creditflow.tools.web import serve
 
     urls, names = _named(args)
     try:
@@ -180,7 +180,7 @@ def certs(out: str, nodes: Sequence[str], days: int, force: bool) -> int:
     except ImportError:
         print("creditflow certs needs cryptography: pip install 'creditflow[tls]'", file=sys.stderr)
         return 2
-    from creditflow.certs import CA_CERT, CA_KEY, CertsError, make_certs
+    from creditflow.tools.certs import CA_CERT, CA_KEY, CertsError, make_certs
 
     try:
         written, made = make_certs(out, nodes, days=days, force=force)

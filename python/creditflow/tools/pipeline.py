@@ -3,7 +3,7 @@
 
 One :class:`Node` per task (an environment scraped from ``/metrics``, or a Spark task), with
 its partitions and gates inside; one :class:`Edge` per producer → consumer pair with the
-throughput between them. Levels and the bottleneck follow :mod:`creditflow.snapshot` (the
+throughput between them. Levels and the bottleneck follow :mod:`creditflow.tools.snapshot` (the
 rule ``creditflow top`` applies), with the reason in words. Nodes carry a ``layer`` and a
 ``row`` for a left-to-right drawing: tasks that feed each other in a loop (an all-to-all
 exchange) share a column, the others stand one column right of their rightmost upstream.
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from creditflow.samples import TaskSample
-from creditflow.snapshot import BUSY_THRESHOLD, TaskView, View, level_of, mark_bottlenecks, per_second
+from creditflow.tools.snapshot import BUSY_THRESHOLD, TaskView, View, level_of, mark_bottlenecks, per_second
 
 __all__ = ["Edge", "Node", "Pipeline", "from_spark", "from_view", "layout"]
 
@@ -190,7 +190,7 @@ def from_view(
     errors: Mapping[str, str] | None = None,
     title: str = "creditflow pipeline",
 ) -> Pipeline:
-    """The graph of a :class:`~creditflow.snapshot.View` of scraped environments. ``names``:
+    """The graph of a :class:`~creditflow.tools.snapshot.View` of scraped environments. ``names``:
     display names by environment address (default: the address). A peer read by a gate
     whose endpoint was not scraped becomes a node with ``scraped=False``."""
     names = names or {}

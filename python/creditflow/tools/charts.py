@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from creditflow.snapshot import Snapshot, View, from_env, scrape, summarize
+from creditflow.tools.snapshot import Snapshot, View, from_env, scrape, summarize
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -48,7 +48,7 @@ class Recorder:
         self.sources = list(sources)
         self.interval = interval
         self.names = dict(names or {})
-        #: One :class:`~creditflow.snapshot.View` per sample after the first.
+        #: One :class:`~creditflow.tools.snapshot.View` per sample after the first.
         self.views: list[View] = []
         #: URLs that could not be scraped, with the last error.
         self.errors: dict[str, str] = {}
@@ -121,7 +121,9 @@ class Recorder:
         try:
             from matplotlib.figure import Figure
         except ImportError as e:
-            raise ImportError("creditflow.charts needs matplotlib: pip install 'creditflow[charts]'") from e
+            raise ImportError(
+                "creditflow.tools.charts needs matplotlib: pip install 'creditflow[charts]'"
+            ) from e
         with self._lock:
             views = list(self.views)
             t0 = self._t0

@@ -1,6 +1,6 @@
 """Reading metrics back: snapshots of one or more environments, rates between two
 snapshots, per-task summaries and the bottleneck (used by ``creditflow top`` and
-:mod:`creditflow.charts`).
+:mod:`creditflow.tools.charts`).
 
 A *task* here is one environment (one process, one ``/metrics`` endpoint), named by its
 address. Its upstream tasks are known from its gates' channels: each channel's ``peer``

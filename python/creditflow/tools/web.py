@@ -28,21 +28,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import TYPE_CHECKING
 
-from creditflow.pipeline import Pipeline, from_view
-from creditflow.snapshot import Snapshot, scrape_all, summarize
+from creditflow.tools.pipeline import Pipeline, from_view
+from creditflow.tools.snapshot import Snapshot, scrape_all, summarize
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = ["PipelineServer", "Scraper", "check_bind", "page", "parse_bind", "serve", "split_name"]
 
-#: The page's file inside the package.
+#: The page's file, beside this module.
 ASSET = "pipeline.html"
 
 
 def page() -> bytes:
     """The page (HTML with its script and style inline)."""
-    return resources.files("creditflow").joinpath(ASSET).read_bytes()
+    return resources.files("creditflow.tools").joinpath(ASSET).read_bytes()
 
 
 def parse_bind(value: str | int) -> tuple[str, int]:
@@ -216,7 +216,7 @@ class PipelineServer:
 
 class Scraper:
     """Scrapes ``/metrics`` URLs every ``interval`` seconds in a thread of its own (as
-    ``creditflow top`` does) and keeps the latest :class:`~creditflow.pipeline.Pipeline`.
+    ``creditflow top`` does) and keeps the latest :class:`~creditflow.tools.pipeline.Pipeline`.
     ``names``: display names by URL (the environments scraped from it get that name).
     Throughputs are averaged over the last ``window`` seconds (at least one interval): data
     moves in whole buffers, so rates over a shorter time jump up and down. Levels and the

@@ -687,9 +687,17 @@ fn another_users_process_cannot_attach() {
         // Only root can run a child as another user.
         return;
     }
+    use std::os::unix::fs::PermissionsExt;
     let s = service("users", 4 << 20);
     let socket = super::name::socket_name(s.name());
-    let out = Command::new(std::env::current_exe().unwrap())
+    // The other user runs a copy of this binary from a directory it may enter (the build's
+    // own may be private to root, as a `mktemp -d` clone is).
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = dir.path().join("child");
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(&exe)
         .args([
             "--exact",
             "host::tests::child_other_user",

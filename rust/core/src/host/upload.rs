@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 
@@ -21,6 +22,8 @@ use crate::partition::{Partitioner, RecordWriter, ResultPartition};
 const MAX_RECORD: usize = 2 << 30;
 /// Idle record blocks kept for the next records, at most.
 const RECORD_POOL: usize = 16 << 20;
+/// How long the frames a task sent before it went are still read.
+const DRAIN: Duration = Duration::from_secs(1);
 
 /// Runs a writer's link until the writer closes or fails, or the task or the service goes.
 /// `stop`: flags that end it (the session's end, the service's).
@@ -39,8 +42,13 @@ pub(crate) fn run(
     };
     let heap = heap.clone();
     let stops = link.stops();
+    // Once the task dropped the link or went, what it sent before is still read from the ring
+    // (and written) for DRAIN; only then does the link end for it.
+    let mut stopped: Option<Instant> = None;
     let mut check = || {
-        if stops.iter().any(|f| f.load(Ordering::SeqCst)) {
+        if stops.iter().any(|f| f.load(Ordering::SeqCst))
+            && stopped.get_or_insert_with(Instant::now).elapsed() >= DRAIN
+        {
             Err(Error::ConnectionLost(format!("the task (pid {pid}) went away")))
         } else {
             Ok(())

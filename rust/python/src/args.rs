@@ -3,12 +3,46 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Once;
 
+use creditflow_core::partition::spill::SpillKind;
+use creditflow_core::serde::Compression;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+
+use crate::error::IntoPyResult;
 
 /// A non-negative count; a negative one is a `ValueError` (not pyo3's `OverflowError`).
 pub(crate) fn count_arg(value: i64, name: &str) -> PyResult<usize> {
     usize::try_from(value).map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, got {value}")))
+}
+
+/// `create_partition`'s `kind`, `replay` and `compression`: the spillable kind (`None`:
+/// pipelined) and the codec; `ValueError` for a combination no partition has.
+pub(crate) fn partition_kind(
+    py: Python<'_>,
+    kind: &str,
+    replay: bool,
+    compression: Option<&str>,
+) -> PyResult<(Option<SpillKind>, Option<Compression>)> {
+    let compression = Compression::parse(compression).py_err(py)?;
+    let spill = match (kind, replay) {
+        ("pipelined", false) => None,
+        ("blocking", _) => Some(SpillKind::Blocking),
+        ("hybrid", replay) => Some(SpillKind::Hybrid { replay }),
+        ("pipelined", true) => return Err(PyValueError::new_err(
+            "replay=True needs kind=\"hybrid\" (a blocking partition always replays; a pipelined one cannot)",
+        )),
+        (other, _) => {
+            return Err(PyValueError::new_err(format!(
+                "kind must be \"pipelined\", \"blocking\" or \"hybrid\", got {other:?}"
+            )))
+        }
+    };
+    if spill.is_none() && compression.is_some() {
+        return Err(PyValueError::new_err(
+            "compression applies to what a blocking or hybrid partition stores; a pipelined partition stores nothing",
+        ));
+    }
+    Ok((spill, compression))
 }
 
 /// This process's id, kept in memory (`getpid` is a system call, and the check below runs on

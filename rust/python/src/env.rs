@@ -7,14 +7,13 @@ use std::time::Duration;
 
 use creditflow_core::base::config::{Backoff, Limits};
 use creditflow_core::memory::HeldOutside;
-use creditflow_core::partition::spill::SpillKind;
 use creditflow_core::serde::Compression;
 use creditflow_core::{base::units, EnvConfig, FlowControl};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyString};
 
-use crate::args::{check_pid, count_arg};
+use crate::args::{check_pid, count_arg, partition_kind};
 use crate::error::IntoPyResult;
 use crate::gate::InputGate;
 use crate::partition::{Partition, ResultPartition};
@@ -290,28 +289,8 @@ impl NetworkEnvironment {
     ) -> PyResult<ResultPartition> {
         check_pid(self.pid, "NetworkEnvironment")?;
         let num_subpartitions = count_arg(num_subpartitions, "num_subpartitions")?;
-        let compression = Compression::parse(compression).py_err(py)?;
-        let spill = match (kind, replay) {
-            ("pipelined", false) => None,
-            ("blocking", _) => Some(SpillKind::Blocking),
-            ("hybrid", replay) => Some(SpillKind::Hybrid { replay }),
-            ("pipelined", true) => {
-                return Err(PyValueError::new_err(
-                    "replay=True needs kind=\"hybrid\" (a blocking partition always replays; a pipelined one cannot)",
-                ))
-            }
-            (other, _) => {
-                return Err(PyValueError::new_err(format!(
-                    "kind must be \"pipelined\", \"blocking\" or \"hybrid\", got {other:?}"
-                )))
-            }
-        };
+        let (spill, compression) = partition_kind(py, kind, replay, compression)?;
         let inner = match spill {
-            None if compression.is_some() => {
-                return Err(PyValueError::new_err(
-                    "compression applies to what a blocking or hybrid partition stores; a pipelined partition stores nothing",
-                ))
-            }
             None => py.detach(|| self.inner.create_partition(partition_id, num_subpartitions)),
             Some(kind) => py.detach(|| {
                 self.inner

@@ -6,13 +6,11 @@ use std::sync::{Arc, Mutex};
 
 use creditflow_core::base::config::Limits;
 use creditflow_core::host::{self, HostConfig, ServiceMetrics};
-use creditflow_core::partition::spill::SpillKind;
-use creditflow_core::serde::Compression;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::args::{check_pid, count_arg, current_pid};
+use crate::args::{check_pid, count_arg, current_pid, partition_kind};
 use crate::env::{bytes_arg, exposed_config, secs, wire_compression_arg};
 use crate::error::IntoPyResult;
 use crate::gate::InputGate;
@@ -255,27 +253,7 @@ impl Attachment {
         if n == 0 {
             return Err(PyValueError::new_err("num_subpartitions must be at least 1"));
         }
-        let compression = Compression::parse(compression).py_err(py)?;
-        let spill = match (kind, replay) {
-            ("pipelined", false) => None,
-            ("blocking", _) => Some(SpillKind::Blocking),
-            ("hybrid", replay) => Some(SpillKind::Hybrid { replay }),
-            ("pipelined", true) => {
-                return Err(PyValueError::new_err(
-                    "replay=True needs kind=\"hybrid\" (a blocking partition always replays; a pipelined one cannot)",
-                ))
-            }
-            (other, _) => {
-                return Err(PyValueError::new_err(format!(
-                    "kind must be \"pipelined\", \"blocking\" or \"hybrid\", got {other:?}"
-                )))
-            }
-        };
-        if spill.is_none() && compression.is_some() {
-            return Err(PyValueError::new_err(
-                "compression applies to what a blocking or hybrid partition stores; a pipelined partition stores nothing",
-            ));
-        }
+        let (spill, compression) = partition_kind(py, kind, replay, compression)?;
         let p = py
             .detach(|| a.create_partition(partition_id, n, spill, compression))
             .py_err(py)?;

@@ -209,11 +209,14 @@ def task_environment(settings: EnvSettings, host: str | None = None) -> Iterator
         _CACHE.release(settings)
 
 
-def metrics_url_of(env: cf.NetworkEnvironment) -> str | None:
+def metrics_url_of(env: cf.NetworkEnvironment | cf.Attachment) -> str | None:
     """Serves ``env``'s metrics at ``/metrics`` on loopback (once; the server stops with the
     environment) and returns the URL; ``None`` when the environment does not listen on
-    loopback (a cluster: its metrics are not exposed on the network unasked) or
-    ``prometheus_client`` is missing."""
+    loopback (a cluster: its metrics are not exposed on the network unasked),
+    ``prometheus_client`` is missing, or ``env`` is a host service's attachment (the service
+    serves no ``/metrics``: its tasks send samples only)."""
+    if not isinstance(env, cf.NetworkEnvironment):
+        return None
     return _CACHE.metrics_url(env)
 
 
@@ -300,6 +303,21 @@ def host_environment(
     with ``memory``: the application's host memory, shared by every task attached to it)."""
     service = service_settings(settings, host, memory)
     yield _ATTACHMENTS.get(service_name(app_id, service), service)
+
+
+@contextlib.contextmanager
+def task_stack(
+    settings: EnvSettings, host: str | None, app_id: str | None, memory: int
+) -> Iterator[cf.NetworkEnvironment | cf.Attachment]:
+    """A task's network stack: its attachment to its host's service of application ``app_id``
+    (with the application's host ``memory``), or, with ``app_id`` None, this worker's own
+    environment for ``settings``."""
+    if app_id is None:
+        with task_environment(settings, host) as env:
+            yield env
+    else:
+        with host_environment(settings, host, app_id, memory) as attached:
+            yield attached
 
 
 def open_attachments() -> int:

@@ -29,13 +29,7 @@ import creditflow as cf
 from creditflow.samples import TaskSample
 from creditflow.spark import _messages
 from creditflow.spark._intake import REGISTER_TIMEOUT
-from creditflow.spark._process import (
-    EnvSettings,
-    host_environment,
-    host_towards,
-    metrics_url_of,
-    task_environment,
-)
+from creditflow.spark._process import EnvSettings, host_towards, metrics_url_of, task_environment, task_stack
 from creditflow.spark._stripes import pieces
 from creditflow.spark.monitor import MonitorHandle, Reporter
 
@@ -240,9 +234,7 @@ def stream_partition(
     world = len(plan.addresses)
     part = env.create_partition(f"cf-send/{plan.job}/{index}/{attempt}/{uuid.uuid4().hex[:6]}", world)
     stats: dict[str, Any] = {"partition": index, "attempt": attempt, "accepted": False, "rows": 0, "bytes": 0}
-    # A host service's tasks send samples only: the service has no /metrics of its own.
-    wanted = plan.monitor is not None and plan.monitor.metrics
-    served = metrics_url_of(env) if wanted and isinstance(env, cf.NetworkEnvironment) else None
+    served = metrics_url_of(env) if plan.monitor is not None and plan.monitor.metrics else None
     reporter = Reporter(
         plan.monitor,
         lambda: TaskSample.of_partition(
@@ -389,13 +381,8 @@ def send_task(plan: SendPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.
     """A Spark task of :func:`send`: its partition to the receivers."""
     ctx = TaskContext.get()
     assert ctx is not None, "runs inside a Spark task"
-    host = host_towards(plan.addresses[0])
-    if plan.app_id is None:
-        with task_environment(plan.env, host) as env:
-            stats = stream_partition(env, plan, ctx.partitionId(), ctx.attemptNumber(), batches)
-    else:
-        with host_environment(plan.env, host, plan.app_id, plan.host_memory) as attached:
-            stats = stream_partition(attached, plan, ctx.partitionId(), ctx.attemptNumber(), batches)
+    with task_stack(plan.env, host_towards(plan.addresses[0]), plan.app_id, plan.host_memory) as stack:
+        stats = stream_partition(stack, plan, ctx.partitionId(), ctx.attemptNumber(), batches)
     yield pa.RecordBatch.from_pylist([stats], schema=stats_arrow_schema())
 
 

@@ -52,9 +52,8 @@ from creditflow.spark._process import (
     EnvSettings,
     TlsFiles,
     check_wire_compression,
-    host_environment,
     metrics_url_of,
-    task_environment,
+    task_stack,
 )
 from creditflow.spark._rendezvous import driver_rendezvous, gather
 from creditflow.spark.monitor import Monitor, MonitorHandle, Reporter
@@ -435,13 +434,10 @@ def _task(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
     _check_whole_stage(plan, tasks)
     me = ctx.partitionId()
     host = infos[me].address.rpartition(":")[0]
-    if plan.app_id is None:
-        with task_environment(plan.env, host) as env:
-            served = metrics_url_of(env) if plan.monitor is not None and plan.monitor.metrics else None
-            yield from _exchange_in(plan, ctx, me, tasks, env, served, batches, own_env=True)
-    else:
-        with host_environment(plan.env, host, plan.app_id, plan.host_memory) as attached:
-            yield from _exchange_in(plan, ctx, me, tasks, attached, None, batches, own_env=False)
+    with task_stack(plan.env, host, plan.app_id, plan.host_memory) as stack:
+        served = metrics_url_of(stack) if plan.monitor is not None and plan.monitor.metrics else None
+        own_env = isinstance(stack, cf.NetworkEnvironment)
+        yield from _exchange_in(plan, ctx, me, tasks, stack, served, batches, own_env=own_env)
 
 
 def _exchange_in(

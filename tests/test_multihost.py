@@ -58,6 +58,7 @@ ROWS = 40_000
 #: Rows of the fault tests: more than the channels' credit lets through before the tasks stall,
 #: so that data is still waiting to cross when the executor dies or the link goes.
 FAULT_ROWS = 200_000
+IN_FLIGHT_ROWS = 1_000_000
 #: How long a stalled first attempt waits for the test before it goes on by itself.
 STALL_LIMIT = 120.0
 MiB = 1 << 20
@@ -256,12 +257,17 @@ def run_in_background(action: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def faulted_exchange(
-    spark: SparkSession, bed: multihost.Cluster, marks: Path, name: str, harm: Callable[[], None]
+    spark: SparkSession,
+    bed: multihost.Cluster,
+    marks: Path,
+    name: str,
+    harm: Callable[[], None],
+    rows: int = FAULT_ROWS,
 ) -> list[dict[str, Any]]:
     """Runs an exchange that stalls in its first attempt, does ``harm`` once every task is in
     flight (``harm`` lets the tasks go on), checks that every row (after Spark's retries) is in
     the partition ``repartition`` puts it in, and returns what the event log says of the job."""
-    df = lineitem(spark, FAULT_ROWS, bed.slots)
+    df = lineitem(spark, rows, bed.slots)
     want = placement(df.repartition(bed.slots, "l_orderkey"))
     out = cfs.exchange(
         df, "l_orderkey", func=stall_first_attempt(marks), schema=with_column(df, "p"), timeout=120
@@ -272,9 +278,9 @@ def faulted_exchange(
         sc.setJobDescription(name)  # a property of this thread's jobs
         # Spark retries a failed barrier stage only when it feeds a shuffle (a failed barrier
         # result stage fails the job): the exchange's rows go through one more.
-        rows = out.select("id", "p").repartition(1).collect()
-        assert len(rows) == FAULT_ROWS, "a row delivered twice or lost"
-        return {r["id"]: r["p"] for r in rows}
+        got = out.select("id", "p").repartition(1).collect()
+        assert len(got) == rows, "a row delivered twice or lost"
+        return {r["id"]: r["p"] for r in got}
 
     wait = run_in_background(action)
     poll("every task of the first attempt in flight", lambda: len(list(marks.glob("started-*"))) == bed.slots)
@@ -331,7 +337,11 @@ def test_a_link_cut_during_an_exchange_fails_clearly_and_is_retried_with_the_sam
         finally:
             bed.net.restore()
 
-    events = faulted_exchange(spark, bed, tmp_path, "exchange, link cut", cut_until_a_task_fails)
+    # More rows than the reading side holds (each reading task's link to its host service and
+    # its gate buffer a few MiB): with fewer, everything crosses before the cut and nothing fails.
+    events = faulted_exchange(
+        spark, bed, tmp_path, "exchange, link cut", cut_until_a_task_fails, rows=IN_FLIGHT_ROWS
+    )
     assert max(attempts(events)) >= 1
     # The first attempt failed with a ConnectionLostError naming the other host.
     lost = [
@@ -447,7 +457,10 @@ def test_a_host_service_killed_during_an_exchange_is_retried_with_no_row_twice(
         os.kill(killed[0], signal.SIGKILL)
         (tmp_path / "go").touch()
 
-    events = faulted_exchange(spark, bed, tmp_path, "exchange, host service killed", kill_service_on_b)
+    # As for the link cut: more rows than the reading side holds, so the service has some to move.
+    events = faulted_exchange(
+        spark, bed, tmp_path, "exchange, host service killed", kill_service_on_b, rows=IN_FLIGHT_ROWS
+    )
     assert max(attempts(events)) >= 1
     lost = [f["Description"] for f in failures(events) if "ConnectionLostError" in f.get("Description", "")]
     assert lost, failures(events)

@@ -1,6 +1,7 @@
 """The settings of ``NetworkEnvironment`` live once, in the Rust core's table (``SETTINGS``,
 ``creditflow._native.settings()``); everything that repeats them is checked against it here:
-the constructor the bindings declare, the ``.pyi`` stub, the README's table and Spark's
+the constructor the bindings declare, the ``.pyi`` stub, the README's table, the host
+service's constructor (and the settings a service started on demand takes) and Spark's
 per-task settings. (The table's defaults against ``EnvConfig::default()`` are checked by the
 core's own Rust tests.)"""
 
@@ -148,6 +149,44 @@ def test_the_stub_documents_every_setting() -> None:
 
 def test_the_stub_is_what_the_generator_writes() -> None:
     assert gen.main(["--check", str(STUB)]) == 0, "run `make settings`"
+
+
+# ---------------------------------------------------------------------------- host service
+
+#: ``HostService``'s own parameters; every other one is a setting of the table.
+SERVICE_OWN = ("name", "idle_timeout")
+
+
+def test_the_host_service_takes_table_settings_with_the_table_s_defaults() -> None:
+    table = {s.name: s for s in SETTINGS}
+    params = list(inspect.signature(_native.HostService).parameters.values())
+    assert tuple(p.name for p in params[: len(SERVICE_OWN)]) == SERVICE_OWN
+    for p in params[len(SERVICE_OWN) :]:
+        assert p.name in table, f"HostService takes {p.name!r}, which is no setting of the table"
+        assert p.kind == p.KEYWORD_ONLY, p.name
+        want = ast.literal_eval(table[p.name].default)
+        assert same(p.default, want), f"{p.name}: default {p.default!r} in HostService, {want!r} in the table"
+
+
+def test_the_stub_declares_the_host_service_s_settings_with_the_table_s_types() -> None:
+    # stubtest checks the stub's names and defaults against the module; this, the types.
+    table = {s.name: s for s in SETTINGS}
+    tree = ast.parse(STUB.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "HostService")
+    new = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__new__")
+    settings = [a for a in new.args.kwonlyargs if a.arg not in SERVICE_OWN]
+    runtime = list(inspect.signature(_native.HostService).parameters)[len(SERVICE_OWN) :]
+    assert [a.arg for a in settings] == runtime
+    for a in settings:
+        assert a.annotation is not None, a.arg
+        assert ast.unparse(a.annotation) == table[a.arg].py_type, a.arg
+
+
+def test_a_service_started_on_demand_takes_every_setting_the_service_does() -> None:
+    from creditflow import host
+
+    runtime = list(inspect.signature(_native.HostService).parameters)[len(SERVICE_OWN) :]
+    assert sorted(host.SERVICE_SETTINGS) == sorted(runtime)
 
 
 # ----------------------------------------------------------------------------------- README

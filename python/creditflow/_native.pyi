@@ -158,7 +158,7 @@ class NetworkEnvironment:
         debloat: bool = False,
         debloat_target: float = 1.0,
         debloat_min_buffer: int = 256,
-        spill_dir: str | None = None,
+        spill_dir: str | os.PathLike[str] | None = None,
         max_spill: int | str | None = None,
         wire_compression: str | None = None,
         shared_memory: bool = True,

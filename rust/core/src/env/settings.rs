@@ -297,7 +297,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         name: "spill_dir",
-        py_type: "str | None",
+        py_type: "str | os.PathLike[str] | None",
         default: "None",
         means: None,
         unit: Unit::Path,

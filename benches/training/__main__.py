@@ -155,7 +155,7 @@ def main(argv: list[str]) -> int:
     for name, note in installs.items():
         print(f"- install note, {name}: {note}")
     print()
-    print(report.goals(summaries))
+    print(report.goals(summaries, trials))
     print(f"\nevery round: {args.out}")
     return 0
 

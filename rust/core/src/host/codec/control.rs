@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use arrow_schema::ArrowError;
+
 use crate::base::config::ChannelSpec;
 use crate::base::error::{Error, Result};
 use crate::partition::spill::SpillKind;
@@ -475,7 +477,7 @@ pub(crate) fn put_error(o: &mut Out, e: &Error) {
         }
         Error::Arrow(a) => {
             o.u8(15);
-            o.str(&a.to_string());
+            put_arrow_error(o, a);
         }
         Error::ProducerFailed(s) => {
             o.u8(16);
@@ -523,9 +525,79 @@ pub(crate) fn get_error(i: &mut In<'_>) -> Result<Error> {
         12 => Error::ConnectionLost(i.str()?),
         13 => Error::LimitExceeded(i.str()?),
         14 => Error::Authentication(i.str()?),
-        15 => Error::Arrow(arrow_schema::ArrowError::InvalidArgumentError(i.str()?)),
+        15 => Error::Arrow(get_arrow_error(i)?),
         16 => Error::ProducerFailed(i.str()?),
         17 => Error::Spill(i.str()?),
         c => return Err(Error::Protocol(format!("attach: unknown error kind {c}"))),
+    })
+}
+
+/// Writes an Arrow error as its kind and description, so that [`get_arrow_error`] gives back
+/// the kind and the same message (not the message as the description of another kind).
+fn put_arrow_error(o: &mut Out, e: &ArrowError) {
+    let (code, desc) = match e {
+        ArrowError::NotYetImplemented(d) => (1, d.clone()),
+        ArrowError::ExternalError(source) => (2, source.to_string()),
+        ArrowError::CastError(d) => (3, d.clone()),
+        ArrowError::MemoryError(d) => (4, d.clone()),
+        ArrowError::ParseError(d) => (5, d.clone()),
+        ArrowError::SchemaError(d) => (6, d.clone()),
+        ArrowError::ComputeError(d) => (7, d.clone()),
+        ArrowError::DivideByZero => (8, String::new()),
+        ArrowError::ArithmeticOverflow(d) => (9, d.clone()),
+        ArrowError::CsvError(d) => (10, d.clone()),
+        ArrowError::JsonError(d) => (11, d.clone()),
+        ArrowError::AvroError(d) => (12, d.clone()),
+        ArrowError::IoError(d, _) => (13, d.clone()),
+        ArrowError::IpcError(d) => (14, d.clone()),
+        ArrowError::InvalidArgumentError(d) => (15, d.clone()),
+        ArrowError::ParquetError(d) => (16, d.clone()),
+        ArrowError::CDataInterface(d) => (17, d.clone()),
+        ArrowError::DictionaryKeyOverflowError => (18, String::new()),
+        ArrowError::RunEndIndexOverflowError => (19, String::new()),
+        ArrowError::OffsetOverflowError(n) => (20, n.to_string()),
+    };
+    o.u8(code);
+    o.str(&desc);
+}
+
+/// Reads an Arrow error [`put_arrow_error`] wrote.
+fn get_arrow_error(i: &mut In<'_>) -> Result<ArrowError> {
+    let code = i.u8()?;
+    let d = i.str()?;
+    let unit = |e: ArrowError, d: &str| {
+        if d.is_empty() {
+            Ok(e)
+        } else {
+            Err(Error::Protocol(format!(
+                "attach: arrow error {code} with a description"
+            )))
+        }
+    };
+    Ok(match code {
+        1 => ArrowError::NotYetImplemented(d),
+        2 => ArrowError::ExternalError(Box::new(std::io::Error::other(d))),
+        3 => ArrowError::CastError(d),
+        4 => ArrowError::MemoryError(d),
+        5 => ArrowError::ParseError(d),
+        6 => ArrowError::SchemaError(d),
+        7 => ArrowError::ComputeError(d),
+        8 => unit(ArrowError::DivideByZero, &d)?,
+        9 => ArrowError::ArithmeticOverflow(d),
+        10 => ArrowError::CsvError(d),
+        11 => ArrowError::JsonError(d),
+        12 => ArrowError::AvroError(d),
+        13 => ArrowError::IoError(d.clone(), std::io::Error::other(d)),
+        14 => ArrowError::IpcError(d),
+        15 => ArrowError::InvalidArgumentError(d),
+        16 => ArrowError::ParquetError(d),
+        17 => ArrowError::CDataInterface(d),
+        18 => unit(ArrowError::DictionaryKeyOverflowError, &d)?,
+        19 => unit(ArrowError::RunEndIndexOverflowError, &d)?,
+        20 => ArrowError::OffsetOverflowError(
+            d.parse()
+                .map_err(|_| Error::Protocol(format!("attach: an offset overflow of {d:?}")))?,
+        ),
+        c => return Err(Error::Protocol(format!("attach: unknown arrow error kind {c}"))),
     })
 }

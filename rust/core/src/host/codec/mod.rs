@@ -188,6 +188,8 @@ impl<'a> In<'a> {
 mod tests {
     use std::time::Duration;
 
+    use arrow_schema::ArrowError;
+
     use super::*;
     use crate::base::config::ChannelSpec;
     use crate::partition::spill::SpillKind;
@@ -268,8 +270,34 @@ mod tests {
             Error::ConnectionLost("gone".into()),
             Error::Spill("disk full".into()),
         ];
-        for e in errors {
+        let arrow = [
+            ArrowError::NotYetImplemented("views".into()),
+            ArrowError::ExternalError(Box::new(std::io::Error::other("outside"))),
+            ArrowError::CastError("utf8 to int".into()),
+            ArrowError::MemoryError("no room".into()),
+            ArrowError::ParseError("not a date".into()),
+            ArrowError::SchemaError("field k missing".into()),
+            ArrowError::ComputeError("take".into()),
+            ArrowError::DivideByZero,
+            ArrowError::ArithmeticOverflow("i64".into()),
+            ArrowError::CsvError("csv".into()),
+            ArrowError::JsonError("json".into()),
+            ArrowError::AvroError("avro".into()),
+            ArrowError::IoError("short read".into(), std::io::Error::other("short read")),
+            ArrowError::IpcError("bad message".into()),
+            ArrowError::InvalidArgumentError("offsets".into()),
+            ArrowError::ParquetError("parquet".into()),
+            ArrowError::CDataInterface("release".into()),
+            ArrowError::DictionaryKeyOverflowError,
+            ArrowError::RunEndIndexOverflowError,
+            ArrowError::OffsetOverflowError(1 << 40),
+        ];
+        for e in errors.into_iter().chain(arrow.into_iter().map(Error::Arrow)) {
             let (text, kind) = (e.to_string(), std::mem::discriminant(&e));
+            let inner = match &e {
+                Error::Arrow(a) => Some(std::mem::discriminant(a)),
+                _ => None,
+            };
             let f = Reply::Failed(e).encode(1);
             let (_, back) = Reply::decode(body(&f).1).unwrap();
             let Reply::Failed(back) = back else {
@@ -277,6 +305,11 @@ mod tests {
             };
             assert_eq!(back.to_string(), text);
             assert_eq!(std::mem::discriminant(&back), kind);
+            let back_inner = match &back {
+                Error::Arrow(a) => Some(std::mem::discriminant(a)),
+                _ => None,
+            };
+            assert_eq!(back_inner, inner, "{text}");
         }
     }
 

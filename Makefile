@@ -185,7 +185,7 @@ soak: build ## Soak the transport: 4x4 channels, two processes, random stalls, S
 # compete for the cores), growing fuzz/corpus/<target>/; `make fuzz-cmin` minimizes it before
 # a commit. `cargo test` replays the committed corpus (rust/core/tests/fuzz_corpus.rs).
 FUZZ_SECONDS ?= 600
-FUZZ_TARGETS := frame_decoder credit ready_queue
+FUZZ_TARGETS := frame_decoder credit ready_queue attach_codec
 FUZZ := RUSTC_BOOTSTRAP=1 cargo fuzz
 
 .PHONY: fuzz
@@ -213,7 +213,7 @@ fuzz-cmin: ## Minimize the fuzz corpus (keeps the inputs that add coverage, and 
 	$(MAKE) fuzz-seeds
 
 .PHONY: fuzz-seeds
-fuzz-seeds: ## Write the frame decoder's seeds (built from the wire format) into its corpus
+fuzz-seeds: ## Write the seeds built from the wire and attach formats into the fuzz corpus
 	cargo run -q -p creditflow-core --features fuzz --example fuzz_seeds
 
 # Not part of `test` (root): 4x4 channels between two network namespaces, random stalls, every

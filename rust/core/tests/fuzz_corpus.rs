@@ -57,23 +57,41 @@ fn ready_queue_corpus() {
     replay("ready_queue", creditflow_core::fuzz::ready_queue::run);
 }
 
-/// The seeds built from the current wire format are in the committed corpus (a change of
-/// the format without `make fuzz-seeds` leaves the fuzzer starting from stale inputs).
 #[test]
-fn frame_decoder_corpus_holds_the_current_seeds() {
-    let have: std::collections::HashSet<Vec<u8>> = corpus("frame_decoder")
-        .iter()
-        .map(|p| std::fs::read(p).unwrap())
-        .collect();
-    let seeds = creditflow_core::fuzz::frames::seeds();
+fn attach_codec_corpus() {
+    replay("attach_codec", creditflow_core::fuzz::attach::run);
+}
+
+/// Every one of `seeds` is a file of `fuzz/corpus/<target>/` (a change of a format without
+/// `make fuzz-seeds` leaves the fuzzer starting from stale inputs).
+fn holds_the_current_seeds(target: &str, seeds: &[Vec<u8>]) {
+    let have: std::collections::HashSet<Vec<u8>> =
+        corpus(target).iter().map(|p| std::fs::read(p).unwrap()).collect();
     let missing = seeds.iter().filter(|s| !have.contains(*s)).count();
     assert_eq!(
         missing,
         0,
-        "{missing} of {} seeds missing from fuzz/corpus/frame_decoder: run `make fuzz-seeds`",
+        "{missing} of {} seeds missing from fuzz/corpus/{target}: run `make fuzz-seeds`",
         seeds.len()
     );
+}
+
+/// The seeds built from the current wire format are in the committed corpus, and pass.
+#[test]
+fn frame_decoder_corpus_holds_the_current_seeds() {
+    let seeds = creditflow_core::fuzz::frames::seeds();
+    holds_the_current_seeds("frame_decoder", &seeds);
     for seed in &seeds {
         creditflow_core::fuzz::frames::run(seed);
+    }
+}
+
+/// The attach protocol's seeds, one frame of each of its current messages, likewise.
+#[test]
+fn attach_codec_corpus_holds_the_current_seeds() {
+    let seeds = creditflow_core::fuzz::attach::seeds();
+    holds_the_current_seeds("attach_codec", &seeds);
+    for seed in &seeds {
+        creditflow_core::fuzz::attach::run(seed);
     }
 }

@@ -10,8 +10,11 @@
 //!   driven by an arbitrary sequence of operations, invariants checked after every step.
 //! * [`records::run`]: record bytes (protocol version 3): senders against a gate's record
 //!   budget, the bound after every step, every record delivered in the end.
+//! * [`attach::run`]: the host service's attach protocol: every decoder over an arbitrary
+//!   frame, and what it accepts re-encoded.
 //! * [`ready_queue::run`]: [`crate::protocol::credit::ReadyQueue`] against a plain reference model.
 
+pub mod attach;
 pub mod credit;
 pub mod frames;
 pub mod ready_queue;

@@ -19,7 +19,7 @@
 
 mod attach;
 mod client;
-mod codec;
+pub(crate) mod codec;
 mod download;
 mod gate;
 mod link;

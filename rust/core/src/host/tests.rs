@@ -719,3 +719,104 @@ fn another_users_process_cannot_attach() {
     assert_eq!(result, "answered 0 bytes", "{text}");
     assert_eq!(s.metrics().sessions, 0);
 }
+
+/// A raw connection to the service's socket, as a process with a bug would make.
+fn raw(s: &HostService) -> std::os::unix::net::UnixStream {
+    use std::os::linux::net::SocketAddrExt;
+    let name = super::name::socket_name(s.name());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(&name.as_bytes()[1..]).unwrap();
+    let sock = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    sock
+}
+
+/// Everything the service says until it closes the connection (a read timeout fails). A
+/// close that leaves some of our bytes unread resets the connection after what it wrote.
+fn until_closed(mut sock: std::os::unix::net::UnixStream) -> Vec<u8> {
+    use std::io::Read;
+    let mut said = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match sock.read(&mut buf) {
+            Ok(0) => return said,
+            Ok(n) => said.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return said,
+            Err(e) => panic!("the service did not close the connection: {e}"),
+        }
+    }
+}
+
+/// Waits until the service counts `n` sessions.
+fn sessions_become(s: &HostService, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.metrics().sessions != n {
+        assert!(
+            Instant::now() < deadline,
+            "{} sessions, not {n}",
+            s.metrics().sessions
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn garbage_on_the_service_s_socket_is_refused_and_the_service_serves_on() {
+    use std::io::Write;
+    let s = service("garbage", 16 << 20);
+    let refused = |said: &[u8]| said.len() > codec::FRAME_HEADER && said[4] == codec::ty::REFUSED;
+    // An opening of an unknown type, one too long, and bytes that are no frame at all.
+    for bytes in [
+        codec::frame(99, |o| o.u64(1)),
+        [&u32::MAX.to_le_bytes()[..], &[codec::ty::ATTACH]].concat(),
+        b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+    ] {
+        let mut sock = raw(&s);
+        sock.write_all(&bytes).unwrap();
+        assert!(refused(&until_closed(sock)), "{bytes:?} was not refused");
+    }
+    // A link for a session that does not exist.
+    let mut sock = raw(&s);
+    sock.write_all(
+        &codec::Opening::Link {
+            session: 999,
+            link: 1,
+        }
+        .encode(),
+    )
+    .unwrap();
+    let said = until_closed(sock);
+    assert!(refused(&said));
+    let mut i = codec::In::new(&said[codec::FRAME_HEADER..]);
+    assert!(matches!(
+        codec::get_error(&mut i).unwrap(),
+        Error::Authentication(_)
+    ));
+    // A session that attaches properly, then sends garbage: that session ends, nothing else.
+    let task = attach(&s);
+    let mut sock = raw(&s);
+    let opening = codec::Opening::Attach {
+        pid: std::process::id(),
+        owner: 0,
+    };
+    sock.write_all(&opening.encode()).unwrap();
+    sessions_become(&s, 2);
+    sock.write_all(&codec::frame(codec::ty::REQUEST, |o| {
+        o.u64(1);
+        o.u8(200);
+    }))
+    .unwrap();
+    let said = until_closed(sock);
+    assert_eq!(
+        said[4],
+        codec::ty::WELCOME,
+        "the session was welcomed, then ended"
+    );
+    sessions_become(&s, 1);
+    // The service and the other session carry on.
+    let p = task.create_partition("after", 1, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Forward).unwrap();
+    let mut g = task.create_input_gate(specs(s.address(), "after", 1)).unwrap();
+    w.write(&batch(0, 100, 4), &mut forever()).unwrap();
+    w.close(&mut forever()).unwrap();
+    assert_eq!(drain(&mut g)[&0], (0..100).collect::<Vec<i64>>());
+}

@@ -7,10 +7,10 @@
 //! The first five bytes also go through the frame header's check.
 //!
 //! Checked: nothing panics; the header is accepted exactly when its length is in bounds; a
-//! message a decoder accepts re-encodes to a frame of the same type that decodes to the same
-//! message, and to exactly the bytes it came from (the encoding is canonical), except for
-//! messages that carry an error, whose re-encoding must be stable from the first trip on
-//! (some errors carry a fixed string, chosen from a list when decoded).
+//! message a decoder accepts re-encodes to a frame whose header says its length and which
+//! decodes to the same message, with exactly the body it came from (the encoding is
+//! canonical), except for messages that carry an error, whose re-encoding must be stable from
+//! the first trip on (some errors carry a fixed string, chosen from a list when decoded).
 
 use std::fmt::Debug;
 

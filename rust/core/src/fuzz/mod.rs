@@ -14,6 +14,7 @@
 //!   frame, and what it accepts re-encoded.
 //! * [`ready_queue::run`]: [`crate::protocol::credit::ReadyQueue`] against a plain reference model.
 
+#[cfg(not(loom))]
 pub mod attach;
 pub mod credit;
 pub mod frames;

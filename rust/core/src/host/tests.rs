@@ -746,19 +746,6 @@ fn until_closed(mut sock: std::os::unix::net::UnixStream) -> Vec<u8> {
     }
 }
 
-/// Waits until the service counts `n` sessions.
-fn sessions_become(s: &HostService, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while s.metrics().sessions != n {
-        assert!(
-            Instant::now() < deadline,
-            "{} sessions, not {n}",
-            s.metrics().sessions
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn garbage_on_the_service_s_socket_is_refused_and_the_service_serves_on() {
     use std::io::Write;
@@ -799,7 +786,7 @@ fn garbage_on_the_service_s_socket_is_refused_and_the_service_serves_on() {
         owner: 0,
     };
     sock.write_all(&opening.encode()).unwrap();
-    sessions_become(&s, 2);
+    wait_until(|| s.metrics().sessions == 2, "the raw session");
     sock.write_all(&codec::frame(codec::ty::REQUEST, |o| {
         o.u64(1);
         o.u8(200);
@@ -811,7 +798,7 @@ fn garbage_on_the_service_s_socket_is_refused_and_the_service_serves_on() {
         codec::ty::WELCOME,
         "the session was welcomed, then ended"
     );
-    sessions_become(&s, 1);
+    wait_until(|| s.metrics().sessions == 1, "the raw session to end");
     // The service and the other session carry on.
     let p = task.create_partition("after", 1, None, None).unwrap();
     let mut w = p.writer(Partitioner::Forward).unwrap();

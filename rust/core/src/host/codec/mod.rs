@@ -466,9 +466,7 @@ mod tests {
     fn every_sample_decodes_to_what_was_encoded_and_back() {
         let samples = samples();
         assert_eq!(samples.len(), 35);
-        for frame in &samples {
-            let mut input = vec![frame[4]];
-            input.extend_from_slice(&frame[FRAME_HEADER..]);
+        for input in crate::fuzz::attach::seeds() {
             crate::fuzz::attach::run(&input);
         }
         // The harness checks what decodes; that every sample does is checked here.
@@ -501,10 +499,8 @@ mod tests {
             which in proptest::prelude::any::<usize>(),
             edits in proptest::collection::vec((0usize..256, proptest::prelude::any::<u8>(), 0u8..3), 1..4),
         ) {
-            let samples = samples();
-            let frame = &samples[which % samples.len()];
-            let mut input = vec![frame[4]];
-            input.extend_from_slice(&frame[FRAME_HEADER..]);
+            let seeds = crate::fuzz::attach::seeds();
+            let mut input = seeds[which % seeds.len()].clone();
             for (at, byte, how) in edits {
                 let at = at % (input.len() + 1);
                 match how {

@@ -331,6 +331,12 @@ class ServiceMetrics(TypedDict):
     connections_opened: int
     #: Connections other services opened to this one.
     connections_served: int
+    #: Batches handed to a reading task where the writing task put them (a piece in its
+    #: writer link's heap), not copied: since the service started.
+    batches_in_place: int
+    #: Batches copied onto a reading task's link (small pieces, pieces that did not fit the
+    #: writer link's heap, batches from other hosts): since the service started.
+    batches_copied: int
 
 
 class EnvMetrics(TypedDict):

@@ -30,6 +30,8 @@ fn service_metrics<'py>(py: Python<'py>, m: &ServiceMetrics) -> PyResult<Bound<'
         gates,
         connections_opened,
         connections_served,
+        batches_in_place,
+        batches_copied,
     } = m;
     let d = PyDict::new(py);
     d.set_item("address", address)?;
@@ -42,6 +44,8 @@ fn service_metrics<'py>(py: Python<'py>, m: &ServiceMetrics) -> PyResult<Bound<'
     d.set_item("gates", gates)?;
     d.set_item("connections_opened", connections_opened)?;
     d.set_item("connections_served", connections_served)?;
+    d.set_item("batches_in_place", batches_in_place)?;
+    d.set_item("batches_copied", batches_copied)?;
     Ok(d)
 }
 

@@ -70,19 +70,37 @@ pub fn run(data: &[u8]) {
         |_, b| RecordHead::decode_item(b),
         true,
     );
+    check(
+        body,
+        RecordHead::decode_item(body),
+        |(h, start, len)| h.piece_item(*start, *len),
+        |_, b| RecordHead::decode_item(b),
+        true,
+    );
+    check(
+        body,
+        RecordHead::decode_forward(body),
+        |(h, source, start, len)| h.forward(*source, *start, *len),
+        |_, b| RecordHead::decode_forward(b),
+        true,
+    );
     let mut i = In::new(body);
     if let Ok(head) = RecordHead::decode_inline(&mut i) {
         let record = i.rest();
-        let mut again = head.inline(record.len());
-        again.extend_from_slice(record);
-        let (len, t) = codec::header(again[..FRAME_HEADER].try_into().expect("a header"), usize::MAX)
-            .expect("a record frame's header is in bounds");
-        assert_eq!((len, t), (again.len(), codec::ty::RECORD));
-        assert_eq!(
-            &again[FRAME_HEADER..],
-            body,
-            "an inline record head re-encodes as it came"
-        );
+        for (mut again, ty) in [
+            (head.inline(record.len()), codec::ty::RECORD),
+            (head.piece(record.len()), codec::ty::PIECE),
+        ] {
+            again.extend_from_slice(record);
+            let (len, t) = codec::header(again[..FRAME_HEADER].try_into().expect("a header"), usize::MAX)
+                .expect("a record frame's header is in bounds");
+            assert_eq!((len, t), (again.len(), ty));
+            assert_eq!(
+                &again[FRAME_HEADER..],
+                body,
+                "an inline record head re-encodes as it came"
+            );
+        }
     }
 }
 

@@ -3,7 +3,14 @@
 //! link is full this thread waits and takes nothing more from the gate, whose channels then
 //! stop getting credit: the task's pace reaches the producers. The gate closes when the task
 //! drops its end (or goes), or the service ends.
+//!
+//! A batch that is a piece lying in a writer link's heap ([`InHeap`]) is not copied: the task
+//! gets that heap (once per writer link, over the link's heaps connection) and a frame naming
+//! the piece, reads it where it lies and frees its chunks when done with it. A task that dies
+//! holding such pieces leaves their chunks taken until that writer's link ends; its writer
+//! then sends through the ring what does not fit.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -11,15 +18,22 @@ use tokio::io::AsyncWriteExt;
 use tokio::runtime::Handle;
 
 use super::codec::{RecordHead, Signal};
-use super::link::{self, HeapEnd, LinkEnd, Watched};
+use super::link::{self, HeapEnd, InHeap, LinkEnd, Watched};
 use super::records::{small, Frame, RecordSender};
 use super::runtime::block_on;
+use super::state::SentCounters;
 use crate::base::error::Error;
 use crate::base::wait::Wait;
 use crate::gate::{GateItem, InputGate};
 
 /// Runs a gate's link until the gate ends, the task drops it or goes, or the service ends.
-pub(crate) fn run(mut gate: InputGate, end: LinkEnd, handle: Handle, stop: [Arc<AtomicBool>; 2]) {
+pub(crate) fn run(
+    mut gate: InputGate,
+    end: LinkEnd,
+    handle: Handle,
+    sent: Arc<SentCounters>,
+    stop: [Arc<AtomicBool>; 2],
+) {
     let mut link = Watched::new(end, &handle, stop);
     let HeapEnd::Writer(heap) = &link.heap else {
         log::warn!("creditflow: host service: a gate's link with the wrong heap side");
@@ -36,6 +50,8 @@ pub(crate) fn run(mut gate: InputGate, end: LinkEnd, handle: Handle, stop: [Arc<
     };
     let mut wait = Wait::forever().with_check(&mut check);
     let mut sender = RecordSender::new(None);
+    // Writer links whose heaps the task has been given.
+    let mut given: HashSet<u64> = HashSet::new();
     // Errors in a row: a channel's failure ends that channel, so more than one per channel
     // without anything else between means the gate is stuck failing.
     let mut errors = 0usize;
@@ -50,15 +66,46 @@ pub(crate) fn run(mut gate: InputGate, end: LinkEnd, handle: Handle, stop: [Arc<
                         channel,
                         batch,
                         in_flight,
-                        ..
+                        token,
                     } => {
                         let head = RecordHead {
                             channel: channel as u32,
                             in_flight,
                         };
-                        match sender.frame(head, &batch, heap) {
-                            Ok(f) => (f, false),
-                            Err(e) => (small(Signal::Error(e).encode()), true),
+                        let in_heap = token.as_ref().and_then(|t| t.downcast_ref::<InHeap>());
+                        let forward = match (in_heap, link.heaps.as_ref()) {
+                            (Some(piece), Some(heaps)) => {
+                                let source = &piece.source;
+                                let ready = given.contains(&source.link)
+                                    || matches!(block_on(&handle, source.send(heaps), &mut wait), Ok(Ok(())));
+                                if ready {
+                                    given.insert(source.link);
+                                    // From here the task frees the chunks; this side reads no
+                                    // more of the piece (`batch` is only dropped).
+                                    piece.lease.give_away();
+                                    Some(small(head.forward(
+                                        source.link,
+                                        piece.lease.start(),
+                                        piece.lease.len(),
+                                    )))
+                                } else {
+                                    None
+                                }
+                            }
+                            _ => None,
+                        };
+                        let how = if forward.is_some() {
+                            &sent.in_place
+                        } else {
+                            &sent.copied
+                        };
+                        how.fetch_add(1, Ordering::Relaxed);
+                        match forward {
+                            Some(f) => (f, false),
+                            None => match sender.frame(head, &batch, heap) {
+                                Ok(f) => (f, false),
+                                Err(e) => (small(Signal::Error(e).encode()), true),
+                            },
                         }
                     }
                     GateItem::Event { channel, payload } => {

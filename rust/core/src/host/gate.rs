@@ -1,22 +1,26 @@
 //! [`AttachedGate`]: an `InputGate` that lives in the host service. The service takes the
 //! gate's items and puts them on the gate's link; here, the link's I/O task reads frames into
 //! a short queue (a record's bytes into a block of the record pool, or a lease on the heap
-//! where the service placed it) and the caller's thread decodes them in `next_item`.
+//! where the service placed it, or in a writer link's heap that the service handed over) and
+//! the caller's thread decodes them in `next_item`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
 use super::client::{gate_metrics, Session};
 use super::codec::Signal;
-use super::link::{HeapEnd, LinkEnd};
-use super::records::{read_incoming, Incoming, RecordReceiver};
+use super::link::{HeapEnd, LinkEnd, SourceHeap};
+use super::records::{decode_piece, heap_record, read_incoming, Incoming, RecordReceiver};
 use super::runtime::block_on;
 use crate::base::config::ChannelSpec;
 use crate::base::error::{Error, Result};
 use crate::base::wait::Wait;
 use crate::gate::{GateItem, GateMetrics};
 use crate::memory::RecordPool;
+use crate::net::shm::HeapReader;
 
 /// Frames read ahead of the caller, at most (the link's ring and heap hold more).
 const READ_AHEAD: usize = 2;
@@ -56,10 +60,12 @@ impl AttachedGate {
             writer,
             heap,
             bell: _,
+            heaps,
         } = end;
         let HeapEnd::Reader(heap) = heap else {
             return Err(Error::Protocol("a gate's link whose heap the task writes".into()));
         };
+        let heaps = heaps.ok_or_else(|| Error::Protocol("a gate's link without its heaps".into()))?;
         let (tx, items) = mpsc::channel(READ_AHEAD);
         let lost = {
             let s = session.clone();
@@ -69,8 +75,22 @@ impl AttachedGate {
             // The ring back stays open while the gate does: its end tells the service.
             let _writer = writer;
             let pool = RecordPool::new(RECORD_POOL);
+            let mut sources = Sources::new(heaps);
             loop {
                 let next = match read_incoming(&mut reader, Some(&heap), &pool, MAX_RECORD).await {
+                    Ok(Some(Incoming::Forward {
+                        head,
+                        source,
+                        start,
+                        len,
+                    })) => sources
+                        .piece(source, start, len)
+                        .await
+                        .map(|body| Incoming::Piece {
+                            head,
+                            body,
+                            lease: None,
+                        }),
                     Ok(Some(x)) => Ok(x),
                     Ok(None) => Err(lost("it closed the gate's link".into())),
                     Err(Error::ConnectionLost(why)) => Err(lost(why)),
@@ -125,6 +145,12 @@ impl AttachedGate {
                 token: None,
                 in_flight: head.in_flight,
             },
+            Incoming::Piece { head, body, .. } => GateItem::Batch {
+                channel: head.channel as usize,
+                batch: decode_piece(body, MAX_RECORD)?,
+                token: None,
+                in_flight: head.in_flight,
+            },
             Incoming::Signal(Signal::Event { target, payload }) => GateItem::Event {
                 channel: target.unwrap_or_default() as usize,
                 payload,
@@ -141,6 +167,9 @@ impl AttachedGate {
             Incoming::Signal(Signal::Error(e)) => return Err(e),
             Incoming::Signal(other) => {
                 return Err(Error::Protocol(format!("attach: {other:?} on a gate's link")))
+            }
+            Incoming::Forward { .. } => {
+                return Err(Error::Protocol("attach: a forward frame not resolved".into()))
             }
         }))
     }
@@ -172,5 +201,38 @@ impl AttachedGate {
     pub fn metrics_handle(&self) -> impl Fn() -> Result<GateMetrics> + Send + Sync + 'static {
         let (session, link) = (self.session.clone(), self.link);
         move || gate_metrics(&session, link)
+    }
+}
+
+/// The writer links' heaps a gate's task has been handed (each mapped once, for as long as the
+/// gate lives): where the pieces the service forwards lie.
+struct Sources {
+    heaps: UnixStream,
+    mapped: HashMap<u64, HeapReader>,
+}
+
+impl Sources {
+    fn new(heaps: UnixStream) -> Sources {
+        Sources {
+            heaps,
+            mapped: HashMap::new(),
+        }
+    }
+
+    /// The body of the piece at `start`, `len` bytes, of writer link `source`'s heap (mapped
+    /// first if new: the service passed it before the frame that names it). Dropping every
+    /// batch built on it frees its chunks for that writer.
+    async fn piece(&mut self, source: u64, start: u64, len: u64) -> Result<arrow_buffer::Buffer> {
+        if !self.mapped.contains_key(&source) {
+            let (link, heap) = SourceHeap::receive(&self.heaps).await?;
+            if link != source {
+                return Err(Error::Protocol(format!(
+                    "attach: the heap of writer link {link} came for a piece of link {source}"
+                )));
+            }
+            self.mapped.insert(link, heap);
+        }
+        let heap = &self.mapped[&source];
+        heap_record(heap, start, len, MAX_RECORD).map(|(_lease, body)| body)
     }
 }

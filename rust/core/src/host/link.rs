@@ -4,9 +4,13 @@
 //! heap, written by the side that sends batches: the task for a writer's link, the service for
 //! a gate's. The connection stays as the doorbell; its end tells either side that the other is
 //! gone, however it went.
+//!
+//! A gate's link has a second connection, its heaps' (a socket pair whose task end comes with
+//! the region): over it the service passes the regions of writers' links whose heaps hold
+//! pieces it hands to the gate's task as they lie ([`SourceHeap`]).
 
 use std::io::IoSlice;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -17,8 +21,8 @@ use tokio::net::UnixStream;
 use super::codec::{self, FRAME_HEADER};
 use crate::base::error::{Error, Result};
 use crate::net::shm::{
-    heap_offset, recv_fd, region_len, sane_heap, send_fd, Doorbell, HeapReader, HeapWriter, Region, Ring,
-    ShmReader, ShmWriter, Waiter, RING_HEADER,
+    heap_offset, recv_fds, region_len, sane_heap, send_fds, Doorbell, HeapLease, HeapReader, HeapWriter,
+    Region, Ring, ShmReader, ShmWriter, Waiter, RING_HEADER,
 };
 
 /// Bytes of the ring that carries batches (towards the side that receives them).
@@ -64,20 +68,94 @@ pub(crate) enum HeapEnd {
     Reader(HeapReader),
 }
 
-/// One side of a link: its halves, its heap side, and the doorbell (to watch for the peer's
-/// end).
+/// One side of a link: its halves, its heap side, the doorbell (to watch for the peer's end),
+/// and for a gate's link the connection its writers' heaps come over.
 pub(crate) struct LinkEnd {
     pub(crate) reader: ShmReader,
     pub(crate) writer: ShmWriter,
     pub(crate) heap: HeapEnd,
     pub(crate) bell: Arc<Doorbell>,
+    pub(crate) heaps: Option<UnixStream>,
+}
+
+/// A writer link's heap as the service hands it to gates' tasks: the link (its id names it in
+/// forward frames), its region's descriptor and where the heap lies in it.
+pub(crate) struct SourceHeap {
+    pub(crate) link: u64,
+    fd: OwnedFd,
+    region_len: usize,
+    heap_offset: usize,
+    heap_len: usize,
+}
+
+/// A piece that lies in a writer link's heap, as the service queues it (the token of its
+/// batch): the gate that reads it may hand it to its task as it lies.
+pub(crate) struct InHeap {
+    pub(crate) source: Arc<SourceHeap>,
+    pub(crate) lease: Arc<HeapLease>,
+}
+
+/// Bytes of the message that passes a writer's heap: link, region length, heap offset and
+/// length.
+const SOURCE_LEN: usize = 32;
+
+impl SourceHeap {
+    /// Passes this heap on a gate link's `heaps` connection (the descriptor goes with it).
+    pub(crate) async fn send(&self, heaps: &UnixStream) -> Result<()> {
+        let mut msg = [0u8; SOURCE_LEN];
+        let words = [
+            self.link,
+            self.region_len as u64,
+            self.heap_offset as u64,
+            self.heap_len as u64,
+        ];
+        for (i, v) in words.into_iter().enumerate() {
+            msg[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        send_fds(heaps, &msg, &[self.fd.as_fd()]).await.map_err(io_error)
+    }
+
+    /// Task side: the next heap passed on `heaps`, mapped: its link and its reader. An error
+    /// unless it is a heap the service can have sent (a sealed region holding the heap).
+    pub(crate) async fn receive(heaps: &UnixStream) -> Result<(u64, HeapReader)> {
+        let mut msg = [0u8; SOURCE_LEN];
+        let fd = recv_fds(heaps, &mut msg, 1, "a writer's heap")
+            .await
+            .map_err(io_error)?
+            .remove(0);
+        let word = |i: usize| u64::from_le_bytes(msg[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+        let (link, region, offset, heap) = (word(0), word(1), word(2), word(3));
+        let fits = offset.checked_add(heap).is_some_and(|end| end <= region);
+        let (Ok(region), Ok(offset), Ok(heap)) = (
+            usize::try_from(region),
+            usize::try_from(offset),
+            usize::try_from(heap),
+        ) else {
+            return Err(Error::Protocol(format!(
+                "a writer's heap laid out {region}/{offset}/{heap}"
+            )));
+        };
+        if !fits || heap == 0 || !sane_heap(heap) || !offset.is_multiple_of(4096) {
+            return Err(Error::Protocol(format!(
+                "a writer's heap laid out {region}/{offset}/{heap}"
+            )));
+        }
+        let region = Arc::new(Region::map(&fd, region).map_err(io_error)?);
+        Ok((link, HeapReader::new(region, offset, heap)))
+    }
 }
 
 /// Service side: creates the region for a link of `kind` and passes it on `sock` (whose peer
-/// was checked when it connected).
-pub(crate) async fn serve(sock: UnixStream, kind: LinkKind) -> Result<LinkEnd> {
+/// was checked when it connected). For a writer's link, also the heap to hand to gates
+/// (`link` names it).
+pub(crate) async fn serve(
+    sock: UnixStream,
+    kind: LinkKind,
+    link: u64,
+) -> Result<(LinkEnd, Option<SourceHeap>)> {
     let (s2t, t2s) = kind.rings();
-    let (region, fd) = Region::create(region_len(s2t, t2s, LINK_HEAP)).map_err(io_error)?;
+    let len = region_len(s2t, t2s, LINK_HEAP);
+    let (region, fd) = Region::create(len).map_err(io_error)?;
     let mut layout = [0u8; LAYOUT_LEN];
     for (i, v) in [s2t as u64, t2s as u64, LINK_HEAP as u64, kind.code()]
         .into_iter()
@@ -85,17 +163,47 @@ pub(crate) async fn serve(sock: UnixStream, kind: LinkKind) -> Result<LinkEnd> {
     {
         layout[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
     }
-    send_fd(&sock, &layout, fd.as_fd()).await.map_err(io_error)?;
-    drop(fd);
-    Ok(end(Arc::new(region), sock, s2t, t2s, LINK_HEAP, kind, true))
+    let (heaps, source) = match kind {
+        LinkKind::Gate => {
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(io_error)?;
+            ours.set_nonblocking(true).map_err(io_error)?;
+            send_fds(&sock, &layout, &[fd.as_fd(), theirs.as_fd()])
+                .await
+                .map_err(io_error)?;
+            (Some(UnixStream::from_std(ours).map_err(io_error)?), None)
+        }
+        LinkKind::Writer => {
+            send_fds(&sock, &layout, &[fd.as_fd()]).await.map_err(io_error)?;
+            let source = SourceHeap {
+                link,
+                fd,
+                region_len: len,
+                heap_offset: heap_offset(s2t, t2s),
+                heap_len: LINK_HEAP,
+            };
+            (None, Some(source))
+        }
+    };
+    let end = end(Arc::new(region), sock, s2t, t2s, LINK_HEAP, kind, true, heaps);
+    Ok((end, source))
 }
 
 /// Task side: having sent the link's opening on `sock`, maps the region the service passes.
 pub(crate) async fn open(sock: UnixStream, kind: LinkKind) -> Result<LinkEnd> {
     let mut layout = [0u8; LAYOUT_LEN];
-    let fd = recv_fd(&sock, &mut layout, "a link's layout")
+    let n = if kind == LinkKind::Gate { 2 } else { 1 };
+    let mut fds = recv_fds(&sock, &mut layout, n, "a link's layout")
         .await
         .map_err(|e| Error::ConnectionLost(format!("the host service did not set the link up: {e}")))?;
+    let heaps = match kind {
+        LinkKind::Gate => {
+            let theirs = std::os::unix::net::UnixStream::from(fds.pop().expect("two descriptors"));
+            theirs.set_nonblocking(true).map_err(io_error)?;
+            Some(UnixStream::from_std(theirs).map_err(io_error)?)
+        }
+        LinkKind::Writer => None,
+    };
+    let fd = fds.pop().expect("the region's descriptor");
     let word = |i: usize| u64::from_le_bytes(layout[8 * i..8 * i + 8].try_into().expect("8 bytes")) as usize;
     let (s2t, t2s, heap, code) = (word(0), word(1), word(2), word(3) as u64);
     let sane = |n: usize| n.is_power_of_two() && (4096..=1 << 30).contains(&n);
@@ -106,11 +214,12 @@ pub(crate) async fn open(sock: UnixStream, kind: LinkKind) -> Result<LinkEnd> {
     }
     let region = Arc::new(Region::map(&fd, region_len(s2t, t2s, heap)).map_err(io_error)?);
     drop(fd);
-    Ok(end(region, sock, s2t, t2s, heap, kind, false))
+    Ok(end(region, sock, s2t, t2s, heap, kind, false, heaps))
 }
 
 /// One side's view of a link's region: the ring it reads, the ring it writes, its side of the
 /// heap (the side that sends batches writes it), and the doorbell.
+#[allow(clippy::too_many_arguments)] // the layout's figures, the side, and the connections
 fn end(
     region: Arc<Region>,
     sock: UnixStream,
@@ -119,6 +228,7 @@ fn end(
     heap: usize,
     kind: LinkKind,
     service: bool,
+    heaps: Option<UnixStream>,
 ) -> LinkEnd {
     let to_task = Ring::new(region.clone(), 0, s2t);
     let to_service = Ring::new(region.clone(), RING_HEADER + s2t, t2s);
@@ -139,6 +249,7 @@ fn end(
         writer: ShmWriter::new(outgoing, bell.clone()),
         heap,
         bell,
+        heaps,
     }
 }
 
@@ -212,6 +323,7 @@ pub(crate) struct Watched {
     pub(crate) reader: ShmReader,
     pub(crate) writer: ShmWriter,
     pub(crate) heap: HeapEnd,
+    pub(crate) heaps: Option<UnixStream>,
     stops: [Arc<AtomicBool>; 3],
     /// Ends the doorbell's watch with the link (else it would keep the connection open).
     _watch: tokio::task::JoinHandle<()>,
@@ -231,6 +343,7 @@ impl Watched {
             writer,
             heap,
             bell,
+            heaps,
         } = end;
         let dead = Arc::new(AtomicBool::new(false));
         let flag = dead.clone();
@@ -249,6 +362,7 @@ impl Watched {
             reader,
             writer,
             heap,
+            heaps,
             stops: [dead, session, service],
             _watch: watch,
         }

@@ -37,6 +37,12 @@ pub struct ServiceMetrics {
     pub connections_opened: usize,
     /// Connections other services opened to this one.
     pub connections_served: usize,
+    /// Batches handed to a reading task where the writing task put them (a piece in its
+    /// writer link's heap), not copied: since the service started.
+    pub batches_in_place: usize,
+    /// Batches copied onto a reading task's link (small pieces, pieces that did not fit the
+    /// writer link's heap, and batches from other hosts): since the service started.
+    pub batches_copied: usize,
 }
 
 fn pool(o: &mut Out, p: &PoolStats) {
@@ -421,6 +427,8 @@ pub(crate) fn encode_service(m: &ServiceMetrics) -> Vec<u8> {
         m.gates,
         m.connections_opened,
         m.connections_served,
+        m.batches_in_place,
+        m.batches_copied,
     ] {
         o.usize(v);
     }
@@ -441,6 +449,8 @@ pub(crate) fn decode_service(bytes: &[u8]) -> Result<ServiceMetrics> {
         gates: i.usize()?,
         connections_opened: i.usize()?,
         connections_served: i.usize()?,
+        batches_in_place: i.usize()?,
+        batches_copied: i.usize()?,
     };
     i.end()?;
     Ok(m)

@@ -4,6 +4,12 @@
 //! link's heap when a run of chunks is free, and its frame only names it; the receiver decodes
 //! it where it lies and frees the chunks when the last batch over them is dropped. Any other
 //! record goes through the ring, inside its frame, into a block of the receiver's record pool.
+//!
+//! A writer splits its batches itself and sends each piece as a record of its own that holds
+//! its schema (a piece frame), so that the service can hand a piece that lies in the writer
+//! link's heap to the task that reads its subpartition as it lies (a forward frame, naming the
+//! writer link's heap, which that task maps): the piece's bytes are written once, by the
+//! writer, and read where they lie by the reader.
 
 use std::collections::HashMap;
 use std::collections::VecDeque;
@@ -19,7 +25,7 @@ use super::codec::{self, In, RecordHead, Signal, FRAME_HEADER};
 use super::link::{lost, read_body, read_header};
 use crate::base::error::{Error, Result};
 use crate::memory::RecordPool;
-use crate::net::shm::{HeapReader, HeapWriter, MIN_ITEM};
+use crate::net::shm::{HeapLease, HeapReader, HeapWriter, MIN_ITEM};
 use crate::serde::{BatchEncoder, Compression, RecordDeserializer, RECORD_HEADER_LEN};
 
 /// What one record frame (and its bytes) take to send: written in order.
@@ -75,12 +81,62 @@ impl RecordSender {
         frame.extend(parts);
         Ok(frame)
     }
+
+    /// The frame that carries a piece (`head.channel`: its subpartition) as a record that
+    /// holds its schema: in `heap` when it is large enough and a run of chunks is free (the
+    /// item's start and length come back too, to take it back if the frame is not sent), else
+    /// inline.
+    pub(crate) fn piece(
+        &self,
+        head: RecordHead,
+        batch: &RecordBatch,
+        heap: &HeapWriter,
+    ) -> Result<(Frame, Option<(u64, usize)>)> {
+        let record = BatchEncoder::with_compression(batch.schema_ref(), self.compression)?.encode(batch)?;
+        let len = record.len();
+        if len >= MIN_ITEM {
+            if let Some(start) = heap.place(0, false, len, record.chunks()) {
+                return Ok((small(head.piece_item(start, len as u64)), Some((start, len))));
+            }
+        }
+        let (_prefix, parts) = record.into_parts();
+        let body: usize = parts.iter().map(|p| p.len()).sum();
+        let mut frame = small(head.piece(body));
+        frame.extend(parts);
+        Ok((frame, None))
+    }
 }
 
-/// What a link brings: a record (its body: the IPC messages, as an Arrow buffer) or another
-/// frame.
+/// Decodes a piece: a record that holds its schema.
+pub(crate) fn decode_piece(body: Buffer, max: usize) -> Result<RecordBatch> {
+    let mut out = VecDeque::with_capacity(1);
+    RecordDeserializer::new(max).push_record(body, &mut out)?;
+    match (out.pop_front(), out.is_empty()) {
+        (Some(batch), true) => Ok(batch),
+        _ => Err(Error::Protocol("a piece holds no batch, or more than one".into())),
+    }
+}
+
+/// What a link brings: a record (its body: the IPC messages, as an Arrow buffer), a piece, a
+/// piece left in another link's heap, or another frame.
 pub(crate) enum Incoming {
-    Record { head: RecordHead, body: Buffer },
+    Record {
+        head: RecordHead,
+        body: Buffer,
+    },
+    /// A record that holds its schema; `lease`: the link's heap item it lies in, if any.
+    Piece {
+        head: RecordHead,
+        body: Buffer,
+        lease: Option<Arc<HeapLease>>,
+    },
+    /// A piece in writer link `source`'s heap at `start`, `len` bytes.
+    Forward {
+        head: RecordHead,
+        source: u64,
+        start: u64,
+        len: u64,
+    },
     Signal(Signal),
 }
 
@@ -96,74 +152,119 @@ pub(crate) async fn read_incoming<R: AsyncRead + Unpin>(
     };
     let body_len = len - FRAME_HEADER;
     match ty {
-        codec::ty::RECORD => {
-            // The head: channel and in-flight ids, then the record's bytes.
-            let mut fixed = [0u8; 8];
-            if body_len < fixed.len() {
-                return Err(Error::Protocol("a record frame too short for its head".into()));
-            }
-            r.read_exact(&mut fixed).await.map_err(lost)?;
-            let ids = u32::from_le_bytes(fixed[4..].try_into().expect("4 bytes")) as usize;
-            let head_len = 8 + 8 * ids;
-            if body_len < head_len {
-                return Err(Error::Protocol("a record frame too short for its head".into()));
-            }
-            let mut head_bytes = fixed.to_vec();
-            head_bytes.extend(read_body(r, head_len - 8).await?);
-            let head = RecordHead::decode_inline(&mut In::new(&head_bytes))?;
-            let record_len = body_len - head_len;
-            if record_len == 0 || record_len > max {
-                return Err(Error::Protocol(format!(
-                    "a record of {record_len} bytes (at most {max})"
-                )));
-            }
-            let mut buf = pool.take(record_len);
-            while buf.missing() > 0 {
-                let n = std::future::poll_fn(|cx| {
-                    let mut rb = tokio::io::ReadBuf::uninit(buf.spare());
-                    match Pin::new(&mut *r).poll_read(cx, &mut rb) {
-                        Poll::Ready(Ok(())) => Poll::Ready(Ok(rb.filled().len())),
-                        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-                        Poll::Pending => Poll::Pending,
-                    }
-                })
-                .await
-                .map_err(lost)?;
-                if n == 0 {
-                    return Err(Error::ConnectionLost("the link ended inside a record".into()));
-                }
-                // SAFETY: `poll_read` initialized the first `n` bytes of the spare part.
-                unsafe { buf.commit(n) };
-            }
-            Ok(Some(Incoming::Record {
-                head,
-                body: buf.freeze(),
+        codec::ty::RECORD | codec::ty::PIECE => {
+            let (head, body) = read_inline(r, body_len, pool, max).await?;
+            Ok(Some(match ty {
+                codec::ty::RECORD => Incoming::Record { head, body },
+                _ => Incoming::Piece {
+                    head,
+                    body,
+                    lease: None,
+                },
             }))
         }
-        codec::ty::RECORD_ITEM => {
+        codec::ty::RECORD_ITEM | codec::ty::PIECE_ITEM => {
             let body = read_body(r, body_len).await?;
             let (head, start, item_len) = RecordHead::decode_item(&body)?;
             let heap = heap.ok_or_else(|| Error::Protocol("a heap record on a link without one".into()))?;
-            let lease = Arc::new(heap.lease(start, item_len).map_err(Error::Protocol)?);
-            let prefix = lease
-                .bytes(0, RECORD_HEADER_LEN)
-                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
-            let record_len = item_len.saturating_sub(RECORD_HEADER_LEN as u64);
-            if prefix != Some(record_len) || record_len == 0 || record_len > max as u64 {
-                return Err(Error::Protocol(format!(
-                    "a heap record of {item_len} bytes whose prefix says {prefix:?}"
-                )));
-            }
-            let body = lease
-                .buffer(RECORD_HEADER_LEN, record_len as usize)
-                .ok_or_else(|| Error::Protocol("a heap record outside its item".into()))?;
-            Ok(Some(Incoming::Record { head, body }))
+            let (lease, body) = heap_record(heap, start, item_len, max)?;
+            Ok(Some(match ty {
+                codec::ty::RECORD_ITEM => Incoming::Record { head, body },
+                _ => Incoming::Piece {
+                    head,
+                    body,
+                    lease: Some(lease),
+                },
+            }))
+        }
+        codec::ty::FORWARD => {
+            let body = read_body(r, body_len).await?;
+            let (head, source, start, len) = RecordHead::decode_forward(&body)?;
+            Ok(Some(Incoming::Forward {
+                head,
+                source,
+                start,
+                len,
+            }))
         }
         other => {
             let body = read_body(r, body_len).await?;
             Signal::decode(other, &body).map(|s| Some(Incoming::Signal(s)))
         }
     }
+}
+
+/// Reads the rest of an inline record frame of `body_len` bytes: its head, then its record
+/// into a block of `pool`.
+async fn read_inline<R: AsyncRead + Unpin>(
+    r: &mut R,
+    body_len: usize,
+    pool: &RecordPool,
+    max: usize,
+) -> Result<(RecordHead, Buffer)> {
+    // The head: channel and in-flight ids, then the record's bytes.
+    let mut fixed = [0u8; 8];
+    if body_len < fixed.len() {
+        return Err(Error::Protocol("a record frame too short for its head".into()));
+    }
+    r.read_exact(&mut fixed).await.map_err(lost)?;
+    let ids = u32::from_le_bytes(fixed[4..].try_into().expect("4 bytes")) as usize;
+    let head_len = 8 + 8 * ids;
+    if body_len < head_len {
+        return Err(Error::Protocol("a record frame too short for its head".into()));
+    }
+    let mut head_bytes = fixed.to_vec();
+    head_bytes.extend(read_body(r, head_len - 8).await?);
+    let head = RecordHead::decode_inline(&mut In::new(&head_bytes))?;
+    let record_len = body_len - head_len;
+    if record_len == 0 || record_len > max {
+        return Err(Error::Protocol(format!(
+            "a record of {record_len} bytes (at most {max})"
+        )));
+    }
+    let mut buf = pool.take(record_len);
+    while buf.missing() > 0 {
+        let n = std::future::poll_fn(|cx| {
+            let mut rb = tokio::io::ReadBuf::uninit(buf.spare());
+            match Pin::new(&mut *r).poll_read(cx, &mut rb) {
+                Poll::Ready(Ok(())) => Poll::Ready(Ok(rb.filled().len())),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
+        .map_err(lost)?;
+        if n == 0 {
+            return Err(Error::ConnectionLost("the link ended inside a record".into()));
+        }
+        // SAFETY: `poll_read` initialized the first `n` bytes of the spare part.
+        unsafe { buf.commit(n) };
+    }
+    Ok((head, buf.freeze()))
+}
+
+/// The record a frame places in `heap` at `start`, `len` bytes (length prefix included): the
+/// lease on its chunks and its body. An error when the item cannot be one the producer placed.
+pub(crate) fn heap_record(
+    heap: &HeapReader,
+    start: u64,
+    len: u64,
+    max: usize,
+) -> Result<(Arc<HeapLease>, Buffer)> {
+    let lease = Arc::new(heap.lease(start, len).map_err(Error::Protocol)?);
+    let prefix = lease
+        .bytes(0, RECORD_HEADER_LEN)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+    let record_len = len.saturating_sub(RECORD_HEADER_LEN as u64);
+    if prefix != Some(record_len) || record_len == 0 || record_len > max as u64 {
+        return Err(Error::Protocol(format!(
+            "a heap record of {len} bytes whose prefix says {prefix:?}"
+        )));
+    }
+    let body = lease
+        .buffer(RECORD_HEADER_LEN, record_len as usize)
+        .ok_or_else(|| Error::Protocol("a heap record outside its item".into()))?;
+    Ok((lease, body))
 }
 
 /// Decodes the records of a link's streams (one decoder per stream).

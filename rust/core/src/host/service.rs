@@ -313,8 +313,8 @@ async fn connection(mut sock: UnixStream, pid: Option<i32>, shared: Arc<Shared>)
                 PendingLink::Writer { .. } => LinkKind::Writer,
                 PendingLink::Gate(_) => LinkKind::Gate,
             };
-            let end = match link::serve(sock, kind).await {
-                Ok(end) => end,
+            let (end, source) = match link::serve(sock, kind, link).await {
+                Ok(x) => x,
                 Err(e) => return log::warn!("creditflow: host service could not set up a link: {e}"),
             };
             let (dead, stopping, handle) = (
@@ -326,12 +326,26 @@ async fn connection(mut sock: UnixStream, pid: Option<i32>, shared: Arc<Shared>)
                 PendingLink::Writer {
                     partition,
                     partitioner,
-                } => shared.spawn_worker("creditflow-host-writer", move || {
-                    upload::run(partition, partitioner, end, handle, s.pid, [dead, stopping])
-                }),
-                PendingLink::Gate(gate) => shared.spawn_worker("creditflow-host-gate", move || {
-                    download::run(*gate, end, handle, [dead, stopping])
-                }),
+                } => {
+                    let source = source.expect("a writer's link has a heap to hand on");
+                    shared.spawn_worker("creditflow-host-writer", move || {
+                        upload::run(
+                            partition,
+                            partitioner,
+                            end,
+                            source,
+                            handle,
+                            s.pid,
+                            [dead, stopping],
+                        )
+                    })
+                }
+                PendingLink::Gate(gate) => {
+                    let sent = shared.host.sent.clone();
+                    shared.spawn_worker("creditflow-host-gate", move || {
+                        download::run(*gate, end, handle, sent, [dead, stopping])
+                    })
+                }
             }
         }
     }

@@ -13,7 +13,18 @@ pub(crate) struct HostState {
     pub(crate) stopping: Arc<AtomicBool>,
     /// Sessions now.
     pub(crate) attached: AtomicUsize,
+    /// What the gates' links did with the batches they sent.
+    pub(crate) sent: Arc<SentCounters>,
     next_id: AtomicU64,
+}
+
+/// Batches the gates' links sent to their tasks, by how.
+#[derive(Default)]
+pub(crate) struct SentCounters {
+    /// Handed over where the writing task put them (a writer link's heap): not copied.
+    pub(crate) in_place: AtomicU64,
+    /// Copied onto the gate's link.
+    pub(crate) copied: AtomicU64,
 }
 
 impl HostState {
@@ -22,6 +33,7 @@ impl HostState {
             env,
             stopping: Arc::new(AtomicBool::new(false)),
             attached: AtomicUsize::new(0),
+            sent: Arc::default(),
             next_id: AtomicU64::new(1),
         }
     }
@@ -45,6 +57,8 @@ impl HostState {
             gates: m.gates.len(),
             connections_opened: m.connections_opened,
             connections_served: m.connections_served,
+            batches_in_place: self.sent.in_place.load(Ordering::Relaxed) as usize,
+            batches_copied: self.sent.copied.load(Ordering::Relaxed) as usize,
         }
     }
 }

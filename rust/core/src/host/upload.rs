@@ -1,7 +1,9 @@
-//! The service's side of a writer's link (a `creditflow-host-writer` thread): decodes what the
-//! task sends and writes it through the partition's partitioner, blocking while the partition
-//! is full, which is what holds the task's writer back. A link that ends without the writer's
-//! close (the task died, or dropped the writer) fails the partition.
+//! The service's side of a writer's link (a `creditflow-host-writer` thread): decodes the
+//! pieces the task sends and queues each in its subpartition, blocking while the partition is
+//! full, which is what holds the task's writer back. A piece that lies in the link's heap is
+//! queued with its place ([`InHeap`]), so that a gate of this host can hand it on as it lies.
+//! A link that ends without the writer's close (the task died, or dropped the writer) fails
+//! the partition.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,13 +11,14 @@ use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 
-use super::codec::{Signal, TO_PARTITIONER};
-use super::link::{self, HeapEnd, LinkEnd, Watched};
-use super::records::{read_incoming, small, Incoming, RecordReceiver};
+use super::codec::Signal;
+use super::link::{self, HeapEnd, InHeap, LinkEnd, SourceHeap, Watched};
+use super::records::{decode_piece, read_incoming, small, Incoming};
 use super::runtime::block_on;
 use crate::base::error::{Error, Result};
 use crate::base::wait::Wait;
 use crate::memory::RecordPool;
+use crate::partition::subpartition::Token;
 use crate::partition::{Partitioner, RecordWriter, ResultPartition};
 
 /// The most bytes one record may have.
@@ -31,6 +34,7 @@ pub(crate) fn run(
     partition: Arc<ResultPartition>,
     partitioner: Partitioner,
     end: LinkEnd,
+    source: SourceHeap,
     handle: Handle,
     pid: u32,
     stop: [Arc<AtomicBool>; 2],
@@ -56,7 +60,7 @@ pub(crate) fn run(
     };
     let mut wait = Wait::forever().with_check(&mut check);
     let pool = RecordPool::new(RECORD_POOL);
-    let mut records = RecordReceiver::new(MAX_RECORD);
+    let source = Arc::new(source);
     let mut w = RecordWriter::new(partition.clone(), partitioner);
     let mut reply = |signal: Signal, wait: &mut Wait<'_>| -> Result<()> {
         let frame = small(signal.encode());
@@ -77,15 +81,13 @@ pub(crate) fn run(
             Ok(Err(e)) | Err(e) => break Err(e),
         };
         let step = match incoming {
-            // One IPC stream per target on the link, as the writer encodes them.
-            Incoming::Record { head, body } => {
-                records
-                    .decode(head.channel, body)
-                    .and_then(|batch| match head.channel {
-                        TO_PARTITIONER => w.write(&batch, &mut wait),
-                        sp => w.write_to(&batch, None, sp as usize, &mut wait),
-                    })
-            }
+            Incoming::Piece { head, body, lease } => decode_piece(body, MAX_RECORD).and_then(|batch| {
+                let token = lease.map(|lease| {
+                    let source = source.clone();
+                    Arc::new(InHeap { source, lease }) as Token
+                });
+                w.write_to(&batch, token, head.channel as usize, &mut wait)
+            }),
             Incoming::Signal(Signal::Event {
                 target: None,
                 payload,
@@ -124,6 +126,9 @@ pub(crate) fn run(
                 );
             }
             Incoming::Signal(other) => Err(Error::Protocol(format!("attach: {other:?} on a writer's link"))),
+            Incoming::Record { .. } | Incoming::Forward { .. } => Err(Error::Protocol(
+                "attach: a record other than a piece on a writer's link".into(),
+            )),
         };
         if let Err(e) = step {
             break Err(e);

@@ -1,7 +1,8 @@
 //! [`AttachedWriter`]: a `RecordWriter` whose partition the host service holds. The task checks
-//! each batch's schema and encodes it onto the writer's link (into the heap, or through the
-//! ring); the service writes it through the partitioner. A frame goes to the link's I/O task
-//! through a channel of one, which is where a writer the service holds back waits.
+//! each batch's schema, splits it with the partitioner and encodes each piece onto the
+//! writer's link (into the heap, or through the ring); the service queues the pieces in their
+//! subpartitions. A batch's frames go to the link's I/O task together through a channel of
+//! one, which is where a writer the service holds back waits.
 
 use std::sync::{Arc, Mutex};
 
@@ -10,7 +11,7 @@ use arrow_schema::SchemaRef;
 use tokio::sync::mpsc;
 
 use super::client::Session;
-use super::codec::{RecordHead, Signal, TO_PARTITIONER};
+use super::codec::{RecordHead, Signal};
 use super::link::{self, HeapEnd, LinkEnd};
 use super::records::{small, Frame, RecordSender};
 use super::runtime::block_on;
@@ -18,6 +19,7 @@ use crate::base::error::{Error, Result};
 use crate::base::event::MAX_EVENT_PAYLOAD_LEN;
 use crate::base::wait::Wait;
 use crate::net::shm::HeapWriter;
+use crate::partition::partitioner::{Piece, Splitter};
 use crate::partition::Partitioner;
 
 /// Writes batches into a partition the host service holds.
@@ -25,6 +27,8 @@ pub struct AttachedWriter {
     session: Arc<Session>,
     partition: String,
     partitioner: Partitioner,
+    /// The partitioner bound to the partition's schema, once the first batch came.
+    splitter: Option<Splitter>,
     subpartitions: usize,
     /// The schema of the partition's first batch (shared with the partition's handle).
     schema: Arc<Mutex<Option<SchemaRef>>>,
@@ -67,6 +71,7 @@ impl AttachedWriter {
             mut writer,
             heap,
             bell: _,
+            heaps: _,
         } = end;
         let HeapEnd::Writer(heap) = heap else {
             return Err(Error::Protocol(
@@ -116,6 +121,7 @@ impl AttachedWriter {
             session,
             partition,
             partitioner,
+            splitter: None,
             subpartitions,
             schema,
             frames: Some(frames),
@@ -225,7 +231,16 @@ impl AttachedWriter {
     /// Writes a batch; blocks while the service holds the writer back (backpressure), as
     /// `wait` allows.
     pub fn write(&mut self, batch: &RecordBatch, wait: &mut Wait<'_>) -> Result<()> {
-        self.write_record(batch, TO_PARTITIONER, wait)
+        self.check_open()?;
+        self.check_schema(batch, true)?;
+        let splitter = match self.splitter.as_mut() {
+            Some(s) => s,
+            None => self
+                .splitter
+                .insert(Splitter::new(self.partitioner.clone(), batch.schema_ref())?),
+        };
+        let pieces = splitter.split(batch, self.subpartitions)?;
+        self.send_pieces(pieces, wait)
     }
 
     /// Writes a batch whole to `subpartition` (the partitioner is not asked), as
@@ -237,18 +252,49 @@ impl AttachedWriter {
                 "subpartition {subpartition} out of range: the partition has {n}"
             )));
         }
-        self.write_record(batch, subpartition as u32, wait)
+        self.check_open()?;
+        self.check_schema(batch, false)?;
+        let piece = Piece {
+            subpartition,
+            batch: batch.clone(),
+            whole: true,
+        };
+        self.send_pieces(vec![piece], wait)
     }
 
-    fn write_record(&mut self, batch: &RecordBatch, target: u32, wait: &mut Wait<'_>) -> Result<()> {
-        self.check_open()?;
-        self.check_schema(batch, target == TO_PARTITIONER)?;
-        let head = RecordHead {
-            channel: target,
-            in_flight: Vec::new(),
-        };
-        let frame = self.sender.frame(head, batch, &self.heap)?;
-        self.send(frame, wait)
+    /// Sends a batch's pieces as one frame: the service gets all of them or none (a write
+    /// that timed out may be retried).
+    fn send_pieces(&mut self, pieces: Vec<Piece>, wait: &mut Wait<'_>) -> Result<()> {
+        if pieces.is_empty() {
+            return Ok(());
+        }
+        let mut frame = Vec::new();
+        let mut placed = Vec::new();
+        let mut encoded = Ok(());
+        for p in pieces {
+            let head = RecordHead {
+                channel: p.subpartition as u32,
+                in_flight: Vec::new(),
+            };
+            match self.sender.piece(head, &p.batch, &self.heap) {
+                Ok((f, item)) => {
+                    frame.extend(f);
+                    placed.extend(item);
+                }
+                Err(e) => {
+                    encoded = Err(e);
+                    break;
+                }
+            }
+        }
+        let sent = encoded.and_then(|()| self.send(frame, wait));
+        if sent.is_err() {
+            // The service never saw these items: their chunks are free again.
+            for (start, len) in placed {
+                self.heap.take_back(start, len);
+            }
+        }
+        sent
     }
 
     /// Makes partly filled buffers readable now (in order with the batches before).

@@ -14,7 +14,7 @@ mod control;
 mod signals;
 
 pub(crate) use control::{get_error, put_error, Opening, Reply, Request, Welcome};
-pub(crate) use signals::{RecordHead, Signal, TO_PARTITIONER};
+pub(crate) use signals::{RecordHead, Signal};
 
 use crate::base::error::{Error, Result};
 
@@ -45,6 +45,14 @@ pub(crate) mod ty {
     pub(crate) const ERROR: u8 = 29;
     /// The service's answer to a writer's barrier or close.
     pub(crate) const ACK: u8 = 30;
+    /// A piece of a batch the task split, to a subpartition, inline: as [`RECORD`], but the
+    /// record holds its schema (it can be decoded alone).
+    pub(crate) const PIECE: u8 = 31;
+    /// A piece in the writer link's heap: as [`RECORD_ITEM`], the record holding its schema.
+    pub(crate) const PIECE_ITEM: u8 = 32;
+    /// A piece left in a writer link's heap, handed to a gate's task: `channel u32`,
+    /// `in_flight` ids, `source u64` (the writer link), `start u64`, `len u64`.
+    pub(crate) const FORWARD: u8 = 33;
 }
 
 /// Appends one frame: header, then what `body` writes.
@@ -323,13 +331,16 @@ pub(crate) fn samples() -> Vec<Vec<u8>> {
     out.extend(replies.iter().enumerate().map(|(n, r)| r.encode(100 + n as u64)));
     out.extend(sample_signals().iter().map(Signal::encode));
     let head = RecordHead {
-        channel: TO_PARTITIONER,
+        channel: 5,
         in_flight: vec![7, 8],
     };
     out.push(head.item(64, 1 << 20));
-    let mut inline = head.inline(3);
-    inline.extend_from_slice(b"ipc");
-    out.push(inline);
+    out.push(head.piece_item(64, 1 << 20));
+    out.push(head.forward(12, 64, 1 << 20));
+    for mut inline in [head.inline(3), head.piece(3)] {
+        inline.extend_from_slice(b"ipc");
+        out.push(inline);
+    }
     out
 }
 
@@ -446,13 +457,25 @@ mod tests {
         let (t, b) = body(&f);
         assert_eq!(t, ty::RECORD_ITEM);
         assert_eq!(RecordHead::decode_item(b).unwrap(), (head.clone(), 64, 1000));
-        let mut f = head.inline(3);
-        f.extend_from_slice(b"abc");
+        let f = head.piece_item(64, 1000);
         let (t, b) = body(&f);
-        assert_eq!(t, ty::RECORD);
-        let mut i = In::new(b);
-        assert_eq!(RecordHead::decode_inline(&mut i).unwrap(), head);
-        assert_eq!(i.rest(), b"abc");
+        assert_eq!(t, ty::PIECE_ITEM);
+        assert_eq!(RecordHead::decode_item(b).unwrap(), (head.clone(), 64, 1000));
+        let f = head.forward(3, 64, 1000);
+        let (t, b) = body(&f);
+        assert_eq!(t, ty::FORWARD);
+        assert_eq!(
+            RecordHead::decode_forward(b).unwrap(),
+            (head.clone(), 3, 64, 1000)
+        );
+        for (mut f, ty) in [(head.inline(3), ty::RECORD), (head.piece(3), ty::PIECE)] {
+            f.extend_from_slice(b"abc");
+            let (t, b) = body(&f);
+            assert_eq!(t, ty);
+            let mut i = In::new(b);
+            assert_eq!(RecordHead::decode_inline(&mut i).unwrap(), head);
+            assert_eq!(i.rest(), b"abc");
+        }
     }
 
     #[test]
@@ -465,7 +488,7 @@ mod tests {
     #[test]
     fn every_sample_decodes_to_what_was_encoded_and_back() {
         let samples = samples();
-        assert_eq!(samples.len(), 35);
+        assert_eq!(samples.len(), 38);
         for input in crate::fuzz::attach::seeds() {
             crate::fuzz::attach::run(&input);
         }
@@ -477,8 +500,10 @@ mod tests {
                 || (t == ty::REQUEST && Request::decode(b).is_ok())
                 || (t == ty::REPLY && Reply::decode(b).is_ok())
                 || Signal::decode(t, b).is_ok()
-                || (t == ty::RECORD_ITEM && RecordHead::decode_item(b).is_ok())
-                || (t == ty::RECORD && RecordHead::decode_inline(&mut In::new(b)).is_ok())
+                || ([ty::RECORD_ITEM, ty::PIECE_ITEM].contains(&t) && RecordHead::decode_item(b).is_ok())
+                || (t == ty::FORWARD && RecordHead::decode_forward(b).is_ok())
+                || ([ty::RECORD, ty::PIECE].contains(&t)
+                    && RecordHead::decode_inline(&mut In::new(b)).is_ok())
         };
         assert!(samples.iter().all(decodes));
     }

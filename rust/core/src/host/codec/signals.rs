@@ -79,12 +79,9 @@ impl Signal {
     }
 }
 
-/// A writer's record head naming no subpartition: the partition's partitioner splits the batch.
-pub(crate) const TO_PARTITIONER: u32 = u32::MAX;
-
 /// The fixed part of a record frame: which channel (a gate's) or, from a writer, the
-/// subpartition the batch goes to whole ([`TO_PARTITIONER`]: the partitioner splits it), and
-/// the unaligned checkpoints the batch is in-flight data of.
+/// subpartition the piece goes to, and the unaligned checkpoints the batch is in-flight data
+/// of.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RecordHead {
     pub(crate) channel: u32,
@@ -94,7 +91,16 @@ pub(crate) struct RecordHead {
 impl RecordHead {
     /// A record frame's header and head; `len` bytes of record follow it in the frame.
     pub(crate) fn inline(&self, len: usize) -> Vec<u8> {
-        let mut f = frame(ty::RECORD, |o| {
+        self.inline_as(ty::RECORD, len)
+    }
+
+    /// A piece frame's header and head; `len` bytes of self-contained record follow it.
+    pub(crate) fn piece(&self, len: usize) -> Vec<u8> {
+        self.inline_as(ty::PIECE, len)
+    }
+
+    fn inline_as(&self, ty: u8, len: usize) -> Vec<u8> {
+        let mut f = frame(ty, |o| {
             o.u32(self.channel);
             o.u64s(&self.in_flight);
         });
@@ -111,6 +117,36 @@ impl RecordHead {
             o.u64(start);
             o.u64(len);
         })
+    }
+
+    /// A frame naming a piece (a self-contained record) at heap offset `start`, `len` bytes.
+    pub(crate) fn piece_item(&self, start: u64, len: u64) -> Vec<u8> {
+        frame(ty::PIECE_ITEM, |o| {
+            o.u32(self.channel);
+            o.u64s(&self.in_flight);
+            o.u64(start);
+            o.u64(len);
+        })
+    }
+
+    /// A frame handing over the piece at `start`, `len` bytes, of writer link `source`'s heap.
+    pub(crate) fn forward(&self, source: u64, start: u64, len: u64) -> Vec<u8> {
+        frame(ty::FORWARD, |o| {
+            o.u32(self.channel);
+            o.u64s(&self.in_flight);
+            o.u64(source);
+            o.u64(start);
+            o.u64(len);
+        })
+    }
+
+    /// Reads a forward frame's body: the head, the source link, the item's start and length.
+    pub(crate) fn decode_forward(body: &[u8]) -> Result<(RecordHead, u64, u64, u64)> {
+        let mut i = In::new(body);
+        let head = RecordHead::decode_inline(&mut i)?;
+        let (source, start, len) = (i.u64()?, i.u64()?, i.u64()?);
+        i.end()?;
+        Ok((head, source, start, len))
     }
 
     /// Reads the head of an inline record frame; the rest of the body is the record.

@@ -174,6 +174,14 @@ impl HeapWriter {
         Some(start as u64)
     }
 
+    /// Frees the item of `len` bytes placed at `start` whose frame was never sent (the
+    /// consumer does not know it).
+    pub(crate) fn take_back(&self, start: u64, len: usize) {
+        let (first, chunks) = span(start as usize, len);
+        self.ledger.lock().unwrap().retain(|p| p.first != first);
+        self.heap.map.free(first, chunks);
+    }
+
     /// Chunks in use (placed and not yet freed by the consumer).
     #[cfg(test)]
     pub(crate) fn chunks_in_use(&self) -> usize {
@@ -213,6 +221,7 @@ impl HeapReader {
             heap: self.heap.clone(),
             start,
             len,
+            given_away: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }
@@ -223,6 +232,9 @@ pub(crate) struct HeapLease {
     heap: Arc<Heap>,
     start: usize,
     len: usize,
+    /// Another process maps the heap and frees the item's chunks itself (see
+    /// [`HeapLease::give_away`]).
+    given_away: std::sync::atomic::AtomicBool,
 }
 
 impl HeapLease {
@@ -261,10 +273,22 @@ impl HeapLease {
     }
 }
 
+impl HeapLease {
+    /// Hands the item to another process that maps the same heap and frees its chunks when
+    /// done with it: this lease's last holder then leaves them allocated. After this, this
+    /// process must not read the item's bytes again (the other side may have freed them and
+    /// the producer written the chunks anew).
+    pub(crate) fn give_away(&self) {
+        self.given_away.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 impl Drop for HeapLease {
     fn drop(&mut self) {
-        let (first, chunks) = span(self.start, self.len);
-        self.heap.map.free(first, chunks);
+        if !self.given_away.load(std::sync::atomic::Ordering::SeqCst) {
+            let (first, chunks) = span(self.start, self.len);
+            self.heap.map.free(first, chunks);
+        }
     }
 }
 

@@ -26,7 +26,7 @@ mod tests;
 
 pub use crate::base::metrics::ChannelTransport;
 pub(crate) use doorbell::{Doorbell, Waiter};
-pub(crate) use fdpass::{recv_fd, send_fd};
+pub(crate) use fdpass::{recv_fds, send_fds};
 pub(crate) use heap::{heap_bytes_for, sane_heap, HeapLease, HeapReader, HeapWriter, MIN_ITEM};
 pub(crate) use identity::local_offer;
 pub(crate) use link::{check_peer, connect_link, heap_offset, region_len, serve_link, ShmListener};

@@ -1,0 +1,131 @@
+//! Pieces a writing task put in its writer link's heap reach the reading task where they lie:
+//! whole, in order, never changed while held, their chunks freed for the writer once dropped.
+
+use arrow_array::{DictionaryArray, Int32Array};
+
+use super::*;
+use crate::partition::partitioner::Splitter;
+
+/// Nonempty pieces `batch` splits into for `n` subpartitions by key `k`.
+fn pieces(batch: &RecordBatch, n: usize) -> usize {
+    let mut s = Splitter::new(Partitioner::Hash(vec!["k".into()]), batch.schema_ref()).unwrap();
+    s.split(batch, n).unwrap().len()
+}
+
+/// A deep copy: what a batch held must still read as when it arrived.
+fn copy(batch: &RecordBatch) -> RecordBatch {
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| arrow_array::make_array(c.to_data().into_builder().build().unwrap()))
+        .map(|a| arrow_select::concat::concat(&[a.as_ref()]).unwrap())
+        .collect();
+    RecordBatch::try_new(batch.schema(), columns).unwrap()
+}
+
+#[test]
+fn pieces_in_a_writer_s_heap_reach_the_reading_task_uncopied_in_order_and_whole() {
+    let s = service("in-place", 64 << 20);
+    let (a, b) = (attach(&s), attach(&s));
+    let p = a.create_partition("p", 2, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Hash(vec!["k".into()])).unwrap();
+    let mut g = b.create_input_gate(specs(s.address(), "p", 2)).unwrap();
+    let reader = std::thread::spawn(move || drain(&mut g));
+    let (mut first, mut sent, mut total) = (0i64, Vec::new(), 0usize);
+    // Halves of 40,000 rows lie in the heap; halves of 10 rows go through the ring.
+    for i in 0..40 {
+        let rows = if i % 4 == 3 { 10 } else { 40_000 };
+        let b = batch(first, rows, 8);
+        total += pieces(&b, 2);
+        w.write(&b, &mut forever()).unwrap();
+        sent.extend(first..first + rows as i64);
+        first += rows as i64;
+    }
+    w.close(&mut forever()).unwrap();
+    let got = reader.join().unwrap();
+    let mut all: Vec<i64> = got.values().flatten().copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, sent);
+    // A subpartition's rows keep the order they were written in.
+    assert!(got.values().all(|keys| keys.windows(2).all(|w| w[0] < w[1])));
+    let m = s.metrics();
+    assert_eq!(m.batches_in_place + m.batches_copied, total, "{m:?}");
+    assert!(m.batches_in_place > 0 && m.batches_copied >= 10, "{m:?}");
+}
+
+#[test]
+fn a_piece_held_by_the_reader_never_changes_and_dropped_pieces_free_the_writer_s_heap() {
+    let s = service("held", 64 << 20);
+    let (a, b) = (attach(&s), attach(&s));
+    let p = a.create_partition("p", 1, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Forward).unwrap();
+    let mut g = b.create_input_gate(specs(s.address(), "p", 1)).unwrap();
+    let next = |g: &mut AttachedGate| g.next(&mut forever()).unwrap().unwrap();
+    // 400 KB each: the writer link's heap (4 MiB) holds about ten.
+    w.write(&batch(0, 20_000, 12), &mut forever()).unwrap();
+    let held = next(&mut g);
+    let was = copy(&held);
+    assert_eq!(s.metrics().batches_in_place, 1);
+    // While it is held, 40 more go by: far more than the heap holds, so its chunks would have
+    // been written again were they free.
+    let mut first = 20_000i64;
+    for _ in 0..40 {
+        w.write(&batch(first, 20_000, 12), &mut forever()).unwrap();
+        let got = next(&mut g);
+        assert_eq!(got, batch(first, 20_000, 12));
+        first += 20_000;
+    }
+    assert_eq!(held, was, "a held batch changed");
+    assert_eq!(held, batch(0, 20_000, 12));
+    // Dropped as read, they freed their chunks: all went in place but the held one's.
+    let m = s.metrics();
+    assert_eq!((m.batches_in_place, m.batches_copied), (41, 0), "{m:?}");
+    drop(held);
+    w.close(&mut forever()).unwrap();
+    assert!(g.next(&mut forever()).unwrap().is_none());
+}
+
+#[test]
+fn a_dictionary_column_travels_in_every_piece() {
+    let s = service("dictionary", 64 << 20);
+    let (a, b) = (attach(&s), attach(&s));
+    let p = a.create_partition("p", 2, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Hash(vec!["k".into()])).unwrap();
+    let mut g = b.create_input_gate(specs(s.address(), "p", 2)).unwrap();
+    let rows = 60_000usize;
+    let words: ArrayRef = Arc::new(StringArray::from_iter_values(
+        (0..100).map(|i| format!("word-{i:04}")),
+    ));
+    let make = |round: i64| {
+        let k: ArrayRef = Arc::new(Int64Array::from_iter_values(
+            round * 1_000_000..round * 1_000_000 + rows as i64,
+        ));
+        let keys = Int32Array::from_iter_values((0..rows).map(|i| ((i as i64 + round) % 100) as i32));
+        let d: ArrayRef = Arc::new(DictionaryArray::try_new(keys, words.clone()).unwrap());
+        RecordBatch::try_from_iter([("k", k), ("w", d)]).unwrap()
+    };
+    for round in 0..3 {
+        w.write(&make(round), &mut forever()).unwrap();
+    }
+    w.close(&mut forever()).unwrap();
+    let mut seen = 0;
+    while let Some(batch) = g.next(&mut forever()).unwrap() {
+        let k = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        let d = batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<DictionaryArray<arrow_array::types::Int32Type>>()
+            .unwrap();
+        let values = d.values().as_any().downcast_ref::<StringArray>().unwrap();
+        for (k, key) in k.values().iter().zip(d.keys().values()) {
+            let (round, i) = (k / 1_000_000, k % 1_000_000);
+            assert_eq!(
+                values.value(*key as usize),
+                format!("word-{:04}", (i + round) % 100)
+            );
+        }
+        seen += batch.num_rows();
+    }
+    assert_eq!(seen, 3 * rows);
+    assert!(s.metrics().batches_in_place > 0, "{:?}", s.metrics());
+}

@@ -120,6 +120,10 @@ def one_round(mode: str, args: argparse.Namespace, nbytes: int) -> dict[str, flo
             service_cpu = time.process_time() - cpu0 if service is not None else 0.0
         if any(p.returncode for p in procs):
             raise SystemExit(f"a task failed in the {mode} round")
+        if service is not None:
+            m = service.metrics()
+            sent = m["batches_in_place"] + m["batches_copied"]
+            in_place = 100.0 * m["batches_in_place"] / max(sent, 1)
     finally:
         if service is not None:
             service.close()
@@ -130,12 +134,14 @@ def one_round(mode: str, args: argparse.Namespace, nbytes: int) -> dict[str, flo
     seconds = max(f["end"] for f in figures) - min(f["start"] for f in figures)
     gb = nbytes / 1e9
     task_cpu = sum(f["cpu"] for f in figures)
+    shares = {"batches in place %": in_place} if service is not None else {}
     return {
         "GB/s": gb / seconds,
         "s": seconds,
         "task CPU s/GB": task_cpu / gb,
         "service CPU s/GB": service_cpu / gb,
         "CPU s/GB": (task_cpu + service_cpu) / gb,
+        **shares,
     }
 
 
@@ -164,8 +170,8 @@ def main() -> None:
     print("\n| figure | " + " | ".join(MODES) + " | service / per task (paired) |")
     print("|---|---|---|---|")
     for k in keys:
-        med = [statistics.median(x[k] for x in rounds[m]) for m in MODES]
-        ratios = [a[k] / b[k] for a, b in zip(rounds["service"], rounds["per task"], strict=True) if b[k]]
+        med = [statistics.median(x.get(k, 0.0) for x in rounds[m]) for m in MODES]
+        ratios = [a[k] / b[k] for a, b in zip(rounds["service"], rounds["per task"], strict=True) if b.get(k)]
         ratio = f"{statistics.median(ratios):.2f}x" if ratios else "-"
         print(f"| {k} | {med[0]:.3f} | {med[1]:.3f} | {ratio} |")
 

@@ -89,6 +89,10 @@ def test_a_pipeline_without_spark_writes_and_reads_through_a_served_host_service
     assert sm["sessions"] == 2
     assert sm["connections_opened"] == 0
     assert sm["connections_served"] == 0
+    # Each batch split in two; pieces of about 80 KB lie in the writer's heap and reach the
+    # reading task there, uncopied (a piece that did not fit would be copied).
+    assert sm["batches_in_place"] + sm["batches_copied"] == 40
+    assert sm["batches_in_place"] > 0
     gate.close()
 
 

@@ -256,7 +256,8 @@ class HostService:
     def name(self) -> str:
         """The name tasks attach by."""
     def metrics(self) -> ServiceMetrics:
-        """Its pool, the tasks attached, its partitions, gates and connections."""
+        """Its pool, the tasks attached, its partitions, gates and connections, and how many
+        batches reached reading tasks in place or copied."""
     def wait(self, timeout: float | None = None) -> str:
         """Blocks until the service ends (its owners are gone, it was idle for
         ``idle_timeout``, or :meth:`close`) and returns why. The GIL is released and Ctrl-C

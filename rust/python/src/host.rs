@@ -128,7 +128,8 @@ impl HostService {
         self.inner.name()
     }
 
-    /// Its pool, the tasks attached, its partitions, gates and connections
+    /// Its pool, the tasks attached, its partitions, gates and connections, and how many
+    /// batches reached reading tasks in place or copied
     /// (``creditflow.metrics.ServiceMetrics``).
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let m = py.detach(|| self.inner.metrics());

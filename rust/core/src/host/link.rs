@@ -29,8 +29,12 @@ use crate::net::shm::{
 pub(crate) const BATCH_RING: usize = 1 << 20;
 /// Bytes of the ring back (acknowledgements and errors).
 pub(crate) const BACK_RING: usize = 64 << 10;
-/// Bytes of a link's heap (its pages are used only once written).
-pub(crate) const LINK_HEAP: usize = 4 << 20;
+/// Bytes of a writer link's heap (its pages are used only once written): room for the pieces
+/// its partition queues and its readers hold, which lie there until read (beyond, pieces go
+/// through the ring and the service copies them).
+pub(crate) const WRITER_HEAP: usize = 16 << 20;
+/// Bytes of a gate link's heap.
+pub(crate) const GATE_HEAP: usize = 4 << 20;
 /// Bytes of the layout the service sends with the region.
 const LAYOUT_LEN: usize = 32;
 
@@ -48,6 +52,14 @@ impl LinkKind {
         match self {
             LinkKind::Writer => 1,
             LinkKind::Gate => 2,
+        }
+    }
+
+    /// Bytes of its heap.
+    fn heap(self) -> usize {
+        match self {
+            LinkKind::Writer => WRITER_HEAP,
+            LinkKind::Gate => GATE_HEAP,
         }
     }
 
@@ -154,10 +166,10 @@ pub(crate) async fn serve(
     link: u64,
 ) -> Result<(LinkEnd, Option<SourceHeap>)> {
     let (s2t, t2s) = kind.rings();
-    let len = region_len(s2t, t2s, LINK_HEAP);
+    let len = region_len(s2t, t2s, kind.heap());
     let (region, fd) = Region::create(len).map_err(io_error)?;
     let mut layout = [0u8; LAYOUT_LEN];
-    for (i, v) in [s2t as u64, t2s as u64, LINK_HEAP as u64, kind.code()]
+    for (i, v) in [s2t as u64, t2s as u64, kind.heap() as u64, kind.code()]
         .into_iter()
         .enumerate()
     {
@@ -179,12 +191,12 @@ pub(crate) async fn serve(
                 fd,
                 region_len: len,
                 heap_offset: heap_offset(s2t, t2s),
-                heap_len: LINK_HEAP,
+                heap_len: kind.heap(),
             };
             (None, Some(source))
         }
     };
-    let end = end(Arc::new(region), sock, s2t, t2s, LINK_HEAP, kind, true, heaps);
+    let end = end(Arc::new(region), sock, s2t, t2s, kind.heap(), kind, true, heaps);
     Ok((end, source))
 }
 

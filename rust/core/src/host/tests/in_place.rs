@@ -4,6 +4,7 @@
 use arrow_array::{DictionaryArray, Int32Array};
 
 use super::*;
+use crate::host::link::WRITER_HEAP;
 use crate::partition::partitioner::Splitter;
 
 /// Nonempty pieces `batch` splits into for `n` subpartitions by key `k`.
@@ -61,15 +62,16 @@ fn a_piece_held_by_the_reader_never_changes_and_dropped_pieces_free_the_writer_s
     let mut w = p.writer(Partitioner::Forward).unwrap();
     let mut g = b.create_input_gate(specs(s.address(), "p", 1)).unwrap();
     let next = |g: &mut AttachedGate| g.next(&mut forever()).unwrap().unwrap();
-    // 400 KB each: the writer link's heap (4 MiB) holds about ten.
+    // About 400 KB each (8-byte keys, 12-byte texts and their offsets).
     w.write(&batch(0, 20_000, 12), &mut forever()).unwrap();
     let held = next(&mut g);
     let was = copy(&held);
     assert_eq!(s.metrics().batches_in_place, 1);
-    // While it is held, 40 more go by: far more than the heap holds, so its chunks would have
-    // been written again were they free.
+    // While it is held, twice what the writer link's heap holds goes by, so its chunks would
+    // have been written again were they free.
+    let more = 2 * WRITER_HEAP / (20_000 * 24);
     let mut first = 20_000i64;
-    for _ in 0..40 {
+    for _ in 0..more {
         w.write(&batch(first, 20_000, 12), &mut forever()).unwrap();
         let got = next(&mut g);
         assert_eq!(got, batch(first, 20_000, 12));
@@ -79,7 +81,7 @@ fn a_piece_held_by_the_reader_never_changes_and_dropped_pieces_free_the_writer_s
     assert_eq!(held, batch(0, 20_000, 12));
     // Dropped as read, they freed their chunks: all went in place but the held one's.
     let m = s.metrics();
-    assert_eq!((m.batches_in_place, m.batches_copied), (41, 0), "{m:?}");
+    assert_eq!((m.batches_in_place, m.batches_copied), (more + 1, 0), "{m:?}");
     drop(held);
     w.close(&mut forever()).unwrap();
     assert!(g.next(&mut forever()).unwrap().is_none());
@@ -128,4 +130,43 @@ fn a_dictionary_column_travels_in_every_piece() {
     }
     assert_eq!(seen, 3 * rows);
     assert!(s.metrics().batches_in_place > 0, "{:?}", s.metrics());
+}
+
+#[test]
+fn a_killed_writer_s_pieces_still_reach_the_reader_from_its_heap_then_the_failure() {
+    let s = service("killed-in-place", 64 << 20);
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let rows = 30_000usize;
+    let (mut task, mut out) = child(
+        "host::tests::child_task",
+        &[
+            ("SERVICE", s.name().into()),
+            ("PARTITION", "k".into()),
+            ("SILENT", silent.local_addr().unwrap().to_string()),
+            ("ROWS", rows.to_string()),
+        ],
+    );
+    expect_line(&mut out, "WROTE");
+    let pid = format!("pid {}", task.id());
+    kill(&mut task);
+    // The writer is gone; what it put in its link's heap is read there all the same.
+    let reader = attach(&s);
+    let mut g = reader.create_input_gate(specs(s.address(), "k", 1)).unwrap();
+    let mut got = 0;
+    let err = loop {
+        match g.next(&mut forever()) {
+            Ok(Some(b)) => {
+                assert_eq!(b, batch(got as i64, rows, 4));
+                got += rows;
+            }
+            Ok(None) => panic!("the partition of a killed writer ended well"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(got, 5 * rows);
+    assert!(
+        matches!(&err, Error::ProducerFailed(m) if m.contains(&pid)),
+        "{err}"
+    );
+    assert_eq!(s.metrics().batches_in_place, 5, "{:?}", s.metrics());
 }

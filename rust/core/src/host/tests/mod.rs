@@ -487,7 +487,7 @@ fn kill(c: &mut Child) {
     c.wait().unwrap();
 }
 
-/// Child: a task that attaches to `SERVICE`, writes 5 batches of 1,000 rows into partition
+/// Child: a task that attaches to `SERVICE`, writes 5 batches of `ROWS` rows into partition
 /// `PARTITION` (and holds a gate reading from `SILENT`, which never answers: a reservation
 /// of its own), says so, and waits to be killed.
 #[test]
@@ -504,8 +504,9 @@ fn child_task() {
         .create_input_gate(specs(&std::env::var("SILENT").unwrap(), "x", 1))
         .unwrap();
     let mut w = p.writer(Partitioner::Forward).unwrap();
+    let rows: usize = std::env::var("ROWS").unwrap().parse().unwrap();
     for i in 0..5 {
-        w.write(&batch(i * 1000, 1000, 4), &mut forever()).unwrap();
+        w.write(&batch(i * rows as i64, rows, 4), &mut forever()).unwrap();
     }
     w.flush(&mut forever()).unwrap();
     println!("WROTE");
@@ -523,6 +524,7 @@ fn a_killed_task_fails_its_partitions_readers_and_its_reservations_go() {
             ("SERVICE", s.name().into()),
             ("PARTITION", "k".into()),
             ("SILENT", silent.local_addr().unwrap().to_string()),
+            ("ROWS", "1000".into()),
         ],
     );
     expect_line(&mut out, "WROTE");

@@ -23,7 +23,7 @@ use crate::partitioners::partitioner_arg;
 /// A writer of a partition of this process or of the host service.
 enum Writer {
     Local(creditflow_core::RecordWriter),
-    Attached(AttachedWriter),
+    Attached(Box<AttachedWriter>),
 }
 
 impl Writer {
@@ -139,7 +139,9 @@ impl RecordWriter {
             Partition::Local(part) => Writer::Local(creditflow_core::RecordWriter::new(part.clone(), kind)),
             Partition::Attached(part) => {
                 check_pid(p.pid, "ResultPartition")?;
-                Writer::Attached(py.detach(|| part.writer(kind)).map_err(|e| to_py(py, e))?)
+                Writer::Attached(Box::new(
+                    py.detach(|| part.writer(kind)).map_err(|e| to_py(py, e))?,
+                ))
             }
         };
         Ok(RecordWriter {

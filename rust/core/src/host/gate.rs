@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use super::client::{gate_metrics, Session};
 use super::codec::Signal;
 use super::link::{HeapEnd, LinkEnd, SourceHeap};
-use super::records::{decode_piece, heap_record, read_incoming, Incoming, RecordReceiver};
+use super::records::{heap_record, read_incoming, Incoming, RecordReceiver};
 use super::runtime::block_on;
 use crate::base::config::ChannelSpec;
 use crate::base::error::{Error, Result};
@@ -21,6 +21,7 @@ use crate::base::wait::Wait;
 use crate::gate::{GateItem, GateMetrics};
 use crate::memory::RecordPool;
 use crate::net::shm::HeapReader;
+use crate::serde::SelfContainedDecoder;
 
 /// Frames read ahead of the caller, at most (the link's ring and heap hold more).
 const READ_AHEAD: usize = 2;
@@ -36,6 +37,7 @@ pub struct AttachedGate {
     specs: Vec<ChannelSpec>,
     items: mpsc::Receiver<Result<Incoming>>,
     records: RecordReceiver,
+    pieces: SelfContainedDecoder,
     ended: bool,
     closed: bool,
     io: tokio::task::JoinHandle<()>,
@@ -108,6 +110,7 @@ impl AttachedGate {
             specs,
             items,
             records: RecordReceiver::new(MAX_RECORD),
+            pieces: SelfContainedDecoder::new(MAX_RECORD),
             ended: false,
             closed: false,
             io,
@@ -147,7 +150,7 @@ impl AttachedGate {
             },
             Incoming::Piece { head, body, .. } => GateItem::Batch {
                 channel: head.channel as usize,
-                batch: decode_piece(body, MAX_RECORD)?,
+                batch: self.pieces.decode(body)?,
                 token: None,
                 in_flight: head.in_flight,
             },

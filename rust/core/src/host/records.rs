@@ -107,16 +107,6 @@ impl RecordSender {
     }
 }
 
-/// Decodes a piece: a record that holds its schema.
-pub(crate) fn decode_piece(body: Buffer, max: usize) -> Result<RecordBatch> {
-    let mut out = VecDeque::with_capacity(1);
-    RecordDeserializer::new(max).push_record(body, &mut out)?;
-    match (out.pop_front(), out.is_empty()) {
-        (Some(batch), true) => Ok(batch),
-        _ => Err(Error::Protocol("a piece holds no batch, or more than one".into())),
-    }
-}
-
 /// What a link brings: a record (its body: the IPC messages, as an Arrow buffer), a piece, a
 /// piece left in another link's heap, or another frame.
 pub(crate) enum Incoming {

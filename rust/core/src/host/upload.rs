@@ -13,13 +13,14 @@ use tokio::runtime::Handle;
 
 use super::codec::Signal;
 use super::link::{self, HeapEnd, InHeap, LinkEnd, SourceHeap, Watched};
-use super::records::{decode_piece, read_incoming, small, Incoming};
+use super::records::{read_incoming, small, Incoming};
 use super::runtime::block_on;
 use crate::base::error::{Error, Result};
 use crate::base::wait::Wait;
 use crate::memory::RecordPool;
 use crate::partition::subpartition::Token;
 use crate::partition::{Partitioner, RecordWriter, ResultPartition};
+use crate::serde::SelfContainedDecoder;
 
 /// The most bytes one record may have.
 const MAX_RECORD: usize = 2 << 30;
@@ -61,6 +62,7 @@ pub(crate) fn run(
     let mut wait = Wait::forever().with_check(&mut check);
     let pool = RecordPool::new(RECORD_POOL);
     let source = Arc::new(source);
+    let mut pieces = SelfContainedDecoder::new(MAX_RECORD);
     let mut w = RecordWriter::new(partition.clone(), partitioner);
     let mut reply = |signal: Signal, wait: &mut Wait<'_>| -> Result<()> {
         let frame = small(signal.encode());
@@ -81,7 +83,7 @@ pub(crate) fn run(
             Ok(Err(e)) | Err(e) => break Err(e),
         };
         let step = match incoming {
-            Incoming::Piece { head, body, lease } => decode_piece(body, MAX_RECORD).and_then(|batch| {
+            Incoming::Piece { head, body, lease } => pieces.decode(body).and_then(|batch| {
                 let token = lease.map(|lease| {
                     let source = source.clone();
                     Arc::new(InHeap { source, lease }) as Token

@@ -58,6 +58,65 @@ impl RecordDeserializer {
     }
 }
 
+/// Decodes records that each begin with their schema (the pieces a writer split, each of which
+/// can be read alone), parsing a schema only when its bytes differ from the last record's: the
+/// batches of one schema then share one `SchemaRef`, and the schema's flatbuffer is verified and
+/// converted once.
+pub struct SelfContainedDecoder {
+    /// The last schema message parsed, and the decoder made from it.
+    schema_message: Vec<u8>,
+    decoder: Option<FileDecoder>,
+    max_record: usize,
+}
+
+impl SelfContainedDecoder {
+    /// A decoder accepting records up to `max_record` bytes.
+    pub fn new(max_record: usize) -> SelfContainedDecoder {
+        SelfContainedDecoder {
+            schema_message: Vec::new(),
+            decoder: None,
+            max_record,
+        }
+    }
+
+    /// The one batch of `record` (its body, without the length prefix), which must begin with
+    /// its schema message.
+    pub fn decode(&mut self, record: Buffer) -> Result<RecordBatch> {
+        let mut out = VecDeque::with_capacity(1);
+        let schema_len = first_message_len(&record);
+        let same =
+            schema_len.is_some_and(|n| self.decoder.is_some() && record[..n] == self.schema_message[..]);
+        match schema_len {
+            Some(n) if same => decode_record(&mut self.decoder, self.max_record, record.slice(n), &mut out)?,
+            _ => {
+                let mut decoder = None;
+                decode_record(&mut decoder, self.max_record, record.clone(), &mut out)?;
+                if decoder.is_none() {
+                    return Err(Error::Protocol("a piece without its schema".into()));
+                }
+                self.decoder = decoder;
+                self.schema_message = schema_len.map(|n| record[..n].to_vec()).unwrap_or_default();
+            }
+        }
+        match (out.pop_front(), out.is_empty()) {
+            (Some(batch), true) => Ok(batch),
+            _ => Err(Error::Protocol("a piece holds more than one batch".into())),
+        }
+    }
+}
+
+/// Bytes of a record's first IPC message when it has no body (a schema's): the marker, the
+/// metadata length and the metadata; `None` when the prefix does not say so plausibly.
+fn first_message_len(record: &[u8]) -> Option<usize> {
+    let prefix = record.get(..8)?;
+    if prefix[..4] != CONTINUATION_MARKER {
+        return None;
+    }
+    let meta_len = usize::try_from(i32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes"))).ok()?;
+    let end = 8usize.checked_add(meta_len)?;
+    (meta_len > 0 && end <= record.len()).then_some(end)
+}
+
 /// Decodes the IPC messages of one record: the schema (first record only, which creates
 /// `decoder`), dictionaries, then one record batch. Each message is `0xFFFFFFFF`, an i32
 /// metadata length, the flatbuffer metadata, then the body the metadata declares. Bodies may

@@ -26,6 +26,6 @@ mod framing;
 mod tests;
 
 pub use assemble::RecordAssembler;
-pub use decode::RecordDeserializer;
+pub use decode::{RecordDeserializer, SelfContainedDecoder};
 pub use encode::{BatchEncoder, Compression, EncodedRecord};
 pub use framing::{RecordFraming, RECORD_HEADER_LEN};

@@ -379,3 +379,43 @@ fn a_compressed_record_declaring_too_much_is_a_protocol_error_before_any_allocat
         assert!(r.is_err() || out.len() == 1, "{codec:?}");
     }
 }
+
+/// A record that holds its schema, as a writer's piece: a fresh encoder's first record.
+fn self_contained(batch: &RecordBatch) -> arrow_buffer::Buffer {
+    let (_, parts) = BatchEncoder::new(batch.schema_ref()).unwrap().encode(batch).unwrap().into_parts();
+    let bytes: Vec<u8> = parts.iter().flat_map(|p| p.as_slice().to_vec()).collect();
+    arrow_buffer::Buffer::from_vec(bytes)
+}
+
+#[test]
+fn self_contained_records_decode_alone_and_share_a_schema_parsed_once() {
+    let ints = |v: Vec<i64>| {
+        RecordBatch::try_from_iter([("k", Arc::new(Int64Array::from(v)) as ArrayRef)]).unwrap()
+    };
+    let keys = arrow_array::Int32Array::from(vec![1, 0, 1]);
+    let words: ArrayRef = Arc::new(StringArray::from(vec!["a", "b"]));
+    let dict = |keys: arrow_array::Int32Array, words: ArrayRef| {
+        let d: ArrayRef = Arc::new(DictionaryArray::<Int32Type>::try_new(keys, words).unwrap());
+        RecordBatch::try_from_iter([("w", d)]).unwrap()
+    };
+    let mut d = SelfContainedDecoder::new(1 << 20);
+    let a = d.decode(self_contained(&ints(vec![1, 2]))).unwrap();
+    let b = d.decode(self_contained(&ints(vec![3]))).unwrap();
+    assert_eq!((a, b.clone()), (ints(vec![1, 2]), ints(vec![3])));
+    let c = d.decode(self_contained(&ints(vec![4, 5, 6]))).unwrap();
+    assert!(Arc::ptr_eq(&b.schema(), &c.schema()), "one schema for the batches of one schema");
+    // Another schema, each piece with its own dictionary, then the first schema again.
+    let x = d.decode(self_contained(&dict(keys.clone(), words))).unwrap();
+    let other: ArrayRef = Arc::new(StringArray::from(vec!["c", "d"]));
+    let y = d.decode(self_contained(&dict(keys.clone(), other.clone()))).unwrap();
+    assert_eq!(x, dict(keys.clone(), Arc::new(StringArray::from(vec!["a", "b"]))));
+    assert_eq!(y, dict(keys, other));
+    assert_eq!(d.decode(self_contained(&ints(vec![7]))).unwrap(), ints(vec![7]));
+    // A record without its schema (an encoder's second record) is refused.
+    let mut e = BatchEncoder::new(ints(vec![1]).schema_ref()).unwrap();
+    e.encode(&ints(vec![1])).unwrap();
+    let (_, parts) = e.encode(&ints(vec![2])).unwrap().into_parts();
+    let second: Vec<u8> = parts.iter().flat_map(|p| p.as_slice().to_vec()).collect();
+    let err = SelfContainedDecoder::new(1 << 20).decode(arrow_buffer::Buffer::from_vec(second));
+    assert!(matches!(err, Err(Error::Protocol(_))), "{err:?}");
+}

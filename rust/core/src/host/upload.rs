@@ -62,7 +62,8 @@ pub(crate) fn run(
     let mut wait = Wait::forever().with_check(&mut check);
     let pool = RecordPool::new(RECORD_POOL);
     let source = Arc::new(source);
-    let mut pieces = SelfContainedDecoder::new(MAX_RECORD);
+    // The reading task checks the strings when it decodes a piece: the service passes them on.
+    let mut pieces = SelfContainedDecoder::relay(MAX_RECORD);
     let mut w = RecordWriter::new(partition.clone(), partitioner);
     let mut reply = |signal: Signal, wait: &mut Wait<'_>| -> Result<()> {
         let frame = small(signal.encode());

@@ -48,13 +48,15 @@ impl RecordDeserializer {
             decoder,
             max_record,
         } = self;
-        assembler.push(bytes, |record| decode_record(decoder, *max_record, record, out))
+        assembler.push(bytes, |record| {
+            decode_record(decoder, *max_record, true, record, out)
+        })
     }
 
     /// Decodes one whole record (its body, without the length prefix), gathered elsewhere by
     /// a [`RecordAssembler`]; its batch is appended to `out`.
     pub fn push_record(&mut self, record: Buffer, out: &mut VecDeque<RecordBatch>) -> Result<()> {
-        decode_record(&mut self.decoder, self.max_record, record, out)
+        decode_record(&mut self.decoder, self.max_record, true, record, out)
     }
 }
 
@@ -67,15 +69,30 @@ pub struct SelfContainedDecoder {
     schema_message: Vec<u8>,
     decoder: Option<FileDecoder>,
     max_record: usize,
+    /// Whether string values are checked to be UTF-8.
+    utf8: bool,
 }
 
 impl SelfContainedDecoder {
-    /// A decoder accepting records up to `max_record` bytes.
+    /// A decoder accepting records up to `max_record` bytes, checking every batch as
+    /// [`RecordDeserializer`] does.
     pub fn new(max_record: usize) -> SelfContainedDecoder {
         SelfContainedDecoder {
             schema_message: Vec::new(),
             decoder: None,
             max_record,
+            utf8: true,
+        }
+    }
+
+    /// A decoder for a relay that passes the batches on as bytes and never reads a string
+    /// value as text: it checks everything but whether string values are UTF-8 (offsets,
+    /// lengths, nulls, dictionary keys: what reading the bytes safely needs), which whoever
+    /// finally decodes them checks. That check reads every string byte.
+    pub fn relay(max_record: usize) -> SelfContainedDecoder {
+        SelfContainedDecoder {
+            utf8: false,
+            ..SelfContainedDecoder::new(max_record)
         }
     }
 
@@ -87,10 +104,16 @@ impl SelfContainedDecoder {
         let same =
             schema_len.is_some_and(|n| self.decoder.is_some() && record[..n] == self.schema_message[..]);
         match schema_len {
-            Some(n) if same => decode_record(&mut self.decoder, self.max_record, record.slice(n), &mut out)?,
+            Some(n) if same => decode_record(
+                &mut self.decoder,
+                self.max_record,
+                self.utf8,
+                record.slice(n),
+                &mut out,
+            )?,
             _ => {
                 let mut decoder = None;
-                decode_record(&mut decoder, self.max_record, record.clone(), &mut out)?;
+                decode_record(&mut decoder, self.max_record, self.utf8, record.clone(), &mut out)?;
                 if decoder.is_none() {
                     return Err(Error::Protocol("a piece without its schema".into()));
                 }
@@ -122,10 +145,12 @@ fn first_message_len(record: &[u8]) -> Option<usize> {
 /// metadata length, the flatbuffer metadata, then the body the metadata declares. Bodies may
 /// be IPC-compressed (LZ4 frame or ZSTD, as the message says); their buffers then decompress
 /// into new allocations, which the decoder aligns as it does unaligned ones, and which must
-/// declare at most `max_record` bytes together.
+/// declare at most `max_record` bytes together. `utf8`: whether string values are checked to
+/// be UTF-8 (see [`SelfContainedDecoder::relay`]).
 fn decode_record(
     decoder_slot: &mut Option<FileDecoder>,
     max_record: usize,
+    utf8: bool,
     buf: Buffer,
     out: &mut VecDeque<RecordBatch>,
 ) -> Result<()> {
@@ -182,7 +207,7 @@ fn decode_record(
                 check_decompressed(message.header_as_record_batch(), body(&message_buf), max_record)?;
                 let batch = guarded(|| decoder.read_record_batch(&block, &message_buf))?
                     .ok_or_else(|| bad("empty record batch message".into()))?;
-                validate_batch(&batch)?;
+                validate_batch(&batch, utf8)?;
                 out.push_back(batch);
                 produced = true;
             }
@@ -260,7 +285,7 @@ fn guarded<T>(f: impl FnOnce() -> std::result::Result<T, ArrowError>) -> Result<
 /// flat string and binary columns, which Arrow does with a slow per-offset iterator and which
 /// dominates decoding, is done here in one pass (offsets in range and non-decreasing; for
 /// strings, valid UTF-8 and every offset on a character boundary).
-fn validate_batch(batch: &RecordBatch) -> Result<()> {
+fn validate_batch(batch: &RecordBatch, utf8: bool) -> Result<()> {
     let schema = batch.schema();
     let bad = |what: String| Err(Error::Protocol(format!("invalid record batch: {what}")));
     if batch.num_columns() != schema.fields().len() {
@@ -290,17 +315,17 @@ fn validate_batch(batch: &RecordBatch) -> Result<()> {
         if !field.is_nullable() && col.null_count() > 0 {
             return bad(format!("non-nullable column {:?} has nulls", field.name()));
         }
-        if let Err(e) = validate_array(&col.to_data()) {
+        if let Err(e) = validate_array(&col.to_data(), utf8) {
             return bad(format!("column {:?}: {e}", field.name()));
         }
     }
     Ok(())
 }
 
-fn validate_array(d: &ArrayData) -> std::result::Result<(), ArrowError> {
+fn validate_array(d: &ArrayData, check_utf8: bool) -> std::result::Result<(), ArrowError> {
     let (utf8, wide) = match d.data_type() {
-        DataType::Utf8 => (true, false),
-        DataType::LargeUtf8 => (true, true),
+        DataType::Utf8 => (check_utf8, false),
+        DataType::LargeUtf8 => (check_utf8, true),
         DataType::Binary => (false, false),
         DataType::LargeBinary => (false, true),
         _ => return d.validate_full(),

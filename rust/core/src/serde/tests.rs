@@ -382,16 +382,19 @@ fn a_compressed_record_declaring_too_much_is_a_protocol_error_before_any_allocat
 
 /// A record that holds its schema, as a writer's piece: a fresh encoder's first record.
 fn self_contained(batch: &RecordBatch) -> arrow_buffer::Buffer {
-    let (_, parts) = BatchEncoder::new(batch.schema_ref()).unwrap().encode(batch).unwrap().into_parts();
+    let (_, parts) = BatchEncoder::new(batch.schema_ref())
+        .unwrap()
+        .encode(batch)
+        .unwrap()
+        .into_parts();
     let bytes: Vec<u8> = parts.iter().flat_map(|p| p.as_slice().to_vec()).collect();
     arrow_buffer::Buffer::from_vec(bytes)
 }
 
 #[test]
 fn self_contained_records_decode_alone_and_share_a_schema_parsed_once() {
-    let ints = |v: Vec<i64>| {
-        RecordBatch::try_from_iter([("k", Arc::new(Int64Array::from(v)) as ArrayRef)]).unwrap()
-    };
+    let ints =
+        |v: Vec<i64>| RecordBatch::try_from_iter([("k", Arc::new(Int64Array::from(v)) as ArrayRef)]).unwrap();
     let keys = arrow_array::Int32Array::from(vec![1, 0, 1]);
     let words: ArrayRef = Arc::new(StringArray::from(vec!["a", "b"]));
     let dict = |keys: arrow_array::Int32Array, words: ArrayRef| {
@@ -403,11 +406,16 @@ fn self_contained_records_decode_alone_and_share_a_schema_parsed_once() {
     let b = d.decode(self_contained(&ints(vec![3]))).unwrap();
     assert_eq!((a, b.clone()), (ints(vec![1, 2]), ints(vec![3])));
     let c = d.decode(self_contained(&ints(vec![4, 5, 6]))).unwrap();
-    assert!(Arc::ptr_eq(&b.schema(), &c.schema()), "one schema for the batches of one schema");
+    assert!(
+        Arc::ptr_eq(&b.schema(), &c.schema()),
+        "one schema for the batches of one schema"
+    );
     // Another schema, each piece with its own dictionary, then the first schema again.
     let x = d.decode(self_contained(&dict(keys.clone(), words))).unwrap();
     let other: ArrayRef = Arc::new(StringArray::from(vec!["c", "d"]));
-    let y = d.decode(self_contained(&dict(keys.clone(), other.clone()))).unwrap();
+    let y = d
+        .decode(self_contained(&dict(keys.clone(), other.clone())))
+        .unwrap();
     assert_eq!(x, dict(keys.clone(), Arc::new(StringArray::from(vec!["a", "b"]))));
     assert_eq!(y, dict(keys, other));
     assert_eq!(d.decode(self_contained(&ints(vec![7]))).unwrap(), ints(vec![7]));
@@ -418,4 +426,38 @@ fn self_contained_records_decode_alone_and_share_a_schema_parsed_once() {
     let second: Vec<u8> = parts.iter().flat_map(|p| p.as_slice().to_vec()).collect();
     let err = SelfContainedDecoder::new(1 << 20).decode(arrow_buffer::Buffer::from_vec(second));
     assert!(matches!(err, Err(Error::Protocol(_))), "{err:?}");
+}
+
+#[test]
+fn a_relay_passes_strings_that_are_not_utf8_on_and_still_refuses_broken_offsets() {
+    let strings = |offsets: Vec<i32>, values: &[u8]| {
+        let data = unsafe {
+            arrow_data::ArrayData::builder(arrow_schema::DataType::Utf8)
+                .len(offsets.len() - 1)
+                .add_buffer(arrow_buffer::Buffer::from_vec(offsets))
+                .add_buffer(arrow_buffer::Buffer::from_slice_ref(values))
+                .build_unchecked()
+        };
+        let col: ArrayRef = Arc::new(StringArray::from(data));
+        RecordBatch::try_from_iter([("s", col)]).unwrap()
+    };
+    let not_utf8 = self_contained(&strings(vec![0, 2, 3], &[0x61, 0xff, 0x62]));
+    let relayed = SelfContainedDecoder::relay(1 << 20)
+        .decode(not_utf8.clone())
+        .unwrap();
+    assert_eq!(relayed.num_rows(), 2);
+    let err = SelfContainedDecoder::new(1 << 20).decode(not_utf8);
+    assert!(
+        matches!(&err, Err(Error::Protocol(m)) if m.contains("UTF-8")),
+        "{err:?}"
+    );
+    // Offsets past the values are refused by both: reading the bytes would not be safe.
+    let good = self_contained(&strings(vec![0, 2, 3], b"abc"));
+    let mut bytes = good.as_slice().to_vec();
+    let offsets: Vec<u8> = [0i32, 2, 3].iter().flat_map(|o| o.to_le_bytes()).collect();
+    let at = bytes.windows(12).position(|w| w == offsets).expect("the offsets");
+    bytes[at + 8..at + 12].copy_from_slice(&9i32.to_le_bytes());
+    let past = arrow_buffer::Buffer::from_vec(bytes);
+    assert!(SelfContainedDecoder::relay(1 << 20).decode(past.clone()).is_err());
+    assert!(SelfContainedDecoder::new(1 << 20).decode(past).is_err());
 }

@@ -431,6 +431,8 @@ fn self_contained_records_decode_alone_and_share_a_schema_parsed_once() {
 #[test]
 fn a_relay_passes_strings_that_are_not_utf8_on_and_still_refuses_broken_offsets() {
     let strings = |offsets: Vec<i32>, values: &[u8]| {
+        // SAFETY: the offsets fit the values; only their UTF-8 is wrong, and nothing here reads
+        // them as text (the encoder copies bytes).
         let data = unsafe {
             arrow_data::ArrayData::builder(arrow_schema::DataType::Utf8)
                 .len(offsets.len() - 1)

@@ -111,17 +111,16 @@ impl RecordHead {
 
     /// A frame naming a record at heap offset `start`, `len` bytes.
     pub(crate) fn item(&self, start: u64, len: u64) -> Vec<u8> {
-        frame(ty::RECORD_ITEM, |o| {
-            o.u32(self.channel);
-            o.u64s(&self.in_flight);
-            o.u64(start);
-            o.u64(len);
-        })
+        self.item_as(ty::RECORD_ITEM, start, len)
     }
 
     /// A frame naming a piece (a self-contained record) at heap offset `start`, `len` bytes.
     pub(crate) fn piece_item(&self, start: u64, len: u64) -> Vec<u8> {
-        frame(ty::PIECE_ITEM, |o| {
+        self.item_as(ty::PIECE_ITEM, start, len)
+    }
+
+    fn item_as(&self, ty: u8, start: u64, len: u64) -> Vec<u8> {
+        frame(ty, |o| {
             o.u32(self.channel);
             o.u64s(&self.in_flight);
             o.u64(start);

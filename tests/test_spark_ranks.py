@@ -393,6 +393,79 @@ def test_a_restarted_job_continues_the_epoch_with_no_row_twice_or_missing(spark:
         resumed(df, before, states, epoch, rows, batch, seed=3)
 
 
+class _Checked:
+    """A rank's lock that, each time the reading thread lets go of it, checks that the rank's
+    ``state_dict()`` counts exactly the batches the trainer took (``taken``)."""
+
+    def __init__(self, rx: cfs.Receiver, taken: list[int], errors: list[str]) -> None:
+        self.rx, self.taken, self.errors = rx, taken, errors
+        self.inner = rx._mode._cond  # type: ignore[union-attr]
+        self.reader: int | None = None
+        self.checking = False
+        self.depth = 0  # the reader's nesting (the lock is reentrant)
+
+    def __enter__(self) -> bool:
+        entered = self.inner.__enter__()
+        if threading.get_ident() == self.reader:
+            self.depth += 1
+        return entered
+
+    def __exit__(self, *exc: object) -> None:
+        self.inner.__exit__(*exc)
+        if threading.get_ident() != self.reader:
+            return
+        self.depth -= 1
+        if self.depth == 0 and not self.checking:
+            self.checking = True
+            try:
+                got = self.rx.state_dict()["batches"]
+                if got != self.taken[0]:
+                    self.errors.append(f"state_dict says {got} batches, the trainer took {self.taken[0]}")
+            finally:
+                self.checking = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_batch_read_ahead_counts_in_the_state_only_once_the_trainer_took_it(spark: SparkSession) -> None:
+    """Between the moment a batch is read ahead and the trainer's ``consumed()``, a rank's
+    ``state_dict()`` (taken from any thread, at any moment) never counts it."""
+    df = numbers(spark, 12_000, 2)
+    job = Job(2, 500, seed=2)
+    result: dict[str, Any] = {}
+    errors: list[str] = []
+    counts = [0, 0]
+
+    def rank(r: int) -> None:
+        rx, taken = job.rx[r], [0]
+        checked = _Checked(rx, taken, errors)
+        rx._mode._cond = checked  # type: ignore[union-attr]
+        checked.reader = threading.get_ident()
+        try:
+            while (batch := rx.read_ahead()) is not None:
+                assert batch.num_rows == 500
+                taken[0] += 1  # the trainer takes it: counted from consumed() on
+                rx.consumed()
+        finally:
+            rx._mode._cond = checked.inner  # type: ignore[union-attr]
+        counts[r] = taken[0]
+
+    try:
+        t = start_send(df, job, result)
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(180)
+        t.join(120)
+    finally:
+        job.close()
+    assert "error" not in result, result
+    assert counts == [12, 12]
+    assert errors == []
+
+
 @pytest.mark.parametrize("epoch", [0, 1])
 def test_a_prefetching_loader_s_state_counts_what_the_trainer_got(spark: SparkSession, epoch: int) -> None:
     """``RankDataset(device="cpu")`` reads a batch or two ahead of the trainer. Mid-epoch,

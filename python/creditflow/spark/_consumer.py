@@ -319,17 +319,20 @@ class Consumer:
                     self._replay = self._replayed(self._epoch, self._yielded, self._resumed0)
                     self._resumed0 = None
             replay = self._replay
+            # Counted and lent in one step: state_dict() never sees a batch yielded but not
+            # yet lent (it would count it as taken by the trainer).
+            if out is not None and ahead:
+                self._lent.append(out)
         if out is None and replay is not None:
             out = next(replay, None)
             if out is not None:
                 with self._cond:
                     self._yielded += 1
                     self._rows_yielded += out[0].num_rows
+                    if ahead:
+                        self._lent.append(out)
         if out is None:
             return None
-        if ahead:
-            with self._cond:
-                self._lent.append(out)
         return out[0]
 
     def consumed(self) -> None:

@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -131,6 +131,20 @@ def start_send(df: DataFrame, job: Job, result: dict[str, Any], **kw: Any) -> th
     t = threading.Thread(target=run)
     t.start()
     return t
+
+
+def run_ranks(job: Job, rank: Callable[[int], None], send: threading.Thread) -> None:
+    """Runs ``rank(r)`` for every rank of ``job`` in threads of its own, then waits for them
+    and for ``send``; closes the job's receivers in any case."""
+    try:
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(job.rx))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(180)
+        send.join(120)
+    finally:
+        job.close()
 
 
 def resumed(
@@ -451,16 +465,7 @@ def test_a_batch_read_ahead_counts_in_the_state_only_once_the_trainer_took_it(sp
             rx._mode._cond = checked.inner  # type: ignore[union-attr]
         counts[r] = taken[0]
 
-    try:
-        t = start_send(df, job, result)
-        threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(180)
-        t.join(120)
-    finally:
-        job.close()
+    run_ranks(job, rank, start_send(df, job, result))
     assert "error" not in result, result
     assert counts == [12, 12]
     assert errors == []
@@ -507,18 +512,14 @@ def test_a_prefetching_loader_s_state_counts_what_the_trainer_got(spark: SparkSe
         except BaseException as exc:
             errors.append(exc)
 
+    t = start_send(df, job, result)
     try:
-        t = start_send(df, job, result)
         if epoch == 1:
             job.epoch(0)
-        threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(180)
-        t.join(120)
-    finally:
+    except BaseException:
         job.close()
+        raise
+    run_ranks(job, rank, t)
     if errors:
         raise errors[0]
     assert [s["batches"] for s in states] == [stop, stop], "the batches the trainer got"

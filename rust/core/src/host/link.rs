@@ -137,20 +137,17 @@ impl SourceHeap {
             .remove(0);
         let word = |i: usize| u64::from_le_bytes(msg[8 * i..8 * i + 8].try_into().expect("8 bytes"));
         let (link, region, offset, heap) = (word(0), word(1), word(2), word(3));
+        let bad = || Error::Protocol(format!("a writer's heap laid out {region}/{offset}/{heap}"));
         let fits = offset.checked_add(heap).is_some_and(|end| end <= region);
         let (Ok(region), Ok(offset), Ok(heap)) = (
             usize::try_from(region),
             usize::try_from(offset),
             usize::try_from(heap),
         ) else {
-            return Err(Error::Protocol(format!(
-                "a writer's heap laid out {region}/{offset}/{heap}"
-            )));
+            return Err(bad());
         };
         if !fits || heap == 0 || !sane_heap(heap) || !offset.is_multiple_of(4096) {
-            return Err(Error::Protocol(format!(
-                "a writer's heap laid out {region}/{offset}/{heap}"
-            )));
+            return Err(bad());
         }
         let region = Arc::new(Region::map(&fd, region).map_err(io_error)?);
         Ok((link, HeapReader::new(region, offset, heap)))

@@ -26,7 +26,7 @@ use super::link::{lost, read_body, read_header};
 use crate::base::error::{Error, Result};
 use crate::memory::RecordPool;
 use crate::net::shm::{HeapLease, HeapReader, HeapWriter, MIN_ITEM};
-use crate::serde::{BatchEncoder, Compression, RecordDeserializer, RECORD_HEADER_LEN};
+use crate::serde::{BatchEncoder, Compression, EncodedRecord, RecordDeserializer, RECORD_HEADER_LEN};
 
 /// What one record frame (and its bytes) take to send: written in order.
 pub(crate) type Frame = Vec<Buffer>;
@@ -69,16 +69,7 @@ impl RecordSender {
                 )?),
         };
         let record = encoder.encode(batch)?;
-        let len = record.len();
-        if len >= MIN_ITEM {
-            if let Some(start) = heap.place(0, false, len, record.chunks()) {
-                return Ok(small(head.item(start, len as u64)));
-            }
-        }
-        let (_prefix, parts) = record.into_parts();
-        let body: usize = parts.iter().map(|p| p.len()).sum();
-        let mut frame = small(head.inline(body));
-        frame.extend(parts);
+        let (frame, _) = place(record, heap, |s, l| head.item(s, l), |n| head.inline(n));
         Ok(frame)
     }
 
@@ -93,18 +84,35 @@ impl RecordSender {
         heap: &HeapWriter,
     ) -> Result<(Frame, Option<(u64, usize)>)> {
         let record = BatchEncoder::with_compression(batch.schema_ref(), self.compression)?.encode(batch)?;
-        let len = record.len();
-        if len >= MIN_ITEM {
-            if let Some(start) = heap.place(0, false, len, record.chunks()) {
-                return Ok((small(head.piece_item(start, len as u64)), Some((start, len))));
-            }
-        }
-        let (_prefix, parts) = record.into_parts();
-        let body: usize = parts.iter().map(|p| p.len()).sum();
-        let mut frame = small(head.piece(body));
-        frame.extend(parts);
-        Ok((frame, None))
+        Ok(place(
+            record,
+            heap,
+            |s, l| head.piece_item(s, l),
+            |n| head.piece(n),
+        ))
     }
+}
+
+/// `record`'s frame: in `heap` when it is large enough and a run of chunks is free (`item`
+/// makes the frame naming its start and length, which come back too), else inline (`inline`
+/// makes the header for its body's length).
+fn place(
+    record: EncodedRecord,
+    heap: &HeapWriter,
+    item: impl FnOnce(u64, u64) -> Vec<u8>,
+    inline: impl FnOnce(usize) -> Vec<u8>,
+) -> (Frame, Option<(u64, usize)>) {
+    let len = record.len();
+    if len >= MIN_ITEM {
+        if let Some(start) = heap.place(0, false, len, record.chunks()) {
+            return (small(item(start, len as u64)), Some((start, len)));
+        }
+    }
+    let (_prefix, parts) = record.into_parts();
+    let body: usize = parts.iter().map(|p| p.len()).sum();
+    let mut frame = small(inline(body));
+    frame.extend(parts);
+    (frame, None)
 }
 
 /// What a link brings: a record (its body: the IPC messages, as an Arrow buffer), a piece, a

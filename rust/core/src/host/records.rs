@@ -26,7 +26,9 @@ use super::link::{lost, read_body, read_header};
 use crate::base::error::{Error, Result};
 use crate::memory::RecordPool;
 use crate::net::shm::{HeapLease, HeapReader, HeapWriter, MIN_ITEM};
-use crate::serde::{BatchEncoder, Compression, EncodedRecord, RecordDeserializer, RECORD_HEADER_LEN};
+use crate::serde::{
+    BatchEncoder, Compression, EncodedRecord, RecordDeserializer, RowsEncoder, RowsLayout, RECORD_HEADER_LEN,
+};
 
 /// What one record frame (and its bytes) take to send: written in order.
 pub(crate) type Frame = Vec<Buffer>;
@@ -91,6 +93,36 @@ impl RecordSender {
             |n| head.piece(n),
         ))
     }
+}
+
+/// The frame that carries rows `rows` of `batch` (`head.channel`: their subpartition) as a
+/// record that holds its schema, which `encoder` writes straight into `heap` when it is large
+/// enough and a run of chunks is free (its start and length come back), else into the frame.
+pub(crate) fn rows_piece(
+    head: RecordHead,
+    encoder: &RowsEncoder,
+    layout: &RowsLayout,
+    batch: &RecordBatch,
+    rows: &[u32],
+    heap: &HeapWriter,
+) -> (Frame, Option<(u64, usize)>) {
+    let body = layout.len();
+    let len = RECORD_HEADER_LEN + body;
+    if len >= MIN_ITEM {
+        let placed = heap.place_with(0, false, len, |dst| {
+            let (prefix, record) = dst.split_at_mut(RECORD_HEADER_LEN);
+            prefix.copy_from_slice(&(body as u64).to_le_bytes());
+            encoder.write(layout, batch, rows, record);
+        });
+        if let Some(start) = placed {
+            return (small(head.piece_item(start, len as u64)), Some((start, len)));
+        }
+    }
+    let mut record = vec![0u8; body];
+    encoder.write(layout, batch, rows, &mut record);
+    let mut frame = small(head.piece(body));
+    frame.push(Buffer::from_vec(record));
+    (frame, None)
 }
 
 /// `record`'s frame: in `heap` when it is large enough and a run of chunks is free (`item`

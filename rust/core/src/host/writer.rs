@@ -13,14 +13,15 @@ use tokio::sync::mpsc;
 use super::client::Session;
 use super::codec::{RecordHead, Signal};
 use super::link::{self, HeapEnd, LinkEnd};
-use super::records::{small, Frame, RecordSender};
+use super::records::{rows_piece, small, Frame, RecordSender};
 use super::runtime::block_on;
 use crate::base::error::{Error, Result};
 use crate::base::event::MAX_EVENT_PAYLOAD_LEN;
 use crate::base::wait::Wait;
 use crate::net::shm::HeapWriter;
-use crate::partition::partitioner::{Piece, Splitter};
+use crate::partition::partitioner::{Piece, Route, Splitter};
 use crate::partition::Partitioner;
+use crate::serde::RowsEncoder;
 
 /// Writes batches into a partition the host service holds.
 pub struct AttachedWriter {
@@ -29,6 +30,9 @@ pub struct AttachedWriter {
     partitioner: Partitioner,
     /// The partitioner bound to the partition's schema, once the first batch came.
     splitter: Option<Splitter>,
+    /// Writes split pieces straight into the heap, once the first batch came (inner `None`:
+    /// the schema has a column it does not write).
+    rows: Option<Option<RowsEncoder>>,
     subpartitions: usize,
     /// The schema of the partition's first batch (shared with the partition's handle).
     schema: Arc<Mutex<Option<SchemaRef>>>,
@@ -122,6 +126,7 @@ impl AttachedWriter {
             partition,
             partitioner,
             splitter: None,
+            rows: None,
             subpartitions,
             schema,
             frames: Some(frames),
@@ -233,13 +238,33 @@ impl AttachedWriter {
     pub fn write(&mut self, batch: &RecordBatch, wait: &mut Wait<'_>) -> Result<()> {
         self.check_open()?;
         self.check_schema(batch, true)?;
+        let n = self.subpartitions;
         let splitter = match self.splitter.as_mut() {
             Some(s) => s,
             None => self
                 .splitter
                 .insert(Splitter::new(self.partitioner.clone(), batch.schema_ref())?),
         };
-        let pieces = splitter.split(batch, self.subpartitions)?;
+        let to = match splitter.route(batch, n)? {
+            Route::Whole(to) => to,
+            Route::Rows => {
+                let encoder = match self.rows.as_mut() {
+                    Some(e) => e,
+                    None => self.rows.insert(RowsEncoder::new(batch.schema_ref())?),
+                };
+                let direct = encoder
+                    .as_mut()
+                    .and_then(|e| direct_frames(splitter, e, batch, n, &self.heap));
+                return match direct {
+                    Some((frame, placed)) => self.send_frame(frame, placed, wait),
+                    None => {
+                        let pieces = splitter.split_routed(batch, n)?;
+                        self.send_pieces(pieces, wait)
+                    }
+                };
+            }
+        };
+        let pieces = to.into_iter().map(|p| Piece::whole(p, batch)).collect();
         self.send_pieces(pieces, wait)
     }
 
@@ -287,14 +312,29 @@ impl AttachedWriter {
                 }
             }
         }
-        let sent = encoded.and_then(|()| self.send(frame, wait));
-        if sent.is_err() {
-            // The service never saw these items: their chunks are free again.
-            for (start, len) in placed {
-                self.heap.take_back(start, len);
+        match encoded {
+            Ok(()) => self.send_frame(frame, placed, wait),
+            Err(e) => {
+                self.take_back(placed);
+                Err(e)
             }
         }
+    }
+
+    /// Sends a batch's frame; the heap items it names are taken back if it does not go.
+    fn send_frame(&mut self, frame: Frame, placed: Vec<(u64, usize)>, wait: &mut Wait<'_>) -> Result<()> {
+        let sent = self.send(frame, wait);
+        if sent.is_err() {
+            self.take_back(placed);
+        }
         sent
+    }
+
+    /// Frees heap items whose frame the service never saw.
+    fn take_back(&self, placed: Vec<(u64, usize)>) {
+        for (start, len) in placed {
+            self.heap.take_back(start, len);
+        }
     }
 
     /// Makes partly filled buffers readable now (in order with the batches before).
@@ -372,4 +412,35 @@ impl AttachedWriter {
         self.send(small(signal.encode()), wait)?;
         self.ack(wait).map(drop)
     }
+}
+
+/// The frame of a batch that `splitter` routed by rows, each piece written by `encoder`
+/// straight into `heap` (or its frame), and the heap items placed; `None` when a column has
+/// nulls, before anything is placed (the batch is then split the two-step way).
+fn direct_frames(
+    splitter: &Splitter,
+    encoder: &mut RowsEncoder,
+    batch: &RecordBatch,
+    n: usize,
+    heap: &HeapWriter,
+) -> Option<(Frame, Vec<(u64, usize)>)> {
+    let mut layouts = Vec::new();
+    for p in 0..n {
+        let rows = splitter.rows(p);
+        if !rows.is_empty() {
+            layouts.push((p, encoder.layout(batch, rows)?));
+        }
+    }
+    let mut frame = Vec::new();
+    let mut placed = Vec::new();
+    for (p, layout) in layouts {
+        let head = RecordHead {
+            channel: p as u32,
+            in_flight: Vec::new(),
+        };
+        let (f, item) = rows_piece(head, encoder, &layout, batch, splitter.rows(p), heap);
+        frame.extend(f);
+        placed.extend(item);
+    }
+    Some((frame, placed))
 }

@@ -73,13 +73,23 @@ pub struct Piece {
 }
 
 impl Piece {
-    fn whole(subpartition: usize, batch: &RecordBatch) -> Piece {
+    /// The whole of `batch`, to `subpartition`.
+    pub fn whole(subpartition: usize, batch: &RecordBatch) -> Piece {
         Piece {
             subpartition,
             batch: batch.clone(),
             whole: true,
         }
     }
+}
+
+/// Where a batch goes, as [`Splitter::route`] says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// The whole batch, unchanged, to each of these subpartitions (none: an empty batch).
+    Whole(Vec<usize>),
+    /// Its rows by subpartition: [`Splitter::rows`].
+    Rows,
 }
 
 /// A partitioner bound to a schema, with its scratch space.
@@ -117,22 +127,36 @@ impl Splitter {
     /// Splits `batch` into `(subpartition, rows)` pieces for `n` subpartitions, skipping
     /// empty pieces of a hash split.
     pub fn split(&mut self, batch: &RecordBatch, n: usize) -> Result<Vec<Piece>> {
-        match &self.kind {
-            Partitioner::Forward => Ok(vec![Piece::whole(0, batch)]),
-            Partitioner::RoundRobin => {
-                let i = self.next % n;
-                self.next = (i + 1) % n;
-                Ok(vec![Piece::whole(i, batch)])
-            }
-            Partitioner::Broadcast => Ok((0..n).map(|i| Piece::whole(i, batch)).collect()),
-            Partitioner::Hash(_) => self.hash_split(batch, n),
+        match self.route(batch, n)? {
+            Route::Whole(to) => Ok(to.into_iter().map(|p| Piece::whole(p, batch)).collect()),
+            Route::Rows => self.split_routed(batch, n),
         }
     }
 
-    fn hash_split(&mut self, batch: &RecordBatch, n: usize) -> Result<Vec<Piece>> {
+    /// Where `batch`'s rows go among `n` subpartitions, before any is copied: the whole batch
+    /// to some, or its rows by subpartition ([`Splitter::rows`], until the next batch).
+    pub fn route(&mut self, batch: &RecordBatch, n: usize) -> Result<Route> {
+        match &self.kind {
+            Partitioner::Forward => Ok(Route::Whole(vec![0])),
+            Partitioner::RoundRobin => {
+                let i = self.next % n;
+                self.next = (i + 1) % n;
+                Ok(Route::Whole(vec![i]))
+            }
+            Partitioner::Broadcast => Ok(Route::Whole((0..n).collect())),
+            Partitioner::Hash(_) => self.hash_route(batch, n),
+        }
+    }
+
+    /// Subpartition `p`'s rows of the batch last routed [`Route::Rows`], in input order.
+    pub fn rows(&self, p: usize) -> &[u32] {
+        &self.order[self.counts[p]..self.counts[p + 1]]
+    }
+
+    fn hash_route(&mut self, batch: &RecordBatch, n: usize) -> Result<Route> {
         let rows = batch.num_rows();
         if rows == 0 {
-            return Ok(Vec::new());
+            return Ok(Route::Whole(Vec::new()));
         }
         let columns: Vec<&dyn arrow_array::Array> = self
             .key_indices
@@ -148,7 +172,7 @@ impl Splitter {
             self.counts[id as usize + 1] += 1;
         }
         if let Some(p) = self.counts.iter().position(|&c| c == rows) {
-            return Ok(vec![Piece::whole(p - 1, batch)]);
+            return Ok(Route::Whole(vec![p - 1]));
         }
         for i in 1..=n {
             self.counts[i] += self.counts[i - 1];
@@ -161,6 +185,11 @@ impl Splitter {
             self.order[*slot] = row as u32;
             *slot += 1;
         }
+        Ok(Route::Rows)
+    }
+
+    /// The pieces of the batch last routed [`Route::Rows`] (`batch` is that batch).
+    pub fn split_routed(&self, batch: &RecordBatch, n: usize) -> Result<Vec<Piece>> {
         // Columns without nulls of the common types are split in one pass each (the rows of
         // each piece stay in input order); everything else goes through Arrow's `take`.
         let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::with_capacity(batch.num_columns()); n];

@@ -13,15 +13,19 @@
 //!   the receiving side), or read from the socket straight into it for a remote channel
 //!   (the kernel's copy is then the only one).
 //! * [`RecordDeserializer`] decodes a gathered record's arrays zero-copy over that buffer.
+//! * [`RowsEncoder`] writes some rows of a batch as a record that holds its schema, gathering
+//!   the values straight into the destination (a split batch's piece, copied once).
 //!
 //! Rooms: `encode` ([`BatchEncoder`]), `framing` (the length prefix, [`RecordFraming`]),
-//! `assemble` ([`RecordAssembler`]), `decode` ([`RecordDeserializer`]). May use
+//! `assemble` ([`RecordAssembler`]), `decode` ([`RecordDeserializer`]), `rows`
+//! ([`RowsEncoder`]). May use
 //! [`crate::base`] and [`crate::memory`] (the [`crate::memory::RecordPool`] records go into).
 
 mod assemble;
 mod decode;
 mod encode;
 mod framing;
+mod rows;
 #[cfg(test)]
 mod tests;
 
@@ -29,3 +33,4 @@ pub use assemble::RecordAssembler;
 pub use decode::{RecordDeserializer, SelfContainedDecoder};
 pub use encode::{BatchEncoder, Compression, EncodedRecord};
 pub use framing::{RecordFraming, RECORD_HEADER_LEN};
+pub use rows::{RowsEncoder, RowsLayout};

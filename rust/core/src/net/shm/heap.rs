@@ -144,6 +144,26 @@ impl HeapWriter {
         len: usize,
         parts: impl Iterator<Item = &'a [u8]>,
     ) -> Option<u64> {
+        self.place_with(owner, shared, len, |mut dst| {
+            for p in parts {
+                assert!(p.len() <= dst.len(), "parts longer than the item");
+                let (head, tail) = dst.split_at_mut(p.len());
+                head.copy_from_slice(p);
+                dst = tail;
+            }
+            assert!(dst.is_empty(), "parts shorter than the item");
+        })
+    }
+
+    /// Like [`HeapWriter::place`], but `fill` writes the item's `len` bytes itself, straight
+    /// into the chunks (every byte of the slice it gets).
+    pub(crate) fn place_with(
+        &self,
+        owner: u64,
+        shared: bool,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Option<u64> {
         let (_, chunks) = span(ITEM_PAD, len);
         let first = {
             let mut items = self.ledger.lock().unwrap();
@@ -161,16 +181,11 @@ impl HeapWriter {
             first
         };
         let start = first * HEAP_CHUNK + ITEM_PAD;
-        let mut at = start;
-        for p in parts {
-            assert!(at + p.len() <= start + len, "parts longer than the item");
-            // SAFETY: `at..at + p.len()` lies within the chunks just allocated (asserted
-            // against `len`, which they span), which nobody else reads or writes until the
-            // consumer frees them after the frames naming them.
-            unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), self.heap.data.add(at), p.len()) };
-            at += p.len();
-        }
-        assert_eq!(at, start + len, "parts shorter than the item");
+        // SAFETY: `start..start + len` lies within the chunks just allocated (they span
+        // `ITEM_PAD + len` bytes from the first one's start), which nobody else reads or
+        // writes until the consumer frees them after the frames naming them.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.heap.data.add(start), len) };
+        fill(dst);
         Some(start as u64)
     }
 

@@ -108,11 +108,15 @@ def one_round(mode: str, args: argparse.Namespace, nbytes: int) -> dict[str, flo
     try:
         with tempfile.TemporaryDirectory() as meeting:
             cpu0 = time.process_time()
+            # One BLAS thread (numpy's, which pyarrow loads): its idle threads spin, and that CPU is
+            # nobody's network stack.
+            env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
             procs = [
                 subprocess.Popen(
                     [sys.executable, __file__, "--task", mode, str(i), str(args.tasks), meeting, name]
                     + [json.dumps(settings)],
                     stdout=subprocess.PIPE,
+                    env=env,
                 )
                 for i in range(args.tasks)
             ]

@@ -351,7 +351,15 @@ mod tests {
                 "row order kept within a piece"
             );
             assert!(keys.iter().all(|&k| ids[k as usize] as usize == *p));
+            // The rows the route named are the piece's (key k is row k).
+            let named: Vec<i64> = s.rows(*p).iter().map(|&r| r as i64).collect();
+            assert_eq!(named, keys);
         }
+        assert_eq!(s.route(&b.slice(0, 0), 4).unwrap(), Route::Whole(vec![]));
+        let one_key =
+            RecordBatch::try_from_iter([("k", Arc::new(Int64Array::from(vec![7; 5])) as ArrayRef)]).unwrap();
+        let mut one = Splitter::new(Partitioner::Hash(vec!["k".into()]), &one_key.schema()).unwrap();
+        assert!(matches!(one.route(&one_key, 4).unwrap(), Route::Whole(to) if to.len() == 1));
     }
 
     #[test]

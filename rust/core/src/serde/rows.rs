@@ -284,14 +284,31 @@ mod tests {
         let all = n + skip;
         let word = |i: usize| "é".repeat(i % 4) + &"x".repeat(i % 7);
         let cols: Vec<(&str, ArrayRef)> = vec![
-            ("i8", Arc::new(Int8Array::from_iter_values((0..all).map(|i| i as i8)))),
-            ("i16", Arc::new(Int16Array::from_iter_values((0..all).map(|i| i as i16 * 3)))),
-            ("u32", Arc::new(UInt32Array::from_iter_values((0..all).map(|i| i as u32 * 7)))),
-            ("f64", Arc::new(Float64Array::from_iter_values((0..all).map(|i| i as f64 / 3.0)))),
-            ("date", Arc::new(Date32Array::from_iter_values((0..all).map(|i| i as i32)))),
+            (
+                "i8",
+                Arc::new(Int8Array::from_iter_values((0..all).map(|i| i as i8))),
+            ),
+            (
+                "i16",
+                Arc::new(Int16Array::from_iter_values((0..all).map(|i| i as i16 * 3))),
+            ),
+            (
+                "u32",
+                Arc::new(UInt32Array::from_iter_values((0..all).map(|i| i as u32 * 7))),
+            ),
+            (
+                "f64",
+                Arc::new(Float64Array::from_iter_values((0..all).map(|i| i as f64 / 3.0))),
+            ),
+            (
+                "date",
+                Arc::new(Date32Array::from_iter_values((0..all).map(|i| i as i32))),
+            ),
             (
                 "ts",
-                Arc::new(TimestampMicrosecondArray::from_iter_values((0..all).map(|i| i as i64 * 1_000_003))),
+                Arc::new(TimestampMicrosecondArray::from_iter_values(
+                    (0..all).map(|i| i as i64 * 1_000_003),
+                )),
             ),
             (
                 "d128",
@@ -303,14 +320,26 @@ mod tests {
             ),
             (
                 "d256",
-                Arc::new(Decimal256Array::from_iter_values((0..all).map(|i| i256::from_i128(i as i128 - 5)))),
+                Arc::new(Decimal256Array::from_iter_values(
+                    (0..all).map(|i| i256::from_i128(i as i128 - 5)),
+                )),
             ),
             ("s", Arc::new(StringArray::from_iter_values((0..all).map(word)))),
-            ("ls", Arc::new(LargeStringArray::from_iter_values((0..all).map(word)))),
-            ("b", Arc::new(BinaryArray::from_iter_values((0..all).map(|i| vec![i as u8; i % 5])))),
+            (
+                "ls",
+                Arc::new(LargeStringArray::from_iter_values((0..all).map(word))),
+            ),
+            (
+                "b",
+                Arc::new(BinaryArray::from_iter_values(
+                    (0..all).map(|i| vec![i as u8; i % 5]),
+                )),
+            ),
             (
                 "lb",
-                Arc::new(LargeBinaryArray::from_iter_values((0..all).map(|i| vec![!(i as u8); i % 3]))),
+                Arc::new(LargeBinaryArray::from_iter_values(
+                    (0..all).map(|i| vec![!(i as u8); i % 3]),
+                )),
             ),
         ];
         RecordBatch::try_from_iter(cols).unwrap().slice(skip, n)
@@ -368,6 +397,9 @@ mod tests {
         assert!(enc.layout(&b2, &[0, 2]).is_some());
         let flags: ArrayRef = Arc::new(BooleanArray::from(vec![true, false, true]));
         let b3 = RecordBatch::try_from_iter([("a", plain), ("f", flags)]).unwrap();
-        assert!(RowsEncoder::new(b3.schema_ref()).unwrap().is_none(), "booleans are not");
+        assert!(
+            RowsEncoder::new(b3.schema_ref()).unwrap().is_none(),
+            "booleans are not"
+        );
     }
 }

@@ -55,6 +55,64 @@ fn pieces_in_a_writer_s_heap_reach_the_reading_task_uncopied_in_order_and_whole(
 }
 
 #[test]
+fn split_pieces_arrive_as_the_partitioner_splits_them_written_directly_or_taken_first() {
+    let s = service("direct", 64 << 20);
+    let (a, b) = (attach(&s), attach(&s));
+    let p = a.create_partition("p", 3, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Hash(vec!["k".into()])).unwrap();
+    let mut g = b.create_input_gate(specs(s.address(), "p", 3)).unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("text", DataType::Utf8, true),
+        Field::new("x", DataType::Float64, true),
+    ]));
+    // Batches with and without nulls, large (pieces in the heap) and small (inline), each
+    // sliced from a larger one; those with nulls are taken into new batches first, the others
+    // written straight into the heap, all in one stream.
+    let make = |i: usize| {
+        let rows = if i % 3 == 2 { 9 } else { 30_000 };
+        let skip = i % 5;
+        let first = (i * 100_000) as i64;
+        let k: ArrayRef = Arc::new(Int64Array::from_iter_values(first..first + (rows + skip) as i64));
+        let text: ArrayRef =
+            Arc::new(StringArray::from_iter((0..rows + skip).map(|r| {
+                (i.is_multiple_of(2) || !r.is_multiple_of(7)).then(|| format!("row {r} of {i}"))
+            })));
+        let x: ArrayRef = Arc::new(arrow_array::Float64Array::from_iter_values(
+            (0..rows + skip).map(|r| r as f64 / 4.0),
+        ));
+        RecordBatch::try_new(schema.clone(), vec![k, text, x])
+            .unwrap()
+            .slice(skip, rows)
+    };
+    let mut splitter = Splitter::new(Partitioner::Hash(vec!["k".into()]), &schema).unwrap();
+    let mut want: BTreeMap<usize, Vec<RecordBatch>> = BTreeMap::new();
+    for i in 0..12 {
+        let b = make(i);
+        for piece in splitter.split(&b, 3).unwrap() {
+            want.entry(piece.subpartition).or_default().push(piece.batch);
+        }
+        w.write(&b, &mut forever()).unwrap();
+    }
+    w.close(&mut forever()).unwrap();
+    let mut got: BTreeMap<usize, Vec<RecordBatch>> = BTreeMap::new();
+    while let Some(item) = g.next_item(&mut forever()).unwrap() {
+        if let GateItem::Batch { channel, batch, .. } = item {
+            got.entry(channel).or_default().push(batch);
+        }
+    }
+    assert_eq!(got, want);
+    // The 8 large batches' pieces lay in the heap, the small ones' went inline.
+    let m = s.metrics();
+    let pieces: usize = want.values().map(Vec::len).sum();
+    assert_eq!(
+        (m.batches_in_place, m.batches_copied),
+        (8 * 3, pieces - 8 * 3),
+        "{m:?}"
+    );
+}
+
+#[test]
 fn a_piece_held_by_the_reader_never_changes_and_dropped_pieces_free_the_writer_s_heap() {
     let s = service("held", 64 << 20);
     let (a, b) = (attach(&s), attach(&s));

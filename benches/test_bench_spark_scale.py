@@ -75,17 +75,20 @@ def noop(df: DataFrame) -> None:
 
 
 def rounds_of(runs: dict[str, Callable[[], None]]) -> dict[str, list[float]]:
-    """Runs every pipeline once (warm-up), then ROUNDS rounds of all, in rotating order."""
+    """Runs every pipeline once (warm-up), then ROUNDS rounds of all, in rotating order, every
+    other round backwards: each pipeline runs before and after each other one (rotation alone
+    would always run the same one right after another)."""
     for fn in runs.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in runs}
-    order = list(runs)
-    for _ in range(ROUNDS):
-        for name in order:
+    names = list(runs)
+    for r in range(ROUNDS):
+        turn = r // 2 % len(names)
+        order = names[turn:] + names[:turn]
+        for name in order if r % 2 == 0 else order[::-1]:
             start = time.perf_counter()
             runs[name]()
             times[name].append(time.perf_counter() - start)
-        order.append(order.pop(0))
     return times
 
 

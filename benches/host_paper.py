@@ -19,8 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from gen_settings import read_settings
 
 #: A link's rings and heap (host/link.rs): the ring towards the side that reads batches, the
-#: ring back, the heap; each writer and each gate of an attached task has one link.
-LINK_BYTES = (1 << 20) + (64 << 10) + (4 << 20)
+#: ring back, the heap; each writer and each gate of an attached task has one link. Address
+#: space: a heap's pages are used only once written.
+WRITER_LINK_BYTES = (1 << 20) + (64 << 10) + (64 << 20)
+GATE_LINK_BYTES = (1 << 20) + (64 << 10) + (4 << 20)
 
 _UNITS = {"": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
@@ -99,7 +101,8 @@ def table(hosts: int, per_host: int) -> str:
             "no lending between them",
             f"one pool of {per_host} slots × {_mib(d['memory'])} = {_mib(per_host * d['memory'])} "
             "(`spark.creditflow.hostMemory`'s default), "
-            f"shares move to busy tasks; + links ≤ {2 * per_host} × {_mib(LINK_BYTES)}",
+            f"shares move to busy tasks; + links ≤ {per_host} × {_mib(WRITER_LINK_BYTES)} + "
+            f"{per_host} × {_mib(GATE_LINK_BYTES)} (address space; pages used as written)",
         )
     )
     rows.append(

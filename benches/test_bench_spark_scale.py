@@ -32,7 +32,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pytest
@@ -173,7 +173,7 @@ def test_skew(benchmark: Any, report: Any, spark: SparkSession) -> None:
     per_task: dict[str, list[dict[int, tuple[float, float]]]] = {"pipelined": [], "hybrid": []}
     watched: dict[str, list[tuple[dict[str, int], int]]] = {"pipelined": [], "hybrid": []}
 
-    def with_monitor(kind: str) -> Callable[[], None]:
+    def with_monitor(kind: Literal["pipelined", "hybrid"]) -> Callable[[], None]:
         def run() -> None:
             with cfs.Monitor(interval=0.1) as mon:
                 watch = BottleneckWatch(mon)

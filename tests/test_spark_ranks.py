@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -49,7 +50,8 @@ def numbers(spark: SparkSession, rows: int, partitions: int) -> DataFrame:
 
 
 def ids_of(batch: pa.RecordBatch) -> np.ndarray:
-    return batch.column("id").to_numpy().copy()
+    ids: np.ndarray = batch.column("id").to_numpy().copy()
+    return ids
 
 
 class Job:
@@ -424,8 +426,13 @@ class _Checked:
             self.depth += 1
         return entered
 
-    def __exit__(self, *exc: object) -> None:
-        self.inner.__exit__(*exc)
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.inner.__exit__(kind, value, tb)
         if threading.get_ident() != self.reader:
             return
         self.depth -= 1

@@ -31,9 +31,8 @@ pub(crate) const BATCH_RING: usize = 1 << 20;
 pub(crate) const BACK_RING: usize = 64 << 10;
 /// Bytes of a writer link's heap (its pages are used only once written): room for the pieces
 /// its partition queues and its readers hold, which lie there until read (beyond, pieces go
-/// through the ring and the service copies them). As much as a task slot's default share of
-/// the host's memory (Spark's `hostMemory`), which a partition's queue reaches.
-pub(crate) const WRITER_HEAP: usize = 64 << 20;
+/// through the ring and the service copies them).
+pub(crate) const WRITER_HEAP: usize = 16 << 20;
 /// Bytes of a gate link's heap.
 pub(crate) const GATE_HEAP: usize = 4 << 20;
 /// Bytes of the layout the service sends with the region.

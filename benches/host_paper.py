@@ -21,7 +21,7 @@ from gen_settings import read_settings
 #: A link's rings and heap (host/link.rs): the ring towards the side that reads batches, the
 #: ring back, the heap; each writer and each gate of an attached task has one link. Address
 #: space: a heap's pages are used only once written.
-WRITER_LINK_BYTES = (1 << 20) + (64 << 10) + (64 << 20)
+WRITER_LINK_BYTES = (1 << 20) + (64 << 10) + (16 << 20)
 GATE_LINK_BYTES = (1 << 20) + (64 << 10) + (4 << 20)
 
 _UNITS = {"": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}

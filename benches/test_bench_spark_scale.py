@@ -331,14 +331,16 @@ def test_many_tasks(benchmark: Any, report: Any, spark: SparkSession, tasks: int
     assert len(want) == tasks
     assert got == want
     before = {w["pid"]: w for w in worker_state(spark, tasks)}
-    usage: list[tuple[float, float, int]] = []
+    usage: list[tuple[str, float, float, int]] = []
 
-    def exchange_run() -> None:
+    def exchange_run(host_service: bool) -> None:
+        # Both stacks run under the same monitor (its sampling costs each the same).
         with cfs.Monitor(interval=0.2) as mon:
-            noop(cfs.exchange(df, "l_orderkey", memory=MEMORY, monitor=mon))
+            noop(cfs.exchange(df, "l_orderkey", memory=MEMORY, monitor=mon, host_service=host_service))
             samples = mon.samples()
         usage.append(
             (
+                "service" if host_service else "per task",
                 max(s.out_pool_usage for s in samples),
                 max(s.in_pool_usage or 0.0 for s in samples),
                 max(s.rss_bytes - s.rss_start_bytes for s in samples),
@@ -347,11 +349,9 @@ def test_many_tasks(benchmark: Any, report: Any, spark: SparkSession, tasks: int
 
     identity = make_identity()
     runs = {
-        "exchange": exchange_run,
+        "exchange": lambda: exchange_run(True),
         # The same exchange with an environment per task instead of the host's service.
-        "exchange, environment per task": lambda: noop(
-            cfs.exchange(df, "l_orderkey", memory=MEMORY, host_service=False)
-        ),
+        "exchange, environment per task": lambda: exchange_run(False),
         "spark repartition": lambda: noop(df.repartition(tasks, "l_orderkey")),
         # The same shuffle with the rows then handed to Python and back, as exchange's are.
         "spark repartition + mapInArrow": lambda: noop(
@@ -383,13 +383,13 @@ def test_many_tasks(benchmark: Any, report: Any, spark: SparkSession, tasks: int
         higher_is_better=False,
     )
     print(
-        f"  per exchange (out-pool max, in-pool max, worker RSS growth MB): "
-        f"{[(round(o, 2), round(i, 2), round(r / 1e6)) for o, i, r in usage]}"
+        f"  per exchange (stack, out-pool max, in-pool max, worker RSS growth MB): "
+        f"{[(m, round(o, 2), round(i, 2), round(r / 1e6)) for m, o, i, r in usage]}"
     )
     print(f"  workers after the runs: {state}")
     benchmark.extra_info[f"{tasks} tasks pools and rss"] = usage
     # Memory: no task's pools went beyond their share of its memory.
-    assert all(o <= 1.0 and i <= 1.0 for o, i, _ in usage), usage
+    assert all(o <= 1.0 and i <= 1.0 for _, o, i, _ in usage), usage
     # No leaks in the reused workers: at most the last exchange's environment, its listener
     # (+ the worker's own), no partition, gate or segment still held, and no worker has more
     # threads than after the first exchange.

@@ -341,7 +341,7 @@ fn validate_array(d: &ArrayData, check_utf8: bool) -> std::result::Result<(), Ar
 }
 
 /// The `len + 1` offsets of a variable-size array (already checked to fit by `validate`).
-fn offsets<O: ArrowNativeType>(d: &ArrayData) -> std::result::Result<&[O], ArrowError> {
+pub(super) fn offsets<O: ArrowNativeType>(d: &ArrayData) -> std::result::Result<&[O], ArrowError> {
     let all: &[O] = d.buffers()[0].typed_data();
     all.get(d.offset()..d.offset() + d.len() + 1)
         .ok_or_else(|| ArrowError::InvalidArgumentError("offsets buffer too short".into()))

@@ -15,6 +15,7 @@ use arrow_ipc::writer::{write_message, DictionaryTracker, IpcDataGenerator, IpcW
 use arrow_schema::{DataType, Schema};
 use flatbuffers::FlatBufferBuilder;
 
+use super::decode::offsets;
 use crate::base::error::Result;
 
 /// Every buffer and message starts on this boundary of the record (Arrow's own default).
@@ -234,7 +235,7 @@ fn gather<const W: usize>(src: &[u8], rows: &[u32], out: &mut [u8]) {
 /// Bytes of the values at `rows` of a byte column with `O` offsets.
 fn selected_bytes<O: ArrowNativeType>(col: &dyn Array, rows: &[u32]) -> usize {
     let data = col.to_data();
-    let offs = &data.buffers()[0].typed_data::<O>()[data.offset()..data.offset() + data.len() + 1];
+    let offs = offsets::<O>(&data).expect("a valid byte column has len + 1 offsets");
     rows.iter()
         .map(|&r| offs[r as usize + 1].as_usize() - offs[r as usize].as_usize())
         .sum()
@@ -248,8 +249,7 @@ fn gather_bytes<O: ArrowNativeType, const W: usize>(
     values_out: &mut [u8],
     le: fn(usize) -> [u8; W],
 ) {
-    let all: &[O] = data.buffers()[0].typed_data();
-    let offs = &all[data.offset()..data.offset() + data.len() + 1];
+    let offs = offsets::<O>(data).expect("a valid byte column has len + 1 offsets");
     let values = data.buffers()[1].as_slice();
     let (offsets_out, _) = offsets_out.as_chunks_mut::<W>();
     let mut at = 0usize;

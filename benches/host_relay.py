@@ -12,8 +12,8 @@ to the end by the main thread. The batches are TPC-H-like ``lineitem`` rows
 task maps, so making them costs nothing in the timed part.
 
 * service: the bench process holds a ``HostService`` with ``--memory`` per task; the tasks
-  ``attach`` to it. Its CPU is the bench process's ``process_time`` over the round (it does
-  nothing else then).
+  ``attach`` to it with ``--memory`` each (their writers' heaps). Its CPU is the bench
+  process's ``process_time`` over the round (it does nothing else then).
 * per task: each task has a ``NetworkEnvironment(memory=--memory)``; the tasks reach each
   other over shared-memory links, and a task's own subpartition is handed over in place.
 
@@ -65,8 +65,9 @@ def _data(task: int, batches: int, rows: int) -> list[pa.RecordBatch]:
 def task_main(mode: str, me: int, tasks: int, meeting: str, service: str, args: dict[str, Any]) -> None:
     """One task: its partition, its gate, its writer thread; prints its figures as JSON."""
     batches = _data(me, args["batches"], args["rows"])
+    memory = args["memory"]
     stack: cf.Attachment | cf.NetworkEnvironment = (
-        cf.attach(service) if mode == "service" else cf.NetworkEnvironment(memory=args["memory"])
+        cf.attach(service, memory=memory) if mode == "service" else cf.NetworkEnvironment(memory=memory)
     )
     part = stack.create_partition(f"relay/{me}", tasks)
     mine = Path(meeting, f"{me}.json")

@@ -96,6 +96,68 @@ def test_a_pipeline_without_spark_writes_and_reads_through_a_served_host_service
     gate.close()
 
 
+def test_a_task_s_memory_sizes_its_writers_heaps_and_a_bad_one_is_refused(
+    served: tuple[str, subprocess.Popen[str]],
+) -> None:
+    """A task's own ``memory`` (not the host's) is the heap each of its writers places batches
+    in: what it holds in place in its own process, as an environment's ``memory`` bounds it."""
+    name, _ = served
+    assert cf.attach(name).writer_heap == 64 << 20
+    assert cf.attach(name, memory="8MiB").writer_heap == 8 << 20
+    # Whole 64 KiB chunks, at least 1 MiB, at most 1 GiB.
+    assert cf.attach(name, memory=3_000_000).writer_heap == 46 << 16
+    assert cf.attach(name, memory="64KiB").writer_heap == 1 << 20
+    assert cf.attach(name, memory="8GiB").writer_heap == 1 << 30
+    with pytest.raises(ValueError, match="memory"):
+        cf.attach(name, memory="lots")
+    with pytest.raises(ValueError, match="memory must be a non-negative number of bytes"):
+        cf.attach(name, memory=-1)
+    with pytest.raises(TypeError, match="memory must be an int"):
+        cf.attach(name, memory=1.5)  # type: ignore[arg-type]
+    # A reader that holds every batch keeps the writer's heap taken: 2 MiB holds four pieces of
+    # about 480 KB (eight 64 KiB chunks each); the rest are copied by the service.
+    writer, reader = cf.attach(name, memory="2MiB"), cf.attach(name)
+    part = writer.create_partition("held", 1)
+    gate = reader.create_input_gate([cf.ChannelSpec(writer.address, "held", 0)])
+    before = writer.metrics()["batches_in_place"]
+    held = []
+    items = gate.items(timeout=30)
+    with cf.RecordWriter(part) as w:
+        for i in range(12):
+            sent = pa.record_batch(
+                {
+                    "k": pa.array(range(i * 20_000, (i + 1) * 20_000), pa.int64()),
+                    "v": pa.array([b"x" * 12] * 20_000, pa.binary()),
+                }
+            )
+            w.write(sent)
+            got = next(items)
+            assert isinstance(got, cf.Batch)
+            assert got.batch.equals(sent)
+            held.append(got.batch)
+    assert writer.metrics()["batches_in_place"] - before == 4
+    gate.close()
+
+
+def test_a_spark_worker_keeps_an_attachment_per_service_and_task_memory(
+    served: tuple[str, subprocess.Popen[str]],
+) -> None:
+    from creditflow.spark import _process
+
+    name, proc = served
+    kept = _process._Attachments()
+    small = kept.get(name, {}, "8MiB")
+    assert small.service_pid == proc.pid
+    assert small.writer_heap == 8 << 20
+    assert kept.get(name, {}, 8 << 20) is small
+    big = kept.get(name, {}, "32MiB")
+    assert big is not small
+    assert big.writer_heap == 32 << 20
+    assert kept.count() == 2
+    small.close()
+    assert kept.get(name, {}, "8MiB") is not small
+
+
 def test_items_events_and_errors_come_through_as_from_an_environment(
     served: tuple[str, subprocess.Popen[str]],
 ) -> None:

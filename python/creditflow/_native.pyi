@@ -284,6 +284,10 @@ class Attachment:
     def service_pid(self) -> int:
         """The service's pid."""
     @property
+    def writer_heap(self) -> int:
+        """Bytes of the heap each writer of this task places batches in: its ``memory``, in whole
+        64 KiB chunks, from 1 MiB to 1 GiB."""
+    @property
     def closed(self) -> bool:
         """Whether the attachment was closed or its service is gone."""
     def create_partition(
@@ -306,10 +310,13 @@ class Attachment:
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
 
-def attach(name: str, *, owner: int = 0) -> Attachment:
+def attach(name: str, *, owner: int = 0, memory: int | str | None = None) -> Attachment:
     """Attaches this process to the host service ``name`` of this user on this host.
     ``owner``: the pid of the process this task belongs to (a Spark executor), whose end may
-    end the service (0: none). Raises :class:`ConnectionLostError` when no service answers."""
+    end the service (0: none). ``memory``: this task's own (bytes or a string such as
+    ``"16MiB"``; None: ``NetworkEnvironment``'s default), as an environment's: each of its
+    writers places batches in a heap of that much, whose pages count in this process once
+    written. Raises :class:`ConnectionLostError` when no service answers."""
 
 @final
 class MemoryReservation:

@@ -146,18 +146,20 @@ def attach_or_start(
     settings: Mapping[str, Any],
     *,
     owner: int = 0,
+    memory: int | str | None = None,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     timeout: float = 60.0,
 ) -> Attachment:
     """Attaches to the host service ``name``; when none answers, starts one with ``settings``
     (see :data:`SERVICE_SETTINGS`) and attaches once it listens. Two processes that start one
     at once get one service: the second cannot take the name and exits. ``owner``: the pid of
-    the process this one belongs to (a Spark executor), whose end ends the service.
+    the process this one belongs to (a Spark executor), whose end ends the service. ``memory``:
+    this task's own, as :func:`attach` takes it (the host's is ``settings["memory"]``).
 
     Raises :class:`ConnectionLostError` naming the service's log when none answers within
     ``timeout`` seconds."""
     try:
-        return attach(name, owner=owner)
+        return attach(name, owner=owner, memory=memory)
     except ConnectionLostError:
         pass
     deadline = time.monotonic() + timeout
@@ -169,7 +171,7 @@ def attach_or_start(
             # that is ending): start one (again).
             proc = _start(name, settings, owner, idle_timeout)
         try:
-            return attach(name, owner=owner)
+            return attach(name, owner=owner, memory=memory)
         except ConnectionLostError as exc:
             last = exc
         time.sleep(0.05)

@@ -269,22 +269,24 @@ def service_name(app_id: str, service: dict[str, Any]) -> str:
 
 
 class _Attachments:
-    """This worker process's attachments, by service name (forgotten in a forked child)."""
+    """This worker process's attachments, by service name and task memory (forgotten in a
+    forked child)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.pid = os.getpid()
-        self.by_name: dict[str, cf.Attachment] = {}
+        self.by_name: dict[tuple[str, int], cf.Attachment] = {}
 
-    def get(self, name: str, service: dict[str, Any]) -> cf.Attachment:
+    def get(self, name: str, service: dict[str, Any], memory: int | str) -> cf.Attachment:
         with self.lock:
             if os.getpid() != self.pid:
                 self.by_name, self.pid = {}, os.getpid()
-            a = self.by_name.get(name)
+            key = (name, cf.parse_bytes(memory))
+            a = self.by_name.get(key)
             if a is None or a.closed:
                 # The executor's Python daemon (this worker's parent) ends with the executor.
-                a = attach_or_start(name, service, owner=os.getppid())
-                self.by_name[name] = a
+                a = attach_or_start(name, service, owner=os.getppid(), memory=memory)
+                self.by_name[key] = a
             return a
 
     def count(self) -> int:
@@ -300,9 +302,10 @@ def host_environment(
     settings: EnvSettings, host: str | None, app_id: str, memory: int
 ) -> Iterator[cf.Attachment]:
     """This task's attachment to its host's service for ``settings`` (started when none runs,
-    with ``memory``: the application's host memory, shared by every task attached to it)."""
+    with ``memory``: the application's host memory, shared by every task attached to it). The
+    task's own ``settings.memory`` sizes what its writers hold in place, as an environment's."""
     service = service_settings(settings, host, memory)
-    yield _ATTACHMENTS.get(service_name(app_id, service), service)
+    yield _ATTACHMENTS.get(service_name(app_id, service), service, settings.memory)
 
 
 @contextlib.contextmanager

@@ -142,7 +142,8 @@ def exchange(
         memory: creditflow network memory per task with ``host_service=False`` (bounds what a
             task holds in flight). The tasks attached to a host service share its memory,
             the session's ``spark.creditflow.hostMemory`` (default 64 MiB per task slot of a
-            host), instead.
+            host), instead; there ``memory`` bounds what a task's writer holds in place in
+            the task (its link's heap: at least 1 MiB).
         segment_size, buffer_timeout, exclusive_buffers, floating_buffers: as for
             :class:`creditflow.NetworkEnvironment`.
         kind: Each task's partition: ``"pipelined"`` (default: a slow task's producers wait

@@ -521,7 +521,8 @@ def send(
     With ``via="executors"`` (the default) every task streams its partition straight from
     its executor as Spark computes it, with backpressure from the receivers reaching the
     computation; ``memory`` bounds what each task holds in flight (with ``host_service=False``;
-    the tasks attached to a host service share its ``spark.creditflow.hostMemory``). With
+    the tasks attached to a host service share its ``spark.creditflow.hostMemory``, and
+    ``memory`` bounds what a task's writer holds in place in the task, at least 1 MiB). With
     ``via="driver"`` the driver collects ``df.toArrow()`` (the whole result in driver memory)
     and streams that.
 

@@ -185,6 +185,7 @@ pub struct Attachment {
     address: String,
     name: String,
     service_pid: u32,
+    writer_heap: usize,
     pid: u32,
 }
 
@@ -198,15 +199,30 @@ impl Attachment {
 
 /// Attaches this process to the host service ``name`` of this user on this host. ``owner``:
 /// the pid of the process this task belongs to (a Spark executor), whose end may end the
-/// service (0: none). Raises :class:`ConnectionLostError` when no service answers.
+/// service (0: none). ``memory``: this task's own (bytes or a string such as ``"16MiB"``;
+/// None: ``NetworkEnvironment``'s default), as an environment's: each of its writers places
+/// batches in a heap of that much, whose pages count in this process once written. Raises
+/// :class:`ConnectionLostError` when no service answers.
 #[pyfunction]
-#[pyo3(signature = (name, *, owner = 0))]
-pub fn attach(py: Python<'_>, name: &str, owner: u32) -> PyResult<Attachment> {
-    let a = py.detach(|| host::Attachment::connect(name, owner)).py_err(py)?;
+#[pyo3(signature = (name, *, owner = 0, memory = None))]
+pub fn attach(
+    py: Python<'_>,
+    name: &str,
+    owner: u32,
+    memory: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Attachment> {
+    let memory = match memory {
+        Some(m) => bytes_arg(m, "memory")?,
+        None => creditflow_core::EnvConfig::default().memory,
+    };
+    let a = py
+        .detach(|| host::Attachment::connect(name, owner, memory))
+        .py_err(py)?;
     Ok(Attachment {
         address: a.address().to_string(),
         name: a.name().to_string(),
         service_pid: a.service_pid(),
+        writer_heap: a.writer_heap(),
         inner: Mutex::new(Some(Arc::new(a))),
         pid: current_pid(),
     })
@@ -231,6 +247,13 @@ impl Attachment {
     #[getter]
     fn service_pid(&self) -> u32 {
         self.service_pid
+    }
+
+    /// Bytes of the heap each writer of this task places batches in: its ``memory``, in whole
+    /// 64 KiB chunks, from 1 MiB to 1 GiB.
+    #[getter]
+    fn writer_heap(&self) -> usize {
+        self.writer_heap
     }
 
     /// Whether the attachment was closed or its service is gone.

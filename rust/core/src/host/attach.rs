@@ -30,13 +30,18 @@ use crate::serde::Compression;
 #[derive(Clone)]
 pub struct Attachment {
     session: Arc<Session>,
+    /// Bytes of each writer link's heap: follows the task's own `memory`.
+    writer_heap: usize,
 }
 
 impl Attachment {
     /// Attaches to the service `name` of this user on this host; `owner` is the pid of the
     /// process this task belongs to (a Spark executor; 0: none), whose end may end the
-    /// service. [`Error::ConnectionLost`] when no service answers at that name.
-    pub fn connect(name: &str, owner: u32) -> Result<Attachment> {
+    /// service. `memory` is the task's own (bytes), as an environment's: each of its writers
+    /// places batches in a heap of that much (at least 1 MiB, at most 1 GiB), whose pages count
+    /// in the task's memory once written. [`Error::ConnectionLost`] when no service answers at
+    /// that name.
+    pub fn connect(name: &str, owner: u32, memory: usize) -> Result<Attachment> {
         check_name(name)?;
         let handle = runtime::handle()?;
         let sock_name = socket_name(name);
@@ -140,6 +145,7 @@ impl Attachment {
                 next_id: AtomicU64::new(1),
                 io: vec![writer, reader],
             }),
+            writer_heap: link::writer_heap(memory),
         })
     }
 
@@ -162,6 +168,11 @@ impl Attachment {
     /// The host's `memory` (bytes) and `segment_size`.
     pub fn memory(&self) -> (u64, u64) {
         (self.session.welcome.memory, self.session.welcome.segment_size)
+    }
+
+    /// Bytes of the heap each writer of this task places batches in.
+    pub fn writer_heap(&self) -> usize {
+        self.writer_heap
     }
 
     /// Why the session ended (the service is gone), if it has.
@@ -192,6 +203,7 @@ impl Attachment {
             id: id.to_string(),
             subpartitions,
             schema: Arc::new(Mutex::new(None)),
+            writer_heap: self.writer_heap,
         })
     }
 
@@ -207,6 +219,12 @@ impl Attachment {
         };
         let end = self.session.open_link(link, LinkKind::Gate)?;
         AttachedGate::start(self.session.clone(), link, specs, end)
+    }
+
+    /// Asks the service `request` as it is (for tests that send what this API would not).
+    #[cfg(test)]
+    pub(crate) fn ask(&self, request: Request) -> Result<Reply> {
+        self.session.ask(request)
     }
 
     /// The service's metrics: its pool and connections.
@@ -226,6 +244,8 @@ pub struct AttachedPartition {
     subpartitions: usize,
     /// The schema of the first batch a writer of this task wrote.
     schema: Arc<Mutex<Option<SchemaRef>>>,
+    /// Bytes of each writer link's heap.
+    writer_heap: usize,
 }
 
 impl AttachedPartition {
@@ -249,6 +269,7 @@ impl AttachedPartition {
         let reply = self.session.ask(Request::OpenWriter {
             partition: self.id.clone(),
             partitioner: partitioner.clone(),
+            heap: self.writer_heap as u64,
         })?;
         let Reply::Link { link } = reply else {
             return Err(Error::Protocol(format!(

@@ -22,17 +22,15 @@ use super::codec::{self, FRAME_HEADER};
 use crate::base::error::{Error, Result};
 use crate::net::shm::{
     heap_offset, recv_fds, region_len, sane_heap, send_fds, Doorbell, HeapLease, HeapReader, HeapWriter,
-    Region, Ring, ShmReader, ShmWriter, Waiter, RING_HEADER,
+    Region, Ring, ShmReader, ShmWriter, Waiter, HEAP_CHUNK, MAX_HEAP_BYTES, RING_HEADER,
 };
 
 /// Bytes of the ring that carries batches (towards the side that receives them).
 pub(crate) const BATCH_RING: usize = 1 << 20;
 /// Bytes of the ring back (acknowledgements and errors).
 pub(crate) const BACK_RING: usize = 64 << 10;
-/// Bytes of a writer link's heap (its pages are used only once written): room for the pieces
-/// its partition queues and its readers hold, which lie there until read (beyond, pieces go
-/// through the ring and the service copies them).
-pub(crate) const WRITER_HEAP: usize = 16 << 20;
+/// Bytes of the smallest heap a writer's link has: a task's `memory` below it still gets it.
+pub(crate) const MIN_WRITER_HEAP: usize = 1 << 20;
 /// Bytes of a gate link's heap.
 pub(crate) const GATE_HEAP: usize = 4 << 20;
 /// Bytes of the layout the service sends with the region.
@@ -55,14 +53,6 @@ impl LinkKind {
         }
     }
 
-    /// Bytes of its heap.
-    fn heap(self) -> usize {
-        match self {
-            LinkKind::Writer => WRITER_HEAP,
-            LinkKind::Gate => GATE_HEAP,
-        }
-    }
-
     /// Capacities of the ring from the service to the task and back.
     fn rings(self) -> (usize, usize) {
         match self {
@@ -70,6 +60,30 @@ impl LinkKind {
             LinkKind::Gate => (BATCH_RING, BACK_RING),
         }
     }
+}
+
+/// Bytes of the heap of a writer's link for a task whose own `memory` is `memory` bytes: that
+/// much, in whole chunks, within [`MIN_WRITER_HEAP`] and the largest heap. The pieces its
+/// partition queues and its readers hold lie there until read (beyond, pieces go through the
+/// ring and the service copies them), and its pages count in the task's memory once written,
+/// so a task's footprint follows its `memory` as an environment's does.
+pub(crate) fn writer_heap(memory: usize) -> usize {
+    let chunks = memory.div_ceil(HEAP_CHUNK).saturating_mul(HEAP_CHUNK);
+    chunks.clamp(MIN_WRITER_HEAP, MAX_HEAP_BYTES)
+}
+
+/// The heap a task asked for its writer's link, checked: whole chunks, within
+/// [`MIN_WRITER_HEAP`] and the largest heap.
+pub(crate) fn checked_writer_heap(heap: u64) -> Result<usize> {
+    usize::try_from(heap)
+        .ok()
+        .filter(|&h| h >= MIN_WRITER_HEAP && sane_heap(h))
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "a writer link's heap of {heap} bytes: it must be whole {HEAP_CHUNK}-byte chunks, \
+                 from {MIN_WRITER_HEAP} to {MAX_HEAP_BYTES} bytes"
+            ))
+        })
 }
 
 /// One side of a link's heap.
@@ -155,18 +169,24 @@ impl SourceHeap {
 }
 
 /// Service side: creates the region for a link of `kind` and passes it on `sock` (whose peer
-/// was checked when it connected). For a writer's link, also the heap to hand to gates
+/// was checked when it connected). A writer's link has the `heap` its task asked for (checked
+/// when asked), a gate's [`GATE_HEAP`]. For a writer's link, also the heap to hand to gates
 /// (`link` names it).
 pub(crate) async fn serve(
     sock: UnixStream,
     kind: LinkKind,
     link: u64,
+    heap: usize,
 ) -> Result<(LinkEnd, Option<SourceHeap>)> {
     let (s2t, t2s) = kind.rings();
-    let len = region_len(s2t, t2s, kind.heap());
+    let heap = match kind {
+        LinkKind::Writer => heap,
+        LinkKind::Gate => GATE_HEAP,
+    };
+    let len = region_len(s2t, t2s, heap);
     let (region, fd) = Region::create(len).map_err(io_error)?;
     let mut layout = [0u8; LAYOUT_LEN];
-    for (i, v) in [s2t as u64, t2s as u64, kind.heap() as u64, kind.code()]
+    for (i, v) in [s2t as u64, t2s as u64, heap as u64, kind.code()]
         .into_iter()
         .enumerate()
     {
@@ -188,12 +208,12 @@ pub(crate) async fn serve(
                 fd,
                 region_len: len,
                 heap_offset: heap_offset(s2t, t2s),
-                heap_len: kind.heap(),
+                heap_len: heap,
             };
             (None, Some(source))
         }
     };
-    let end = end(Arc::new(region), sock, s2t, t2s, kind.heap(), kind, true, heaps);
+    let end = end(Arc::new(region), sock, s2t, t2s, heap, kind, true, heaps);
     Ok((end, source))
 }
 

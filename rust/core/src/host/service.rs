@@ -309,11 +309,11 @@ async fn connection(mut sock: UnixStream, pid: Option<i32>, shared: Arc<Shared>)
                 let e = Error::Protocol(format!("session {session} has no link {link} waiting"));
                 return refuse(&mut sock, &e).await;
             };
-            let kind = match pending {
-                PendingLink::Writer { .. } => LinkKind::Writer,
-                PendingLink::Gate(_) => LinkKind::Gate,
+            let (kind, heap) = match pending {
+                PendingLink::Writer { heap, .. } => (LinkKind::Writer, heap),
+                PendingLink::Gate(_) => (LinkKind::Gate, 0),
             };
-            let (end, source) = match link::serve(sock, kind, link).await {
+            let (end, source) = match link::serve(sock, kind, link, heap).await {
                 Ok(x) => x,
                 Err(e) => return log::warn!("creditflow: host service could not set up a link: {e}"),
             };
@@ -326,6 +326,7 @@ async fn connection(mut sock: UnixStream, pid: Option<i32>, shared: Arc<Shared>)
                 PendingLink::Writer {
                     partition,
                     partitioner,
+                    ..
                 } => {
                     let source = source.expect("a writer's link has a heap to hand on");
                     shared.spawn_worker("creditflow-host-writer", move || {

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::codec::{Reply, Request};
+use super::link;
 use super::metrics;
 use super::state::HostState;
 use crate::base::error::{Error, Result};
@@ -15,10 +16,11 @@ use crate::partition::{Partitioner, ResultPartition};
 
 /// A link a task asked for and has not connected yet.
 pub(crate) enum PendingLink {
-    /// A writer's: into `partition` through `partitioner`.
+    /// A writer's: into `partition` through `partitioner`, with a heap of `heap` bytes.
     Writer {
         partition: Arc<ResultPartition>,
         partitioner: Partitioner,
+        heap: usize,
     },
     /// A gate's (the gate is created when asked for, so its errors come with the answer).
     Gate(Box<InputGate>),
@@ -113,7 +115,9 @@ impl TaskSession {
             Request::OpenWriter {
                 partition,
                 partitioner,
+                heap,
             } => {
+                let heap = link::checked_writer_heap(heap)?;
                 let partition = self.partition(shared, &partition)?;
                 let link = shared.next_id();
                 self.links.lock().unwrap().insert(
@@ -121,6 +125,7 @@ impl TaskSession {
                     PendingLink::Writer {
                         partition,
                         partitioner,
+                        heap,
                     },
                 );
                 Ok(Reply::Link { link })

@@ -173,10 +173,12 @@ pub(crate) enum Request {
         kind: Option<SpillKind>,
         compression: Option<Compression>,
     },
-    /// A writer link into `partition` through `partitioner`.
+    /// A writer link into `partition` through `partitioner`, whose heap has `heap` bytes (the
+    /// task's own memory; the service checks it).
     OpenWriter {
         partition: String,
         partitioner: Partitioner,
+        heap: u64,
     },
     /// A gate over `specs` and its link.
     CreateGate { specs: Vec<ChannelSpec> },
@@ -219,10 +221,12 @@ impl Request {
                 Request::OpenWriter {
                     partition,
                     partitioner,
+                    heap,
                 } => {
                     o.u8(2);
                     o.str(partition);
                     put_partitioner(o, partitioner);
+                    o.u64(*heap);
                 }
                 Request::CreateGate { specs } => {
                     o.u8(3);
@@ -276,6 +280,7 @@ impl Request {
             2 => Request::OpenWriter {
                 partition: i.str()?,
                 partitioner: get_partitioner(&mut i)?,
+                heap: i.u64()?,
             },
             3 => {
                 let n = i.u32()?;

@@ -218,10 +218,12 @@ pub(crate) fn sample_requests() -> Vec<Request> {
         Request::OpenWriter {
             partition: "p".into(),
             partitioner: Partitioner::Hash(vec!["l_orderkey".into(), "é".into()]),
+            heap: 64 << 20,
         },
         Request::OpenWriter {
             partition: "p".into(),
             partitioner: Partitioner::Broadcast,
+            heap: 1 << 20,
         },
         Request::CreateGate {
             specs: vec![

@@ -4,7 +4,7 @@
 use arrow_array::{DictionaryArray, Int32Array};
 
 use super::*;
-use crate::host::link::WRITER_HEAP;
+use crate::host::codec::{Reply, Request};
 use crate::partition::partitioner::Splitter;
 
 /// Nonempty pieces `batch` splits into for `n` subpartitions by key `k`.
@@ -127,7 +127,7 @@ fn a_piece_held_by_the_reader_never_changes_and_dropped_pieces_free_the_writer_s
     assert_eq!(s.metrics().batches_in_place, 1);
     // While it is held, twice what the writer link's heap holds goes by, so its chunks would
     // have been written again were they free.
-    let more = 2 * WRITER_HEAP / (20_000 * 24);
+    let more = 2 * a.writer_heap() / (20_000 * 24);
     let mut first = 20_000i64;
     for _ in 0..more {
         w.write(&batch(first, 20_000, 12), &mut forever()).unwrap();
@@ -227,4 +227,78 @@ fn a_killed_writer_s_pieces_still_reach_the_reader_from_its_heap_then_the_failur
         "{err}"
     );
     assert_eq!(s.metrics().batches_in_place, 5, "{:?}", s.metrics());
+}
+
+#[test]
+fn a_writer_s_heap_is_its_task_s_memory_in_whole_chunks_within_bounds() {
+    let s = service("heap-size", 64 << 20);
+    let heap = |memory: usize| Attachment::connect(s.name(), 0, memory).unwrap().writer_heap();
+    assert_eq!(heap(8 << 20), 8 << 20);
+    assert_eq!(heap((1 << 20) + 1), (1 << 20) + (64 << 10));
+    assert_eq!(heap(0), 1 << 20);
+    assert_eq!(heap(100), 1 << 20);
+    assert_eq!(heap(3 << 30), 1 << 30);
+    assert_eq!(heap(usize::MAX), 1 << 30);
+    // The service checks what a task asks for: a heap it would not make is refused, clearly,
+    // and the session goes on.
+    let a = attach(&s);
+    let _p = a.create_partition("p", 1, None, None).unwrap();
+    for bad in [
+        0u64,
+        4096,
+        (1 << 20) + 1,
+        (1 << 20) - (64 << 10),
+        (1 << 30) + (64 << 10),
+        u64::MAX,
+    ] {
+        let e = a
+            .ask(Request::OpenWriter {
+                partition: "p".into(),
+                partitioner: Partitioner::Forward,
+                heap: bad,
+            })
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{bad}: {e:?}");
+        assert!(e.to_string().contains(&format!("heap of {bad} bytes")), "{e}");
+    }
+    let ok = Request::OpenWriter {
+        partition: "p".into(),
+        partitioner: Partitioner::Forward,
+        heap: 1 << 20,
+    };
+    assert!(matches!(a.ask(ok).unwrap(), Reply::Link { .. }));
+}
+
+/// Batches of `rows` rows a writer of a task with `memory` puts in place while the reading task
+/// holds every batch it read (so no chunk of the writer's heap is freed), out of `batches`.
+fn held_in_place(s: &HostService, partition: &str, memory: usize, batches: usize) -> usize {
+    let a = Attachment::connect(s.name(), 0, memory).unwrap();
+    let b = attach(s);
+    let p = a.create_partition(partition, 1, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Forward).unwrap();
+    let mut g = b.create_input_gate(specs(s.address(), partition, 1)).unwrap();
+    let before = s.metrics().batches_in_place;
+    let mut held = Vec::new();
+    for i in 0..batches {
+        let sent = batch(i as i64 * 20_000, 20_000, 12);
+        w.write(&sent, &mut forever()).unwrap();
+        let got = g.next(&mut forever()).unwrap().unwrap();
+        assert_eq!(got, sent);
+        held.push(got);
+    }
+    w.close(&mut forever()).unwrap();
+    assert!(g.next(&mut forever()).unwrap().is_none());
+    s.metrics().batches_in_place - before
+}
+
+#[test]
+fn a_writer_s_heap_holds_as_many_pieces_as_its_task_s_memory_allows() {
+    let s = service("heap-follows", 64 << 20);
+    // About 480 KB a batch (20,000 rows of an 8-byte key, a 12-byte text and its offset): eight
+    // 64 KiB chunks in a heap.
+    let piece = 8 * (64 << 10);
+    for (i, memory) in [2usize << 20, 8 << 20].into_iter().enumerate() {
+        let in_place = held_in_place(&s, &format!("p{i}"), memory, 24);
+        assert_eq!(in_place, memory / piece, "{memory}-byte heap");
+    }
 }

@@ -49,8 +49,11 @@ fn service(what: &str, memory: usize) -> HostService {
     HostService::start(config(&unique(what), memory)).unwrap()
 }
 
+/// A task's own memory in these tests: its writers' heaps hold 16 MiB each.
+const TASK_MEMORY: usize = 16 << 20;
+
 fn attach(s: &HostService) -> Attachment {
-    Attachment::connect(s.name(), 0).unwrap()
+    Attachment::connect(s.name(), 0, TASK_MEMORY).unwrap()
 }
 
 /// `rows` rows of (k, text) with k = first..first + rows; a text of `width` bytes per row.
@@ -397,7 +400,7 @@ fn a_finished_blocking_partition_outlives_its_task_and_is_read_twice() {
     let s = service("blocking", 8 << 20);
     let name = s.name().to_string();
     {
-        let a = Attachment::connect(&name, 0).unwrap();
+        let a = Attachment::connect(&name, 0, TASK_MEMORY).unwrap();
         let p = a
             .create_partition("bl", 1, Some(SpillKind::Blocking), None)
             .unwrap();
@@ -435,7 +438,7 @@ fn the_service_ends_when_idle_or_when_its_owners_are_gone() {
 
     let s = service("owners", 4 << 20);
     let mut owner = Command::new("sleep").arg("60").spawn().unwrap();
-    let t = Attachment::connect(s.name(), owner.id()).unwrap();
+    let t = Attachment::connect(s.name(), owner.id(), TASK_MEMORY).unwrap();
     std::thread::sleep(Duration::from_millis(600));
     assert!(
         s.wait(&mut Wait::timeout(Some(Duration::ZERO), "test")).is_err(),
@@ -496,7 +499,7 @@ fn child_task() {
     if std::env::var(CHILD).is_err() {
         return;
     }
-    let a = Attachment::connect(&std::env::var("SERVICE").unwrap(), 0).unwrap();
+    let a = Attachment::connect(&std::env::var("SERVICE").unwrap(), 0, TASK_MEMORY).unwrap();
     let p = a
         .create_partition(&std::env::var("PARTITION").unwrap(), 1, None, None)
         .unwrap();
@@ -583,8 +586,8 @@ fn a_killed_service_fails_every_attached_task_within_two_seconds_and_a_new_one_t
     let (mut svc, mut out) = child("host::tests::child_service", &[("SERVICE", name.clone())]);
     let address = expect_line(&mut out, "ADDRESS ");
     let (a, b) = (
-        Attachment::connect(&name, 0).unwrap(),
-        Attachment::connect(&name, 0).unwrap(),
+        Attachment::connect(&name, 0, TASK_MEMORY).unwrap(),
+        Attachment::connect(&name, 0, TASK_MEMORY).unwrap(),
     );
     // One task blocked reading a partition nobody writes, one writing into a full one.
     let mut g = b.create_input_gate(specs(&address, "never", 1)).unwrap();
@@ -614,7 +617,7 @@ fn a_killed_service_fails_every_attached_task_within_two_seconds_and_a_new_one_t
     assert!(a.ended().is_some());
     // The name is free: a new service starts and tasks attach to it.
     let s = HostService::start(config(&name, 4 << 20)).unwrap();
-    let c = Attachment::connect(&name, 0).unwrap();
+    let c = Attachment::connect(&name, 0, TASK_MEMORY).unwrap();
     assert_eq!(c.service_pid(), std::process::id());
     drop(s);
 }
@@ -629,7 +632,7 @@ fn a_new_service_removes_what_a_killed_one_left_on_disk() {
     ];
     let (mut svc, mut out) = child("host::tests::child_service", &vars);
     expect_line(&mut out, "ADDRESS ");
-    let a = Attachment::connect(&name, 0).unwrap();
+    let a = Attachment::connect(&name, 0, TASK_MEMORY).unwrap();
     // 1 MiB of memory: a blocking partition of 8 MB spills.
     let p = a
         .create_partition("spilled", 1, Some(SpillKind::Blocking), None)

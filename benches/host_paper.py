@@ -18,11 +18,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from gen_settings import read_settings
 
-#: A link's rings and heap (host/link.rs): the ring towards the side that reads batches, the
-#: ring back, the heap; each writer and each gate of an attached task has one link. Address
-#: space: a heap's pages are used only once written.
-WRITER_LINK_BYTES = (1 << 20) + (64 << 10) + (16 << 20)
-GATE_LINK_BYTES = (1 << 20) + (64 << 10) + (4 << 20)
+#: A link's rings (host/link.rs): the ring towards the side that reads batches and the ring
+#: back; each writer and each gate of an attached task has one link, with a heap besides.
+#: Address space: a heap's pages are used only once written.
+LINK_RINGS_BYTES = (1 << 20) + (64 << 10)
+#: A gate link's heap; a writer link's is its task's own ``memory``.
+GATE_HEAP_BYTES = 4 << 20
 
 _UNITS = {"": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
@@ -101,8 +102,9 @@ def table(hosts: int, per_host: int) -> str:
             "no lending between them",
             f"one pool of {per_host} slots × {_mib(d['memory'])} = {_mib(per_host * d['memory'])} "
             "(`spark.creditflow.hostMemory`'s default), "
-            f"shares move to busy tasks; + links ≤ {per_host} × {_mib(WRITER_LINK_BYTES)} + "
-            f"{per_host} × {_mib(GATE_LINK_BYTES)} (address space; pages used as written)",
+            f"shares move to busy tasks; + links ≤ {per_host} × {_mib(LINK_RINGS_BYTES + d['memory'])} + "
+            f"{per_host} × {_mib(LINK_RINGS_BYTES + GATE_HEAP_BYTES)} "
+            "(address space; pages used as written)",
         )
     )
     rows.append(

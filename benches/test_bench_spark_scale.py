@@ -10,7 +10,8 @@
   draws) every 0.25 s and counts which task it marks as the bottleneck.
 * ``test_many_tasks``: TPC-H-like ``lineitem`` rows by ``l_orderkey`` with 8 and 16 tasks
   (64 and 256 channels): ``exchange`` (through the host service, and with an environment per
-  task, paired by round) against Spark's ``repartition(n, "l_orderkey")``, alone
+  task, paired by round in wall time and in the machine's CPU seconds, every process's:
+  ``/proc/stat``) against Spark's ``repartition(n, "l_orderkey")``, alone
   and followed by an identity ``mapInArrow`` (the Python round trip ``exchange`` makes too),
   all written to ``noop``. Before timing, every output partition of the exchange is checked
   against Spark's (row count and the sum of a 64-bit hash of every row, per partition); after
@@ -74,22 +75,35 @@ def noop(df: DataFrame) -> None:
     df.write.format("noop").mode("overwrite").save()
 
 
-def rounds_of(runs: dict[str, Callable[[], None]]) -> dict[str, list[float]]:
+def machine_cpu() -> float:
+    """CPU seconds this machine has spent so far, every process's (``/proc/stat``: user, nice,
+    system, irq and softirq of all CPUs): the JVM, the Python workers and a host service alike.
+    Another VM's load on the host shows as steal time, which this leaves out."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def rounds_of(runs: dict[str, Callable[[], None]]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Runs every pipeline once (warm-up), then ROUNDS rounds of all, in rotating order, every
     other round backwards: each pipeline runs before and after each other one (rotation alone
-    would always run the same one right after another)."""
+    would always run the same one right after another). Returns each pipeline's wall seconds
+    and the machine's CPU seconds (:func:`machine_cpu`) of each round."""
     for fn in runs.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
     for r in range(ROUNDS):
         turn = r // 2 % len(names)
         order = names[turn:] + names[:turn]
         for name in order if r % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), machine_cpu()
             runs[name]()
             times[name].append(time.perf_counter() - start)
-    return times
+            cpu[name].append(machine_cpu() - start_cpu)
+    return times, cpu
 
 
 # ------------------------------------------------------------------------------------- skew
@@ -205,7 +219,7 @@ def test_skew(benchmark: Any, report: Any, spark: SparkSession) -> None:
         "exchange hybrid": with_monitor("hybrid"),
         "spark repartition": lambda: noop(df.repartition(SKEW_TASKS, "key").mapInArrow(sums, SUMS_SCHEMA)),
     }
-    times = benchmark.pedantic(lambda: rounds_of(runs), rounds=1, iterations=1)
+    times, _ = benchmark.pedantic(lambda: rounds_of(runs), rounds=1, iterations=1)
     print(
         f"\nskew: {SKEW_ROWS:,} rows, key 0 holds {HOT_TENTHS * 10} %, {SKEW_TASKS} tasks, hot task {hot}, "
         f"memory {SKEW_MEMORY}, consumer work {SKEW_WORK_US:g} µs/row"
@@ -358,7 +372,7 @@ def test_many_tasks(benchmark: Any, report: Any, spark: SparkSession, tasks: int
             df.repartition(tasks, "l_orderkey").mapInArrow(identity, df.schema)
         ),
     }
-    times = benchmark.pedantic(lambda: rounds_of(runs), rounds=1, iterations=1)
+    times, cpu = benchmark.pedantic(lambda: rounds_of(runs), rounds=1, iterations=1)
     # With the check above and the warm-up, 2 + ROUNDS exchanges ran in these workers.
     state = worker_state(spark, tasks)
     print(
@@ -366,22 +380,27 @@ def test_many_tasks(benchmark: Any, report: Any, spark: SparkSession, tasks: int
         f"memory {MEMORY}"
     )
     for name, ts in times.items():
-        print(f"  {name}: rounds {[round(t, 2) for t in ts]} s, median {statistics.median(ts):.2f} s")
+        print(
+            f"  {name}: rounds {[round(t, 2) for t in ts]} s, median {statistics.median(ts):.2f} s; "
+            f"machine CPU {[round(c, 1) for c in cpu[name]]} s, median {statistics.median(cpu[name]):.2f} s"
+        )
         report(f"{tasks} tasks {name}", statistics.median(ts), "s", None, higher_is_better=False)
         benchmark.extra_info[f"{tasks} tasks {name} rounds"] = [round(t, 3) for t in ts]
+        benchmark.extra_info[f"{tasks} tasks {name} machine CPU"] = [round(c, 2) for c in cpu[name]]
     for spark_run in ("spark repartition", "spark repartition + mapInArrow"):
         ratio = statistics.median(times[spark_run]) / statistics.median(times["exchange"])
         report(f"{tasks} tasks {spark_run} / exchange", ratio, "x", None)
-    per_task = [
-        s / p for s, p in zip(times["exchange"], times["exchange, environment per task"], strict=True)
-    ]
-    report(
-        f"{tasks} tasks exchange / environment per task, paired",
-        statistics.median(per_task),
-        "x",
-        1.0,
-        higher_is_better=False,
-    )
+    for what, figures in (("", times), (", machine CPU", cpu)):
+        per_task = [
+            s / p for s, p in zip(figures["exchange"], figures["exchange, environment per task"], strict=True)
+        ]
+        report(
+            f"{tasks} tasks exchange / environment per task, paired{what}",
+            statistics.median(per_task),
+            "x",
+            1.0,
+            higher_is_better=False,
+        )
     print(
         f"  per exchange (stack, out-pool max, in-pool max, worker RSS growth MB): "
         f"{[(m, round(o, 2), round(i, 2), round(r / 1e6)) for m, o, i, r in usage]}"

@@ -7,6 +7,7 @@ Each test names its own service (a name per test and run), so tests never share 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -208,6 +209,75 @@ def test_concurrent_starters_get_one_service_which_ends_when_idle(tmp_path: Path
     assert "no task attached" in log_path(name).read_text()
     with pytest.raises(cf.ConnectionLostError, match="no creditflow host service"):
         cf.attach(name)
+
+
+class _Waits:
+    """Stands in for a ``HostService`` in :class:`~creditflow.host._StopSignals`' wait."""
+
+    def __init__(self, signum: int | None = None) -> None:
+        self.signum = signum
+        self.calls = 0
+
+    def wait(self) -> str:
+        self.calls += 1
+        if self.signum is not None:
+            signal.raise_signal(self.signum)
+        time.sleep(10)  # the signal's handler interrupts this at once
+        return "ended"
+
+
+def test_ctrl_c_and_sigterm_end_the_service_s_wait_and_interrupt_nothing_else() -> None:
+    """A stop signal that comes while the service's main thread is elsewhere (here: inside a
+    logging handler, holding its lock) is noted, not raised there, so that no lock is left
+    taken; the wait then ends at once. One during the wait ends it."""
+    from creditflow.host import _StopSignals
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    class Signalling(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            signal.raise_signal(signal.SIGTERM)
+            time.sleep(0.01)  # the handler runs here, within the lock
+
+    log = logging.getLogger(f"test-stop-signals-{uuid.uuid4().hex}")
+    log.propagate = False
+    handler = Signalling()
+    log.addHandler(handler)
+    with _StopSignals() as stop:
+        try:
+            log.warning("a record")
+        except KeyboardInterrupt:  # what the default handler does, with the lock taken
+            pytest.fail("the signal was raised inside the logging handler")
+        assert stop.got == "SIGTERM"
+        # The handler's lock is free: another thread takes it.
+        lock = handler.lock
+        assert lock is not None
+        taken: list[bool] = []
+
+        def take() -> None:
+            taken.append(lock.acquire(timeout=5))
+            if taken[-1]:
+                lock.release()
+
+        free = threading.Thread(target=take)
+        free.start()
+        free.join(10)
+        assert taken == [True]
+        service = _Waits()
+        assert stop.wait(service) == "interrupted (SIGTERM)"
+        assert service.calls == 0
+    log.removeHandler(handler)
+    with _StopSignals() as stop:
+        service = _Waits(signal.SIGINT)
+        start = time.monotonic()
+        assert stop.wait(service) == "interrupted (SIGINT)"
+        assert time.monotonic() - start < 5
+        assert service.calls == 1
+        # After the wait a signal is noted again, not raised.
+        signal.raise_signal(signal.SIGTERM)
+        time.sleep(0.01)
+        assert stop.got == "SIGTERM"
+    assert {s: signal.getsignal(s) for s in before} == before
 
 
 def _alive(pid: int) -> bool:

@@ -15,17 +15,22 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from creditflow import logs
 from creditflow._native import Attachment, HostService, TLSConfig, attach
 from creditflow.errors import ConnectionLostError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
@@ -65,6 +70,53 @@ DEFAULT_IDLE_TIMEOUT = 120.0
 _log = logging.getLogger("creditflow.host")
 
 
+class _Waitable(Protocol):
+    def wait(self) -> str: ...
+
+
+class _StopSignals:
+    """Ctrl-C and SIGTERM while :func:`serve` runs (in the main thread): they end the service's
+    wait, and only that. Raised as ``KeyboardInterrupt`` wherever the main thread happened to be,
+    a signal could leave a lock taken (between a logging handler's ``acquire`` and its ``try``),
+    and the log thread, which :func:`serve` joins on its way out, would wait for it forever. So
+    a signal is only noted, and raised only while the main thread waits for the service."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.got: str | None = None
+        self.waiting = False
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> Self:
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self.previous[s] = signal.signal(s, self._note)
+        return self
+
+    def __exit__(self, *_args: object) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+    def _note(self, signum: int, _frame: object) -> None:
+        self.got = signal.Signals(signum).name
+        if self.waiting:
+            self.waiting = False  # one interrupt per wait
+            raise KeyboardInterrupt
+
+    def wait(self, service: _Waitable) -> str:
+        """``service.wait()``, ended by a signal noted before or during it."""
+        try:
+            self.waiting = True
+            if self.got is None:
+                return service.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.waiting = False
+        return f"interrupted ({self.got or 'SIGINT'})"
+
+
 def serve(
     name: str,
     *,
@@ -73,21 +125,20 @@ def serve(
     **settings: Any,
 ) -> str:
     """Runs the host service ``name`` in this process until it ends (its owners are gone, it
-    was idle for ``idle_timeout`` seconds, or Ctrl-C / SIGTERM) and returns why. ``ready`` is
-    called with the service once it listens. Rust log records go to :mod:`logging` meanwhile."""
-    logs._acquire()
-    try:
-        with HostService(name, idle_timeout=idle_timeout, **settings) as service:
-            _log.info("host service %r listening at %s (pid %d)", name, service.address, os.getpid())
-            if ready is not None:
-                ready(service)
-            try:
-                why = service.wait()
-            except KeyboardInterrupt:
-                why = "interrupted"
-            _log.info("host service %r ends: %s", name, why)
-    finally:
-        logs._release()
+    was idle for ``idle_timeout`` seconds, or Ctrl-C / SIGTERM when called in the main thread)
+    and returns why. ``ready`` is called with the service once it listens. Rust log records go
+    to :mod:`logging` meanwhile."""
+    with _StopSignals() as signals:
+        logs._acquire()
+        try:
+            with HostService(name, idle_timeout=idle_timeout, **settings) as service:
+                _log.info("host service %r listening at %s (pid %d)", name, service.address, os.getpid())
+                if ready is not None:
+                    ready(service)
+                why = signals.wait(service)
+                _log.info("host service %r ends: %s", name, why)
+        finally:
+            logs._release()
     return why
 
 

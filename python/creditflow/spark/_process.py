@@ -285,7 +285,7 @@ class _Attachments:
             a = self.by_name.get(key)
             if a is None or a.closed:
                 # The executor's Python daemon (this worker's parent) ends with the executor.
-                a = attach_or_start(name, service, owner=os.getppid(), memory=memory)
+                a = attach_or_start(name, service, owner=os.getppid(), memory=key[1])
                 self.by_name[key] = a
             return a
 

@@ -169,9 +169,9 @@ impl SourceHeap {
 }
 
 /// Service side: creates the region for a link of `kind` and passes it on `sock` (whose peer
-/// was checked when it connected). A writer's link has the `heap` its task asked for (checked
-/// when asked), a gate's [`GATE_HEAP`]. For a writer's link, also the heap to hand to gates
-/// (`link` names it).
+/// was checked when it connected), with a heap of `heap` bytes (a writer's: what its task asked
+/// for, checked when asked; a gate's: [`GATE_HEAP`]). For a writer's link, also the heap to
+/// hand to gates (`link` names it).
 pub(crate) async fn serve(
     sock: UnixStream,
     kind: LinkKind,
@@ -179,10 +179,6 @@ pub(crate) async fn serve(
     heap: usize,
 ) -> Result<(LinkEnd, Option<SourceHeap>)> {
     let (s2t, t2s) = kind.rings();
-    let heap = match kind {
-        LinkKind::Writer => heap,
-        LinkKind::Gate => GATE_HEAP,
-    };
     let len = region_len(s2t, t2s, heap);
     let (region, fd) = Region::create(len).map_err(io_error)?;
     let mut layout = [0u8; LAYOUT_LEN];

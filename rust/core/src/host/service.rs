@@ -311,7 +311,7 @@ async fn connection(mut sock: UnixStream, pid: Option<i32>, shared: Arc<Shared>)
             };
             let (kind, heap) = match pending {
                 PendingLink::Writer { heap, .. } => (LinkKind::Writer, heap),
-                PendingLink::Gate(_) => (LinkKind::Gate, 0),
+                PendingLink::Gate(_) => (LinkKind::Gate, link::GATE_HEAP),
             };
             let (end, source) = match link::serve(sock, kind, link, heap).await {
                 Ok(x) => x,

@@ -82,6 +82,19 @@ impl TimeMeter {
         TimeMeterGuard { meter: self }
     }
 
+    /// Enters the state unless already in it, for a state that outlasts a scope (a caller
+    /// that polls, and learns it waits only once it finds nothing); [`TimeMeter::leave`] ends it.
+    pub fn enter(&self) {
+        let _ = self
+            .running_since
+            .compare_exchange(0, self.now_ns(), Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Leaves the state, if in it.
+    pub fn leave(&self) {
+        self.stop();
+    }
+
     fn stop(&self) {
         let since = self.running_since.swap(0, Ordering::SeqCst);
         if since != 0 {

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
@@ -40,16 +40,27 @@ pub(super) struct Ready {
     /// The reader sleeps on `cv`; written only with `queue` locked, so a pusher that holds
     /// the lock sees it exactly (and skips the futex wake when nobody sleeps).
     pub(super) sleeping: AtomicBool,
+    /// Told after a channel becomes ready, for a reader that polls the gate
+    /// ([`super::InputGate::set_ready_listener`]) instead of sleeping on `cv`.
+    pub(super) listener: OnceLock<ReadyListener>,
 }
+
+/// What a polling reader is told when a channel of its gate becomes ready (from any thread:
+/// it must be quick and must not call into the gate).
+pub type ReadyListener = Arc<dyn Fn() + Send + Sync>;
 
 impl Ready {
     pub(super) fn push(&self, idx: usize) {
         if !self.queued[idx].swap(true, Ordering::SeqCst) {
             let mut q = self.queue.lock().unwrap();
             q.push_back(idx);
-            if self.sleeping.load(Ordering::SeqCst) {
-                drop(q);
+            let sleeping = self.sleeping.load(Ordering::SeqCst);
+            drop(q);
+            if sleeping {
                 self.cv.notify_one();
+            }
+            if let Some(listener) = self.listener.get() {
+                listener();
             }
         }
     }

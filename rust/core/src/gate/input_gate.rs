@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use arrow_array::RecordBatch;
 
-use super::channels::{Channel, ChannelState, Queued, Ready};
+use super::channels::{Channel, ChannelState, Queued, Ready, ReadyListener};
 use super::handle::{
     ChannelCounters, DebloatSetup, GateCounters, GateDebloat, GateHandle, GateMetricsReader,
 };
@@ -26,6 +26,9 @@ use crate::partition::Registry;
 use crate::protocol::checkpoint::{Action, Aligner, InFlight};
 use crate::protocol::debloat::Debloater;
 use crate::serde::RecordDeserializer;
+
+/// What names the zero wait of [`InputGate::try_next_item`] (its timeout is "nothing ready").
+const NOTHING_READY: &str = "input gate: nothing ready";
 
 /// What [`InputGate::next_item`] yields.
 #[derive(Debug)]
@@ -132,6 +135,7 @@ impl InputGate {
             cv: Condvar::new(),
             queued: (0..specs.len()).map(|_| AtomicBool::new(false)).collect(),
             sleeping: AtomicBool::new(false),
+            listener: std::sync::OnceLock::new(),
         });
         let now = Instant::now();
         let num_remote = specs.iter().filter(|s| s.address != local_address).count();
@@ -356,6 +360,44 @@ impl InputGate {
     /// The next batch, user event or checkpoint barrier (see [`GateItem`]); `None` once
     /// every channel has ended. Blocks as `wait` allows.
     pub fn next_item(&mut self, wait: &mut Wait<'_>) -> Result<Option<GateItem>> {
+        self.next_item_as(wait, true)
+    }
+
+    /// [`InputGate::next_item`] without waiting: `Some` of what it would return, or `None`
+    /// when nothing is ready now. For a reader that serves many gates from one thread: it
+    /// learns when to try again from [`InputGate::set_ready_listener`] and, while channels
+    /// are not resolved yet, [`InputGate::retry_due_in`]. The gate counts as idle from a
+    /// `None` to the next item.
+    pub fn try_next_item(&mut self) -> Result<Option<Option<GateItem>>> {
+        let mut now = Wait::timeout(Some(std::time::Duration::ZERO), NOTHING_READY);
+        match self.next_item_as(&mut now, false) {
+            Ok(item) => {
+                self.handle.counters.idle.leave();
+                Ok(Some(item))
+            }
+            Err(Error::Timeout(_, what)) if what == NOTHING_READY => {
+                self.handle.counters.idle.enter();
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Calls `listener` whenever a channel becomes ready, from the thread that made it so (a
+    /// writer's, an I/O thread): it must be quick and must not call into the gate. Set once
+    /// (a second listener is refused: `false`).
+    pub fn set_ready_listener(&self, listener: ReadyListener) -> bool {
+        self.ready.listener.set(listener).is_ok()
+    }
+
+    /// How long until a channel whose partition is not registered yet is looked for again
+    /// (`None`: no such channel). A polling reader tries again by then.
+    pub fn retry_due_in(&self) -> Option<std::time::Duration> {
+        self.next_retry()
+            .map(|t| t.saturating_duration_since(Instant::now()))
+    }
+
+    fn next_item_as(&mut self, wait: &mut Wait<'_>, meter_idle: bool) -> Result<Option<GateItem>> {
         if self.closed {
             return Err(Error::Closed("input gate"));
         }
@@ -408,7 +450,7 @@ impl InputGate {
             let idx = match self.take_ready() {
                 Some(idx) => idx,
                 None => {
-                    let _idle = self.handle.counters.idle.start();
+                    let _idle = meter_idle.then(|| self.handle.counters.idle.start());
                     match self.wait_ready(wait)? {
                         Some(idx) => idx,
                         None => continue,

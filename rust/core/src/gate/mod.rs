@@ -21,6 +21,7 @@ mod handle;
 mod input_gate;
 mod metrics;
 
+pub use channels::ReadyListener;
 pub use handle::GateMetricsReader;
 pub(crate) use handle::{DebloatSetup, GateHandle};
 pub(crate) use input_gate::RemoteSetup;

@@ -1,8 +1,13 @@
-//! The service's side of a gate's link (a `creditflow-host-gate` thread): takes the gate's
-//! items and puts them on the link, a batch as a record of its channel's stream. When the
-//! link is full this thread waits and takes nothing more from the gate, whose channels then
-//! stop getting credit: the task's pace reaches the producers. The gate closes when the task
-//! drops its end (or goes), or the service ends.
+//! The service's side of a gate's link: a task on the service's runtime that takes the gate's
+//! items and puts them on the link, a batch as a record of its channel's stream. When the link
+//! is full the task waits and takes nothing more from the gate, whose channels then stop getting
+//! credit: the task's pace reaches the producers. The gate closes when the task drops its end
+//! (or goes), or the service ends.
+//!
+//! The gates of every attached task are served by the runtime's few threads, not a thread
+//! each: a gate is polled, and when nothing is ready its task sleeps until the gate's ready
+//! listener wakes it. A writer that queues a batch's pieces for several gates then wakes one
+//! thread, not one per gate; on a host whose cores are all busy each wake-up costs a switch.
 //!
 //! A batch that is a piece lying in a writer link's heap ([`InHeap`]) is not copied: the task
 //! gets that heap (once per writer link, over the link's heaps connection) and a frame naming
@@ -16,39 +21,35 @@ use std::sync::Arc;
 
 use tokio::io::AsyncWriteExt;
 use tokio::runtime::Handle;
+use tokio::sync::Notify;
 
 use super::codec::{RecordHead, Signal};
 use super::link::{self, HeapEnd, InHeap, LinkEnd, Watched};
 use super::records::{small, Frame, RecordSender};
-use super::runtime::block_on;
 use super::state::SentCounters;
-use crate::base::error::Error;
-use crate::base::wait::Wait;
+use crate::base::wait::CHECK_INTERVAL;
 use crate::gate::{GateItem, InputGate};
+use crate::net::shm::ShmWriter;
 
 /// Runs a gate's link until the gate ends, the task drops it or goes, or the service ends.
-pub(crate) fn run(
+pub(crate) async fn run(
     mut gate: InputGate,
     end: LinkEnd,
-    handle: Handle,
     sent: Arc<SentCounters>,
     stop: [Arc<AtomicBool>; 2],
 ) {
-    let mut link = Watched::new(end, &handle, stop);
+    let mut link = Watched::new(end, &Handle::current(), stop);
     let HeapEnd::Writer(heap) = &link.heap else {
         log::warn!("creditflow: host service: a gate's link with the wrong heap side");
         return;
     };
     let stops = link.stops();
     let stopped = || stops.iter().any(|f| f.load(Ordering::SeqCst));
-    let mut check = || {
-        if stopped() {
-            Err(Error::Closed("input gate"))
-        } else {
-            Ok(())
-        }
-    };
-    let mut wait = Wait::forever().with_check(&mut check);
+    let ready = Arc::new(Notify::new());
+    {
+        let ready = ready.clone();
+        gate.set_ready_listener(Arc::new(move || ready.notify_one()));
+    }
     let mut sender = RecordSender::new(None);
     // Writer links whose heaps the task has been given.
     let mut given: HashSet<u64> = HashSet::new();
@@ -57,7 +58,24 @@ pub(crate) fn run(
     let mut errors = 0usize;
     let limit = gate.num_channels() + 1;
     loop {
-        let (frame, last): (Frame, bool) = match gate.next_item(&mut wait) {
+        let next = loop {
+            if stopped() {
+                break None;
+            }
+            match gate.try_next_item() {
+                Ok(Some(item)) => break Some(Ok(item)),
+                Ok(None) => {
+                    // A push after the poll above left a permit: this returns at once.
+                    let slice = gate
+                        .retry_due_in()
+                        .map_or(CHECK_INTERVAL, |d| d.min(CHECK_INTERVAL));
+                    let _ = tokio::time::timeout(slice, ready.notified()).await;
+                }
+                Err(e) => break Some(Err(e)),
+            }
+        };
+        let Some(next) = next else { break };
+        let (frame, last): (Frame, bool) = match next {
             Ok(None) => (small(Signal::End.encode()), true),
             Ok(Some(item)) => {
                 errors = 0;
@@ -76,9 +94,8 @@ pub(crate) fn run(
                         let forward = match (in_heap, link.heaps.as_ref()) {
                             (Some(piece), Some(heaps)) => {
                                 let source = &piece.source;
-                                let ready = given.contains(&source.link)
-                                    || matches!(block_on(&handle, source.send(heaps), &mut wait), Ok(Ok(())));
-                                if ready {
+                                let handed = given.contains(&source.link) || source.send(heaps).await.is_ok();
+                                if handed {
                                     given.insert(source.link);
                                     // From here the task frees the chunks; this side reads no
                                     // more of the piece (`batch` is only dropped).
@@ -136,15 +153,24 @@ pub(crate) fn run(
                 (small(Signal::Error(e).encode()), errors > limit)
             }
         };
-        match block_on(&handle, link::write_all(&mut link.writer, &frame), &mut wait) {
-            Ok(Ok(())) => {}
-            _ => break,
-        }
-        if last {
+        if !write_frame(&mut link.writer, &frame, &stopped).await || last {
             break;
         }
     }
     gate.close();
     // Closes the ring: the task reads what is in it (the end), then end-of-stream.
-    let _ = handle.block_on(link.writer.shutdown());
+    let _ = link.writer.shutdown().await;
+}
+
+/// Writes `frame` on the link, waiting while the ring or the heap is full; `false` when the
+/// write failed or a stop came meanwhile (the task went, or the service ends).
+async fn write_frame(writer: &mut ShmWriter, frame: &Frame, stopped: &impl Fn() -> bool) -> bool {
+    let mut write = std::pin::pin!(link::write_all(writer, frame));
+    loop {
+        match tokio::time::timeout(CHECK_INTERVAL, write.as_mut()).await {
+            Ok(done) => return done.is_ok(),
+            Err(_) if stopped() => return false,
+            Err(_) => {}
+        }
+    }
 }

@@ -92,6 +92,8 @@ pub(crate) struct Shared {
     idle_timeout: Option<Duration>,
     idle_since: Mutex<Option<Instant>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
+    /// The gates' links, served on the runtime.
+    gates: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Shared {
@@ -120,6 +122,16 @@ impl Shared {
     }
 }
 
+/// Threads of the service's runtime, which serves the sessions and every gate's link: one per
+/// four cores, at least one and at most four. A gate's link wakes a thread of the runtime
+/// rather than one of its own, and on a host whose cores are all busy every wake-up of a
+/// sleeping thread costs a switch; the writers' links keep a thread each (they block on their
+/// partitions' pools).
+fn io_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / 4).clamp(1, 4)
+}
+
 /// A host service: serves attached tasks until it ends (its owners are gone, it was idle, or
 /// it is closed).
 pub struct HostService {
@@ -133,7 +145,7 @@ impl HostService {
     pub fn start(config: HostConfig) -> Result<HostService> {
         check_name(&config.name)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
+            .worker_threads(io_threads())
             .thread_name("creditflow-host")
             .enable_all()
             .build()
@@ -169,6 +181,7 @@ impl HostService {
             idle_timeout: config.idle_timeout,
             idle_since: Mutex::new(Some(Instant::now())),
             workers: Mutex::new(Vec::new()),
+            gates: Mutex::new(Vec::new()),
         });
         runtime.spawn(accept_loop(listener, Arc::downgrade(&shared), stop_rx));
         runtime.spawn(watch_loop(Arc::downgrade(&shared)));
@@ -223,6 +236,16 @@ impl HostService {
         let workers: Vec<JoinHandle<()>> = std::mem::take(&mut *self.shared.workers.lock().unwrap());
         for w in workers {
             let _ = w.join();
+        }
+        // The gates' links see the end within a check interval: each closes its gate and its
+        // ring, so its task reads the end of the link rather than a broken one.
+        let gates: Vec<_> = std::mem::take(&mut *self.shared.gates.lock().unwrap());
+        if Handle::try_current().is_err() {
+            runtime.block_on(async {
+                for g in gates {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), g).await;
+                }
+            });
         }
         let sessions: Vec<Arc<TaskSession>> = self
             .shared
@@ -343,9 +366,10 @@ async fn connection(mut sock: UnixStream, pid: Option<i32>, shared: Arc<Shared>)
                 }
                 PendingLink::Gate(gate) => {
                     let sent = shared.host.sent.clone();
-                    shared.spawn_worker("creditflow-host-gate", move || {
-                        download::run(*gate, end, handle, sent, [dead, stopping])
-                    })
+                    let task = handle.spawn(download::run(*gate, end, sent, [dead, stopping]));
+                    let mut gates = shared.gates.lock().unwrap();
+                    gates.retain(|g| !g.is_finished());
+                    gates.push(task);
                 }
             }
         }

@@ -11,7 +11,6 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt;
@@ -91,9 +90,8 @@ pub(crate) struct Shared {
     stop_tx: watch::Sender<bool>,
     idle_timeout: Option<Duration>,
     idle_since: Mutex<Option<Instant>>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
-    /// The gates' links, served on the runtime.
-    gates: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The writers' and gates' links, served on the runtime.
+    links: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Shared {
@@ -110,15 +108,11 @@ impl Shared {
         }
     }
 
-    fn spawn_worker(&self, name: &str, f: impl FnOnce() + Send + 'static) {
-        match std::thread::Builder::new().name(name.into()).spawn(f) {
-            Ok(h) => {
-                let mut workers = self.workers.lock().unwrap();
-                workers.retain(|w| !w.is_finished());
-                workers.push(h);
-            }
-            Err(e) => log::warn!("creditflow: host service cannot start a thread: {e}"),
-        }
+    /// Keeps a link's task, so that the service's end can wait for it.
+    fn serve_link(&self, task: tokio::task::JoinHandle<()>) {
+        let mut links = self.links.lock().unwrap();
+        links.retain(|l| !l.is_finished());
+        links.push(task);
     }
 }
 
@@ -180,8 +174,7 @@ impl HostService {
             stop_tx,
             idle_timeout: config.idle_timeout,
             idle_since: Mutex::new(Some(Instant::now())),
-            workers: Mutex::new(Vec::new()),
-            gates: Mutex::new(Vec::new()),
+            links: Mutex::new(Vec::new()),
         });
         runtime.spawn(accept_loop(listener, Arc::downgrade(&shared), stop_rx));
         runtime.spawn(watch_loop(Arc::downgrade(&shared)));
@@ -233,17 +226,14 @@ impl HostService {
         let Some(runtime) = self.runtime.lock().unwrap().take() else {
             return;
         };
-        let workers: Vec<JoinHandle<()>> = std::mem::take(&mut *self.shared.workers.lock().unwrap());
-        for w in workers {
-            let _ = w.join();
-        }
-        // The gates' links see the end within a check interval: each closes its gate and its
-        // ring, so its task reads the end of the link rather than a broken one.
-        let gates: Vec<_> = std::mem::take(&mut *self.shared.gates.lock().unwrap());
+        // The links see the end within a check interval (a writer's after draining what its
+        // task sent, at most a second): each fails or closes what it serves and its ring, so
+        // its task reads the end of the link rather than a broken one.
+        let links: Vec<_> = std::mem::take(&mut *self.shared.links.lock().unwrap());
         if Handle::try_current().is_err() {
             runtime.block_on(async {
-                for g in gates {
-                    let _ = tokio::time::timeout(Duration::from_secs(1), g).await;
+                for l in links {
+                    let _ = tokio::time::timeout(Duration::from_secs(2), l).await;
                 }
             });
         }
@@ -352,24 +342,12 @@ async fn connection(mut sock: UnixStream, pid: Option<i32>, shared: Arc<Shared>)
                     ..
                 } => {
                     let source = source.expect("a writer's link has a heap to hand on");
-                    shared.spawn_worker("creditflow-host-writer", move || {
-                        upload::run(
-                            partition,
-                            partitioner,
-                            end,
-                            source,
-                            handle,
-                            s.pid,
-                            [dead, stopping],
-                        )
-                    })
+                    let link = upload::run(partition, partitioner, end, source, s.pid, [dead, stopping]);
+                    shared.serve_link(handle.spawn(link));
                 }
                 PendingLink::Gate(gate) => {
                     let sent = shared.host.sent.clone();
-                    let task = handle.spawn(download::run(*gate, end, sent, [dead, stopping]));
-                    let mut gates = shared.gates.lock().unwrap();
-                    gates.retain(|g| !g.is_finished());
-                    gates.push(task);
+                    shared.serve_link(handle.spawn(download::run(*gate, end, sent, [dead, stopping])));
                 }
             }
         }

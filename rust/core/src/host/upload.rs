@@ -1,23 +1,29 @@
-//! The service's side of a writer's link (a `creditflow-host-writer` thread): decodes the
-//! pieces the task sends and queues each in its subpartition, blocking while the partition is
-//! full, which is what holds the task's writer back. A piece that lies in the link's heap is
-//! queued with its place ([`InHeap`]), so that a gate of this host can hand it on as it lies.
-//! A link that ends without the writer's close (the task died, or dropped the writer) fails
-//! the partition.
+//! The service's side of a writer's link: a task on the service's runtime that decodes the
+//! pieces the task sends and queues each in its subpartition. A piece that lies in the link's
+//! heap is queued with its place ([`InHeap`]), so that a gate of this host can hand it on as
+//! it lies. A link that ends without the writer's close (the task died, or dropped the writer)
+//! fails the partition.
+//!
+//! A piece is queued on the runtime's thread that the link's doorbell woke, which goes on to
+//! serve the gates the piece is for: one wake-up of the service per batch when nothing holds
+//! the writer back. When the partition is full (or is one whose writes may wait part-way:
+//! spillable, serializing) the write waits on a blocking thread instead, and that wait, the
+//! link's ring and heap filling, and the task's next `write` waiting is the backpressure.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio::io::AsyncWriteExt;
 use tokio::runtime::Handle;
 
 use super::codec::Signal;
 use super::link::{self, HeapEnd, InHeap, LinkEnd, SourceHeap, Watched};
 use super::records::{read_incoming, small, Incoming};
-use super::runtime::block_on;
 use crate::base::error::{Error, Result};
-use crate::base::wait::Wait;
+use crate::base::wait::{Wait, CHECK_INTERVAL};
 use crate::memory::RecordPool;
+use crate::net::shm::ShmWriter;
 use crate::partition::subpartition::Token;
 use crate::partition::{Partitioner, RecordWriter, ResultPartition};
 use crate::serde::SelfContainedDecoder;
@@ -29,52 +35,74 @@ const RECORD_POOL: usize = 16 << 20;
 /// How long the frames a task sent before it went are still read.
 const DRAIN: Duration = Duration::from_secs(1);
 
+/// When the link ends for the task: once the task dropped the link or went (or its session or
+/// the service ended), what it sent before is still read from the ring, and written, for
+/// [`DRAIN`]; only then does the link end.
+struct Drain {
+    stops: [Arc<AtomicBool>; 3],
+    since: Mutex<Option<Instant>>,
+    pid: u32,
+}
+
+impl Drain {
+    fn check(&self) -> Result<()> {
+        if !self.stops.iter().any(|f| f.load(Ordering::SeqCst)) {
+            return Ok(());
+        }
+        let mut since = self.since.lock().unwrap();
+        if since.get_or_insert_with(Instant::now).elapsed() >= DRAIN {
+            Err(Error::ConnectionLost(format!(
+                "the task (pid {}) went away",
+                self.pid
+            )))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Runs `fut` to its end, or until the check fails (checked every [`CHECK_INTERVAL`]; the
+    /// future is kept across checks, so a frame half read is not lost).
+    async fn run<F: std::future::Future>(&self, fut: F) -> Result<F::Output> {
+        let mut fut = std::pin::pin!(fut);
+        loop {
+            self.check()?;
+            if let Ok(v) = tokio::time::timeout(CHECK_INTERVAL, fut.as_mut()).await {
+                return Ok(v);
+            }
+        }
+    }
+}
+
 /// Runs a writer's link until the writer closes or fails, or the task or the service goes.
 /// `stop`: flags that end it (the session's end, the service's).
-pub(crate) fn run(
+pub(crate) async fn run(
     partition: Arc<ResultPartition>,
     partitioner: Partitioner,
     end: LinkEnd,
     source: SourceHeap,
-    handle: Handle,
     pid: u32,
     stop: [Arc<AtomicBool>; 2],
 ) {
-    let mut link = Watched::new(end, &handle, stop);
+    let mut link = Watched::new(end, &Handle::current(), stop);
     let HeapEnd::Reader(heap) = &link.heap else {
         log::warn!("creditflow: host service: a writer's link with the wrong heap side");
         return;
     };
     let heap = heap.clone();
-    let stops = link.stops();
-    // Once the task dropped the link or went, what it sent before is still read from the ring
-    // (and written) for DRAIN; only then does the link end for it.
-    let mut stopped: Option<Instant> = None;
-    let mut check = || {
-        if stops.iter().any(|f| f.load(Ordering::SeqCst))
-            && stopped.get_or_insert_with(Instant::now).elapsed() >= DRAIN
-        {
-            Err(Error::ConnectionLost(format!("the task (pid {pid}) went away")))
-        } else {
-            Ok(())
-        }
-    };
-    let mut wait = Wait::forever().with_check(&mut check);
+    let drain = Arc::new(Drain {
+        stops: link.stops(),
+        since: Mutex::new(None),
+        pid,
+    });
     let pool = RecordPool::new(RECORD_POOL);
     let source = Arc::new(source);
     // The reading task checks the strings when it decodes a piece: the service passes them on.
     let mut pieces = SelfContainedDecoder::relay(MAX_RECORD);
-    let mut w = RecordWriter::new(partition.clone(), partitioner);
-    let mut reply = |signal: Signal, wait: &mut Wait<'_>| -> Result<()> {
-        let frame = small(signal.encode());
-        block_on(&handle, link::write_all(&mut link.writer, &frame), wait)?.map_err(link::lost)
-    };
+    // Shared with the blocking thread a write that must wait goes to (it is awaited there).
+    let w = Arc::new(Mutex::new(RecordWriter::new(partition.clone(), partitioner)));
     let outcome: Result<()> = loop {
-        let incoming = match block_on(
-            &handle,
-            read_incoming(&mut link.reader, Some(&heap), &pool, MAX_RECORD),
-            &mut wait,
-        ) {
+        let read = read_incoming(&mut link.reader, Some(&heap), &pool, MAX_RECORD);
+        let incoming = match drain.run(read).await {
             Ok(Ok(Some(x))) => x,
             Ok(Ok(None)) => {
                 break Err(Error::ConnectionLost(format!(
@@ -84,49 +112,56 @@ pub(crate) fn run(
             Ok(Err(e)) | Err(e) => break Err(e),
         };
         let step = match incoming {
-            Incoming::Piece { head, body, lease } => pieces.decode(body).and_then(|batch| {
-                let token = lease.map(|lease| {
-                    let source = source.clone();
-                    Arc::new(InHeap { source, lease }) as Token
-                });
-                w.write_to(&batch, token, head.channel as usize, &mut wait)
-            }),
+            Incoming::Piece { head, body, lease } => match pieces.decode(body) {
+                Ok(batch) => {
+                    let token = lease.map(|lease| {
+                        let source = source.clone();
+                        Arc::new(InHeap { source, lease }) as Token
+                    });
+                    write_piece(&w, batch, token, head.channel as usize, &drain).await
+                }
+                Err(e) => Err(e),
+            },
             Incoming::Signal(Signal::Event {
                 target: None,
                 payload,
-            }) => w.broadcast_event(&payload),
+            }) => w.lock().unwrap().broadcast_event(&payload),
             Incoming::Signal(Signal::Event {
                 target: Some(t),
                 payload,
-            }) => w.emit_event(&payload, t as usize),
+            }) => w.lock().unwrap().emit_event(&payload, t as usize),
             Incoming::Signal(Signal::Barrier { id, unaligned }) => {
-                w.broadcast_barrier(id, unaligned).and_then(|o| {
-                    let overtaken = o.into_iter().map(|n| n as u64).collect();
-                    reply(Signal::Ack { overtaken }, &mut wait)
-                })
+                let overtaken = w.lock().unwrap().broadcast_barrier(id, unaligned);
+                match overtaken {
+                    Ok(o) => {
+                        let overtaken = o.into_iter().map(|n| n as u64).collect();
+                        reply(&mut link.writer, Signal::Ack { overtaken }, &drain).await
+                    }
+                    Err(e) => Err(e),
+                }
             }
             Incoming::Signal(Signal::Flush) => {
-                w.flush();
+                w.lock().unwrap().flush();
                 Ok(())
             }
             Incoming::Signal(Signal::Close) => {
-                break w.close().and_then(|()| {
-                    reply(
-                        Signal::Ack {
+                let closed = w.lock().unwrap().close();
+                break match closed {
+                    Ok(()) => {
+                        let ack = Signal::Ack {
                             overtaken: Vec::new(),
-                        },
-                        &mut wait,
-                    )
-                });
+                        };
+                        reply(&mut link.writer, ack, &drain).await
+                    }
+                    Err(e) => Err(e),
+                };
             }
             Incoming::Signal(Signal::Fail { message }) => {
                 partition.fail(&message);
-                break reply(
-                    Signal::Ack {
-                        overtaken: Vec::new(),
-                    },
-                    &mut wait,
-                );
+                let ack = Signal::Ack {
+                    overtaken: Vec::new(),
+                };
+                break reply(&mut link.writer, ack, &drain).await;
             }
             Incoming::Signal(other) => Err(Error::Protocol(format!("attach: {other:?} on a writer's link"))),
             Incoming::Record { .. } | Incoming::Forward { .. } => Err(Error::Protocol(
@@ -143,12 +178,46 @@ pub(crate) fn run(
             "the writer of partition {:?} in task pid {pid} failed: {e}",
             partition.id()
         ));
-        let mut brief = Wait::timeout(Some(std::time::Duration::from_millis(500)), "host service");
-        let _ = reply(Signal::Error(e), &mut brief);
+        let frame = small(Signal::Error(e).encode());
+        let _ = tokio::time::timeout(
+            Duration::from_millis(500),
+            link::write_all(&mut link.writer, &frame),
+        )
+        .await;
     }
     // Closes the ring: the task reads what is in it, then the end.
-    let _ = handle.block_on(async {
-        use tokio::io::AsyncWriteExt;
-        link.writer.shutdown().await
+    let _ = link.writer.shutdown().await;
+}
+
+/// Queues a piece: here when the partition has room for it now, else on a blocking thread that
+/// waits for room (the writer goes there and comes back).
+async fn write_piece(
+    w: &Arc<Mutex<RecordWriter>>,
+    batch: arrow_array::RecordBatch,
+    token: Option<Token>,
+    channel: usize,
+    drain: &Arc<Drain>,
+) -> Result<()> {
+    if w.lock().unwrap().try_write_to(&batch, token.clone(), channel)? {
+        return Ok(());
+    }
+    let (w, drain) = (w.clone(), drain.clone());
+    let blocked = tokio::task::spawn_blocking(move || {
+        let mut check = || drain.check();
+        let mut wait = Wait::forever().with_check(&mut check);
+        let mut writer = w.lock().unwrap();
+        writer.write_to(&batch, token, channel, &mut wait)
     });
+    blocked
+        .await
+        .map_err(|e| Error::ConnectionLost(format!("the service's write did not end: {e}")))?
+}
+
+/// Sends `signal` on the link's ring back to the task.
+async fn reply(writer: &mut ShmWriter, signal: Signal, drain: &Drain) -> Result<()> {
+    let frame = small(signal.encode());
+    drain
+        .run(link::write_all(writer, &frame))
+        .await?
+        .map_err(link::lost)
 }

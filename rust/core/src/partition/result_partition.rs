@@ -28,7 +28,7 @@ use crate::base::error::{Error, Result};
 use crate::base::event::Event;
 use crate::base::metrics::{Counter, TimeMeter};
 use crate::base::wait::Wait;
-use crate::memory::{LocalPool, PooledSegment};
+use crate::memory::{LocalPool, PooledSegment, Reservation};
 use crate::serde::{BatchEncoder, Compression};
 
 /// Where partitions are registered, so that they can unregister when done.
@@ -237,6 +237,10 @@ impl ResultPartition {
             Handoff::Batch => self.write_handoff(pieces, token, wait),
             Handoff::Serialized => self.write_serialized(pieces, wait),
         }?;
+        self.after_write()
+    }
+
+    fn after_write(&self) -> Result<()> {
         // A consumer that went away while this write waited for buffers: its share is lost.
         if let Some(msg) = self.lost.lock().unwrap().as_ref() {
             return Err(Error::ConnectionLost(msg.clone()));
@@ -277,11 +281,43 @@ impl ResultPartition {
     }
 
     fn write_handoff(&self, pieces: Vec<Piece>, token: Option<Token>, wait: &mut Wait<'_>) -> Result<()> {
+        let (sizes, needs) = self.handoff_needs(&pieces);
+        let total: usize = needs.iter().sum();
+        let segments = match self.pool.try_reserve(total) {
+            Some(s) => s,
+            None => {
+                let _blocked = self.metrics.backpressure.start();
+                self.pool.reserve(total, wait)?
+            }
+        };
+        self.queue_handoff(pieces, token, segments, sizes, needs);
+        Ok(())
+    }
+
+    /// Writes pieces already split by a partitioner if that needs no wait: all of them are
+    /// queued (`true`), or none (`false`: the pool has no room now, or the partition is one
+    /// whose writes are not all-or-nothing, a spillable or serializing one, which a caller
+    /// writes with [`ResultPartition::write_pieces`] instead).
+    pub(crate) fn try_write_pieces(&self, pieces: Vec<Piece>, token: Option<Token>) -> Result<bool> {
+        self.check_writable()?;
+        if self.spill.is_some() || !matches!(self.handoff, Handoff::Batch) {
+            return Ok(false);
+        }
+        let (sizes, needs) = self.handoff_needs(&pieces);
+        let Some(segments) = self.pool.try_reserve(needs.iter().sum()) else {
+            return Ok(false);
+        };
+        self.queue_handoff(pieces, token, segments, sizes, needs);
+        self.after_write()?;
+        Ok(true)
+    }
+
+    /// Per piece, its bytes and the segments it counts as: segments, or fewer bytes each when
+    /// the reader's gate announced a smaller buffer size (debloating), so that the bytes a
+    /// subpartition queues shrink with the buffer size as in Flink.
+    fn handoff_needs(&self, pieces: &[Piece]) -> (Vec<usize>, Vec<usize>) {
         let seg = self.pool.segment_size();
         let sizes: Vec<usize> = pieces.iter().map(|p| p.batch.get_array_memory_size()).collect();
-        // A queued batch counts as the buffers it would fill: segments, or fewer bytes each
-        // when the reader's gate announced a smaller buffer size (debloating), so that the
-        // bytes a subpartition queues shrink with the buffer size as in Flink.
         let needs: Vec<usize> = pieces
             .iter()
             .zip(&sizes)
@@ -290,14 +326,18 @@ impl ResultPartition {
                     .max(1)
             })
             .collect();
-        let total: usize = needs.iter().sum();
-        let mut segments = match self.pool.try_reserve(total) {
-            Some(s) => s,
-            None => {
-                let _blocked = self.metrics.backpressure.start();
-                self.pool.reserve(total, wait)?
-            }
-        };
+        (sizes, needs)
+    }
+
+    /// Queues the pieces, each holding its share of `segments`.
+    fn queue_handoff(
+        &self,
+        pieces: Vec<Piece>,
+        token: Option<Token>,
+        mut segments: Reservation,
+        sizes: Vec<usize>,
+        needs: Vec<usize>,
+    ) {
         for (
             (
                 Piece {
@@ -324,7 +364,6 @@ impl ResultPartition {
                 segments: held,
             }));
         }
-        Ok(())
     }
 
     fn write_serialized(&self, pieces: Vec<Piece>, wait: &mut Wait<'_>) -> Result<()> {

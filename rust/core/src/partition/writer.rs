@@ -77,6 +77,27 @@ impl RecordWriter {
         subpartition: usize,
         wait: &mut Wait<'_>,
     ) -> Result<()> {
+        let piece = self.whole_piece(batch, subpartition)?;
+        self.partition.write_pieces(vec![piece], token, wait)
+    }
+
+    /// [`RecordWriter::write_to`] if it needs no wait: `true` once the batch is queued, `false`
+    /// (nothing written) when the partition has no room for it now, or is spillable or
+    /// serializing (their writes may wait part-way): the caller then calls `write_to`, on a
+    /// thread that may block. For a reader of many links on one thread, which blocks only
+    /// when the partition holds it back.
+    pub fn try_write_to(
+        &mut self,
+        batch: &RecordBatch,
+        token: Option<Token>,
+        subpartition: usize,
+    ) -> Result<bool> {
+        let piece = self.whole_piece(batch, subpartition)?;
+        self.partition.try_write_pieces(vec![piece], token)
+    }
+
+    /// `batch` as a piece for `subpartition`, checked as `write_to` checks it.
+    fn whole_piece(&self, batch: &RecordBatch, subpartition: usize) -> Result<Piece> {
         if self.closed {
             return Err(Error::Closed("record writer"));
         }
@@ -87,12 +108,11 @@ impl RecordWriter {
             )));
         }
         self.partition.check_schema(batch)?;
-        let piece = Piece {
+        Ok(Piece {
             subpartition,
             batch: batch.clone(),
             whole: true,
-        };
-        self.partition.write_pieces(vec![piece], token, wait)
+        })
     }
 
     /// Makes partly filled buffers visible to readers now.

@@ -111,7 +111,7 @@ def table(hosts: int, per_host: int) -> str:
         (
             "listeners, flusher and I/O threads per host",
             f"{per_host} of each",
-            "1 of each (+ a thread per writer link, and 1–4 threads for every gate link)",
+            "1 of each (+ 1–4 threads for every link, and a thread per spillable partition's writer link)",
         )
     )
     head = (

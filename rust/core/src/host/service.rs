@@ -19,12 +19,13 @@ use tokio::runtime::{Handle, Runtime};
 use tokio::sync::{mpsc, watch};
 
 use super::codec::{self, put_error, Opening, Request, Welcome, MAX_CONTROL_FRAME};
+use super::download;
 use super::link::{self, read_body, read_header, LinkKind};
 use super::metrics::ServiceMetrics;
 use super::name::{check_name, socket_name};
 use super::session::{PendingLink, TaskSession};
 use super::state::HostState;
-use super::{download, upload};
+use super::upload::{self, Writes};
 use crate::base::error::{Error, Result};
 use crate::base::wait::Wait;
 use crate::env::{EnvConfig, NetworkEnvironment};
@@ -116,11 +117,10 @@ impl Shared {
     }
 }
 
-/// Threads of the service's runtime, which serves the sessions and every gate's link: one per
-/// four cores, at least one and at most four. A gate's link wakes a thread of the runtime
-/// rather than one of its own, and on a host whose cores are all busy every wake-up of a
-/// sleeping thread costs a switch; the writers' links keep a thread each (they block on their
-/// partitions' pools).
+/// Threads of the service's runtime, which serves the sessions and the links (but a spillable
+/// partition's writer link, which has a thread of its own): one per four cores, at least one
+/// and at most four. A link wakes a thread of the runtime rather than one of its own, and on a
+/// host whose cores are all busy every wake-up of a sleeping thread costs a switch.
 fn io_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (cores / 4).clamp(1, 4)
@@ -342,8 +342,15 @@ async fn connection(mut sock: UnixStream, pid: Option<i32>, shared: Arc<Shared>)
                     ..
                 } => {
                     let source = source.expect("a writer's link has a heap to hand on");
-                    let link = upload::run(partition, partitioner, end, source, s.pid, [dead, stopping]);
-                    shared.serve_link(handle.spawn(link));
+                    let stop = [dead, stopping];
+                    let task = if partition.writes_whole() {
+                        let link =
+                            upload::run(partition, partitioner, end, source, s.pid, stop, Writes::Handed);
+                        handle.spawn(link)
+                    } else {
+                        upload::run_on_own_thread(partition, partitioner, end, source, s.pid, stop)
+                    };
+                    shared.serve_link(task);
                 }
                 PendingLink::Gate(gate) => {
                     let sent = shared.host.sent.clone();

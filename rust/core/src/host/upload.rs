@@ -4,11 +4,13 @@
 //! it lies. A link that ends without the writer's close (the task died, or dropped the writer)
 //! fails the partition.
 //!
-//! A piece is queued on the runtime's thread that the link's doorbell woke, which goes on to
-//! serve the gates the piece is for: one wake-up of the service per batch when nothing holds
-//! the writer back. When the partition is full (or is one whose writes may wait part-way:
-//! spillable, serializing) the write waits on a blocking thread instead, and that wait, the
-//! link's ring and heap filling, and the task's next `write` waiting is the backpressure.
+//! For a pipelined partition that hands batches over, a piece is queued on the runtime's
+//! thread that the link's doorbell woke, which goes on to serve the gates the piece is for: one
+//! wake-up of the service per batch when nothing holds the writer back. When the partition is
+//! full the write waits on a blocking thread instead, and that wait, the link's ring and heap
+//! filling, and the task's next `write` waiting is the backpressure. A partition whose writes
+//! may wait part-way (spillable: it writes to disk; serializing) has a thread of its own for
+//! its link, where each write waits as it needs ([`run_on_own_thread`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -73,6 +75,32 @@ impl Drain {
     }
 }
 
+/// Runs a writer's link on a thread of its own (a blocking thread of the runtime): for a
+/// partition whose writes may wait part-way. Its task ends with the link.
+pub(crate) fn run_on_own_thread(
+    partition: Arc<ResultPartition>,
+    partitioner: Partitioner,
+    end: LinkEnd,
+    source: SourceHeap,
+    pid: u32,
+    stop: [Arc<AtomicBool>; 2],
+) -> tokio::task::JoinHandle<()> {
+    let handle = Handle::current();
+    handle.spawn_blocking({
+        let handle = handle.clone();
+        move || handle.block_on(run(partition, partitioner, end, source, pid, stop, Writes::Here))
+    })
+}
+
+/// Where a link's writes wait when they must.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Writes {
+    /// On a blocking thread, each write that cannot be queued at once.
+    Handed,
+    /// Here: the link runs on a thread of its own.
+    Here,
+}
+
 /// Runs a writer's link until the writer closes or fails, or the task or the service goes.
 /// `stop`: flags that end it (the session's end, the service's).
 pub(crate) async fn run(
@@ -82,6 +110,7 @@ pub(crate) async fn run(
     source: SourceHeap,
     pid: u32,
     stop: [Arc<AtomicBool>; 2],
+    writes: Writes,
 ) {
     let mut link = Watched::new(end, &Handle::current(), stop);
     let HeapEnd::Reader(heap) = &link.heap else {
@@ -118,7 +147,7 @@ pub(crate) async fn run(
                         let source = source.clone();
                         Arc::new(InHeap { source, lease }) as Token
                     });
-                    write_piece(&w, batch, token, head.channel as usize, &drain).await
+                    write_piece(&w, batch, token, head.channel as usize, &drain, writes).await
                 }
                 Err(e) => Err(e),
             },
@@ -189,28 +218,34 @@ pub(crate) async fn run(
     let _ = link.writer.shutdown().await;
 }
 
-/// Queues a piece: here when the partition has room for it now, else on a blocking thread that
-/// waits for room (the writer goes there and comes back).
+/// Queues a piece: at once when the partition has room for it now, else where `writes` says
+/// to wait for room (a blocking thread: the writer is used there, and this awaits it).
 async fn write_piece(
     w: &Arc<Mutex<RecordWriter>>,
     batch: arrow_array::RecordBatch,
     token: Option<Token>,
     channel: usize,
     drain: &Arc<Drain>,
+    writes: Writes,
 ) -> Result<()> {
-    if w.lock().unwrap().try_write_to(&batch, token.clone(), channel)? {
+    if writes == Writes::Handed && w.lock().unwrap().try_write_to(&batch, token.clone(), channel)? {
         return Ok(());
     }
-    let (w, drain) = (w.clone(), drain.clone());
-    let blocked = tokio::task::spawn_blocking(move || {
-        let mut check = || drain.check();
-        let mut wait = Wait::forever().with_check(&mut check);
-        let mut writer = w.lock().unwrap();
-        writer.write_to(&batch, token, channel, &mut wait)
-    });
-    blocked
-        .await
-        .map_err(|e| Error::ConnectionLost(format!("the service's write did not end: {e}")))?
+    let blocking = {
+        let (w, drain) = (w.clone(), drain.clone());
+        move || {
+            let mut check = || drain.check();
+            let mut wait = Wait::forever().with_check(&mut check);
+            let mut writer = w.lock().unwrap();
+            writer.write_to(&batch, token, channel, &mut wait)
+        }
+    };
+    match writes {
+        Writes::Here => blocking(),
+        Writes::Handed => tokio::task::spawn_blocking(blocking)
+            .await
+            .map_err(|e| Error::ConnectionLost(format!("the service's write did not end: {e}")))?,
+    }
 }
 
 /// Sends `signal` on the link's ring back to the task.

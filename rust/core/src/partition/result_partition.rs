@@ -300,7 +300,7 @@ impl ResultPartition {
     /// writes with [`ResultPartition::write_pieces`] instead).
     pub(crate) fn try_write_pieces(&self, pieces: Vec<Piece>, token: Option<Token>) -> Result<bool> {
         self.check_writable()?;
-        if self.spill.is_some() || !matches!(self.handoff, Handoff::Batch) {
+        if !self.writes_whole() {
             return Ok(false);
         }
         let (sizes, needs) = self.handoff_needs(&pieces);
@@ -310,6 +310,13 @@ impl ResultPartition {
         self.queue_handoff(pieces, token, segments, sizes, needs);
         self.after_write()?;
         Ok(true)
+    }
+
+    /// Whether a write queues all its pieces or none, waiting only before it starts (a
+    /// pipelined partition that hands batches over); a spillable or serializing partition's
+    /// write may wait part-way.
+    pub(crate) fn writes_whole(&self) -> bool {
+        self.spill.is_none() && matches!(self.handoff, Handoff::Batch)
     }
 
     /// Per piece, its bytes and the segments it counts as: segments, or fewer bytes each when

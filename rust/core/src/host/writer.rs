@@ -1,9 +1,12 @@
 //! [`AttachedWriter`]: a `RecordWriter` whose partition the host service holds. The task checks
 //! each batch's schema, splits it with the partitioner and encodes each piece onto the
 //! writer's link (into the heap, or through the ring); the service queues the pieces in their
-//! subpartitions. A batch's frames go to the link's I/O task together through a channel of
-//! one, which is where a writer the service holds back waits.
+//! subpartitions. A batch's frame goes into the link's ring from the calling thread when the
+//! ring has room for all of it and nothing is queued before it (no thread is woken for it);
+//! otherwise it goes to the link's I/O task through a channel of one, which is where a writer
+//! the service holds back waits. Either way a frame goes whole or not at all.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
@@ -18,7 +21,7 @@ use super::runtime::block_on;
 use crate::base::error::{Error, Result};
 use crate::base::event::MAX_EVENT_PAYLOAD_LEN;
 use crate::base::wait::Wait;
-use crate::net::shm::HeapWriter;
+use crate::net::shm::{HeapWriter, ShmWriter};
 use crate::partition::partitioner::{Piece, Route, Splitter};
 use crate::partition::Partitioner;
 use crate::serde::RowsEncoder;
@@ -38,6 +41,11 @@ pub struct AttachedWriter {
     schema: Arc<Mutex<Option<SchemaRef>>>,
     /// Frames to the link's I/O task; dropped by it when the link breaks.
     frames: Option<mpsc::Sender<Frame>>,
+    /// The ring the frames go into, shared with the I/O task (which holds it while it writes).
+    ring: Arc<tokio::sync::Mutex<ShmWriter>>,
+    /// Frames handed to the I/O task and not yet in the ring: while any are, a frame cannot
+    /// go into the ring directly (it would overtake them).
+    queued: Arc<AtomicUsize>,
     /// What the service says back: acknowledgements and errors.
     back: mpsc::UnboundedReceiver<Signal>,
     /// Why the link broke, as the I/O task saw it.
@@ -72,7 +80,7 @@ impl AttachedWriter {
     ) -> Result<AttachedWriter> {
         let LinkEnd {
             mut reader,
-            mut writer,
+            writer,
             heap,
             bell: _,
             heaps: _,
@@ -85,11 +93,16 @@ impl AttachedWriter {
         let (frames, mut rx) = mpsc::channel::<Frame>(1);
         let (back_tx, back) = mpsc::unbounded_channel();
         let broken = Arc::new(Mutex::new(None));
+        let ring = Arc::new(tokio::sync::Mutex::new(writer));
+        let queued = Arc::new(AtomicUsize::new(0));
         let out = {
-            let broken = broken.clone();
+            let (broken, ring, queued) = (broken.clone(), ring.clone(), queued.clone());
             session.handle.spawn(async move {
                 while let Some(frame) = rx.recv().await {
-                    if let Err(e) = link::write_all(&mut writer, &frame).await {
+                    let mut writer = ring.lock().await;
+                    let written = link::write_all(&mut *writer, &frame).await;
+                    queued.fetch_sub(1, Ordering::SeqCst);
+                    if let Err(e) = written {
                         broken.lock().unwrap().get_or_insert(e.to_string());
                         return;
                     }
@@ -130,6 +143,8 @@ impl AttachedWriter {
             subpartitions,
             schema,
             frames: Some(frames),
+            ring,
+            queued,
             back,
             broken,
             heap,
@@ -174,13 +189,37 @@ impl AttachedWriter {
         self.check_back()
     }
 
+    /// Puts `frame` into the ring now if it fits whole and nothing is queued before it:
+    /// `Ok(None)` once written, else the frame back.
+    fn try_direct(&self, frame: Frame) -> Result<Option<Frame>> {
+        let Ok(mut ring) = self.ring.try_lock() else {
+            return Ok(Some(frame));
+        };
+        if self.queued.load(Ordering::SeqCst) != 0 {
+            return Ok(Some(frame));
+        }
+        let parts: Vec<&[u8]> = frame.iter().map(|b| b.as_slice()).collect();
+        match ring.try_write_whole(&parts) {
+            Ok(true) => Ok(None),
+            Ok(false) => Ok(Some(frame)),
+            Err(e) => {
+                self.broken.lock().unwrap().get_or_insert(e.to_string());
+                Err(self.lost())
+            }
+        }
+    }
+
     /// Hands `frame` to the link, waiting while the service holds the writer back.
     fn send(&mut self, frame: Frame, wait: &mut Wait<'_>) -> Result<()> {
         let Some(tx) = self.frames.clone() else {
             return Err(self.lost());
         };
+        let Some(frame) = self.try_direct(frame)? else {
+            return Ok(());
+        };
         let sent = match block_on(&self.session.handle, tx.reserve(), wait)? {
             Ok(permit) => {
+                self.queued.fetch_add(1, Ordering::SeqCst);
                 permit.send(frame);
                 true
             }

@@ -318,6 +318,41 @@ fn a_writer_the_service_holds_back_waits_and_the_data_arrives_whole() {
 }
 
 #[test]
+fn small_batches_through_the_ring_arrive_in_order_written_at_once_or_queued_behind_others() {
+    // Batches of about 1 KB go through the writer link's ring, not its heap. A reader that
+    // pauses lets the ring fill: then frames queue for the link's I/O task, and once it has
+    // drained them, go into the ring from the writing thread again; none may overtake another.
+    let s = service("ring-order", 4 << 20);
+    let (a, b) = (attach(&s), attach(&s));
+    let p = a.create_partition("p", 1, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Forward).unwrap();
+    let mut g = b.create_input_gate(specs(s.address(), "p", 1)).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut keys: Vec<i64> = Vec::new();
+        while let Some(batch) = g.next(&mut forever()).unwrap() {
+            let k = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            keys.extend(k.values().iter());
+            if keys.len() % 2_000 == 0 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        keys
+    });
+    let (rows, batches) = (40, 3_000i64);
+    for i in 0..batches {
+        w.write(&batch(i * rows, rows as usize, 16), &mut forever())
+            .unwrap();
+    }
+    w.close(&mut forever()).unwrap();
+    let keys = reader.join().unwrap();
+    assert_eq!(keys.len() as i64, rows * batches, "every row once");
+    assert!(
+        keys.iter().enumerate().all(|(i, k)| *k == i as i64),
+        "in the order written"
+    );
+}
+
+#[test]
 fn events_barriers_and_failures_reach_the_gate_in_order() {
     let s = service("events", 16 << 20);
     let (a, b) = (attach(&s), attach(&s));

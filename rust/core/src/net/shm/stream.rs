@@ -128,6 +128,27 @@ impl ShmWriter {
     }
 }
 
+impl ShmWriter {
+    /// Writes all of `parts` now if the ring has room for all of them, else nothing (`false`):
+    /// a frame goes whole or not at all, without waiting. Wakes the reader if it sleeps.
+    pub(crate) fn try_write_whole(&mut self, parts: &[&[u8]]) -> std::io::Result<bool> {
+        if self.waiter.bell().is_dead() || self.ring.is_closed() {
+            return Err(peer_gone());
+        }
+        let need: usize = parts.iter().map(|p| p.len()).sum();
+        if self.ring.writable()? < need {
+            return Ok(false);
+        }
+        let slices: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+        let n = self.ring.push(&slices)?;
+        debug_assert_eq!(n, need, "the ring had room for every byte");
+        if n > 0 && self.ring.take_reader_waiting() {
+            self.waiter.bell().ring();
+        }
+        Ok(true)
+    }
+}
+
 impl AsyncWrite for ShmWriter {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         self.poll_write_vectored(cx, &[IoSlice::new(buf)])

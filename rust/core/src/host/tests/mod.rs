@@ -332,7 +332,7 @@ fn small_batches_through_the_ring_arrive_in_order_written_at_once_or_queued_behi
         while let Some(batch) = g.next(&mut forever()).unwrap() {
             let k = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
             keys.extend(k.values().iter());
-            if keys.len() % 2_000 == 0 {
+            if keys.len().is_multiple_of(2_000) {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }

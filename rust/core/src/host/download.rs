@@ -165,12 +165,9 @@ pub(crate) async fn run(
 /// Writes `frame` on the link, waiting while the ring or the heap is full; `false` when the
 /// write failed or a stop came meanwhile (the task went, or the service ends).
 async fn write_frame(writer: &mut ShmWriter, frame: &Frame, stopped: &impl Fn() -> bool) -> bool {
-    let mut write = std::pin::pin!(link::write_all(writer, frame));
-    loop {
-        match tokio::time::timeout(CHECK_INTERVAL, write.as_mut()).await {
-            Ok(done) => return done.is_ok(),
-            Err(_) if stopped() => return false,
-            Err(_) => {}
-        }
-    }
+    let check = || if stopped() { Err(()) } else { Ok(()) };
+    matches!(
+        link::until_stopped(link::write_all(writer, frame), check).await,
+        Ok(Ok(()))
+    )
 }

@@ -20,6 +20,7 @@ use tokio::net::UnixStream;
 
 use super::codec::{self, FRAME_HEADER};
 use crate::base::error::{Error, Result};
+use crate::base::wait::CHECK_INTERVAL;
 use crate::net::shm::{
     heap_offset, recv_fds, region_len, sane_heap, send_fds, Doorbell, HeapLease, HeapReader, HeapWriter,
     Region, Ring, ShmReader, ShmWriter, Waiter, HEAP_CHUNK, MAX_HEAP_BYTES, RING_HEADER,
@@ -335,6 +336,25 @@ pub(crate) async fn read_body<R: AsyncReadExt + Unpin>(r: &mut R, n: usize) -> R
     let mut body = vec![0u8; n];
     r.read_exact(&mut body).await.map_err(lost)?;
     Ok(body)
+}
+
+/// Runs `fut` to its end unless `check` fails first: checked before it starts and every
+/// [`CHECK_INTERVAL`] while it waits. The future is kept across checks, so a frame half read or
+/// written is not lost.
+pub(crate) async fn until_stopped<F, E>(
+    fut: F,
+    mut check: impl FnMut() -> std::result::Result<(), E>,
+) -> std::result::Result<F::Output, E>
+where
+    F: std::future::Future,
+{
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        check()?;
+        if let Ok(v) = tokio::time::timeout(CHECK_INTERVAL, fut.as_mut()).await {
+            return Ok(v);
+        }
+    }
 }
 
 /// A failed read of a link: the peer is gone.

@@ -9,9 +9,10 @@
 //! `link` (a task's link: the region, its rings and heap, the doorbell), `records` (batches
 //! over a link), `runtime` (the attached process's I/O thread and blocking waits), `service`
 //! ([`HostService`]: the listener, sessions, lifecycle), `state` (what the sessions need of
-//! the service), `session` (one attached task on the service's side), `upload` and `download` (the service's threads of a writer's and a gate's
-//! link); the task's side: `client` (the session's connection and requests), `attach`
-//! ([`Attachment`], [`AttachedPartition`]), `writer` ([`AttachedWriter`]), `gate`
+//! the service), `session` (one attached task on the service's side), `upload` and `download`
+//! (the service's side of a writer's and a gate's link); the task's side: `client` (the
+//! session's connection and requests), `attach` ([`Attachment`], [`AttachedPartition`]),
+//! `writer` ([`AttachedWriter`]), `gate`
 //! ([`AttachedGate`]).
 //!
 //! The top layer: it may use every layer below it (the service is a

@@ -25,7 +25,7 @@ use super::metrics::ServiceMetrics;
 use super::name::{check_name, socket_name};
 use super::session::{PendingLink, TaskSession};
 use super::state::HostState;
-use super::upload::{self, Writes};
+use super::upload;
 use crate::base::error::{Error, Result};
 use crate::base::wait::Wait;
 use crate::env::{EnvConfig, NetworkEnvironment};
@@ -343,13 +343,7 @@ async fn connection(mut sock: UnixStream, pid: Option<i32>, shared: Arc<Shared>)
                 } => {
                     let source = source.expect("a writer's link has a heap to hand on");
                     let stop = [dead, stopping];
-                    let task = if partition.writes_whole() {
-                        let link =
-                            upload::run(partition, partitioner, end, source, s.pid, stop, Writes::Handed);
-                        handle.spawn(link)
-                    } else {
-                        upload::run_on_own_thread(partition, partitioner, end, source, s.pid, stop)
-                    };
+                    let task = upload::spawn(partition, partitioner, end, source, s.pid, stop);
                     shared.serve_link(task);
                 }
                 PendingLink::Gate(gate) => {

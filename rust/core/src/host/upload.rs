@@ -10,7 +10,7 @@
 //! full the write waits on a blocking thread instead, and that wait, the link's ring and heap
 //! filling, and the task's next `write` waiting is the backpressure. A partition whose writes
 //! may wait part-way (spillable: it writes to disk; serializing) has a thread of its own for
-//! its link, where each write waits as it needs ([`run_on_own_thread`]).
+//! its link, where each write waits as it needs ([`spawn`] chooses).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,7 +23,7 @@ use super::codec::Signal;
 use super::link::{self, HeapEnd, InHeap, LinkEnd, SourceHeap, Watched};
 use super::records::{read_incoming, small, Incoming};
 use crate::base::error::{Error, Result};
-use crate::base::wait::{Wait, CHECK_INTERVAL};
+use crate::base::wait::Wait;
 use crate::memory::RecordPool;
 use crate::net::shm::ShmWriter;
 use crate::partition::subpartition::Token;
@@ -62,22 +62,17 @@ impl Drain {
         }
     }
 
-    /// Runs `fut` to its end, or until the check fails (checked every [`CHECK_INTERVAL`]; the
-    /// future is kept across checks, so a frame half read is not lost).
+    /// Runs `fut` to its end, or until the check fails.
     async fn run<F: std::future::Future>(&self, fut: F) -> Result<F::Output> {
-        let mut fut = std::pin::pin!(fut);
-        loop {
-            self.check()?;
-            if let Ok(v) = tokio::time::timeout(CHECK_INTERVAL, fut.as_mut()).await {
-                return Ok(v);
-            }
-        }
+        link::until_stopped(fut, || self.check()).await
     }
 }
 
-/// Runs a writer's link on a thread of its own (a blocking thread of the runtime): for a
-/// partition whose writes may wait part-way. Its task ends with the link.
-pub(crate) fn run_on_own_thread(
+/// Starts a writer's link on the current runtime, until the writer closes or fails, or the
+/// task or the service goes. `stop`: flags that end it (the session's end, the service's). A
+/// partition whose writes queue whole is served on the runtime's threads; one whose writes may
+/// wait part-way (spillable: it writes to disk; serializing) on a blocking thread of its own.
+pub(crate) fn spawn(
     partition: Arc<ResultPartition>,
     partitioner: Partitioner,
     end: LinkEnd,
@@ -86,6 +81,17 @@ pub(crate) fn run_on_own_thread(
     stop: [Arc<AtomicBool>; 2],
 ) -> tokio::task::JoinHandle<()> {
     let handle = Handle::current();
+    if partition.writes_whole() {
+        return handle.spawn(run(
+            partition,
+            partitioner,
+            end,
+            source,
+            pid,
+            stop,
+            Writes::Handed,
+        ));
+    }
     handle.spawn_blocking({
         let handle = handle.clone();
         move || handle.block_on(run(partition, partitioner, end, source, pid, stop, Writes::Here))
@@ -94,16 +100,15 @@ pub(crate) fn run_on_own_thread(
 
 /// Where a link's writes wait when they must.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Writes {
+enum Writes {
     /// On a blocking thread, each write that cannot be queued at once.
     Handed,
     /// Here: the link runs on a thread of its own.
     Here,
 }
 
-/// Runs a writer's link until the writer closes or fails, or the task or the service goes.
-/// `stop`: flags that end it (the session's end, the service's).
-pub(crate) async fn run(
+/// Runs a writer's link (see [`spawn`]).
+async fn run(
     partition: Arc<ResultPartition>,
     partitioner: Partitioner,
     end: LinkEnd,

@@ -6,6 +6,7 @@
 //! otherwise it goes to the link's I/O task through a channel of one, which is where a writer
 //! the service holds back waits. Either way a frame goes whole or not at all.
 
+use std::io::IoSlice;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -198,7 +199,7 @@ impl AttachedWriter {
         if self.queued.load(Ordering::SeqCst) != 0 {
             return Ok(Some(frame));
         }
-        let parts: Vec<&[u8]> = frame.iter().map(|b| b.as_slice()).collect();
+        let parts: Vec<IoSlice<'_>> = frame.iter().map(|b| IoSlice::new(b.as_slice())).collect();
         match ring.try_write_whole(&parts) {
             Ok(true) => Ok(None),
             Ok(false) => Ok(Some(frame)),

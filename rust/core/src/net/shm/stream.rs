@@ -131,7 +131,7 @@ impl ShmWriter {
 impl ShmWriter {
     /// Writes all of `parts` now if the ring has room for all of them, else nothing (`false`):
     /// a frame goes whole or not at all, without waiting. Wakes the reader if it sleeps.
-    pub(crate) fn try_write_whole(&mut self, parts: &[&[u8]]) -> std::io::Result<bool> {
+    pub(crate) fn try_write_whole(&mut self, parts: &[IoSlice<'_>]) -> std::io::Result<bool> {
         if self.waiter.bell().is_dead() || self.ring.is_closed() {
             return Err(peer_gone());
         }
@@ -139,8 +139,7 @@ impl ShmWriter {
         if self.ring.writable()? < need {
             return Ok(false);
         }
-        let slices: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
-        let n = self.ring.push(&slices)?;
+        let n = self.ring.push(parts)?;
         debug_assert_eq!(n, need, "the ring had room for every byte");
         if n > 0 && self.ring.take_reader_waiting() {
             self.waiter.bell().ring();

@@ -12,8 +12,7 @@
 //! the service), `session` (one attached task on the service's side), `upload` and `download`
 //! (the service's side of a writer's and a gate's link); the task's side: `client` (the
 //! session's connection and requests), `attach` ([`Attachment`], [`AttachedPartition`]),
-//! `writer` ([`AttachedWriter`]), `gate`
-//! ([`AttachedGate`]).
+//! `writer` ([`AttachedWriter`]), `gate` ([`AttachedGate`]).
 //!
 //! The top layer: it may use every layer below it (the service is a
 //! [`crate::NetworkEnvironment`]).

@@ -82,19 +82,11 @@ pub(crate) fn spawn(
 ) -> tokio::task::JoinHandle<()> {
     let handle = Handle::current();
     if partition.writes_whole() {
-        return handle.spawn(run(
-            partition,
-            partitioner,
-            end,
-            source,
-            pid,
-            stop,
-            Writes::Handed,
-        ));
+        return handle.spawn(run(partition, partitioner, end, source, pid, stop));
     }
     handle.spawn_blocking({
         let handle = handle.clone();
-        move || handle.block_on(run(partition, partitioner, end, source, pid, stop, Writes::Here))
+        move || handle.block_on(run(partition, partitioner, end, source, pid, stop))
     })
 }
 
@@ -115,8 +107,13 @@ async fn run(
     source: SourceHeap,
     pid: u32,
     stop: [Arc<AtomicBool>; 2],
-    writes: Writes,
 ) {
+    // Where `spawn` put the link says where its writes wait.
+    let writes = if partition.writes_whole() {
+        Writes::Handed
+    } else {
+        Writes::Here
+    };
     let mut link = Watched::new(end, &Handle::current(), stop);
     let HeapEnd::Reader(heap) = &link.heap else {
         log::warn!("creditflow: host service: a writer's link with the wrong heap side");

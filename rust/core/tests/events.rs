@@ -6,9 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow_array::{Int64Array, RecordBatch};
-use arrow_schema::{DataType, Field, Schema};
-use creditflow_core::base::config::ChannelSpec;
 use creditflow_core::base::error::Error;
 use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
@@ -17,40 +14,14 @@ use creditflow_core::partition::partitioner::Partitioner;
 use creditflow_core::partition::writer::RecordWriter;
 use creditflow_core::partition::ResultPartition;
 
+mod support;
+
+use support::{env, spec, stamp, stamped};
+
 const ROWS: usize = 500;
-
-fn env(cfg: impl FnOnce(&mut EnvConfig)) -> NetworkEnvironment {
-    let mut c = EnvConfig {
-        memory: 8 << 20,
-        ..EnvConfig::default()
-    };
-    cfg(&mut c);
-    NetworkEnvironment::new(c).unwrap()
-}
-
-fn batch(t: usize, rows: usize) -> RecordBatch {
-    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
-    let start = (t * rows) as i64;
-    let k = Int64Array::from_iter_values(start..start + rows as i64);
-    RecordBatch::try_new(schema, vec![Arc::new(k)]).unwrap()
-}
-
-/// The write stamp of a batch made by [`batch`].
-fn stamp(b: &RecordBatch) -> usize {
-    let k = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
-    k.value(0) as usize / b.num_rows()
-}
 
 fn wait(secs: u64) -> Wait<'static> {
     Wait::timeout(Some(Duration::from_secs(secs)), "test")
-}
-
-fn spec(producer: &NetworkEnvironment, id: &str, sub: usize) -> ChannelSpec {
-    ChannelSpec {
-        address: producer.address().into(),
-        partition_id: id.into(),
-        subpartition: sub,
-    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -131,7 +102,7 @@ fn events_keep_their_order_with_batches_on_every_channel() {
                         expected[sp].push(('e', t));
                     }
                     _ => {
-                        wr.write(&batch(t, ROWS), &mut wait(30)).unwrap();
+                        wr.write(&stamped(t, ROWS), &mut wait(30)).unwrap();
                         expected[rr].push(('b', t));
                         rr = (rr + 1) % subs;
                     }
@@ -211,7 +182,7 @@ fn aligned_run_with(
             if t > 0 && t % every == 0 {
                 wr.broadcast_barrier((t / every) as u64, false).unwrap();
             }
-            wr.write(&batch(t, ROWS), &mut wait(60)).unwrap();
+            wr.write(&stamped(t, ROWS), &mut wait(60)).unwrap();
         }
         wr.close().unwrap();
     });
@@ -328,10 +299,10 @@ fn summary(items: &[GateItem]) -> Vec<String> {
 /// Writes batch `first`, then for each id an aligned barrier and the next batch, then closes:
 /// `batches_around_barriers(w, 0, &[1, 2])` sends 0, barrier 1, 1, barrier 2, 2, end.
 fn batches_around_barriers(w: &mut RecordWriter, first: usize, ids: &[u64]) {
-    w.write(&batch(first, ROWS), &mut wait(10)).unwrap();
+    w.write(&stamped(first, ROWS), &mut wait(10)).unwrap();
     for (i, id) in ids.iter().enumerate() {
         w.broadcast_barrier(*id, false).unwrap();
-        w.write(&batch(first + i + 1, ROWS), &mut wait(10)).unwrap();
+        w.write(&stamped(first + i + 1, ROWS), &mut wait(10)).unwrap();
     }
     w.close().unwrap();
 }
@@ -428,7 +399,7 @@ fn unaligned_run(w: Where, rows: usize, segment_size: usize) {
     });
     let mut wr = RecordWriter::new(s.part.clone(), Partitioner::RoundRobin);
     for t in 0..before {
-        wr.write(&batch(t, rows), &mut wait(10)).unwrap();
+        wr.write(&stamped(t, rows), &mut wait(10)).unwrap();
     }
     // Let a remote sender push what credit allows into the gate's buffers.
     std::thread::sleep(Duration::from_millis(200));
@@ -439,7 +410,7 @@ fn unaligned_run(w: Where, rows: usize, segment_size: usize) {
         assert!(overtaken.iter().all(|n| *n > 0), "{w:?}: {overtaken:?}");
     }
     for t in before..before + after {
-        wr.write(&batch(t, rows), &mut wait(10)).unwrap();
+        wr.write(&stamped(t, rows), &mut wait(10)).unwrap();
     }
     wr.close().unwrap();
     let items = drain(&mut s.gate, Duration::ZERO);
@@ -506,7 +477,7 @@ fn unaligned_barrier_overtakes_batches_the_gate_already_decoded() {
     let mut s = setup(Where::Remote, 1, |c| c.buffer_timeout = Duration::from_secs(600));
     let mut wr = RecordWriter::new(s.part.clone(), Partitioner::Forward);
     for t in 0..40 {
-        wr.write(&batch(t, 20), &mut wait(10)).unwrap();
+        wr.write(&stamped(t, 20), &mut wait(10)).unwrap();
     }
     wr.flush();
     let queued = |gate: &InputGate| gate.metrics().remote.map_or(0, |r| r.queued_buffers);

@@ -6,48 +6,23 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use arrow_array::{Int64Array, RecordBatch};
-use arrow_schema::{DataType, Field, Schema};
-use creditflow_core::base::config::ChannelSpec;
 use creditflow_core::base::wait::Wait;
-use creditflow_core::env::{EnvConfig, NetworkEnvironment};
+use creditflow_core::env::NetworkEnvironment;
 use creditflow_core::gate::{GateItem, InputGate};
 use creditflow_core::partition::partitioner::Partitioner;
 use creditflow_core::partition::writer::RecordWriter;
 use creditflow_core::partition::ResultPartition;
+
+mod support;
+
+use support::{spec, stamp, stamped};
 
 const ROWS: usize = 100;
 const SUBS: usize = 3;
 const BATCHES: usize = 60;
 
 fn env(handoff: bool) -> NetworkEnvironment {
-    NetworkEnvironment::new(EnvConfig {
-        memory: 8 << 20,
-        local_handoff: handoff,
-        ..EnvConfig::default()
-    })
-    .unwrap()
-}
-
-/// Batch `t`: keys `t * ROWS ..`.
-fn batch(t: usize) -> RecordBatch {
-    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
-    let start = (t * ROWS) as i64;
-    let k = Int64Array::from_iter_values(start..start + ROWS as i64);
-    RecordBatch::try_new(schema, vec![Arc::new(k)]).unwrap()
-}
-
-fn stamp(b: &RecordBatch) -> usize {
-    let k = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
-    k.value(0) as usize / ROWS
-}
-
-fn spec(producer: &NetworkEnvironment, id: &str, sub: usize) -> ChannelSpec {
-    ChannelSpec {
-        address: producer.address().into(),
-        partition_id: id.into(),
-        subpartition: sub,
-    }
+    support::env(|c| c.local_handoff = handoff)
 }
 
 /// Wakes a polling reader: a flag and a condvar, and how many times the listener ran.
@@ -102,7 +77,7 @@ fn poll_to_end(gate: &mut InputGate, bell: &Bell) -> Vec<GateItem> {
 fn write_all(part: Arc<ResultPartition>) {
     let mut w = RecordWriter::new(part, Partitioner::RoundRobin);
     for t in 0..BATCHES {
-        w.write_to(&batch(t), None, t % SUBS, &mut Wait::forever())
+        w.write_to(&stamped(t, ROWS), None, t % SUBS, &mut Wait::forever())
             .unwrap();
         if t % 10 == 9 {
             w.emit_event(&(t as u64).to_le_bytes(), t % SUBS).unwrap();
@@ -216,7 +191,8 @@ fn a_polled_gate_is_idle_from_finding_nothing_to_its_next_item() {
     assert!(gate.try_next_item().unwrap().is_none());
     assert!(gate.metrics().idle_total - before >= waiting);
     let mut w = RecordWriter::new(part, Partitioner::RoundRobin);
-    w.write_to(&batch(0), None, 0, &mut Wait::forever()).unwrap();
+    w.write_to(&stamped(0, ROWS), None, 0, &mut Wait::forever())
+        .unwrap();
     let start = Instant::now();
     let item = loop {
         if let Some(item) = gate.try_next_item().unwrap() {

@@ -1,32 +1,25 @@
 //! `RecordWriter::try_write_to`: a write that needs no wait, or none at all. What a reader of
 //! many links on one thread uses, which must never block on a full partition.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use arrow_array::{Int64Array, RecordBatch};
-use arrow_schema::{DataType, Field, Schema};
-use creditflow_core::base::config::ChannelSpec;
+use arrow_array::Int64Array;
 use creditflow_core::base::wait::Wait;
-use creditflow_core::env::{EnvConfig, NetworkEnvironment};
+use creditflow_core::env::NetworkEnvironment;
 use creditflow_core::partition::partitioner::Partitioner;
 use creditflow_core::partition::spill::SpillKind;
 use creditflow_core::partition::writer::RecordWriter;
 
-/// A batch of `rows` keys from `start`.
-fn batch(start: i64, rows: usize) -> RecordBatch {
-    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
-    let k = Int64Array::from_iter_values(start..start + rows as i64);
-    RecordBatch::try_new(schema, vec![Arc::new(k)]).unwrap()
-}
+mod support;
 
+use support::{keys, spec};
+
+/// An environment of 1 MiB.
 fn env(handoff: bool) -> NetworkEnvironment {
-    NetworkEnvironment::new(EnvConfig {
-        memory: 1 << 20,
-        local_handoff: handoff,
-        ..EnvConfig::default()
+    support::env(|c| {
+        c.memory = 1 << 20;
+        c.local_handoff = handoff;
     })
-    .unwrap()
 }
 
 #[test]
@@ -35,15 +28,10 @@ fn a_try_write_queues_while_there_is_room_then_writes_nothing_until_a_reader_fre
     let part = env.create_partition("t", 1).unwrap();
     let mut w = RecordWriter::new(part.clone(), Partitioner::RoundRobin);
     // The reader's gate first: its pool takes its share of the memory now, not half-way.
-    let spec = ChannelSpec {
-        address: env.address().into(),
-        partition_id: "t".into(),
-        subpartition: 0,
-    };
-    let mut gate = env.create_input_gate(vec![spec]).unwrap();
+    let mut gate = env.create_input_gate(vec![spec(&env, "t", 0)]).unwrap();
     // 64 KiB batches into a 1 MiB pool: some fit, then the pool is full.
     let mut queued = 0i64;
-    while w.try_write_to(&batch(queued * 8192, 8192), None, 0).unwrap() {
+    while w.try_write_to(&keys(queued * 8192, 8192), None, 0).unwrap() {
         queued += 1;
         assert!(queued < 64, "a 1 MiB pool took {queued} batches of 64 KiB");
     }
@@ -52,11 +40,11 @@ fn a_try_write_queues_while_there_is_room_then_writes_nothing_until_a_reader_fre
     assert_eq!(m.batches_written, queued as u64, "a refused try wrote nothing");
     assert_eq!(m.backlog, vec![queued as usize]);
     // Refused again, and nothing changes.
-    assert!(!w.try_write_to(&batch(-1, 8192), None, 0).unwrap());
+    assert!(!w.try_write_to(&keys(-1, 8192), None, 0).unwrap());
     assert_eq!(part.metrics().batches_written, queued as u64);
     // Bad input is an error, not a refusal.
     assert!(
-        w.try_write_to(&batch(0, 1), None, 1).is_err(),
+        w.try_write_to(&keys(0, 1), None, 1).is_err(),
         "subpartition out of range"
     );
     // A reader that takes a batch makes room for the next try.
@@ -67,7 +55,7 @@ fn a_try_write_queues_while_there_is_room_then_writes_nothing_until_a_reader_fre
     let k = first.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
     assert_eq!(k.value(0), 0, "the first batch queued comes first");
     drop(first);
-    assert!(w.try_write_to(&batch(queued * 8192, 8192), None, 0).unwrap());
+    assert!(w.try_write_to(&keys(queued * 8192, 8192), None, 0).unwrap());
     w.close().unwrap();
     let mut n = 1;
     while gate
@@ -92,9 +80,9 @@ fn a_try_write_to_a_spillable_or_serializing_partition_writes_nothing_and_write_
     ];
     for part in parts {
         let mut w = RecordWriter::new(part.clone(), Partitioner::RoundRobin);
-        assert!(!w.try_write_to(&batch(0, 10), None, 0).unwrap(), "{}", part.id());
+        assert!(!w.try_write_to(&keys(0, 10), None, 0).unwrap(), "{}", part.id());
         assert_eq!(part.metrics().batches_written, 0, "{}", part.id());
-        w.write_to(&batch(0, 10), None, 0, &mut Wait::forever()).unwrap();
+        w.write_to(&keys(0, 10), None, 0, &mut Wait::forever()).unwrap();
         assert_eq!(part.metrics().batches_written, 1, "{}", part.id());
         w.close().unwrap();
     }

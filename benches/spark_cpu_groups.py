@@ -12,9 +12,9 @@ every other round in the other order. Over each exchange, every process of the g
 from ``/proc``: its CPU seconds (``stat``: user and system, its ended threads included), and
 per thread the time spent waiting for a core and the times it was switched in (``schedstat``;
 a thread that ended before the exchange did is not counted there: where threads come and go
-these two are a lower bound). A group is told by its command line: ``java`` (the JVM: driver and executor),
-``pyspark.daemon`` / ``pyspark.worker`` (the Python workers), ``creditflow serve`` (the host
-service). The table gives the medians, and the median of each round's service / per task
+these two are a lower bound). A group is told by its command line: ``java`` (the JVM: driver
+and executor), ``pyspark.daemon`` / ``pyspark.worker`` (the Python workers), ``creditflow
+serve`` (the host service). The table gives the medians, and the median of each round's service / per task
 ratio.
 """
 
@@ -32,13 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import creditflow.spark as cfs
 from test_bench_spark_scale import MEMORY, lineitem, noop
+from training.measure import read_counters
 
 GROUPS = ("jvm", "workers", "service")
 #: (group, pid) -> (CPU s, 0, 0) and (group, pid, tid) -> (0, s waited for a core, switches in).
 Snapshot = dict[tuple[str, ...], tuple[float, float, int]]
 #: Per group: CPU s, s waited for a core, switches in.
 Spent = dict[str, tuple[float, float, int]]
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def group_of(pid: str) -> str | None:
@@ -66,13 +66,14 @@ def snapshot() -> Snapshot:
         group = pid.isdigit() and group_of(pid)
         if not group:
             continue
+        counters = read_counters(int(pid))
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[(group, pid)] = ((int(fields[11]) + int(fields[12])) / TICK, 0.0, 0)
             tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:  # it ended meanwhile
+        except OSError:
+            counters = None
+        if counters is None:  # it ended meanwhile
             continue
+        out[(group, pid)] = (counters.cpu_seconds, 0.0, 0)
         for tid in tids:
             try:
                 with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
@@ -102,8 +103,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--rows", type=int, default=2_000_000)
     args = ap.parse_args()
+    # A barrier stage needs a slot per task.
     spark = cfs.local_session(
-        "local[16]",
+        f"local[{max(16, args.tasks)}]",
         "creditflow-bench-cpu-groups",
         {"spark.sql.shuffle.partitions": "16", "spark.driver.memory": "2g"},
     )

@@ -23,6 +23,10 @@ use creditflow_core::partition::writer::RecordWriter;
 use creditflow_core::partition::PartitionMetrics;
 use creditflow_core::Error;
 
+mod support;
+
+use support::{spec, wait};
+
 const SEG: usize = 32 << 10;
 const CHANNELS: usize = 4;
 /// Batches the consumer takes per second; the producer writes ten times as many.
@@ -43,10 +47,6 @@ fn batch(start: i64) -> RecordBatch {
     let k = Int64Array::from_iter_values(start..start + ROWS as i64);
     let s = StringArray::from_iter_values((0..ROWS).map(|i| format!("value-{:06}", start + i as i64)));
     RecordBatch::try_new(schema, vec![Arc::new(k), Arc::new(s)]).unwrap()
-}
-
-fn wait() -> Wait<'static> {
-    Wait::timeout(Some(Duration::from_secs(30)), "test")
 }
 
 /// Small pools (so the producer's queue drains in well under the measuring window's start)
@@ -99,7 +99,7 @@ fn slow_consumer(remote: bool, debloat: bool) -> Outcome {
             let mut due = Instant::now();
             let mut i = 0;
             while !stop.load(Ordering::SeqCst) {
-                w.write(&batch(i * ROWS as i64), &mut wait()).unwrap();
+                w.write(&batch(i * ROWS as i64), &mut wait(30)).unwrap();
                 i += 1;
                 pace(&mut due, PRODUCER_RATE);
             }
@@ -110,7 +110,7 @@ fn slow_consumer(remote: bool, debloat: bool) -> Outcome {
     let mut due = start;
     let mut first = None;
     let outcome = loop {
-        let b = match gate.next(&mut wait()) {
+        let b = match gate.next(&mut wait(30)) {
             Ok(b) => b.expect("the producer ends only after the window"),
             Err(e) => panic!("{e}: {:#?}\n{:#?}", part.metrics(), gate.metrics()),
         };
@@ -132,20 +132,14 @@ fn slow_consumer(remote: bool, debloat: bool) -> Outcome {
     };
     stop.store(true, Ordering::SeqCst);
     // Drain at full speed to the end.
-    while gate.next(&mut wait()).unwrap().is_some() {}
+    while gate.next(&mut wait(30)).unwrap().is_some() {}
     writer.join().unwrap();
     outcome
 }
 
 /// One channel per subpartition of partition "p" of `producer`.
 fn every_channel(producer: &NetworkEnvironment) -> Vec<ChannelSpec> {
-    (0..CHANNELS)
-        .map(|i| ChannelSpec {
-            address: producer.address().into(),
-            partition_id: "p".into(),
-            subpartition: i,
-        })
-        .collect()
+    (0..CHANNELS).map(|i| spec(producer, "p", i)).collect()
 }
 
 /// Sleeps so that calls come at most `rate` times a second. A caller that fell behind (a
@@ -304,8 +298,8 @@ fn a_handed_off_batch_counts_as_buffers_of_the_announced_size() {
     assert!(bytes < SEG, "the batch fits one segment ({bytes} bytes)");
     part.subpartition(1).unwrap().set_buffer_size(1024);
     let mut w = RecordWriter::new(part.clone(), Partitioner::RoundRobin);
-    w.write(&b, &mut wait()).unwrap(); // subpartition 0: whole segments
+    w.write(&b, &mut wait(30)).unwrap(); // subpartition 0: whole segments
     assert_eq!(part.metrics().pool.in_use, 1);
-    w.write(&b, &mut wait()).unwrap(); // subpartition 1: 1 KiB buffers
+    w.write(&b, &mut wait(30)).unwrap(); // subpartition 1: 1 KiB buffers
     assert_eq!(part.metrics().pool.in_use, 1 + bytes.div_ceil(1024));
 }

@@ -16,13 +16,9 @@ use creditflow_core::partition::ResultPartition;
 
 mod support;
 
-use support::{env, spec, stamp, stamped};
+use support::{env, spec, stamp, stamped, wait};
 
 const ROWS: usize = 500;
-
-fn wait(secs: u64) -> Wait<'static> {
-    Wait::timeout(Some(Duration::from_secs(secs)), "test")
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Where {

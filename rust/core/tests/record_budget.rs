@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use arrow_array::{Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
-use creditflow_core::base::config::ChannelSpec;
-use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
 use creditflow_core::partition::partitioner::Partitioner;
 use creditflow_core::partition::writer::RecordWriter;
+
+mod support;
+
+use support::{spec, wait};
 
 const CHANNELS: usize = 4;
 const PER_CHANNEL: i64 = 3;
@@ -25,10 +27,6 @@ fn batch(tag: i64, rows: usize) -> RecordBatch {
         )))],
     )
     .unwrap()
-}
-
-fn wait() -> Wait<'static> {
-    Wait::timeout(Some(Duration::from_secs(60)), "test")
 }
 
 /// `CHANNELS` remote channels of `rows`-row batches into a gate of `memory` bytes whose
@@ -45,24 +43,18 @@ fn slow_consumer(memory: usize, rows: usize) -> (u64, u64, u64) {
     })
     .unwrap();
     let part = producer.create_partition("p", CHANNELS).unwrap();
-    let specs = (0..CHANNELS)
-        .map(|i| ChannelSpec {
-            address: producer.address().into(),
-            partition_id: "p".into(),
-            subpartition: i,
-        })
-        .collect();
+    let specs = (0..CHANNELS).map(|i| spec(&producer, "p", i)).collect();
     let mut gate = consumer.create_input_gate(specs).unwrap();
     let writer = std::thread::spawn(move || {
         let mut w = RecordWriter::new(part, Partitioner::RoundRobin);
         for seq in 0..CHANNELS as i64 * PER_CHANNEL {
-            w.write(&batch(seq, rows), &mut wait()).unwrap();
+            w.write(&batch(seq, rows), &mut wait(60)).unwrap();
         }
         w.close().unwrap();
     });
     let mut next = (0..CHANNELS as i64).collect::<Vec<_>>();
     let mut got = 0;
-    while let Some(b) = gate.next(&mut wait()).unwrap() {
+    while let Some(b) = gate.next(&mut wait(60)).unwrap() {
         let v = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
         let seq = v.value(0);
         let ch = seq as usize % CHANNELS;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
-use creditflow_core::base::config::{Backoff, ChannelSpec};
+use creditflow_core::base::config::Backoff;
 use creditflow_core::base::error::Error;
 use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
@@ -17,6 +17,10 @@ use creditflow_core::partition::spill::SpillKind;
 use creditflow_core::partition::writer::RecordWriter;
 use creditflow_core::serde::Compression;
 use creditflow_core::ResultPartition;
+
+mod support;
+
+use support::{spec, wait};
 
 const SEGMENT: usize = 4096;
 const MEMORY: usize = 64 * SEGMENT;
@@ -62,10 +66,6 @@ fn first_key(b: &RecordBatch) -> i64 {
         / 1000
 }
 
-fn wait() -> Wait<'static> {
-    Wait::timeout(Some(Duration::from_secs(20)), "test")
-}
-
 /// Batches written for 10× the environment's memory (serialized size).
 fn ten_times_memory() -> i64 {
     let one = creditflow_core::serde::BatchEncoder::new(&batch(0).schema())
@@ -91,13 +91,9 @@ fn write(part: &Arc<ResultPartition>, n: i64) {
 
 /// Reads subpartition 0 of `part` at `from`'s address through a new gate of `reader`.
 fn read_all(reader: &NetworkEnvironment, from: &NetworkEnvironment, id: &str) -> Result<Vec<i64>, Error> {
-    let mut gate = reader.create_input_gate(vec![ChannelSpec {
-        address: from.address().into(),
-        partition_id: id.into(),
-        subpartition: 0,
-    }])?;
+    let mut gate = reader.create_input_gate(vec![spec(from, id, 0)])?;
     let mut got = Vec::new();
-    while let Some(b) = gate.next(&mut wait())? {
+    while let Some(b) = gate.next(&mut wait(20))? {
         assert_eq!(b, batch(first_key(&b)), "a batch arrived changed");
         got.push(first_key(&b));
     }
@@ -196,18 +192,12 @@ fn hybrid_readers_read_while_the_writer_writes_and_a_selective_one_reads_once() 
     let reader = {
         let env = env.clone();
         std::thread::spawn(move || {
-            let mut gate = env
-                .create_input_gate(vec![ChannelSpec {
-                    address: env.address().into(),
-                    partition_id: "h".into(),
-                    subpartition: 0,
-                }])
-                .unwrap();
+            let mut gate = env.create_input_gate(vec![spec(&env, "h", 0)]).unwrap();
             // The first batch arrives before the writer finishes (it waits for this one).
-            let first = gate.next(&mut wait()).unwrap().unwrap();
+            let first = gate.next(&mut wait(20)).unwrap().unwrap();
             let mut got = vec![first_key(&first)];
             std::thread::sleep(Duration::from_millis(200)); // slow: the writer spills meanwhile
-            while let Some(b) = gate.next(&mut wait()).unwrap() {
+            while let Some(b) = gate.next(&mut wait(20)).unwrap() {
                 got.push(first_key(&b));
             }
             got
@@ -215,7 +205,7 @@ fn hybrid_readers_read_while_the_writer_writes_and_a_selective_one_reads_once() 
     };
     let n = ten_times_memory();
     let mut w = RecordWriter::new(part.clone(), Partitioner::Forward);
-    w.write(&batch(0), &mut wait()).unwrap();
+    w.write(&batch(0), &mut wait(20)).unwrap();
     w.flush();
     for i in 1..n {
         w.write(
@@ -291,7 +281,7 @@ fn at_max_spill_a_blocking_writer_fails_and_its_readers_get_the_failure_not_data
         .unwrap();
     let mut w = RecordWriter::new(part.clone(), Partitioner::Forward);
     let err = (0..ten_times_memory())
-        .find_map(|i| w.write(&batch(i), &mut wait()).err())
+        .find_map(|i| w.write(&batch(i), &mut wait(20)).err())
         .expect("the cap is reached");
     assert!(
         matches!(&err, Error::Spill(m) if m.contains("max_spill")),
@@ -416,15 +406,9 @@ mod props {
     }
 
     fn read(env: &NetworkEnvironment, id: &str, s: usize) -> Vec<String> {
-        let mut gate = env
-            .create_input_gate(vec![ChannelSpec {
-                address: env.address().into(),
-                partition_id: id.into(),
-                subpartition: s,
-            }])
-            .unwrap();
+        let mut gate = env.create_input_gate(vec![spec(env, id, s)]).unwrap();
         let mut got = Vec::new();
-        while let Some(item) = gate.next_item(&mut wait()).unwrap() {
+        while let Some(item) = gate.next_item(&mut wait(20)).unwrap() {
             match item {
                 creditflow_core::GateItem::Batch { batch, .. } => {
                     let k = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
@@ -464,7 +448,7 @@ mod props {
             let mut w = RecordWriter::new(part.clone(), Partitioner::RoundRobin);
             for (i, op) in ops.iter().enumerate() {
                 match op {
-                    Op::Write(rows) => w.write(&sized(i as i64, *rows), &mut wait()).unwrap(),
+                    Op::Write(rows) => w.write(&sized(i as i64, *rows), &mut wait(20)).unwrap(),
                     Op::Event(Some(t)) => w.emit_event(format!("e{i}").as_bytes(), t % subs).unwrap(),
                     Op::Event(None) => w.broadcast_event(format!("e{i}").as_bytes()).unwrap(),
                     Op::Flush => w.flush(),
@@ -564,22 +548,15 @@ fn readers_of_several_spilled_subpartitions_do_not_starve_each_other() {
     let n = ten_times_memory();
     let mut w = RecordWriter::new(part.clone(), Partitioner::RoundRobin);
     for i in 0..n {
-        w.write(&batch(i), &mut wait()).unwrap();
+        w.write(&batch(i), &mut wait(20)).unwrap();
     }
     w.close().unwrap();
     let mut gates: Vec<_> = (0..subs)
-        .map(|sub| {
-            env.create_input_gate(vec![ChannelSpec {
-                address: env.address().into(),
-                partition_id: "runs".into(),
-                subpartition: sub,
-            }])
-            .unwrap()
-        })
+        .map(|sub| env.create_input_gate(vec![spec(&env, "runs", sub)]).unwrap())
         .collect();
     for (sub, gate) in gates.iter_mut().enumerate() {
         let mut got = Vec::new();
-        while let Some(b) = gate.next(&mut wait()).expect("a reader waited for the others") {
+        while let Some(b) = gate.next(&mut wait(20)).expect("a reader waited for the others") {
             got.push(first_key(&b));
         }
         let want: Vec<i64> = (0..n).filter(|i| (i % subs as i64) as usize == sub).collect();

@@ -6,18 +6,19 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use arrow_array::{Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
-use creditflow_core::base::config::ChannelSpec;
 use creditflow_core::base::config::TlsSettings;
 use creditflow_core::base::error::Error;
-use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
 use creditflow_core::partition::partitioner::Partitioner;
 use creditflow_core::partition::writer::RecordWriter;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+
+mod support;
+
+use support::{spec, wait};
 
 /// A CA and one certificate it signed for localhost / 127.0.0.1, as PEM files in `dir`.
 fn pki(dir: &Path, name: &str) -> TlsSettings {
@@ -124,10 +125,6 @@ fn batch(start: i64, n: usize) -> RecordBatch {
     .unwrap()
 }
 
-fn wait() -> Wait<'static> {
-    Wait::timeout(Some(Duration::from_secs(30)), "tls test")
-}
-
 /// Writes `n` batches into "p" of `producer` and reads them in `consumer`; the rows read,
 /// or the gate's error.
 fn exchange(
@@ -136,16 +133,12 @@ fn exchange(
     n: usize,
 ) -> Result<Vec<i64>, Error> {
     let part = producer.create_partition("p", 1).unwrap();
-    let spec = ChannelSpec {
-        address: producer.address().into(),
-        partition_id: "p".into(),
-        subpartition: 0,
-    };
+    let spec = spec(producer, "p", 0);
     let mut gate = consumer.create_input_gate(vec![spec]).unwrap();
     let writer = std::thread::spawn(move || {
         let mut w = RecordWriter::new(part, Partitioner::Forward);
         for i in 0..n {
-            if w.write(&batch((i * 1000) as i64, 1000), &mut wait()).is_err() {
+            if w.write(&batch((i * 1000) as i64, 1000), &mut wait(30)).is_err() {
                 return;
             }
         }
@@ -153,7 +146,7 @@ fn exchange(
     });
     let mut rows = Vec::new();
     let result = loop {
-        match gate.next(&mut wait()) {
+        match gate.next(&mut wait(30)) {
             Ok(Some(b)) => {
                 let k = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
                 rows.extend(k.values().iter().copied());

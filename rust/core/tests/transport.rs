@@ -8,10 +8,13 @@ use arrow_schema::{DataType, Field, Schema};
 use creditflow_core::base::config::FlowControl;
 use creditflow_core::base::config::{Backoff, ChannelSpec};
 use creditflow_core::base::error::Error;
-use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
 use creditflow_core::partition::partitioner::Partitioner;
 use creditflow_core::partition::writer::RecordWriter;
+
+mod support;
+
+use support::{spec, wait};
 
 fn env(cfg: impl FnOnce(&mut EnvConfig)) -> NetworkEnvironment {
     let mut c = EnvConfig::default();
@@ -33,19 +36,6 @@ fn batch(start: i64, n: usize) -> RecordBatch {
         }
     }));
     RecordBatch::try_new(schema, vec![Arc::new(k), Arc::new(s)]).unwrap()
-}
-
-/// Subpartition `sub` of partition `id` in `producer`.
-fn spec(producer: &NetworkEnvironment, id: &str, sub: usize) -> ChannelSpec {
-    ChannelSpec {
-        address: producer.address().into(),
-        partition_id: id.into(),
-        subpartition: sub,
-    }
-}
-
-fn wait(secs: u64) -> Wait<'static> {
-    Wait::timeout(Some(Duration::from_secs(secs)), "test")
 }
 
 fn exchange(handoff: bool, flow: FlowControl, subs: usize, batches: usize, rows: usize) {

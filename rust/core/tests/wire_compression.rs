@@ -4,35 +4,22 @@
 //! connection shrink for compressible data.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use arrow_array::types::Int8Type;
 use arrow_array::{
     ArrayRef, DictionaryArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
 };
 use arrow_schema::{Field, Schema};
-use creditflow_core::base::config::ChannelSpec;
-use creditflow_core::base::wait::Wait;
-use creditflow_core::env::{EnvConfig, NetworkEnvironment};
 use creditflow_core::partition::partitioner::Partitioner;
 use creditflow_core::partition::writer::RecordWriter;
 use creditflow_core::serde::Compression;
 
+mod support;
+
+use support::{env, spec, wait};
+
 const BATCHES: usize = 12;
 const ROWS: usize = 4000;
-
-fn env(cfg: impl FnOnce(&mut EnvConfig)) -> NetworkEnvironment {
-    let mut c = EnvConfig {
-        memory: 8 << 20,
-        ..EnvConfig::default()
-    };
-    cfg(&mut c);
-    NetworkEnvironment::new(c).unwrap()
-}
-
-fn wait() -> Wait<'static> {
-    Wait::timeout(Some(Duration::from_secs(30)), "test")
-}
 
 /// Compressible like real columns: keys that climb, few distinct strings, a dictionary, a
 /// nullable float, and an odd row count per batch (buffers of unaligned lengths).
@@ -90,24 +77,18 @@ fn remote(compression: Option<Compression>, handoff: bool) -> (Vec<RecordBatch>,
     });
     let consumer = env(|_| {});
     let part = producer.create_partition("p", 1).unwrap();
-    let mut gate = consumer
-        .create_input_gate(vec![ChannelSpec {
-            address: producer.address().into(),
-            partition_id: "p".into(),
-            subpartition: 0,
-        }])
-        .unwrap();
+    let mut gate = consumer.create_input_gate(vec![spec(&producer, "p", 0)]).unwrap();
     let mut w = RecordWriter::new(part.clone(), Partitioner::Forward);
     let writer = std::thread::spawn(move || {
         for i in 0..BATCHES {
-            w.write(&batch(i), &mut wait()).unwrap();
+            w.write(&batch(i), &mut wait(30)).unwrap();
         }
         w.flush();
         w
     });
     let mut got = Vec::new();
     while got.len() < BATCHES {
-        got.push(gate.next(&mut wait()).unwrap().expect("a batch before the end"));
+        got.push(gate.next(&mut wait(30)).unwrap().expect("a batch before the end"));
     }
     let mut w = writer.join().unwrap();
     // Every batch arrived, so every byte of them was sent; read before the end releases it.
@@ -117,7 +98,10 @@ fn remote(compression: Option<Compression>, handoff: bool) -> (Vec<RecordBatch>,
         .expect("a remote reader")
         .bytes_sent;
     w.close().unwrap();
-    assert!(gate.next(&mut wait()).unwrap().is_none(), "more than was written");
+    assert!(
+        gate.next(&mut wait(30)).unwrap().is_none(),
+        "more than was written"
+    );
     (got, sent)
 }
 
@@ -152,22 +136,16 @@ fn a_local_serialized_reader_decodes_compressed_records() {
             c.local_handoff = false;
         });
         let part = e.create_partition("local", 1).unwrap();
-        let mut gate = e
-            .create_input_gate(vec![ChannelSpec {
-                address: e.address().into(),
-                partition_id: "local".into(),
-                subpartition: 0,
-            }])
-            .unwrap();
+        let mut gate = e.create_input_gate(vec![spec(&e, "local", 0)]).unwrap();
         let writer = std::thread::spawn(move || {
             let mut w = RecordWriter::new(part, Partitioner::Forward);
             for i in 0..BATCHES {
-                w.write(&batch(i), &mut wait()).unwrap();
+                w.write(&batch(i), &mut wait(30)).unwrap();
             }
             w.close().unwrap();
         });
         let mut got = Vec::new();
-        while let Some(b) = gate.next(&mut wait()).unwrap() {
+        while let Some(b) = gate.next(&mut wait(30)).unwrap() {
             got.push(b);
         }
         writer.join().unwrap();

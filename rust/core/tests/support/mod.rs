@@ -1,14 +1,17 @@
 //! What several integration tests make the same way: an environment, batches of one `Int64`
-//! key column that carry their write stamp, and the spec of a channel to a subpartition.
+//! key column that carry their write stamp, the spec of a channel to a subpartition, and a
+//! bounded wait.
 
 // Each test crate that includes this module uses some of it.
 #![allow(dead_code)]
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow_array::{Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
 use creditflow_core::base::config::ChannelSpec;
+use creditflow_core::base::wait::Wait;
 use creditflow_core::env::{EnvConfig, NetworkEnvironment};
 
 /// An environment of 8 MiB, with `cfg` applied.
@@ -46,4 +49,9 @@ pub fn spec(producer: &NetworkEnvironment, id: &str, sub: usize) -> ChannelSpec 
         partition_id: id.into(),
         subpartition: sub,
     }
+}
+
+/// A wait of at most `secs` seconds (a test that waits longer has failed).
+pub fn wait(secs: u64) -> Wait<'static> {
+    Wait::timeout(Some(Duration::from_secs(secs)), "test")
 }

@@ -14,8 +14,8 @@ per thread the time spent waiting for a core and the times it was switched in (`
 a thread that ended before the exchange did is not counted there: where threads come and go
 these two are a lower bound). A group is told by its command line: ``java`` (the JVM: driver
 and executor), ``pyspark.daemon`` / ``pyspark.worker`` (the Python workers), ``creditflow
-serve`` (the host service). The table gives the medians, and the median of each round's service / per task
-ratio.
+serve`` (the host service). The table gives the medians, and the median of each round's
+service / per task ratio.
 """
 
 from __future__ import annotations

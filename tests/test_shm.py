@@ -35,14 +35,9 @@ def transports(env: cf.NetworkEnvironment) -> set[str]:
     }
 
 
-def shared_mappings() -> int:
-    """Mappings of shared-memory regions in this process (``memfd:creditflow-shm``)."""
-    with open("/proc/self/maps") as f:
-        return sum("creditflow-shm" in line for line in f)
-
-
 def shared_ranges() -> list[tuple[int, int]]:
-    """Address ranges of this process's shared-memory region mappings."""
+    """Address ranges of this process's shared-memory region mappings
+    (``memfd:creditflow-shm``)."""
     out = []
     with open("/proc/self/maps") as f:
         for line in f:
@@ -50,6 +45,11 @@ def shared_ranges() -> list[tuple[int, int]]:
                 lo, hi = line.split()[0].split("-")
                 out.append((int(lo, 16), int(hi, 16)))
     return out
+
+
+def shared_mappings() -> int:
+    """Mappings of shared-memory regions in this process."""
+    return len(shared_ranges())
 
 
 def in_shared_memory(b: pa.RecordBatch, ranges: list[tuple[int, int]]) -> bool:

@@ -21,6 +21,7 @@ environment, a task waits until its partition has been read by everyone before i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import secrets
@@ -476,7 +477,10 @@ def _exchange_in(
             yield from outputs
         except Exception as exc:
             # A failure of our own writer also reaches our gate (from our own subpartition,
-            # as ProducerFailedError): report the cause, not the echo.
+            # as ProducerFailedError): report the cause, not the echo. Our readers get the
+            # cause as well: a peer still reading would otherwise fail with the release's
+            # message, and Spark names only the first failure of a barrier stage it handles.
+            _fail_with(part, me, exc)
             part.release()
             writer.join()
             if writer.error is not None and not isinstance(writer.error, cf.ClosedError):
@@ -500,6 +504,14 @@ def _exchange_in(
             writer.join()
         if gate is not None:
             gate.close()
+
+
+def _fail_with(part: cf.ResultPartition, me: int, exc: BaseException) -> None:
+    """Ends ``part`` with ``exc`` as its failure, which its readers raise (as
+    ``ProducerFailedError``); nothing when it has ended already. The writer thread's next write
+    then raises ``ClosedError``."""
+    with contextlib.suppress(cf.CreditflowError):
+        cf.RecordWriter(part).fail(f"exchange task {me} failed: {type(exc).__name__}: {exc}")
 
 
 def _check_whole_stage(plan: _Plan, tasks: int) -> None:

@@ -206,47 +206,73 @@ fn closing_the_producer_right_after_its_writer_still_delivers_everything() {
     }
 }
 
+/// A producer with a remote and a local reader (`handoff`: batches handed over locally) that
+/// writes, lets the remote gate take a batch, fails its partition with `failure` (if any) and
+/// releases it; the error each reader raises, and how long they took to raise them.
+fn readers_of_an_unfinished_partition(handoff: bool, failure: Option<&str>) -> (Vec<Error>, Duration) {
+    let producer = env(|c| c.local_handoff = handoff);
+    let consumer = env(|_| {});
+    let part = producer.create_partition("early", 3).unwrap();
+    let mut remote = consumer
+        .create_input_gate(vec![spec(&producer, "early", 0), spec(&producer, "early", 1)])
+        .unwrap();
+    let mut local = producer
+        .create_input_gate(vec![spec(&producer, "early", 2)])
+        .unwrap();
+    let mut w = RecordWriter::new(part.clone(), Partitioner::RoundRobin);
+    for i in 0..6 {
+        w.write(&batch(i * 100, 100), &mut wait(5)).unwrap();
+    }
+    w.flush();
+    // The remote gate has something of each channel; then the producer goes.
+    assert_eq!(remote.next(&mut wait(5)).unwrap().unwrap().num_rows(), 100);
+    if let Some(message) = failure {
+        part.fail(message);
+    }
+    part.release();
+    let started = Instant::now();
+    let errors = [&mut remote, &mut local]
+        .into_iter()
+        .map(|gate| loop {
+            match gate.next(&mut wait(5)) {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("a reader of an unfinished partition ended as if whole"),
+                Err(e) => break e,
+            }
+        })
+        .collect();
+    (errors, started.elapsed())
+}
+
 /// A producer that releases its partition before the end: every attached reader, remote or
 /// in the same environment, mid-stream or not yet read, fails with `ProducerFailed` at once
 /// instead of waiting for an end that will not come.
 #[test]
 fn readers_of_a_partition_released_before_its_end_fail_promptly() {
     for handoff in [true, false] {
-        let producer = env(|c| c.local_handoff = handoff);
-        let consumer = env(|_| {});
-        let part = producer.create_partition("early", 3).unwrap();
-        let mut remote = consumer
-            .create_input_gate(vec![spec(&producer, "early", 0), spec(&producer, "early", 1)])
-            .unwrap();
-        let mut local = producer
-            .create_input_gate(vec![spec(&producer, "early", 2)])
-            .unwrap();
-        let mut w = RecordWriter::new(part.clone(), Partitioner::RoundRobin);
-        for i in 0..6 {
-            w.write(&batch(i * 100, 100), &mut wait(5)).unwrap();
-        }
-        w.flush();
-        // The remote gate has something of each channel; then the producer goes.
-        assert_eq!(remote.next(&mut wait(5)).unwrap().unwrap().num_rows(), 100);
-        part.release();
-        let started = Instant::now();
-        for gate in [&mut remote, &mut local] {
-            let err = loop {
-                match gate.next(&mut wait(5)) {
-                    Ok(Some(_)) => continue,
-                    Ok(None) => panic!("a released partition's reader ended as if whole"),
-                    Err(e) => break e,
-                }
-            };
+        let (errors, took) = readers_of_an_unfinished_partition(handoff, None);
+        for err in errors {
             assert!(
                 matches!(&err, Error::ProducerFailed(m) if m.contains("released by its producer")),
                 "{err:?}"
             );
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(4),
-            "{:?}",
-            started.elapsed()
-        );
+        assert!(took < Duration::from_secs(4), "{took:?}");
+    }
+}
+
+/// A producer that fails its partition and then releases it (a task whose own work broke):
+/// its readers, remote or local, fail with that failure's message, the cause, not with the
+/// release's.
+#[test]
+fn readers_of_a_partition_failed_then_released_get_the_failure_s_message() {
+    for handoff in [true, false] {
+        let (errors, _) = readers_of_an_unfinished_partition(handoff, Some("the user's function broke"));
+        for err in errors {
+            assert!(
+                matches!(&err, Error::ProducerFailed(m) if m.contains("the user's function broke")),
+                "{err:?}"
+            );
+        }
     }
 }

@@ -636,11 +636,14 @@ impl ResultPartition {
             return;
         }
         // A reader still attached has not had everything (a partition read whole releases
-        // itself): it fails rather than wait for an end that will not come.
-        let why = format!(
-            "partition {:?} was released by its producer before this reader had all of it",
-            self.id
-        );
+        // itself): it fails rather than wait for an end that will not come, with the
+        // producer's own failure when it failed the partition first (its cause, not the echo).
+        let why = self.failed.lock().unwrap().clone().unwrap_or_else(|| {
+            format!(
+                "partition {:?} was released by its producer before this reader had all of it",
+                self.id
+            )
+        });
         for s in &self.subpartitions {
             if s.is_consumed() && !s.is_released() {
                 s.fail_reader(Event::ProducerFailed(why.clone()));

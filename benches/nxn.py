@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--no-raw", action="store_true", help="creditflow only, each round with its threads' CPU")
     args = ap.parse_args(argv)
     env = {"memory": "64MiB", "segment_size": "32KiB", **json.loads(args.env)}
-    exe = _rawtcp(args.rawtcp)
+    exe = None if args.no_raw else _rawtcp(args.rawtcp)  # --no-raw needs neither it nor cargo
     batch = payload_bytes(make_batches(ROWS, columns="numeric"), 1)
     rows: list[dict[str, Any]] = []
     for n in args.sizes:
@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 if args.no_raw:
                     print(_round_line(n, transport, cf_rounds[-1]), flush=True)
                 else:
+                    assert exe is not None
                     raw_rounds.append(raw_round(exe, n, per_pair))
             if not args.no_raw:
                 rows.append(summarise(n, transport, n * per_pair / 1e9, cf_rounds, raw_rounds))

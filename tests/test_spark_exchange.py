@@ -375,6 +375,40 @@ def test_failure_without_retry_names_the_cause(spark: SparkSession) -> None:
     _assert_workers_clean(spark)
 
 
+@pytest.mark.parametrize("host_service", [False, True], ids=["own-env", "host-service"])
+def test_a_peer_cut_off_by_a_failed_task_raises_the_task_s_cause(
+    spark: SparkSession, tmp_path: Path, host_service: bool
+) -> None:
+    """Task 1's function breaks while its writer is held back by task 0, which has not
+    started reading: task 0's reader of task 1's partition is cut off mid-stream and, once it
+    reads, must raise task 1's own failure (which Spark may report as the stage's), not the
+    release that follows it nor the lost connection of task 1's process, which ends at once."""
+    seen = tmp_path / "task0.txt"
+    df = spark.range(0, 2_000_000, numPartitions=2).select("id", (F.col("id") % 10).alias("k"))
+
+    def one_breaks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        if TaskContext.get().partitionId() == 1:
+            time.sleep(0.5)  # task 0's channel attaches; task 1's writer fills its credit
+            raise RuntimeError("the user's function broke")
+        # Task 1 fails meanwhile; task 0 reads well inside the 2 s that Spark's kill of a
+        # barrier stage's other tasks leaves a Python worker before it ends it.
+        time.sleep(1.0)
+        try:
+            for b in batches:
+                yield b.slice(0, 0)
+        except Exception as exc:
+            seen.write_text(f"{type(exc).__name__}: {exc}")
+            raise
+
+    with pytest.raises(Exception, match="the user's function broke"):
+        cfs.exchange(df, "k", func=one_breaks, memory="4MiB", host_service=host_service).collect()
+    text = poll("task 0's error", lambda: seen.exists() and seen.read_text(), deadline=30)
+    assert text.startswith("ProducerFailedError"), text
+    assert "exchange task 1 failed: RuntimeError: the user's function broke" in text, text
+
+
 def _assert_workers_clean(spark: SparkSession) -> None:
     """Reused Python workers hold at most the environment of the last exchange (no pile-up of
     environments, listening ports or threads across exchanges and retries)."""

@@ -207,9 +207,14 @@ fn closing_the_producer_right_after_its_writer_still_delivers_everything() {
 }
 
 /// A producer with a remote and a local reader (`handoff`: batches handed over locally) that
-/// writes, lets the remote gate take a batch, fails its partition with `failure` (if any) and
-/// releases it; the error each reader raises, and how long they took to raise them.
-fn readers_of_an_unfinished_partition(handoff: bool, failure: Option<&str>) -> (Vec<Error>, Duration) {
+/// writes, lets the remote gate take a batch, finishes its partition (`finish`), fails it
+/// with `failure` (if any) and releases it before the readers have all of it; the error each
+/// reader raises, and how long they took to raise them.
+fn readers_cut_off_by_a_release(
+    handoff: bool,
+    finish: bool,
+    failure: Option<&str>,
+) -> (Vec<Error>, Duration) {
     let producer = env(|c| c.local_handoff = handoff);
     let consumer = env(|_| {});
     let part = producer.create_partition("early", 3).unwrap();
@@ -226,6 +231,9 @@ fn readers_of_an_unfinished_partition(handoff: bool, failure: Option<&str>) -> (
     w.flush();
     // The remote gate has something of each channel; then the producer goes.
     assert_eq!(remote.next(&mut wait(5)).unwrap().unwrap().num_rows(), 100);
+    if finish {
+        part.finish().unwrap();
+    }
     if let Some(message) = failure {
         part.fail(message);
     }
@@ -236,7 +244,7 @@ fn readers_of_an_unfinished_partition(handoff: bool, failure: Option<&str>) -> (
         .map(|gate| loop {
             match gate.next(&mut wait(5)) {
                 Ok(Some(_)) => continue,
-                Ok(None) => panic!("a reader of an unfinished partition ended as if whole"),
+                Ok(None) => panic!("a reader cut off by the release ended as if it had it whole"),
                 Err(e) => break e,
             }
         })
@@ -250,7 +258,7 @@ fn readers_of_an_unfinished_partition(handoff: bool, failure: Option<&str>) -> (
 #[test]
 fn readers_of_a_partition_released_before_its_end_fail_promptly() {
     for handoff in [true, false] {
-        let (errors, took) = readers_of_an_unfinished_partition(handoff, None);
+        let (errors, took) = readers_cut_off_by_a_release(handoff, false, None);
         for err in errors {
             assert!(
                 matches!(&err, Error::ProducerFailed(m) if m.contains("released by its producer")),
@@ -261,18 +269,65 @@ fn readers_of_a_partition_released_before_its_end_fail_promptly() {
     }
 }
 
-/// A producer that fails its partition and then releases it (a task whose own work broke):
-/// its readers, remote or local, fail with that failure's message, the cause, not with the
-/// release's.
+/// A producer that fails its partition and then releases it (a task whose own work broke),
+/// whether or not it had finished writing: readers it cuts off, remote or local, fail with
+/// that failure's message, the cause, not with the release's.
 #[test]
 fn readers_of_a_partition_failed_then_released_get_the_failure_s_message() {
-    for handoff in [true, false] {
-        let (errors, _) = readers_of_an_unfinished_partition(handoff, Some("the user's function broke"));
+    for (handoff, finish) in [(true, false), (false, false), (true, true), (false, true)] {
+        let (errors, _) = readers_cut_off_by_a_release(handoff, finish, Some("the user's function broke"));
         for err in errors {
             assert!(
                 matches!(&err, Error::ProducerFailed(m) if m.contains("the user's function broke")),
                 "{err:?}"
             );
         }
+    }
+}
+
+/// A consumer that has stopped reading (its credit used up, more queued for it) and a
+/// producer that fails, releases its partition and goes away at once (a task whose work broke,
+/// then its process): the failure overtakes the queued data, so when the consumer reads on it
+/// raises the producer's failure, over TCP and over shared memory, not a lost connection.
+#[test]
+fn a_stalled_reader_cut_off_by_a_failed_producer_that_goes_away_gets_the_failure() {
+    for shared_memory in [false, true] {
+        let producer = env(|c| c.shared_memory = shared_memory);
+        let consumer = env(|c| c.shared_memory = shared_memory);
+        let part = producer.create_partition("stalled", 1).unwrap();
+        let mut gate = consumer
+            .create_input_gate(vec![spec(&producer, "stalled", 0)])
+            .unwrap();
+        let writer = {
+            let part = part.clone();
+            std::thread::spawn(move || {
+                let mut w = RecordWriter::new(part, Partitioner::Forward);
+                // Far more than the channel's credit and the consumer's record budget: the
+                // writer blocks until the release below stops it.
+                for i in 0..400 {
+                    if w.write(&batch(i * 20_000, 20_000), &mut wait(10)).is_err() {
+                        return i;
+                    }
+                }
+                400
+            })
+        };
+        assert_eq!(gate.next(&mut wait(5)).unwrap().unwrap().num_rows(), 20_000);
+        std::thread::sleep(Duration::from_millis(300)); // the writer fills what credit allows
+        part.fail("the user's function broke");
+        part.release();
+        assert!(writer.join().unwrap() < 400, "the writer was never held back");
+        producer.close();
+        let err = loop {
+            match gate.next(&mut wait(5)) {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("a reader cut off by the release ended as if it had it whole"),
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(&err, Error::ProducerFailed(m) if m.contains("the user's function broke")),
+            "shared_memory={shared_memory}: {err:?}"
+        );
     }
 }

@@ -74,6 +74,9 @@ pub struct ResultPartition {
     failed: Mutex<Option<String>>,
     /// Set when a remote consumer went away without cancelling; later writes fail with it.
     lost: Mutex<Option<String>>,
+    /// The producer's first `fail` message, also one given after `finish`: what a release
+    /// tells the readers it cuts off (the cause rather than the release itself).
+    cause: Mutex<Option<String>>,
     /// Subpartitions whose reader saw the end or went away.
     done: AtomicUsize,
     released: AtomicBool,
@@ -120,6 +123,7 @@ impl ResultPartition {
             finished: AtomicBool::new(false),
             failed: Mutex::new(None),
             lost: Mutex::new(None),
+            cause: Mutex::new(None),
             done: AtomicUsize::new(0),
             released: AtomicBool::new(false),
             registry,
@@ -509,9 +513,14 @@ impl ResultPartition {
     }
 
     /// Ends the partition with an error instead of end-of-partition: every reader fails
-    /// with `ProducerFailed(message)` after the data written before. Idempotent, and a
-    /// no-op after [`ResultPartition::finish`].
+    /// with `ProducerFailed(message)` after the data written before. Idempotent. After
+    /// [`ResultPartition::finish`] the readers keep their end-of-partition; `message` is then
+    /// only what a later [`ResultPartition::release`] gives the readers it cuts off.
     pub fn fail(&self, message: &str) {
+        self.cause
+            .lock()
+            .unwrap()
+            .get_or_insert_with(|| message.to_string());
         if self.finished.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -638,7 +647,7 @@ impl ResultPartition {
         // A reader still attached has not had everything (a partition read whole releases
         // itself): it fails rather than wait for an end that will not come, with the
         // producer's own failure when it failed the partition first (its cause, not the echo).
-        let why = self.failed.lock().unwrap().clone().unwrap_or_else(|| {
+        let why = self.cause.lock().unwrap().clone().unwrap_or_else(|| {
             format!(
                 "partition {:?} was released by its producer before this reader had all of it",
                 self.id

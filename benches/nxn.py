@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from remote import ROWS, make_batches, payload_bytes, transfer
+from remote import POOL, ROWS, make_batches, payload_bytes, transfer
 
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP = 2  # batches per channel before the timed transfer
@@ -47,8 +47,9 @@ WARMUP = 2  # batches per channel before the timed transfer
 Round = dict[str, Any]
 
 
-def creditflow_round(n: int, transport: str, count: int, env: dict[str, Any]) -> Round:
-    """One timed N×N transfer: ``count`` batches from each producer, spread round robin."""
+def creditflow_round(n: int, transport: str, count: int, env: dict[str, Any], pool: int = POOL) -> Round:
+    """One timed N×N transfer: ``count`` batches from each producer (cycling ``pool``
+    distinct ones), spread round robin."""
     settings = {**env, "shared_memory": transport == "shm"}
     producers = [
         {
@@ -59,6 +60,7 @@ def creditflow_round(n: int, transport: str, count: int, env: dict[str, Any]) ->
             "count": count,
             "warmup": WARMUP * n,
             "columns": "numeric",
+            "pool": pool,
         }
         for i in range(n)
     ]
@@ -174,6 +176,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--transports", nargs="+", default=["tcp", "shm"], choices=["tcp", "shm"])
     ap.add_argument("--gb", type=float, default=1.0, help="GB moved per N×N transfer")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pool", type=int, default=POOL, help="distinct batches each producer sends, cycled")
     ap.add_argument("--env", default="{}", help="JSON NetworkEnvironment settings over the defaults")
     ap.add_argument("--rawtcp", help="path of the creditflow-rawtcp binary")
     ap.add_argument("--json", help="also write the rows to this file")
@@ -191,7 +194,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             cf_rounds: list[Round] = []
             raw_rounds: list[Round] = []
             for _ in range(args.rounds):
-                cf_rounds.append(creditflow_round(n, transport, count, env))
+                cf_rounds.append(creditflow_round(n, transport, count, env, args.pool))
                 if args.no_raw:
                     print(_round_line(n, transport, cf_rounds[-1]), flush=True)
                 else:

@@ -123,10 +123,12 @@ def _gates(env: cf.NetworkEnvironment, specs: list[list[list[Any]]]) -> list[cf.
 
 
 def cf_producer(cfg: Config) -> None:
-    """cfg: env, partitions, subpartitions, partitioner, count, warmup, rows, columns. Its
-    result carries the process's CPU seconds at the start (``cpu0``); after "exit" it reports
-    them again (``cpu1``): the sender loop works until its readers have taken everything."""
-    batches = make_batches(cfg.get("rows", ROWS), columns=cfg.get("columns", "mixed"))
+    """cfg: env, partitions, subpartitions, partitioner, count, warmup, rows, columns, pool
+    (distinct batches cycled, default ``POOL``). Its result carries the process's CPU seconds
+    at the start (``cpu0``); after "exit" it reports them again (``cpu1``): the sender loop
+    works until its readers have taken everything."""
+    rows, pool = cfg.get("rows", ROWS), cfg.get("pool", POOL)
+    batches = make_batches(rows, pool, columns=cfg.get("columns", "mixed"))
     with environment(cfg["env"]) as env:
         parts = [env.create_partition(pid, cfg["subpartitions"]) for pid in cfg["partitions"]]
         emit(address=env.address)

@@ -485,9 +485,9 @@ def _exchange_in(
             writer.join()
             if own_env:
                 # Spark ends a failed task's Python worker at once, skipping atexit, which
-                # would drop the failure still on its way to peers' readers (over shared
-                # memory it may wait for room in the link's ring while a peer does not read):
-                # closing the environment hands it over first, within its drain timeout.
+                # would drop the failure still on its way to peers' readers (it waits behind
+                # the data queued for a peer that does not read yet): closing the environment
+                # hands it over first, within its drain timeout.
                 # The next task of this process gets a new environment.
                 env.close()
             if writer.error is not None and not isinstance(writer.error, cf.ClosedError):

@@ -82,15 +82,6 @@ impl SubReader {
                             self.queue.insert(at, Item::Event(e));
                             continue;
                         }
-                        Event::ProducerFailed(_) if self.sub.is_released() => {
-                            // The producer released the partition before this reader had all
-                            // of it (`Subpartition::fail_reader`): what is queued here is of
-                            // no use, and the failure must not wait behind it for credit that
-                            // a stalled consumer does not give (the producer may be gone by
-                            // the time it would: its reader would see a lost connection).
-                            self.queue.clear();
-                            self.chunks = 0;
-                        }
                         _ => {}
                     }
                     Item::Event(e)

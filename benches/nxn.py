@@ -7,12 +7,16 @@ points at it elsewhere)::
 
     python benches/nxn.py                          # N = 1 2 4 8, TCP and shared memory, 3 rounds
     python benches/nxn.py --sizes 1 --transports tcp --rounds 6 --gb 2
+    python benches/nxn.py --sizes 8 --transports tcp --pattern pairs   # N 1→1 pairs of creditflow
 
 For each N, N producer processes (one environment, one partition of N subpartitions, one
 writer thread, round robin) and N consumer processes (one environment, one gate of N
 channels: subpartition j of every producer, one reader thread) move ``--gb`` GB of
 65,536-row batches of four numeric columns (2 MiB each). Every producer starts its timed
-writes at the same instant after a warm-up that connected every channel.
+writes at the same instant after a warm-up that connected every channel. With ``--pattern
+pairs`` producer i has one subpartition, read by consumer i alone: N creditflow 1→1 transfers at
+once, as the raw row's pairs are (what all-to-all adds over N processes a side: N channels per
+consumer, each with a record being read into).
 
 * GB/s: Arrow bytes written / (last consumer's end of stream − first timed write).
 * CPU s/GB: the CPU seconds (``process_time``, user + system, all threads) of every producer
@@ -47,30 +51,40 @@ WARMUP = 2  # batches per channel before the timed transfer
 Round = dict[str, Any]
 
 
-def creditflow_round(n: int, transport: str, count: int, env: dict[str, Any], pool: int = POOL) -> Round:
+def creditflow_round(
+    n: int, transport: str, count: int, env: dict[str, Any], pool: int = POOL, pairs: bool = False
+) -> Round:
     """One timed N×N transfer: ``count`` batches from each producer (cycling ``pool``
-    distinct ones), spread round robin."""
+    distinct ones), spread round robin; with ``pairs``, producer i's all to consumer i."""
     settings = {**env, "shared_memory": transport == "shm"}
+    fan = 1 if pairs else n
     producers = [
         {
             "env": settings,
             "partitions": [f"p{i}"],
-            "subpartitions": n,
+            "subpartitions": fan,
             "partitioner": "round_robin",
             "count": count,
-            "warmup": WARMUP * n,
+            "warmup": WARMUP * fan,
             "columns": "numeric",
             "pool": pool,
         }
         for i in range(n)
     ]
+
+    def channels(addresses: list[str], j: int) -> list[list[Any]]:
+        """Consumer j's channels: producer j's one subpartition, or subpartition j of all."""
+        if pairs:
+            return [[addresses[j], f"p{j}", 0]]
+        return [[addresses[i], f"p{i}", j] for i in range(n)]
+
     t = transfer(
         producers,
         lambda addresses: [
             {
                 "env": settings,
-                "gates": [[[addresses[i], f"p{i}", j] for i in range(n)]],
-                "warmup": WARMUP * n,
+                "gates": [channels(addresses, j)],
+                "warmup": WARMUP * fan,
                 "verify": False,
                 "columns": "numeric",
             }
@@ -121,12 +135,19 @@ def _rawtcp(path: str | None) -> Path:
     return exe
 
 
-def summarise(n: int, transport: str, gb: float, cf: list[Round], raw: list[Round]) -> dict[str, Any]:
+def _label(n: int, pairs: bool) -> str:
+    return f"{n} pairs" if pairs else f"{n}×{n}"
+
+
+def summarise(
+    n: int, transport: str, gb: float, cf: list[Round], raw: list[Round], label: str = ""
+) -> dict[str, Any]:
     """One table row: medians of the rounds, and medians of the per-round ratios."""
     med = statistics.median
     pairs = list(zip(cf, raw, strict=True))
     return {
         "n": n,
+        "label": label or _label(n, False),
         "transport": transport,
         "gb": gb,
         "cf_gbps": med(r["gbps"] for r in cf),
@@ -141,17 +162,17 @@ def summarise(n: int, transport: str, gb: float, cf: list[Round], raw: list[Roun
 
 def _line(row: dict[str, Any]) -> str:
     return (
-        f"{row['n']}x{row['n']} {row['transport']:3}: creditflow {row['cf_gbps']:6.2f} GB/s "
+        f"{row['label']} {row['transport']:3}: creditflow {row['cf_gbps']:6.2f} GB/s "
         f"{row['cf_cpu_per_gb']:.3f} CPU s/GB | raw {row['raw_gbps']:6.2f} GB/s "
         f"{row['raw_cpu_per_gb']:.3f} CPU s/GB | ratio GB/s {row['gbps_ratio']:.2f}x, "
         f"CPU/GB {row['cpu_ratio']:.2f}x"
     )
 
 
-def _round_line(n: int, transport: str, r: Round) -> str:
+def _round_line(label: str, transport: str, r: Round) -> str:
     """A creditflow round alone, with the CPU of each kind of thread (``--no-raw``)."""
     threads = ", ".join(f"{k} {v:.3f}" for k, v in sorted(r["threads_per_gb"].items()) if v)
-    return f"{n}x{n} {transport}: {r['gbps']:.2f} GB/s, {r['cpu_per_gb']:.3f} CPU s/GB ({threads})"
+    return f"{label} {transport}: {r['gbps']:.2f} GB/s, {r['cpu_per_gb']:.3f} CPU s/GB ({threads})"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -162,7 +183,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     out += [
-        f"| {r['n']}×{r['n']} | {r['transport']} | {r['gb']:.2f} | {r['cf_gbps']:.2f} "
+        f"| {r['label']} | {r['transport']} | {r['gb']:.2f} | {r['cf_gbps']:.2f} "
         f"| {r['raw_gbps']:.2f} | {r['gbps_ratio']:.2f}× | {r['cf_cpu_per_gb']:.3f} "
         f"| {r['raw_cpu_per_gb']:.3f} | {r['cpu_ratio']:.2f}× |"
         for r in rows
@@ -180,13 +201,21 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--env", default="{}", help="JSON NetworkEnvironment settings over the defaults")
     ap.add_argument("--rawtcp", help="path of the creditflow-rawtcp binary")
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument(
+        "--pattern",
+        choices=["all-to-all", "pairs"],
+        default="all-to-all",
+        help="all-to-all: every producer to every consumer; pairs: producer i to consumer i only",
+    )
     ap.add_argument("--no-raw", action="store_true", help="creditflow only, each round with its threads' CPU")
     args = ap.parse_args(argv)
     env = {"memory": "64MiB", "segment_size": "32KiB", **json.loads(args.env)}
     exe = None if args.no_raw else _rawtcp(args.rawtcp)  # --no-raw needs neither it nor cargo
     batch = payload_bytes(make_batches(ROWS, columns="numeric"), 1)
+    pairs = args.pattern == "pairs"
     rows: list[dict[str, Any]] = []
     for n in args.sizes:
+        label = _label(n, pairs)
         # Batches per producer: a multiple of N, so every channel gets the same share.
         count = max(n, round(args.gb * 1e9 / batch / n / n) * n)
         per_pair = count * batch
@@ -194,14 +223,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             cf_rounds: list[Round] = []
             raw_rounds: list[Round] = []
             for _ in range(args.rounds):
-                cf_rounds.append(creditflow_round(n, transport, count, env, args.pool))
+                cf_rounds.append(creditflow_round(n, transport, count, env, args.pool, pairs))
                 if args.no_raw:
-                    print(_round_line(n, transport, cf_rounds[-1]), flush=True)
+                    print(_round_line(label, transport, cf_rounds[-1]), flush=True)
                 else:
                     assert exe is not None
                     raw_rounds.append(raw_round(exe, n, per_pair))
             if not args.no_raw:
-                rows.append(summarise(n, transport, n * per_pair / 1e9, cf_rounds, raw_rounds))
+                rows.append(summarise(n, transport, n * per_pair / 1e9, cf_rounds, raw_rounds, label))
                 print(_line(rows[-1]), flush=True)
     if rows:
         print(f"\n{table(rows)}")

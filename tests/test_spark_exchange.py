@@ -384,14 +384,22 @@ def test_a_peer_cut_off_by_a_failed_task_raises_the_task_s_cause(
     reads, must raise task 1's own failure (which Spark may report as the stage's), not the
     release that follows it nor the lost connection of task 1's process, which ends at once."""
     seen = tmp_path / "task0.txt"
+    started = tmp_path / "task0-started"
     df = spark.range(0, 2_000_000, numPartitions=2).select("id", (F.col("id") % 10).alias("k"))
 
     def one_breaks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         if TaskContext.get().partitionId() == 1:
+            # Task 0's gate exists once its function runs (the exchange creates it first):
+            # without this wait a loaded machine could start task 0 after task 1's process,
+            # and with it the listener of an environment per task, is gone.
+            deadline = time.monotonic() + 60
+            while not started.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
             time.sleep(0.5)  # task 0's channel attaches; task 1's writer fills its credit
             raise RuntimeError("the user's function broke")
+        started.touch()
         # Task 1 fails meanwhile; task 0 reads well inside the 2 s that Spark's kill of a
         # barrier stage's other tasks leaves a Python worker before it ends it.
         time.sleep(1.0)

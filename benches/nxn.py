@@ -140,14 +140,14 @@ def _label(n: int, pairs: bool) -> str:
 
 
 def summarise(
-    n: int, transport: str, gb: float, cf: list[Round], raw: list[Round], label: str = ""
+    label: str, n: int, transport: str, gb: float, cf: list[Round], raw: list[Round]
 ) -> dict[str, Any]:
     """One table row: medians of the rounds, and medians of the per-round ratios."""
     med = statistics.median
     pairs = list(zip(cf, raw, strict=True))
     return {
         "n": n,
-        "label": label or _label(n, False),
+        "label": label,
         "transport": transport,
         "gb": gb,
         "cf_gbps": med(r["gbps"] for r in cf),
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     assert exe is not None
                     raw_rounds.append(raw_round(exe, n, per_pair))
             if not args.no_raw:
-                rows.append(summarise(n, transport, n * per_pair / 1e9, cf_rounds, raw_rounds, label))
+                rows.append(summarise(label, n, transport, n * per_pair / 1e9, cf_rounds, raw_rounds))
                 print(_line(rows[-1]), flush=True)
     if rows:
         print(f"\n{table(rows)}")

@@ -382,9 +382,15 @@ def test_a_peer_cut_off_by_a_failed_task_raises_the_task_s_cause(
     """Task 1's function breaks while its writer is held back by task 0, which has not
     started reading: task 0's reader of task 1's partition is cut off mid-stream and, once it
     reads, must raise task 1's own failure (which Spark may report as the stage's), not the
-    release that follows it nor the lost connection of task 1's process, which ends at once."""
+    release that follows it nor the lost connection of task 1's process, which ends at once.
+
+    Spark ends the Python workers of the stage's other tasks about 2 s
+    (``spark.python.task.killTimeout``) after task 1's failure reaches it, which through the
+    host service is at once: task 0 reads the moment task 1 starts failing."""
     seen = tmp_path / "task0.txt"
     started = tmp_path / "task0-started"
+    failing = tmp_path / "task1-failing"
+    reading = tmp_path / "task0-reading"
     df = spark.range(0, 2_000_000, numPartitions=2).select("id", (F.col("id") % 10).alias("k"))
 
     def one_breaks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -398,11 +404,13 @@ def test_a_peer_cut_off_by_a_failed_task_raises_the_task_s_cause(
             while not started.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
             time.sleep(0.5)  # task 0's channel attaches; task 1's writer fills its credit
+            failing.touch()
             raise RuntimeError("the user's function broke")
         started.touch()
-        # Task 1 fails meanwhile; task 0 reads well inside the 2 s that Spark's kill of a
-        # barrier stage's other tasks leaves a Python worker before it ends it.
-        time.sleep(1.0)
+        deadline = time.monotonic() + 60
+        while not failing.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        reading.touch()
         try:
             for b in batches:
                 yield b.slice(0, 0)
@@ -412,7 +420,11 @@ def test_a_peer_cut_off_by_a_failed_task_raises_the_task_s_cause(
 
     with pytest.raises(Exception, match="the user's function broke"):
         cfs.exchange(df, "k", func=one_breaks, memory="4MiB", host_service=host_service).collect()
-    text = poll("task 0's error", lambda: seen.exists() and seen.read_text(), deadline=30)
+    try:
+        text = poll("task 0's error", lambda: seen.exists() and seen.read_text(), deadline=30)
+    except pytest.fail.Exception:
+        began = "began" if reading.exists() else "never began"
+        pytest.fail(f"task 0's error not seen within 30 s; task 0 {began} to read")
     assert text.startswith("ProducerFailedError"), text
     assert "exchange task 1 failed: RuntimeError: the user's function broke" in text, text
 

@@ -23,6 +23,7 @@ use creditflow_core::partition::buffer::new_buffer;
 use creditflow_core::partition::partitioner::{Partitioner, Splitter};
 use creditflow_core::partition::spark_hash::spark_partition_ids;
 use creditflow_core::partition::subpartition::{Entry, LocalBatch, Polled, Subpartition};
+use creditflow_core::partition::Handed;
 use creditflow_core::serde::{BatchEncoder, RecordDeserializer, RECORD_HEADER_LEN};
 
 const SEGMENT: usize = 32 << 10;
@@ -107,7 +108,7 @@ fn bench_subpartition(c: &mut Criterion) {
             let segments = pool.try_reserve(1).expect("segment");
             sub.add_finished(Entry::Batch(LocalBatch {
                 token: None,
-                batch: small.clone(),
+                batch: Handed::Batch(small.clone()),
                 bytes,
                 segments,
             }));

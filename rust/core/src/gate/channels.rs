@@ -7,19 +7,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use arrow_array::RecordBatch;
-
 use crate::base::config::ChannelSpec;
 use crate::net::{Inbound, RemoteChannel};
 use crate::partition::subpartition::{Subpartition, Token};
-use crate::partition::ResultPartition;
+use crate::partition::{Handed, ResultPartition};
 use crate::serde::RecordDeserializer;
 
 /// What the gate holds between polling a channel and yielding (keeps per-channel order).
 pub(super) enum Queued {
     /// A batch; for a remote channel, the record bytes it holds in the gate's record budget
     /// (released when it is yielded).
-    Batch(usize, RecordBatch, Option<Token>, Option<crate::net::RecordBytes>),
+    Batch(usize, Handed, Option<Token>, Option<crate::net::RecordBytes>),
     Event(usize, Vec<u8>),
     Barrier {
         id: u64,

@@ -13,6 +13,7 @@ use super::channels::{Channel, ChannelState, Queued, Ready, ReadyListener};
 use super::handle::{
     ChannelCounters, DebloatSetup, GateCounters, GateDebloat, GateHandle, GateMetricsReader,
 };
+use super::item::{GateItem, Relayed};
 use super::metrics::{ChannelKind, GateMetrics};
 use crate::base::config::{Backoff, ChannelSpec};
 use crate::base::error::{Error, Result};
@@ -21,54 +22,14 @@ use crate::base::metrics::Counter;
 use crate::base::wait::Wait;
 use crate::memory::LocalPool;
 use crate::net::{recycle_all, Inbound, RemoteGate, Transport};
-use crate::partition::subpartition::{Polled, Token};
-use crate::partition::Registry;
+use crate::partition::subpartition::Polled;
+use crate::partition::{Handed, Registry, MAX_PIECE};
 use crate::protocol::checkpoint::{Action, Aligner, InFlight};
 use crate::protocol::debloat::Debloater;
-use crate::serde::RecordDeserializer;
+use crate::serde::{RecordDeserializer, SelfContainedDecoder};
 
 /// What names the zero wait of [`InputGate::try_next_item`] (its timeout is "nothing ready").
 const NOTHING_READY: &str = "input gate: nothing ready";
-
-/// What [`InputGate::next_item`] yields.
-#[derive(Debug)]
-pub enum GateItem {
-    /// A batch.
-    Batch {
-        /// The channel it came from.
-        channel: usize,
-        /// The batch.
-        batch: RecordBatch,
-        /// The writer's token if the batch is the writer's whole input batch handed over
-        /// locally.
-        token: Option<Token>,
-        /// The unaligned checkpoints this batch is in-flight data of: it was written before
-        /// their barrier and reaches the reader after it (usually empty; see
-        /// [`crate::protocol::checkpoint::InFlight`]).
-        in_flight: Vec<u64>,
-    },
-    /// A user event.
-    Event {
-        /// The channel it came from.
-        channel: usize,
-        /// The bytes the writer sent.
-        payload: Vec<u8>,
-    },
-    /// Checkpoint barrier `checkpoint_id`: aligned, after every channel not ended delivered
-    /// it; unaligned, as soon as the first channel delivered it.
-    Barrier {
-        /// The checkpoint id.
-        checkpoint_id: u64,
-        /// Whether it is an unaligned barrier.
-        unaligned: bool,
-    },
-    /// The alignment of checkpoint `checkpoint_id` was abandoned because a barrier with a
-    /// higher id arrived first; its barrier will not be yielded.
-    CheckpointAborted {
-        /// The checkpoint id.
-        checkpoint_id: u64,
-    },
-}
 
 /// Reads batches from a set of channels.
 pub struct InputGate {
@@ -90,6 +51,8 @@ pub struct InputGate {
     handle: Arc<GateHandle>,
     /// Buffers and credit of the remote channels, if any.
     remote: Option<Arc<RemoteGate>>,
+    /// Decodes the pieces a host service queued undecoded, for a reader of batches.
+    pieces: SelfContainedDecoder,
     /// A channel's failure that arrived behind batches still in `pending`: raised once they
     /// have been returned (at most one: no channel is polled while `pending` is non-empty).
     deferred: Option<Error>,
@@ -255,6 +218,7 @@ impl InputGate {
             max_record,
             handle: handle.clone(),
             remote: remote_gate,
+            pieces: SelfContainedDecoder::new(MAX_PIECE),
             deferred: None,
             closed: false,
         };
@@ -360,7 +324,26 @@ impl InputGate {
     /// The next batch, user event or checkpoint barrier (see [`GateItem`]); `None` once
     /// every channel has ended. Blocks as `wait` allows.
     pub fn next_item(&mut self, wait: &mut Wait<'_>) -> Result<Option<GateItem>> {
-        self.next_item_as(wait, true)
+        let next = self.next_item_as(wait, true)?;
+        next.map(|r| self.decoded(r)).transpose()
+    }
+
+    /// A piece a host service queued undecoded, as a batch (decoded and checked here).
+    fn decoded(&mut self, relayed: Relayed) -> Result<GateItem> {
+        Ok(match relayed {
+            Relayed::Item(item) => item,
+            Relayed::Piece {
+                channel,
+                piece,
+                token,
+                in_flight,
+            } => GateItem::Batch {
+                channel,
+                batch: piece.decode(&mut self.pieces)?,
+                token,
+                in_flight,
+            },
+        })
     }
 
     /// [`InputGate::next_item`] without waiting: `Some` of what it would return, or `None`
@@ -369,6 +352,14 @@ impl InputGate {
     /// are not resolved yet, [`InputGate::retry_due_in`]. The gate counts as idle from a
     /// `None` to the next item.
     pub fn try_next_item(&mut self) -> Result<Option<Option<GateItem>>> {
+        match self.try_next_relayed()? {
+            Some(next) => Ok(Some(next.map(|r| self.decoded(r)).transpose()?)),
+            None => Ok(None),
+        }
+    }
+
+    /// [`InputGate::try_next_item`] for a relay: a piece queued undecoded comes as it is.
+    pub(crate) fn try_next_relayed(&mut self) -> Result<Option<Option<Relayed>>> {
         let mut now = Wait::timeout(Some(std::time::Duration::ZERO), NOTHING_READY);
         match self.next_item_as(&mut now, false) {
             Ok(item) => {
@@ -397,7 +388,7 @@ impl InputGate {
             .map(|t| t.saturating_duration_since(Instant::now()))
     }
 
-    fn next_item_as(&mut self, wait: &mut Wait<'_>, meter_idle: bool) -> Result<Option<GateItem>> {
+    fn next_item_as(&mut self, wait: &mut Wait<'_>, meter_idle: bool) -> Result<Option<Relayed>> {
         if self.closed {
             return Err(Error::Closed("input gate"));
         }
@@ -410,7 +401,15 @@ impl InputGate {
             if let Some(q) = self.pending.pop_front() {
                 self.handle.queued.store(self.pending.len(), Ordering::Relaxed);
                 let item = match q {
-                    Queued::Batch(channel, batch, token, _record_bytes) => GateItem::Batch {
+                    Queued::Batch(channel, Handed::Piece(piece), token, _) => {
+                        return Ok(Some(Relayed::Piece {
+                            channel,
+                            piece,
+                            token,
+                            in_flight: self.in_flight.batch(channel),
+                        }))
+                    }
+                    Queued::Batch(channel, Handed::Batch(batch), token, _record_bytes) => GateItem::Batch {
                         channel,
                         batch,
                         token,
@@ -436,7 +435,7 @@ impl InputGate {
                         continue;
                     }
                 };
-                return Ok(Some(item));
+                return Ok(Some(Relayed::Item(item)));
             }
             if let Some(e) = self.deferred.take() {
                 return Err(e);
@@ -565,12 +564,12 @@ impl InputGate {
         }
     }
 
-    fn count_batch(&self, idx: usize, batch: &RecordBatch, bytes: usize) {
+    fn count_batch(&self, idx: usize, rows: usize, bytes: usize) {
         let counters = &self.handle.counters;
         counters.batches.add(1);
         counters.bytes.add(bytes as u64);
-        counters.rows.add(batch.num_rows() as u64);
-        self.handle.channels[idx].count_batch(bytes, batch.num_rows());
+        counters.rows.add(rows as u64);
+        self.handle.channels[idx].count_batch(bytes, rows);
     }
 
     /// Counts consumed buffers holding `bytes` (the bytes feed the debloating throughput).
@@ -591,7 +590,7 @@ impl InputGate {
         match polled {
             Polled::Batch(lb) => {
                 self.count_buffers(idx, 1, lb.bytes);
-                self.count_batch(idx, &lb.batch, lb.bytes);
+                self.count_batch(idx, lb.batch.num_rows(), lb.bytes);
                 self.pending
                     .push_back(Queued::Batch(idx, lb.batch, lb.token, None));
                 // lb.segments are recycled here: the batch left the partition's budget.
@@ -603,8 +602,9 @@ impl InputGate {
                     de.push(slice.as_slice(), &mut out)?;
                 }
                 for b in out {
-                    self.count_batch(idx, &b, b.get_array_memory_size());
-                    self.pending.push_back(Queued::Batch(idx, b, None, None));
+                    self.count_batch(idx, b.num_rows(), b.get_array_memory_size());
+                    self.pending
+                        .push_back(Queued::Batch(idx, Handed::Batch(b), None, None));
                 }
             }
             Polled::Event(event) => {
@@ -675,9 +675,10 @@ impl InputGate {
                     self.count_buffers(idx, buffers, bytes);
                     let n = out.len();
                     for (i, b) in out.drain(..).enumerate() {
-                        self.count_batch(idx, &b, b.get_array_memory_size());
+                        self.count_batch(idx, b.num_rows(), b.get_array_memory_size());
                         let held = if i + 1 == n { record_bytes.take() } else { None };
-                        self.pending.push_back(Queued::Batch(idx, b, None, held));
+                        self.pending
+                            .push_back(Queued::Batch(idx, Handed::Batch(b), None, held));
                     }
                 }
                 Inbound::Event(ev) => {

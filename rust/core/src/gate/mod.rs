@@ -12,18 +12,21 @@
 //! [`crate::protocol::checkpoint`]'s. [`InputGate::next`] yields only the batches (barriers are still
 //! aligned: a channel blocked in an alignment is not read).
 //!
-//! Rooms: `input_gate` ([`InputGate`], [`GateItem`]), `channels` (channel states, the ready
-//! queue), `handle` (what the environment keeps: counters, debloating, [`GateMetricsReader`]),
-//! `metrics` (snapshots). May use every layer below it, [`crate::net`] included.
+//! Rooms: `input_gate` ([`InputGate`]), `item` ([`GateItem`], and what a relay gets),
+//! `channels` (channel states, the ready queue), `handle` (what the environment keeps:
+//! counters, debloating, [`GateMetricsReader`]), `metrics` (snapshots). May use every layer below it, [`crate::net`] included.
 
 mod channels;
 mod handle;
 mod input_gate;
+mod item;
 mod metrics;
 
 pub use channels::ReadyListener;
 pub use handle::GateMetricsReader;
 pub(crate) use handle::{DebloatSetup, GateHandle};
+pub use input_gate::InputGate;
 pub(crate) use input_gate::RemoteSetup;
-pub use input_gate::{GateItem, InputGate};
+pub use item::GateItem;
+pub(crate) use item::Relayed;
 pub use metrics::{ChannelKind, ChannelMetrics, DebloatMetrics, GateMetrics};

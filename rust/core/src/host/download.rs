@@ -20,16 +20,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio::io::AsyncWriteExt;
+use tokio::net::UnixStream;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
 use super::codec::{RecordHead, Signal};
 use super::link::{self, HeapEnd, InHeap, LinkEnd, Watched};
-use super::records::{small, Frame, RecordSender};
+use super::records::{encoded_piece, small, Frame, RecordSender};
 use super::state::SentCounters;
 use crate::base::wait::CHECK_INTERVAL;
-use crate::gate::{GateItem, InputGate};
+use crate::gate::{GateItem, InputGate, Relayed};
 use crate::net::shm::ShmWriter;
+use crate::partition::subpartition::Token;
 
 /// Runs a gate's link until the gate ends, the task drops it or goes, or the service ends.
 pub(crate) async fn run(
@@ -62,7 +64,7 @@ pub(crate) async fn run(
             if stopped() {
                 break None;
             }
-            match gate.try_next_item() {
+            match gate.try_next_relayed() {
                 Ok(Some(item)) => break Some(Ok(item)),
                 Ok(None) => {
                     // A push after the poll above left a permit: this returns at once.
@@ -80,69 +82,70 @@ pub(crate) async fn run(
             Ok(Some(item)) => {
                 errors = 0;
                 match item {
-                    GateItem::Batch {
+                    Relayed::Piece {
                         channel,
-                        batch,
-                        in_flight,
+                        piece,
                         token,
+                        in_flight,
                     } => {
                         let head = RecordHead {
                             channel: channel as u32,
                             in_flight,
                         };
-                        let in_heap = token.as_ref().and_then(|t| t.downcast_ref::<InHeap>());
-                        let forward = match (in_heap, link.heaps.as_ref()) {
-                            (Some(piece), Some(heaps)) => {
-                                let source = &piece.source;
-                                let handed = given.contains(&source.link) || source.send(heaps).await.is_ok();
-                                if handed {
-                                    given.insert(source.link);
-                                    // From here the task frees the chunks; this side reads no
-                                    // more of the piece (`batch` is only dropped).
-                                    piece.lease.give_away();
-                                    Some(small(head.forward(
-                                        source.link,
-                                        piece.lease.start(),
-                                        piece.lease.len(),
-                                    )))
-                                } else {
-                                    None
+                        let frame = match forward(&head, &token, link.heaps.as_ref(), &mut given).await {
+                            Some(f) => {
+                                sent.in_place.fetch_add(1, Ordering::Relaxed);
+                                f
+                            }
+                            None => {
+                                sent.copied.fetch_add(1, Ordering::Relaxed);
+                                encoded_piece(head, piece.record(), heap)
+                            }
+                        };
+                        (frame, false)
+                    }
+                    Relayed::Item(GateItem::Batch {
+                        channel,
+                        batch,
+                        in_flight,
+                        token,
+                    }) => {
+                        let head = RecordHead {
+                            channel: channel as u32,
+                            in_flight,
+                        };
+                        match forward(&head, &token, link.heaps.as_ref(), &mut given).await {
+                            Some(f) => {
+                                sent.in_place.fetch_add(1, Ordering::Relaxed);
+                                (f, false)
+                            }
+                            None => {
+                                sent.copied.fetch_add(1, Ordering::Relaxed);
+                                match sender.frame(head, &batch, heap) {
+                                    Ok(f) => (f, false),
+                                    Err(e) => (small(Signal::Error(e).encode()), true),
                                 }
                             }
-                            _ => None,
-                        };
-                        let how = if forward.is_some() {
-                            &sent.in_place
-                        } else {
-                            &sent.copied
-                        };
-                        how.fetch_add(1, Ordering::Relaxed);
-                        match forward {
-                            Some(f) => (f, false),
-                            None => match sender.frame(head, &batch, heap) {
-                                Ok(f) => (f, false),
-                                Err(e) => (small(Signal::Error(e).encode()), true),
-                            },
                         }
                     }
-                    GateItem::Event { channel, payload } => {
+                    Relayed::Item(GateItem::Event { channel, payload }) => {
                         let s = Signal::Event {
                             target: Some(channel as u32),
                             payload,
                         };
                         (small(s.encode()), false)
                     }
-                    GateItem::Barrier {
+                    Relayed::Item(GateItem::Barrier {
                         checkpoint_id,
                         unaligned,
-                    } => {
+                    }) => {
                         let s = Signal::Barrier {
                             id: checkpoint_id,
                             unaligned,
                         };
                         (small(s.encode()), false)
                     }
-                    GateItem::CheckpointAborted { checkpoint_id } => {
+                    Relayed::Item(GateItem::CheckpointAborted { checkpoint_id }) => {
                         (small(Signal::Aborted { id: checkpoint_id }.encode()), false)
                     }
                 }
@@ -160,6 +163,31 @@ pub(crate) async fn run(
     gate.close();
     // Closes the ring: the task reads what is in it (the end), then end-of-stream.
     let _ = link.writer.shutdown().await;
+}
+
+/// The frame that hands a piece lying in a writer link's heap ([`InHeap`]) on as it lies,
+/// giving the task that heap first if it has not had it (`given`: the writer links whose heaps
+/// it has); `None` when the batch is not such a piece or the heap cannot be given.
+async fn forward(
+    head: &RecordHead,
+    token: &Option<Token>,
+    heaps: Option<&UnixStream>,
+    given: &mut HashSet<u64>,
+) -> Option<Frame> {
+    let piece = token.as_ref()?.downcast_ref::<InHeap>()?;
+    let heaps = heaps?;
+    let source = &piece.source;
+    if !given.contains(&source.link) {
+        source.send(heaps).await.ok()?;
+        given.insert(source.link);
+    }
+    // From here the task frees the chunks; this side reads no more of the piece.
+    piece.lease.give_away();
+    Some(small(head.forward(
+        source.link,
+        piece.lease.start(),
+        piece.lease.len(),
+    )))
 }
 
 /// Writes `frame` on the link, waiting while the ring or the heap is full; `false` when the

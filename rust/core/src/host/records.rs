@@ -125,6 +125,23 @@ pub(crate) fn rows_piece(
     (frame, None)
 }
 
+/// The frame that carries `record`, a piece as its writer encoded it (`head.channel`: its
+/// stream), on another link: in `heap` when it is large enough and a run of chunks is free,
+/// else inline. Its bytes are copied as they are, without decoding them.
+pub(crate) fn encoded_piece(head: RecordHead, record: &Buffer, heap: &HeapWriter) -> Frame {
+    let len = RECORD_HEADER_LEN + record.len();
+    if len >= MIN_ITEM {
+        let prefix = (record.len() as u64).to_le_bytes();
+        let parts = [&prefix[..], record.as_slice()];
+        if let Some(start) = heap.place(0, false, len, parts.into_iter()) {
+            return small(head.piece_item(start, len as u64));
+        }
+    }
+    let mut frame = small(head.piece(record.len()));
+    frame.push(record.clone());
+    frame
+}
+
 /// `record`'s frame: in `heap` when it is large enough and a run of chunks is free (`item`
 /// makes the frame naming its start and length, which come back too), else inline (`inline`
 /// makes the header for its body's length).

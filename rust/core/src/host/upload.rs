@@ -1,7 +1,8 @@
-//! The service's side of a writer's link: a task on the service's runtime that decodes the
-//! pieces the task sends and queues each in its subpartition. A piece that lies in the link's
-//! heap is queued with its place ([`InHeap`]), so that a gate of this host can hand it on as
-//! it lies. A link that ends without the writer's close (the task died, or dropped the writer)
+//! The service's side of a writer's link: a task on the service's runtime that queues each
+//! piece the task sends in its subpartition, undecoded where the partition hands batches over
+//! (the service reads only its schema and rows; whoever reads it decodes it). A piece that
+//! lies in the link's heap is queued with its place ([`InHeap`]), so that a gate of this host
+//! can hand it on as it lies. A link that ends without the writer's close (the task died, or dropped the writer)
 //! fails the partition.
 //!
 //! For a pipelined partition that hands batches over, a piece is queued on the runtime's
@@ -27,7 +28,7 @@ use crate::base::wait::Wait;
 use crate::memory::RecordPool;
 use crate::net::shm::ShmWriter;
 use crate::partition::subpartition::Token;
-use crate::partition::{Partitioner, RecordWriter, ResultPartition};
+use crate::partition::{EncodedPiece, Handed, Partitioner, RecordWriter, ResultPartition};
 use crate::serde::SelfContainedDecoder;
 
 /// The most bytes one record may have.
@@ -127,7 +128,8 @@ async fn run(
     });
     let pool = RecordPool::new(RECORD_POOL);
     let source = Arc::new(source);
-    // The reading task checks the strings when it decodes a piece: the service passes them on.
+    // Reads each piece's schema and rows (and decodes it for a partition that needs the batch);
+    // the reading task decodes and checks it.
     let mut pieces = SelfContainedDecoder::relay(MAX_RECORD);
     // Shared with the blocking thread a write that must wait goes to (it is awaited there).
     let w = Arc::new(Mutex::new(RecordWriter::new(partition.clone(), partitioner)));
@@ -143,16 +145,24 @@ async fn run(
             Ok(Err(e)) | Err(e) => break Err(e),
         };
         let step = match incoming {
-            Incoming::Piece { head, body, lease } => match pieces.decode(body) {
-                Ok(batch) => {
-                    let token = lease.map(|lease| {
-                        let source = source.clone();
-                        Arc::new(InHeap { source, lease }) as Token
-                    });
-                    write_piece(&w, batch, token, head.channel as usize, &drain, writes).await
+            Incoming::Piece { head, body, lease } => {
+                // A partition that hands batches over queues the piece undecoded (its reader
+                // decodes it); one that stores or serializes them needs the batch.
+                let piece = match writes {
+                    Writes::Handed => EncodedPiece::peek(body, &mut pieces).map(Handed::Piece),
+                    Writes::Here => pieces.decode(body).map(Handed::Batch),
+                };
+                match piece {
+                    Ok(piece) => {
+                        let token = lease.map(|lease| {
+                            let source = source.clone();
+                            Arc::new(InHeap { source, lease }) as Token
+                        });
+                        write_piece(&w, piece, token, head.channel as usize, &drain, writes).await
+                    }
+                    Err(e) => Err(e),
                 }
-                Err(e) => Err(e),
-            },
+            }
             Incoming::Signal(Signal::Event {
                 target: None,
                 payload,
@@ -224,14 +234,21 @@ async fn run(
 /// to wait for room (a blocking thread: the writer is used there, and this awaits it).
 async fn write_piece(
     w: &Arc<Mutex<RecordWriter>>,
-    batch: arrow_array::RecordBatch,
+    piece: Handed,
     token: Option<Token>,
     channel: usize,
     drain: &Arc<Drain>,
     writes: Writes,
 ) -> Result<()> {
-    if writes == Writes::Handed && w.lock().unwrap().try_write_to(&batch, token.clone(), channel)? {
-        return Ok(());
+    if writes == Writes::Handed {
+        let mut writer = w.lock().unwrap();
+        let queued = match &piece {
+            Handed::Batch(batch) => writer.try_write_to(batch, token.clone(), channel)?,
+            Handed::Piece(p) => writer.try_write_encoded_to(p.clone(), token.clone(), channel)?,
+        };
+        if queued {
+            return Ok(());
+        }
     }
     let blocking = {
         let (w, drain) = (w.clone(), drain.clone());
@@ -239,7 +256,10 @@ async fn write_piece(
             let mut check = || drain.check();
             let mut wait = Wait::forever().with_check(&mut check);
             let mut writer = w.lock().unwrap();
-            writer.write_to(&batch, token, channel, &mut wait)
+            match piece {
+                Handed::Batch(batch) => writer.write_to(&batch, token, channel, &mut wait),
+                Handed::Piece(p) => writer.write_encoded_to(p, token, channel, &mut wait),
+            }
         }
     };
     match writes {

@@ -20,6 +20,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
 use super::buffer::{new_buffer_limited, BufferBuilder};
+use super::handed::{EncodedPiece, Handed};
 use super::metrics::{PartitionMetrics, RemoteReaderMetrics, SubpartitionMetrics};
 use super::partitioner::Piece;
 use super::spill::{replay, SpillStore};
@@ -188,12 +189,17 @@ impl ResultPartition {
 
     /// Checks (or, for the first batch, records) the schema.
     pub(crate) fn check_schema(&self, batch: &RecordBatch) -> Result<()> {
-        let expected = self.schema.get_or_init(|| batch.schema());
-        if expected.as_ref() != batch.schema_ref().as_ref() {
+        self.check_schema_of(batch.schema_ref())
+    }
+
+    /// Checks (or, for the first batch, records) `schema` as the schema of a batch written.
+    pub(crate) fn check_schema_of(&self, schema: &SchemaRef) -> Result<()> {
+        let expected = self.schema.get_or_init(|| schema.clone());
+        if expected.as_ref() != schema.as_ref() {
             return Err(Error::SchemaMismatch {
                 partition: self.id.clone(),
                 expected: expected.to_string(),
-                actual: batch.schema().to_string(),
+                actual: schema.to_string(),
             });
         }
         Ok(())
@@ -285,7 +291,12 @@ impl ResultPartition {
     }
 
     fn write_handoff(&self, pieces: Vec<Piece>, token: Option<Token>, wait: &mut Wait<'_>) -> Result<()> {
-        let (sizes, needs) = self.handoff_needs(&pieces);
+        self.hand_over(pieces.into_iter().map(Handing::from).collect(), token, wait)
+    }
+
+    /// Reserves what `items` need (waiting with `wait`), then queues them.
+    fn hand_over(&self, items: Vec<Handing>, token: Option<Token>, wait: &mut Wait<'_>) -> Result<()> {
+        let needs = self.handoff_needs(&items);
         let total: usize = needs.iter().sum();
         let segments = match self.pool.try_reserve(total) {
             Some(s) => s,
@@ -294,8 +305,48 @@ impl ResultPartition {
                 self.pool.reserve(total, wait)?
             }
         };
-        self.queue_handoff(pieces, token, segments, sizes, needs);
+        self.queue_handoff(items, token, segments, needs);
         Ok(())
+    }
+
+    /// Queues `piece` whole in subpartition `sp` without decoding it, waiting with `wait` for
+    /// room: for a partition that hands batches over ([`ResultPartition::writes_whole`]),
+    /// whose local readers then get it as it is (a relay passes it on; a gate decodes it).
+    pub(crate) fn write_encoded(
+        &self,
+        sp: usize,
+        piece: EncodedPiece,
+        token: Option<Token>,
+        wait: &mut Wait<'_>,
+    ) -> Result<()> {
+        let item = self.encoded_item(sp, piece)?;
+        self.hand_over(vec![item], token, wait)?;
+        self.after_write()
+    }
+
+    /// [`ResultPartition::write_encoded`] if the pool has room now: `true` once queued,
+    /// `false` when nothing was (no room).
+    pub(crate) fn try_write_encoded(
+        &self,
+        sp: usize,
+        piece: EncodedPiece,
+        token: Option<Token>,
+    ) -> Result<bool> {
+        let item = self.encoded_item(sp, piece)?;
+        self.try_hand_over(vec![item], token)
+    }
+
+    fn encoded_item(&self, sp: usize, piece: EncodedPiece) -> Result<Handing> {
+        self.check_writable()?;
+        if !self.writes_whole() {
+            return Err(Error::InvalidArgument(format!(
+                "partition {:?} stores or serializes its batches: an encoded piece is handed only \
+                 to a partition that hands batches over",
+                self.id
+            )));
+        }
+        self.check_schema_of(piece.schema())?;
+        Ok(Handing::new(sp, Handed::Piece(piece), true))
     }
 
     /// Writes pieces already split by a partitioner if that needs no wait: all of them are
@@ -307,11 +358,15 @@ impl ResultPartition {
         if !self.writes_whole() {
             return Ok(false);
         }
-        let (sizes, needs) = self.handoff_needs(&pieces);
+        self.try_hand_over(pieces.into_iter().map(Handing::from).collect(), token)
+    }
+
+    fn try_hand_over(&self, items: Vec<Handing>, token: Option<Token>) -> Result<bool> {
+        let needs = self.handoff_needs(&items);
         let Some(segments) = self.pool.try_reserve(needs.iter().sum()) else {
             return Ok(false);
         };
-        self.queue_handoff(pieces, token, segments, sizes, needs);
+        self.queue_handoff(items, token, segments, needs);
         self.after_write()?;
         Ok(true)
     }
@@ -326,40 +381,31 @@ impl ResultPartition {
     /// Per piece, its bytes and the segments it counts as: segments, or fewer bytes each when
     /// the reader's gate announced a smaller buffer size (debloating), so that the bytes a
     /// subpartition queues shrink with the buffer size as in Flink.
-    fn handoff_needs(&self, pieces: &[Piece]) -> (Vec<usize>, Vec<usize>) {
+    fn handoff_needs(&self, items: &[Handing]) -> Vec<usize> {
         let seg = self.pool.segment_size();
-        let sizes: Vec<usize> = pieces.iter().map(|p| p.batch.get_array_memory_size()).collect();
-        let needs: Vec<usize> = pieces
+        items
             .iter()
-            .zip(&sizes)
-            .map(|(p, s)| {
-                s.div_ceil(self.subpartitions[p.subpartition].buffer_size(seg))
-                    .max(1)
-            })
-            .collect();
-        (sizes, needs)
+            .map(|h| h.bytes.div_ceil(self.subpartitions[h.sp].buffer_size(seg)).max(1))
+            .collect()
     }
 
-    /// Queues the pieces, each holding its share of `segments`.
+    /// Queues the items, each holding its share of `segments`.
     fn queue_handoff(
         &self,
-        pieces: Vec<Piece>,
+        items: Vec<Handing>,
         token: Option<Token>,
         mut segments: Reservation,
-        sizes: Vec<usize>,
         needs: Vec<usize>,
     ) {
         for (
-            (
-                Piece {
-                    subpartition: sp,
-                    batch,
-                    whole,
-                },
-                need,
-            ),
-            bytes,
-        ) in pieces.into_iter().zip(needs).zip(sizes)
+            Handing {
+                sp,
+                batch,
+                whole,
+                bytes,
+            },
+            need,
+        ) in items.into_iter().zip(needs)
         {
             let take = need.min(segments.len());
             let held = segments.split_off(take);
@@ -773,5 +819,32 @@ impl replay::Source for ResultPartition {
 
     fn id(&self) -> &str {
         &self.id
+    }
+}
+
+/// A whole batch to queue in subpartition `sp`, and the bytes it counts as.
+struct Handing {
+    sp: usize,
+    batch: Handed,
+    /// The writer's whole input batch (the write's token travels with it).
+    whole: bool,
+    bytes: usize,
+}
+
+impl Handing {
+    fn new(sp: usize, batch: Handed, whole: bool) -> Handing {
+        let bytes = batch.bytes();
+        Handing {
+            sp,
+            batch,
+            whole,
+            bytes,
+        }
+    }
+}
+
+impl From<Piece> for Handing {
+    fn from(p: Piece) -> Handing {
+        Handing::new(p.subpartition, Handed::Batch(p.batch), p.whole)
     }
 }

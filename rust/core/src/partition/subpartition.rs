@@ -21,9 +21,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Mutex as StdMutex;
 use std::sync::OnceLock;
 
-use arrow_array::RecordBatch;
-
 use super::buffer::{BufferConsumer, BufferSlice};
+use super::handed::Handed;
 use crate::base::event::Event;
 use crate::base::metrics::{ChannelTransport, Counter};
 use crate::base::sync::{AtomicBool, AtomicUsize, Ordering, Queue};
@@ -39,8 +38,8 @@ pub type Token = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 pub struct LocalBatch {
     /// Travels with the batch when it is the writer's whole input batch.
     pub token: Option<Token>,
-    /// The batch itself (shares the writer's Arrow buffers).
-    pub batch: RecordBatch,
+    /// The batch itself (shares the writer's Arrow buffers), or a piece not decoded.
+    pub batch: Handed,
     /// Arrow bytes of the batch, for metrics.
     pub bytes: usize,
     /// Segments reserved from the partition's pool while the batch is queued; recycled when

@@ -9,7 +9,7 @@ use crate::base::event::{Event, MAX_EVENT_PAYLOAD_LEN};
 use crate::base::wait::Wait;
 use crate::partition::partitioner::{Partitioner, Piece, Splitter};
 use crate::partition::subpartition::Token;
-use crate::partition::ResultPartition;
+use crate::partition::{EncodedPiece, ResultPartition};
 
 /// Writes batches into one partition through a partitioner.
 pub struct RecordWriter {
@@ -96,8 +96,34 @@ impl RecordWriter {
         self.partition.try_write_pieces(vec![piece], token)
     }
 
-    /// `batch` as a piece for `subpartition`, checked as `write_to` checks it.
-    fn whole_piece(&self, batch: &RecordBatch, subpartition: usize) -> Result<Piece> {
+    /// Queues `piece` whole in `subpartition` without decoding it, waiting with `wait` for
+    /// room, for a partition that hands batches over (a relay's: see
+    /// [`crate::partition::Handed`]).
+    pub(crate) fn write_encoded_to(
+        &mut self,
+        piece: EncodedPiece,
+        token: Option<Token>,
+        subpartition: usize,
+        wait: &mut Wait<'_>,
+    ) -> Result<()> {
+        self.check_target(subpartition)?;
+        self.partition.write_encoded(subpartition, piece, token, wait)
+    }
+
+    /// [`RecordWriter::write_encoded_to`] if it needs no wait: `true` once queued, `false`
+    /// (nothing queued) when the partition has no room for it now.
+    pub(crate) fn try_write_encoded_to(
+        &mut self,
+        piece: EncodedPiece,
+        token: Option<Token>,
+        subpartition: usize,
+    ) -> Result<bool> {
+        self.check_target(subpartition)?;
+        self.partition.try_write_encoded(subpartition, piece, token)
+    }
+
+    /// That this writer is open and `subpartition` one of its partition's.
+    fn check_target(&self, subpartition: usize) -> Result<()> {
         if self.closed {
             return Err(Error::Closed("record writer"));
         }
@@ -107,6 +133,12 @@ impl RecordWriter {
                 "subpartition {subpartition} out of range: the partition has {n}"
             )));
         }
+        Ok(())
+    }
+
+    /// `batch` as a piece for `subpartition`, checked as `write_to` checks it.
+    fn whole_piece(&self, batch: &RecordBatch, subpartition: usize) -> Result<Piece> {
+        self.check_target(subpartition)?;
         self.partition.check_schema(batch)?;
         Ok(Piece {
             subpartition,

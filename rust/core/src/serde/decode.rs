@@ -9,7 +9,7 @@ use arrow_buffer::{ArrowNativeType, Buffer};
 use arrow_data::ArrayData;
 use arrow_ipc::reader::FileDecoder;
 use arrow_ipc::{Block, MessageHeader};
-use arrow_schema::{ArrowError, DataType};
+use arrow_schema::{ArrowError, DataType, SchemaRef};
 
 use super::assemble::RecordAssembler;
 use crate::base::error::{Error, Result};
@@ -71,6 +71,8 @@ pub struct SelfContainedDecoder {
     max_record: usize,
     /// Whether string values are checked to be UTF-8.
     utf8: bool,
+    /// The last schema message [`SelfContainedDecoder::peek`] parsed, and its schema.
+    peeked: Option<(Vec<u8>, SchemaRef)>,
 }
 
 impl SelfContainedDecoder {
@@ -82,6 +84,7 @@ impl SelfContainedDecoder {
             decoder: None,
             max_record,
             utf8: true,
+            peeked: None,
         }
     }
 
@@ -128,6 +131,80 @@ impl SelfContainedDecoder {
     }
 }
 
+impl SelfContainedDecoder {
+    /// The schema and row count of `record` (as [`SelfContainedDecoder::decode`] takes it)
+    /// without decoding its columns, for a relay that queues the record as it lies and leaves
+    /// decoding, and every check of the columns, to whoever reads it. Checks the record's
+    /// framing: its schema message first, then dictionaries and exactly one record batch, each
+    /// message's metadata and body inside the record. A schema is parsed only when its bytes
+    /// differ from the last record's.
+    pub fn peek(&mut self, record: &Buffer) -> Result<(SchemaRef, usize)> {
+        let bad = |what: String| Error::Protocol(format!("invalid Arrow IPC data: {what}"));
+        let schema_len = first_message_len(record).ok_or_else(|| bad("a piece without its schema".into()))?;
+        let known = self
+            .peeked
+            .as_ref()
+            .filter(|(message, _)| record[..schema_len] == message[..])
+            .map(|(_, schema)| schema.clone());
+        let schema = match known {
+            Some(schema) => schema,
+            None => {
+                let message = arrow_ipc::root_as_message(&record[8..schema_len])
+                    .map_err(|e| bad(format!("bad message: {e}")))?;
+                let fb = message
+                    .header_as_schema()
+                    .ok_or_else(|| bad("a piece without its schema".into()))?;
+                let schema = Arc::new(guarded(|| Ok(arrow_ipc::convert::fb_to_schema(fb)))?);
+                self.peeked = Some((record[..schema_len].to_vec(), schema.clone()));
+                schema
+            }
+        };
+        let mut rows = None;
+        let mut pos = schema_len;
+        while pos < record.len() {
+            let (message, total) = message_at(record, pos)?;
+            match message.header_type() {
+                MessageHeader::DictionaryBatch if rows.is_none() => {}
+                MessageHeader::RecordBatch if rows.is_none() => {
+                    let n = message
+                        .header_as_record_batch()
+                        .map(|b| b.length())
+                        .ok_or_else(|| bad("record batch message without its header".into()))?;
+                    rows = Some(usize::try_from(n).map_err(|_| bad(format!("a batch of {n} rows")))?);
+                }
+                other => return Err(bad(format!("unexpected message {other:?} in a piece"))),
+            }
+            pos += total;
+        }
+        let rows = rows.ok_or_else(|| Error::Protocol("a record held no record batch".into()))?;
+        Ok((schema, rows))
+    }
+}
+
+/// The IPC message at `pos` of `buf` and its bytes (prefix, metadata and body), each checked
+/// to lie inside `buf`.
+fn message_at(buf: &[u8], pos: usize) -> Result<(arrow_ipc::Message<'_>, usize)> {
+    let bad = |what: String| Error::Protocol(format!("invalid Arrow IPC data: {what}"));
+    let prefix = buf
+        .get(pos..pos + 8)
+        .ok_or_else(|| bad("a record ends inside a message prefix".into()))?;
+    if prefix[..4] != CONTINUATION_MARKER {
+        return Err(bad("missing continuation marker".into()));
+    }
+    let meta_len = i32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes"));
+    let meta_len = usize::try_from(meta_len)
+        .ok()
+        .filter(|&n| n > 0 && pos + 8 + n <= buf.len())
+        .ok_or_else(|| bad(format!("metadata length {meta_len} out of range")))?;
+    let meta = &buf[pos + 8..pos + 8 + meta_len];
+    let message = arrow_ipc::root_as_message(meta).map_err(|e| bad(format!("bad message: {e}")))?;
+    let body_len = usize::try_from(message.bodyLength())
+        .ok()
+        .filter(|&n| n <= buf.len() - pos - 8 - meta_len)
+        .ok_or_else(|| bad(format!("body length {} out of range", message.bodyLength())))?;
+    Ok((message, 8 + meta_len + body_len))
+}
+
 /// Bytes of a record's first IPC message when it has no body (a schema's): the marker, the
 /// metadata length and the metadata; `None` when the prefix does not say so plausibly.
 fn first_message_len(record: &[u8]) -> Option<usize> {
@@ -158,24 +235,9 @@ fn decode_record(
     let mut produced = false;
     let mut pos = 0usize;
     while pos < buf.len() {
-        let prefix = buf
-            .get(pos..pos + 8)
-            .ok_or_else(|| bad("a record ends inside a message prefix".into()))?;
-        if prefix[..4] != CONTINUATION_MARKER {
-            return Err(bad("missing continuation marker".into()));
-        }
-        let meta_len = i32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes"));
-        let meta_len = usize::try_from(meta_len)
-            .ok()
-            .filter(|&n| n > 0 && pos + 8 + n <= buf.len())
-            .ok_or_else(|| bad(format!("metadata length {meta_len} out of range")))?;
-        let meta = &buf[pos + 8..pos + 8 + meta_len];
-        let message = arrow_ipc::root_as_message(meta).map_err(|e| bad(format!("bad message: {e}")))?;
-        let body_len = usize::try_from(message.bodyLength())
-            .ok()
-            .filter(|&n| n <= buf.len() - pos - 8 - meta_len)
-            .ok_or_else(|| bad(format!("body length {} out of range", message.bodyLength())))?;
-        let total = 8 + meta_len + body_len;
+        let (message, total) = message_at(&buf, pos)?;
+        let meta_len = total - 8 - usize::try_from(message.bodyLength()).expect("checked");
+        let body_len = total - 8 - meta_len;
         let block = Block::new(0, (8 + meta_len) as i32, body_len as i64);
         let message_buf = buf.slice_with_length(pos, total);
         match message.header_type() {

@@ -463,3 +463,60 @@ fn a_relay_passes_strings_that_are_not_utf8_on_and_still_refuses_broken_offsets(
     assert!(SelfContainedDecoder::relay(1 << 20).decode(past.clone()).is_err());
     assert!(SelfContainedDecoder::new(1 << 20).decode(past).is_err());
 }
+
+#[test]
+fn a_peek_reads_a_piece_s_schema_and_rows_and_leaves_its_columns_to_the_decoder() {
+    let ints =
+        |v: Vec<i64>| RecordBatch::try_from_iter([("k", Arc::new(Int64Array::from(v)) as ArrayRef)]).unwrap();
+    let words = |v: Vec<&str>| {
+        RecordBatch::try_from_iter([("s", Arc::new(StringArray::from(v)) as ArrayRef)]).unwrap()
+    };
+    let mut d = SelfContainedDecoder::relay(1 << 20);
+    let (a, rows) = d.peek(&self_contained(&ints(vec![1, 2, 3]))).unwrap();
+    assert_eq!((a.as_ref(), rows), (ints(vec![1]).schema().as_ref(), 3));
+    let (b, rows) = d.peek(&self_contained(&ints(vec![4]))).unwrap();
+    assert_eq!(rows, 1);
+    assert!(
+        Arc::ptr_eq(&a, &b),
+        "one schema parsed for the pieces of one schema"
+    );
+    let (c, rows) = d.peek(&self_contained(&words(vec!["x", "y"]))).unwrap();
+    assert_eq!((c.as_ref(), rows), (words(vec![]).schema().as_ref(), 2));
+    // Offsets past the values: the peek does not read the columns, whoever decodes refuses it.
+    let good = self_contained(&words(vec!["ab", "c"]));
+    let mut bytes = good.as_slice().to_vec();
+    let offsets: Vec<u8> = [0i32, 2, 3].iter().flat_map(|o| o.to_le_bytes()).collect();
+    let at = bytes.windows(12).position(|w| w == offsets).expect("the offsets");
+    bytes[at + 8..at + 12].copy_from_slice(&9i32.to_le_bytes());
+    let past = arrow_buffer::Buffer::from_vec(bytes);
+    assert_eq!(d.peek(&past).unwrap().1, 2);
+    assert!(matches!(
+        SelfContainedDecoder::new(1 << 20).decode(past),
+        Err(Error::Protocol(_))
+    ));
+    // Framing that is not a piece's is refused: no schema first, two batches, a body cut
+    // short, garbage.
+    let mut e = BatchEncoder::new(ints(vec![1]).schema_ref()).unwrap();
+    let (_, first) = e.encode(&ints(vec![1])).unwrap().into_parts();
+    let (_, second) = e.encode(&ints(vec![2])).unwrap().into_parts();
+    let join = |parts: &[&[arrow_buffer::Buffer]]| {
+        let bytes: Vec<u8> = parts
+            .iter()
+            .flat_map(|p| p.iter())
+            .flat_map(|b| b.as_slice().to_vec())
+            .collect();
+        arrow_buffer::Buffer::from_vec(bytes)
+    };
+    let whole = join(&[&first]);
+    assert_eq!(d.peek(&whole).unwrap().1, 1);
+    for bad in [
+        join(&[&second]),
+        join(&[&first, &second]),
+        whole.slice_with_length(0, whole.len() - 8),
+        arrow_buffer::Buffer::from_vec(vec![0xffu8; 64]),
+        arrow_buffer::Buffer::from_vec(Vec::<u8>::new()),
+    ] {
+        let got = d.peek(&bad);
+        assert!(matches!(got, Err(Error::Protocol(_))), "{got:?}");
+    }
+}

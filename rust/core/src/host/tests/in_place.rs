@@ -24,6 +24,31 @@ fn copy(batch: &RecordBatch) -> RecordBatch {
     RecordBatch::try_new(batch.schema(), columns).unwrap()
 }
 
+/// Writes `count` batches split by `k` for 2 subpartitions and closes: every `small`-th of 10
+/// rows (its pieces go through the ring), the others of 40,000 (theirs lie in the heap). The
+/// keys written, and the nonempty pieces they made.
+fn write_mixed(w: &mut AttachedWriter, count: usize, small: usize) -> (Vec<i64>, usize) {
+    let (mut first, mut sent, mut total) = (0i64, Vec::new(), 0usize);
+    for i in 0..count {
+        let rows = if i % small == small - 1 { 10 } else { 40_000 };
+        let b = batch(first, rows, 8);
+        total += pieces(&b, 2);
+        w.write(&b, &mut forever()).unwrap();
+        sent.extend(first..first + rows as i64);
+        first += rows as i64;
+    }
+    w.close(&mut forever()).unwrap();
+    (sent, total)
+}
+
+/// That `got` holds every key of `sent`, each subpartition's in the order written.
+fn all_in_order(got: BTreeMap<usize, Vec<i64>>, sent: Vec<i64>) {
+    let mut all: Vec<i64> = got.values().flatten().copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, sent);
+    assert!(got.values().all(|keys| keys.windows(2).all(|w| w[0] < w[1])));
+}
+
 #[test]
 fn pieces_in_a_writer_s_heap_reach_the_reading_task_uncopied_in_order_and_whole() {
     let s = service("in-place", 64 << 20);
@@ -32,26 +57,28 @@ fn pieces_in_a_writer_s_heap_reach_the_reading_task_uncopied_in_order_and_whole(
     let mut w = p.writer(Partitioner::Hash(vec!["k".into()])).unwrap();
     let mut g = b.create_input_gate(specs(s.address(), "p", 2)).unwrap();
     let reader = std::thread::spawn(move || drain(&mut g));
-    let (mut first, mut sent, mut total) = (0i64, Vec::new(), 0usize);
-    // Halves of 40,000 rows lie in the heap; halves of 10 rows go through the ring.
-    for i in 0..40 {
-        let rows = if i % 4 == 3 { 10 } else { 40_000 };
-        let b = batch(first, rows, 8);
-        total += pieces(&b, 2);
-        w.write(&b, &mut forever()).unwrap();
-        sent.extend(first..first + rows as i64);
-        first += rows as i64;
-    }
-    w.close(&mut forever()).unwrap();
-    let got = reader.join().unwrap();
-    let mut all: Vec<i64> = got.values().flatten().copied().collect();
-    all.sort_unstable();
-    assert_eq!(all, sent);
-    // A subpartition's rows keep the order they were written in.
-    assert!(got.values().all(|keys| keys.windows(2).all(|w| w[0] < w[1])));
+    let (sent, total) = write_mixed(&mut w, 40, 4);
+    all_in_order(reader.join().unwrap(), sent);
     let m = s.metrics();
     assert_eq!(m.batches_in_place + m.batches_copied, total, "{m:?}");
     assert!(m.batches_in_place > 0 && m.batches_copied >= 10, "{m:?}");
+}
+
+#[test]
+fn pieces_the_service_queues_undecoded_are_decoded_by_a_gate_of_its_own_environment() {
+    // The service hands a writer's pieces over as they lie; a gate that yields batches (here
+    // one of the service's own environment, in process) decodes and checks each.
+    let s = service("undecoded", 64 << 20);
+    let a = attach(&s);
+    let p = a.create_partition("p", 2, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Hash(vec!["k".into()])).unwrap();
+    let mut g = s
+        .environment()
+        .create_input_gate(specs(s.address(), "p", 2))
+        .unwrap();
+    let reader = std::thread::spawn(move || drain_items(|| g.next_item(&mut forever()).unwrap()));
+    let (sent, _) = write_mixed(&mut w, 12, 3);
+    all_in_order(reader.join().unwrap(), sent);
 }
 
 #[test]

@@ -75,8 +75,13 @@ fn forever() -> Wait<'static> {
 
 /// Every key a gate yields (checked against its text), by channel, until the gate ends.
 fn drain(gate: &mut AttachedGate) -> BTreeMap<usize, Vec<i64>> {
+    drain_items(|| gate.next_item(&mut forever()).unwrap())
+}
+
+/// [`drain`] of any gate: `next` gives its next item.
+fn drain_items(mut next: impl FnMut() -> Option<GateItem>) -> BTreeMap<usize, Vec<i64>> {
     let mut got: BTreeMap<usize, Vec<i64>> = BTreeMap::new();
-    while let Some(item) = gate.next_item(&mut forever()).unwrap() {
+    while let Some(item) = next() {
         if let GateItem::Batch { channel, batch, .. } = item {
             let k = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
             let t = batch.column(1).as_any().downcast_ref::<StringArray>().unwrap();

@@ -13,10 +13,10 @@ use crate::base::config::Limits;
 use crate::base::error::{Error, Result};
 use crate::base::metrics::ChannelTransport;
 use crate::net::shm::{HeapWriter, MIN_ITEM};
-use crate::partition::Registry;
+use crate::partition::{Registry, MAX_PIECE};
 use crate::protocol::credit::{Credit, DataType, QueueHead, ReadyQueue, SenderCredit};
 use crate::protocol::wire::{self, ErrorKind, Message, ReceiverId, SharedBuffer, BUFFER_RESPONSE_HEADER_LEN};
-use crate::serde::{Compression, RecordFraming};
+use crate::serde::{Compression, RecordFraming, SelfContainedDecoder};
 
 #[derive(Default)]
 pub(super) struct ServerState {
@@ -217,6 +217,7 @@ impl ServerConn {
                         chunks: 0,
                         encoder: None,
                         compression: self.wire_compression,
+                        pieces: SelfContainedDecoder::relay(MAX_PIECE),
                         framing: RecordFraming::default(),
                         drained: false,
                         paused: false,

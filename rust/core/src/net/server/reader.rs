@@ -11,7 +11,7 @@ use crate::base::event::Event;
 use crate::partition::subpartition::{Polled, Subpartition};
 use crate::partition::ResultPartition;
 use crate::protocol::credit::{QueueHead, SenderCredit};
-use crate::serde::{BatchEncoder, Compression, RecordFraming, RECORD_HEADER_LEN};
+use crate::serde::{BatchEncoder, Compression, RecordFraming, SelfContainedDecoder, RECORD_HEADER_LEN};
 
 /// One requested subpartition (Flink: `CreditBasedSequenceNumberingViewReader`).
 pub(super) struct SubReader {
@@ -25,6 +25,8 @@ pub(super) struct SubReader {
     pub(super) encoder: Option<BatchEncoder>,
     /// IPC body compression of `encoder` (the environment's `wire_compression`).
     pub(super) compression: Option<Compression>,
+    /// Decodes the pieces a host service queued undecoded, to encode them for the wire.
+    pub(super) pieces: SelfContainedDecoder,
     /// The records of the payloads sent so far: which next chunk is a record body buffer
     /// (needs no credit, see [`crate::protocol::credit`]).
     pub(super) framing: RecordFraming,
@@ -48,14 +50,15 @@ impl SubReader {
             let item = match polled {
                 Polled::Data(slice) => Item::Data(Cursor::slice(VecDeque::from([Part::Slice(slice)]), limit)),
                 Polled::Batch(lb) => {
+                    let batch = lb.batch.clone().decode(&mut self.pieces)?;
                     let encoder = match self.encoder.as_mut() {
                         Some(e) => e,
                         None => self.encoder.insert(BatchEncoder::with_compression(
-                            &lb.batch.schema(),
+                            batch.schema_ref(),
                             self.compression,
                         )?),
                     };
-                    let record = encoder.encode(&lb.batch)?;
+                    let record = encoder.encode(&batch)?;
                     let (header, parts) = record.into_parts();
                     let mut all = VecDeque::with_capacity(parts.len() + 1);
                     all.push_back(Part::Bytes(header.to_vec()));

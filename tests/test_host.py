@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -95,6 +96,37 @@ def test_a_pipeline_without_spark_writes_and_reads_through_a_served_host_service
     assert sm["batches_in_place"] + sm["batches_copied"] == 40
     assert sm["batches_in_place"] > 0
     gate.close()
+
+
+def _bytes_written(producer: cf.NetworkEnvironment | cf.Attachment, consumer: Any) -> int:
+    """Writes 20 batches split in two through ``producer`` while ``consumer`` reads them; the
+    partition's ``bytes_written``."""
+    part = producer.create_partition("counted/0", 2)
+    gate = consumer.create_input_gate([cf.ChannelSpec(producer.address, "counted/0", i) for i in range(2)])
+    reader = threading.Thread(target=lambda: sum(1 for _ in gate))
+    reader.start()
+    with cf.RecordWriter(part, cf.HashPartitioner("k")) as w:
+        for i in range(20):
+            w.write(_batch(i * 10_000, 10_000))
+    reader.join(timeout=60)
+    gate.close()
+    return int(part.metrics()["bytes_written"])
+
+
+def test_the_service_counts_a_batch_s_bytes_once_as_an_environment_does(
+    served: tuple[str, subprocess.Popen[str]],
+) -> None:
+    """What a partition in the service counts (in its pool and its ``bytes_written``) for a
+    batch is its bytes, as in a task's own environment: not each of the batch's column buffers
+    at the size of the whole record it came in, which would fill the host's memory with a
+    fraction of the data it says it holds."""
+    name, _ = served
+    with cf.NetworkEnvironment(memory="64MiB") as env:
+        own = _bytes_written(env, env)
+    producer, consumer = cf.attach(name), cf.attach(name)
+    in_service = _bytes_written(producer, consumer)
+    assert own > 20 * 10_000 * 8
+    assert in_service == pytest.approx(own, rel=0.02)
 
 
 def test_a_task_s_memory_sizes_its_writers_heaps_and_a_bad_one_is_refused(

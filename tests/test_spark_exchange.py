@@ -20,6 +20,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -37,11 +38,13 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 import creditflow.spark as cfs  # noqa: E402
-from creditflow.spark._driver import is_connect  # noqa: E402
+from creditflow.spark._driver import HOST_MEMORY_CONF, is_connect  # noqa: E402
 from helpers import poll  # noqa: E402
 from spark_data import placement  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+#: The host memory of this module's Spark applications.
+HOST_MEMORY = "32MiB"
 
 
 @pytest.fixture(scope="module", params=["classic", "connect"])
@@ -53,7 +56,14 @@ def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
     session = cfs.local_session(
         "local[2]",
         "creditflow-test-exchange",
-        {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2", "spark.driver.memory": "1g"},
+        {
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.driver.memory": "1g",
+            # Smaller than the default (64 MiB per task slot) so that the sends and exchanges
+            # here are several times the host's memory, as the tests' tasks' own memory is.
+            HOST_MEMORY_CONF: HOST_MEMORY,
+        },
         connect=request.param == "connect",
     )
     try:
@@ -261,14 +271,14 @@ def test_one_host_service_with_the_application_s_host_memory_serves_exchanges_of
     spark: SparkSession,
 ) -> None:
     """Exchanges of different sizes and per-task ``memory`` share one service per host and
-    application, whose one pool is the application's host memory (by default 64 MiB per task
-    slot of the host: 2 on local[2]); the setting is read once per application."""
+    application, whose one pool is the application's host memory (the session's setting);
+    the setting is read once per application."""
     from creditflow.spark import _driver, _process
     from creditflow.spark.exchange import _app_secret
 
     app = _driver.application_id(spark)
     memory = _driver.host_memory(spark)
-    assert memory == 2 * (64 << 20)
+    assert memory == cf.parse_bytes(HOST_MEMORY)
     settings = _process.EnvSettings(secret=_app_secret(app))
     name = _process.service_name(app, _process.service_settings(settings, "127.0.0.1", memory))
     df = spark.range(0, 5_000, numPartitions=2).select("id", (F.col("id") % 31).alias("k"))
@@ -290,8 +300,27 @@ def test_one_host_service_with_the_application_s_host_memory_serves_exchanges_of
             with pytest.raises(ValueError, match=error):
                 cfs.exchange(df, "k")
         finally:
-            spark.conf.unset(_driver.HOST_MEMORY_CONF)
+            spark.conf.set(_driver.HOST_MEMORY_CONF, HOST_MEMORY)
     assert placement(cfs.exchange(df, "k")) == placement(df.repartition(2, "k"))
+
+
+def test_the_host_memory_defaults_to_64_mib_per_task_slot_of_a_host() -> None:
+    """Without the setting, a host service's memory is 64 MiB per task slot of a host, from
+    the executors' cores over the task's CPUs (a cluster) or local-cluster's cores per worker."""
+    from creditflow.spark import _driver
+
+    class Session:
+        def __init__(self, app: str, conf: dict[str, str]) -> None:
+            self.sparkContext = SimpleNamespace(applicationId=app)
+            self.conf = conf
+
+    cases = (
+        ({"spark.master": "local-cluster[2,3,1024]"}, 3 * (64 << 20)),
+        ({"spark.master": "spark://h:7077", "spark.executor.cores": "4", "spark.task.cpus": "2"}, 128 << 20),
+        ({"spark.master": "spark://h:7077", "spark.executor.cores": "4", HOST_MEMORY_CONF: "1GiB"}, 1 << 30),
+    )
+    for i, (conf, memory) in enumerate(cases):
+        assert _driver.host_memory(Session(f"default-host-memory-{os.getpid()}-{i}", conf)) == memory
 
 
 def test_a_host_memory_too_small_for_the_tasks_of_a_host_is_refused_on_the_driver() -> None:

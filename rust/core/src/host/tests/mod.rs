@@ -304,6 +304,10 @@ fn a_writer_the_service_holds_back_waits_and_the_data_arrives_whole() {
     };
     // Held back after roughly the pool, the ring and the heap (each batch is ~250 KB).
     assert!(blocked > 0, "nothing went through");
+    // The task's partition reports it (the service waits for its pool meanwhile).
+    let m = p.metrics().unwrap();
+    assert!(m.backpressured_total >= Duration::from_millis(250), "{m:?}");
+    assert!(m.backpressured_ms_per_second >= 250.0, "{m:?}");
     let mut g = b.create_input_gate(specs(s.address(), "p", 1)).unwrap();
     let reader = std::thread::spawn(move || drain(&mut g));
     // The timed-out write may or may not have gone out: write on after it.

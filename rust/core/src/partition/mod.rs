@@ -4,7 +4,7 @@
 //!
 //! Rooms: `buffer` (a segment being written while it is read), `subpartition` (the lock-free
 //! queue per consumer), `handed` (a whole batch handed to a local reader: decoded, or a piece
-//! still encoded), `result_partition`, `metrics`, `partitioner` (row → subpartition),
+//! still encoded), `result_partition` (its hand-off path in `result_partition/handoff`), `metrics`, `partitioner` (row → subpartition),
 //! `writer` (batch → partition), `spark_hash` (Spark's Murmur3), `spill` (blocking and hybrid
 //! partitions: the spill directory, files, stored streams and their readers). May use [`crate::base`],
 //! [`crate::memory`], [`crate::serde`] and [`crate::protocol`].

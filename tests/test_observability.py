@@ -123,6 +123,40 @@ def test_remote_readers_report_peer_credit_and_bytes_sent() -> None:
         read_all(gate)
 
 
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["tcp", "shm"])
+def test_bytes_written_and_received_count_each_batch_s_bytes_once(shared_memory: bool) -> None:
+    """A batch decoded from a record shares the record's memory: counted by its buffers'
+    capacity, each of its columns' buffers would count the whole record (several times its
+    bytes for a batch with string columns). Both ends count a batch's bytes as pyarrow does."""
+    rows = 5_000
+    text = [f"row {j}" for j in range(rows)]
+    sent = [
+        pa.record_batch({"i": pa.array(range(n, n + rows), pa.int64()), "s": text})
+        for n in range(0, 10 * rows, rows)
+    ]
+    with (
+        cf.NetworkEnvironment(memory="8MiB", shared_memory=shared_memory) as prod,
+        cf.NetworkEnvironment(memory="8MiB", shared_memory=shared_memory) as cons,
+    ):
+        part = prod.create_partition("b", 1)
+        gate = cons.create_input_gate([cf.ChannelSpec(prod.address, "b", 0)])
+        with cf.RecordWriter(part) as w:
+            for b in sent:
+                w.write(b)
+        transport = "shm" if shared_memory else "tcp"
+
+        def link() -> bool:
+            remote = gate.metrics()["channels"][0]["remote"]
+            return remote is not None and remote["transport"] == transport
+
+        poll(f"the channel's {transport} link", link)
+        got = read_all(gate)
+        nbytes = sum(b.nbytes for b in sent)
+        assert sum(b.nbytes for b in got) == nbytes
+        assert gate.metrics()["bytes_received"] == pytest.approx(nbytes, rel=0.01)
+        assert part.metrics()["bytes_written"] == pytest.approx(nbytes, rel=0.01)
+
+
 # ------------------------------------------------------------------------------- prometheus
 
 

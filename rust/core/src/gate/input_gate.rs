@@ -26,7 +26,7 @@ use crate::partition::subpartition::Polled;
 use crate::partition::{Handed, Registry, MAX_PIECE};
 use crate::protocol::checkpoint::{Action, Aligner, InFlight};
 use crate::protocol::debloat::Debloater;
-use crate::serde::{RecordDeserializer, SelfContainedDecoder};
+use crate::serde::{batch_bytes, RecordDeserializer, SelfContainedDecoder};
 
 /// What names the zero wait of [`InputGate::try_next_item`] (its timeout is "nothing ready").
 const NOTHING_READY: &str = "input gate: nothing ready";
@@ -602,7 +602,7 @@ impl InputGate {
                     de.push(slice.as_slice(), &mut out)?;
                 }
                 for b in out {
-                    self.count_batch(idx, b.num_rows(), b.get_array_memory_size());
+                    self.count_batch(idx, b.num_rows(), batch_bytes(&b));
                     self.pending
                         .push_back(Queued::Batch(idx, Handed::Batch(b), None, None));
                 }
@@ -675,7 +675,7 @@ impl InputGate {
                     self.count_buffers(idx, buffers, bytes);
                     let n = out.len();
                     for (i, b) in out.drain(..).enumerate() {
-                        self.count_batch(idx, b.num_rows(), b.get_array_memory_size());
+                        self.count_batch(idx, b.num_rows(), batch_bytes(&b));
                         let held = if i + 1 == n { record_bytes.take() } else { None };
                         self.pending
                             .push_back(Queued::Batch(idx, Handed::Batch(b), None, held));

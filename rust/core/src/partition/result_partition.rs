@@ -29,7 +29,7 @@ use crate::base::event::Event;
 use crate::base::metrics::{Counter, TimeMeter};
 use crate::base::wait::Wait;
 use crate::memory::{LocalPool, PooledSegment};
-use crate::serde::{BatchEncoder, Compression};
+use crate::serde::{batch_bytes, BatchEncoder, Compression};
 
 mod handoff;
 
@@ -282,7 +282,7 @@ impl ResultPartition {
                 return Err(f.error);
             }
             self.metrics.batches.add(1);
-            self.metrics.bytes.add(batch.get_array_memory_size() as u64);
+            self.metrics.bytes.add(batch_bytes(&batch) as u64);
             self.metrics.rows.add(batch.num_rows() as u64);
         }
         if self.flush_every_write {
@@ -351,7 +351,7 @@ impl ResultPartition {
                 }
             }
             self.metrics.batches.add(1);
-            self.metrics.bytes.add(batch.get_array_memory_size() as u64);
+            self.metrics.bytes.add(batch_bytes(&batch) as u64);
             self.metrics.rows.add(batch.num_rows() as u64);
         }
         Ok(())

@@ -17,6 +17,21 @@ use crate::base::error::{Error, Result};
 /// Starts every IPC message of the stream format.
 const CONTINUATION_MARKER: [u8; 4] = [0xff; 4];
 
+/// The bytes of a batch's data: its buffers as far as its rows reach, as pyarrow's `nbytes`
+/// counts them. A batch decoded over a record shares the record's memory, whose whole size
+/// `get_array_memory_size` would count once for each of its column buffers.
+pub fn batch_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|c| {
+            let data = c.to_data();
+            data.get_slice_memory_size()
+                .unwrap_or_else(|_| c.get_array_memory_size())
+        })
+        .sum()
+}
+
 /// Reassembles records from stream bytes and decodes them.
 pub struct RecordDeserializer {
     assembler: RecordAssembler,

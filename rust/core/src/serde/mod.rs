@@ -30,7 +30,7 @@ mod rows;
 mod tests;
 
 pub use assemble::RecordAssembler;
-pub use decode::{RecordDeserializer, SelfContainedDecoder};
+pub use decode::{batch_bytes, RecordDeserializer, SelfContainedDecoder};
 pub use encode::{BatchEncoder, Compression, EncodedRecord};
 pub use framing::{RecordFraming, RECORD_HEADER_LEN};
 pub use rows::{RowsEncoder, RowsLayout};

@@ -392,6 +392,22 @@ fn self_contained(batch: &RecordBatch) -> arrow_buffer::Buffer {
 }
 
 #[test]
+fn a_decoded_batch_counts_its_own_bytes_not_the_record_s_once_per_buffer() {
+    let sent = variable_width_batch(5_000);
+    let got = SelfContainedDecoder::new(1 << 20)
+        .decode(self_contained(&sent))
+        .unwrap();
+    assert_eq!(got, sent);
+    // Every column buffer of `got` is a slice of the one record: counted by capacity, each
+    // would count all of it.
+    assert!(got.get_array_memory_size() > 2 * self_contained(&sent).len());
+    assert_eq!(batch_bytes(&got), batch_bytes(&sent));
+    assert!(batch_bytes(&got) <= self_contained(&sent).len());
+    // A slice counts the rows it has.
+    assert!(batch_bytes(&sent.slice(0, 100)) < batch_bytes(&sent) / 10);
+}
+
+#[test]
 fn self_contained_records_decode_alone_and_share_a_schema_parsed_once() {
     let ints =
         |v: Vec<i64>| RecordBatch::try_from_iter([("k", Arc::new(Int64Array::from(v)) as ArrayRef)]).unwrap();

@@ -35,15 +35,21 @@ use crate::serde::SelfContainedDecoder;
 const MAX_RECORD: usize = 2 << 30;
 /// Idle record blocks kept for the next records, at most.
 const RECORD_POOL: usize = 16 << 20;
-/// How long the frames a task sent before it went are still read.
+/// How long a stopped link waits for the next frame a task sent before it went.
 const DRAIN: Duration = Duration::from_secs(1);
+/// How long a stopped link is read at most (a task still writing while the service ends would
+/// otherwise keep it).
+const DRAIN_MAX: Duration = Duration::from_secs(10);
 
 /// When the link ends for the task: once the task dropped the link or went (or its session or
-/// the service ended), what it sent before is still read from the ring, and written, for
-/// [`DRAIN`]; only then does the link end.
+/// the service ended), what it sent before is still read from the ring, and written, until
+/// nothing more has come for [`DRAIN`] (a frame the task left half written never completes)
+/// or [`DRAIN_MAX`] has passed; only then does the link end. The wait starts again with each
+/// frame read, so a loaded service still reads every frame a task left.
 struct Drain {
     stops: [Arc<AtomicBool>; 3],
-    since: Mutex<Option<Instant>>,
+    /// Once stopped: when, and when the last frame was read since.
+    since: Mutex<Option<(Instant, Instant)>>,
     pid: u32,
 }
 
@@ -53,13 +59,21 @@ impl Drain {
             return Ok(());
         }
         let mut since = self.since.lock().unwrap();
-        if since.get_or_insert_with(Instant::now).elapsed() >= DRAIN {
+        let (stopped, last) = *since.get_or_insert_with(|| (Instant::now(), Instant::now()));
+        if last.elapsed() >= DRAIN || stopped.elapsed() >= DRAIN_MAX {
             Err(Error::ConnectionLost(format!(
                 "the task (pid {}) went away",
                 self.pid
             )))
         } else {
             Ok(())
+        }
+    }
+
+    /// A frame was read: a stopped link waits [`DRAIN`] for the next one again.
+    fn progressed(&self) {
+        if let Some((_, last)) = self.since.lock().unwrap().as_mut() {
+            *last = Instant::now();
         }
     }
 
@@ -136,7 +150,10 @@ async fn run(
     let outcome: Result<()> = loop {
         let read = read_incoming(&mut link.reader, Some(&heap), &pool, MAX_RECORD);
         let incoming = match drain.run(read).await {
-            Ok(Ok(Some(x))) => x,
+            Ok(Ok(Some(x))) => {
+                drain.progressed();
+                x
+            }
             Ok(Ok(None)) => {
                 break Err(Error::ConnectionLost(format!(
                     "the task (pid {pid}) closed the writer's link without closing the writer"

@@ -92,17 +92,11 @@ pub(crate) async fn run(
                             channel: channel as u32,
                             in_flight,
                         };
-                        let frame = match forward(&head, &token, link.heaps.as_ref(), &mut given).await {
-                            Some(f) => {
-                                sent.in_place.fetch_add(1, Ordering::Relaxed);
-                                f
-                            }
-                            None => {
-                                sent.copied.fetch_add(1, Ordering::Relaxed);
-                                encoded_piece(head, piece.record(), heap)
-                            }
-                        };
-                        (frame, false)
+                        let forwarded = forward(&head, &token, link.heaps.as_ref(), &mut given).await;
+                        match counted(&sent, forwarded) {
+                            Some(f) => (f, false),
+                            None => (encoded_piece(head, piece.record(), heap), false),
+                        }
                     }
                     Relayed::Item(GateItem::Batch {
                         channel,
@@ -114,18 +108,14 @@ pub(crate) async fn run(
                             channel: channel as u32,
                             in_flight,
                         };
-                        match forward(&head, &token, link.heaps.as_ref(), &mut given).await {
-                            Some(f) => {
-                                sent.in_place.fetch_add(1, Ordering::Relaxed);
-                                (f, false)
-                            }
-                            None => {
-                                sent.copied.fetch_add(1, Ordering::Relaxed);
-                                match sender.frame(head, &batch, heap) {
-                                    Ok(f) => (f, false),
-                                    Err(e) => (small(Signal::Error(e).encode()), true),
-                                }
-                            }
+                        let forwarded = forward(&head, &token, link.heaps.as_ref(), &mut given).await;
+                        let frame = match counted(&sent, forwarded) {
+                            Some(f) => Ok(f),
+                            None => sender.frame(head, &batch, heap),
+                        };
+                        match frame {
+                            Ok(f) => (f, false),
+                            Err(e) => (small(Signal::Error(e).encode()), true),
                         }
                     }
                     Relayed::Item(GateItem::Event { channel, payload }) => {
@@ -163,6 +153,17 @@ pub(crate) async fn run(
     gate.close();
     // Closes the ring: the task reads what is in it (the end), then end-of-stream.
     let _ = link.writer.shutdown().await;
+}
+
+/// Counts a batch sent on as `forwarded` says: in place, or copied (`None`: the caller copies).
+fn counted(sent: &SentCounters, forwarded: Option<Frame>) -> Option<Frame> {
+    let how = if forwarded.is_some() {
+        &sent.in_place
+    } else {
+        &sent.copied
+    };
+    how.fetch_add(1, Ordering::Relaxed);
+    forwarded
 }
 
 /// The frame that hands a piece lying in a writer link's heap ([`InHeap`]) on as it lies,

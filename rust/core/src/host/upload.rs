@@ -28,11 +28,9 @@ use crate::base::wait::Wait;
 use crate::memory::RecordPool;
 use crate::net::shm::ShmWriter;
 use crate::partition::subpartition::Token;
-use crate::partition::{EncodedPiece, Handed, Partitioner, RecordWriter, ResultPartition};
+use crate::partition::{EncodedPiece, Handed, Partitioner, RecordWriter, ResultPartition, MAX_PIECE};
 use crate::serde::SelfContainedDecoder;
 
-/// The most bytes one record may have.
-const MAX_RECORD: usize = 2 << 30;
 /// Idle record blocks kept for the next records, at most.
 const RECORD_POOL: usize = 16 << 20;
 /// How long a stopped link waits for the next frame a task sent before it went.
@@ -144,11 +142,11 @@ async fn run(
     let source = Arc::new(source);
     // Reads each piece's schema and rows (and decodes it for a partition that needs the batch);
     // the reading task decodes and checks it.
-    let mut pieces = SelfContainedDecoder::relay(MAX_RECORD);
+    let mut pieces = SelfContainedDecoder::relay(MAX_PIECE);
     // Shared with the blocking thread a write that must wait goes to (it is awaited there).
     let w = Arc::new(Mutex::new(RecordWriter::new(partition.clone(), partitioner)));
     let outcome: Result<()> = loop {
-        let read = read_incoming(&mut link.reader, Some(&heap), &pool, MAX_RECORD);
+        let read = read_incoming(&mut link.reader, Some(&heap), &pool, MAX_PIECE);
         let incoming = match drain.run(read).await {
             Ok(Ok(Some(x))) => {
                 drain.progressed();

@@ -14,6 +14,7 @@ mod handed;
 mod metrics;
 pub mod partitioner;
 mod result_partition;
+mod row_order;
 pub mod spark_hash;
 pub mod spill;
 pub mod subpartition;

@@ -10,6 +10,7 @@ use arrow_schema::{DataType, Schema};
 use arrow_select::take::take;
 
 use crate::base::error::{Error, Result};
+use crate::partition::row_order::order_rows;
 use crate::partition::spark_hash::{check_key_type, spark_partition_ids};
 
 /// How a [`crate::RecordWriter`] distributes batches over subpartitions.
@@ -100,6 +101,8 @@ pub struct Splitter {
     ids: Vec<u32>,
     counts: Vec<usize>,
     order: Vec<u32>,
+    /// Scratch space of [`order_rows`].
+    lanes: Vec<usize>,
 }
 
 impl Splitter {
@@ -116,6 +119,7 @@ impl Splitter {
             ids: Vec::new(),
             counts: Vec::new(),
             order: Vec::new(),
+            lanes: Vec::new(),
         })
     }
 
@@ -165,27 +169,10 @@ impl Splitter {
             .collect();
         let n32 = u32::try_from(n).map_err(|_| Error::InvalidArgument("too many subpartitions".into()))?;
         spark_partition_ids(&columns, rows, n32, &mut self.ids)?;
-        // Counting sort of row indices by target.
-        self.counts.clear();
-        self.counts.resize(n + 1, 0);
-        for &id in &self.ids {
-            self.counts[id as usize + 1] += 1;
+        match order_rows(&self.ids, n, &mut self.counts, &mut self.order, &mut self.lanes) {
+            Some(p) => Ok(Route::Whole(vec![p])),
+            None => Ok(Route::Rows),
         }
-        if let Some(p) = self.counts.iter().position(|&c| c == rows) {
-            return Ok(Route::Whole(vec![p - 1]));
-        }
-        for i in 1..=n {
-            self.counts[i] += self.counts[i - 1];
-        }
-        self.order.clear();
-        self.order.resize(rows, 0);
-        let mut cursor = self.counts.clone();
-        for (row, &id) in self.ids.iter().enumerate() {
-            let slot = &mut cursor[id as usize];
-            self.order[*slot] = row as u32;
-            *slot += 1;
-        }
-        Ok(Route::Rows)
     }
 
     /// The pieces of the batch last routed [`Route::Rows`] (`batch` is that batch).

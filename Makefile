@@ -117,9 +117,9 @@ test-rust: venv ## Rust unit/property tests (nextest if installed), doctests, th
 .PHONY: test-loom
 # LOOM_MAX_PREEMPTIONS=3 bounds the search (the usual setting; unbounded runs take hours). The
 # store/load version of the subpartition wake-up protocol deadlocks within this bound, so it bites.
-test-loom: ## Loom model checks of the lock-free core (own target dir: --cfg loom rebuilds everything; fast profile)
+test-loom: ## Loom model checks of the lock-free core (own target dir: --cfg loom rebuilds everything; loom profile)
 	mkdir -p target
-	LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" cargo test -p creditflow-core --profile fast --lib --target-dir target/loom \
+	LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" cargo test -p creditflow-core --profile loom --lib --target-dir target/loom \
 		loom 2>&1 | tee target/loom.log
 	@if ! grep -Eq 'test result: ok\. [1-9][0-9]* passed' target/loom.log; then \
 		echo "error: no loom model ran (expected tests named *loom* under cfg(loom))" >&2; exit 1; \

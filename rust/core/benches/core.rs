@@ -157,13 +157,17 @@ fn bench_partitioner(c: &mut Criterion) {
         })
     });
 
-    let mut splitter = Splitter::new(Partitioner::Hash(vec!["k1".into()]), &big.schema()).expect("splitter");
-    let pieces = splitter.split(&big, 4).expect("split");
-    assert_eq!(pieces.len(), 4);
-    assert_eq!(pieces.iter().map(|p| p.batch.num_rows()).sum::<usize>(), ROWS);
-    g.bench_function("hash split 65536 rows to 4", |b| {
-        b.iter(|| black_box(splitter.split(black_box(&big), 4).expect("split")))
-    });
+    // Two subpartitions (rows sorted in runs side by side) and four (one counter each).
+    for n in [2, 4] {
+        let mut splitter =
+            Splitter::new(Partitioner::Hash(vec!["k1".into()]), &big.schema()).expect("splitter");
+        let pieces = splitter.split(&big, n).expect("split");
+        assert_eq!(pieces.len(), n);
+        assert_eq!(pieces.iter().map(|p| p.batch.num_rows()).sum::<usize>(), ROWS);
+        g.bench_function(format!("hash split 65536 rows to {n}"), |b| {
+            b.iter(|| black_box(splitter.split(black_box(&big), n).expect("split")))
+        });
+    }
     g.finish();
 }
 

@@ -44,19 +44,18 @@ fn order_in_runs<const RUNS: usize>(
     lanes: &mut Vec<usize>,
 ) -> Option<usize> {
     let rows = ids.len();
-    let runs = RUNS;
-    let run = rows / runs;
+    let run = rows / RUNS;
     // Counts per run: run l is rows l*run..(l+1)*run; the last also takes the rows past
-    // runs*run (fewer than runs).
+    // RUNS*run (fewer than RUNS).
     lanes.clear();
-    lanes.resize(runs * n, 0);
+    lanes.resize(RUNS * n, 0);
     for j in 0..run {
-        for l in 0..runs {
+        for l in 0..RUNS {
             lanes[l * n + ids[l * run + j] as usize] += 1;
         }
     }
-    for &id in &ids[runs * run..] {
-        lanes[(runs - 1) * n + id as usize] += 1;
+    for &id in &ids[RUNS * run..] {
+        lanes[(RUNS - 1) * n + id as usize] += 1;
     }
     // Each partition's start, then each run's cursor within it, in row order.
     offsets.clear();
@@ -65,7 +64,7 @@ fn order_in_runs<const RUNS: usize>(
     let mut whole = None;
     for p in 0..n {
         offsets[p] = at;
-        for l in 0..runs {
+        for l in 0..RUNS {
             let count = lanes[l * n + p];
             lanes[l * n + p] = at;
             at += count;
@@ -81,15 +80,15 @@ fn order_in_runs<const RUNS: usize>(
     order.clear();
     order.resize(rows, 0);
     for j in 0..run {
-        for l in 0..runs {
+        for l in 0..RUNS {
             let row = l * run + j;
             let cursor = &mut lanes[l * n + ids[row] as usize];
             order[*cursor] = row as u32;
             *cursor += 1;
         }
     }
-    for (row, &id) in ids.iter().enumerate().skip(runs * run) {
-        let cursor = &mut lanes[(runs - 1) * n + id as usize];
+    for (row, &id) in ids.iter().enumerate().skip(RUNS * run) {
+        let cursor = &mut lanes[(RUNS - 1) * n + id as usize];
         order[*cursor] = row as u32;
         *cursor += 1;
     }

@@ -123,12 +123,12 @@ def test_requests_to_one_inbox_share_a_connection_and_survive_its_loss() -> None
         inbox.close()
 
 
-def plan_to(address: str, job: str) -> Any:
+def plan_to(address: str, job: str, secret: str = "k" * 32) -> Any:
     """A send's plan to the one receiver at ``address``."""
     from creditflow.spark._process import EnvSettings
     from creditflow.spark._sending import SendPlan
 
-    return SendPlan(job, (address,), False, EnvSettings(secret="k" * 32), None, None)
+    return SendPlan(job, (address,), False, EnvSettings(secret=secret), None, None)
 
 
 def test_telling_a_gone_receiver_that_the_job_failed_leaves_the_job_s_error_to_raise(
@@ -217,4 +217,30 @@ def test_a_broken_connection_gives_way_to_the_job_s_error() -> None:
         failed = {"kind": "job_failed", "job": "j1", "error": "the source broke"}
         _messages.send(rx.address, rx.secret, failed)
         with pytest.raises(cf.ProducerFailedError, match="the source broke"):
+            rx.next(timeout=30)
+
+
+def test_a_task_whose_input_breaks_makes_the_receiver_raise_its_error() -> None:
+    """The task's own error ends its channel, not the release that follows it: the receiver
+    raises it although the driver's word that the job failed never comes (in Spark it can
+    come after the receiver saw the channel end)."""
+    import pyarrow as pa
+
+    import creditflow as cf
+    import creditflow.spark as cfs
+    from creditflow.spark._sending import register_job, stream_partition
+
+    with cfs.Receiver(timeout=60) as rx, cf.NetworkEnvironment(secret=rx.secret) as env:
+
+        def batches() -> Any:
+            yield pa.record_batch({"x": pa.array(range(1000))})
+            first = rx.next(timeout=30)  # the receiver reads the channel by now
+            assert first is not None
+            assert first.num_rows == 1000
+            raise RuntimeError("the source broke")
+
+        plan = register_job(plan_to(rx.address, "j1", rx.secret), 1)
+        with pytest.raises(RuntimeError, match="the source broke"):
+            stream_partition(env, plan, 0, 0, batches())
+        with pytest.raises(cf.ProducerFailedError, match="RuntimeError: the source broke"):
             rx.next(timeout=30)

@@ -301,19 +301,21 @@ def _write_all(
     batches: Iterator[pa.RecordBatch],
     stats: dict[str, Any],
 ) -> None:
-    """Writes the partition to the one receiver. When computing it fails, a continuous
-    receiver is told at once (it drops the attempt, and another attempt may take over):
-    the worker's environment outlives the task, so the channel would not break by itself."""
+    """Writes the partition to the one receiver. When computing it fails, the channel ends
+    with that failure, so the receiver raises the task's error rather than the release that
+    follows it (the driver's word that the job failed can come after the receiver saw the
+    channel end). A continuous receiver is also told on the control channel: it drops the
+    attempt, and another attempt may take over."""
     try:
         for batch in batches:
             writer.write(batch, timeout=plan.timeout)
             stats["rows"] += batch.num_rows
             stats["bytes"] += batch.nbytes
     except BaseException as exc:
+        why = f"the task failed: {type(exc).__name__}: {exc}"
+        with contextlib.suppress(Exception):
+            writer.fail(why)
         if plan.continuous:
-            why = f"the task failed: {type(exc).__name__}: {exc}"
-            with contextlib.suppress(Exception):
-                writer.fail(why)
             # The receiver may not have opened the channel yet (then it never sees the
             # failure there): say it on the control channel too.
             message = {"kind": "attempt_failed", "job": plan.job, "partition": index, "attempt": attempt}

@@ -210,17 +210,14 @@ def of(progress: Any, name: str) -> Any:
     return getattr(progress, name) if hasattr(progress, name) else progress[name]
 
 
-def run_at(
-    spark: SparkSession, tmp_path: Path, seconds_per_row: float, batches: int, rows: int
-) -> dict[str, Any]:
-    """The sink into a consumer that takes ``seconds_per_row`` per row, from micro-batches of
-    ``rows`` rows: Spark's progress reports and the receiver's figures once the consumer took
-    ``batches`` micro-batches."""
+def run_at(spark: SparkSession, tmp_path: Path, seconds_per_row: float, batches: int) -> dict[str, Any]:
+    """The sink into a consumer that takes ``seconds_per_row`` per row: Spark's progress
+    reports and the receiver's figures once the consumer took ``batches`` micro-batches."""
     rx = cfs.Receiver(continuous=True, max_queued=2, memory="16MiB")
     try:
         taken = Consumer(rx, column="value", seconds_per_row=seconds_per_row)
         query = (
-            source(spark, rows)
+            source(spark, 4 * N)
             .select("value")
             .writeStream.format("creditflow")
             .option("address", rx.address)
@@ -255,13 +252,12 @@ def run_at(
 
 
 def test_a_slow_consumer_lowers_the_query_input_rate(spark: SparkSession, tmp_path: Path) -> None:
-    """A consumer that takes 1 ms per row (1,000 rows/s at most): the micro-batches of 2,000
-    rows (2 s of the consumer's time each, several times what Spark takes to make one) wait
-    for it, so the query cannot run more than a micro-batch or so ahead of it, and its input
-    rate falls to about what the consumer takes; the receiver holds at most its ``memory``.
-    (The same query into a fast consumer, for comparison, is in
+    """A consumer that takes 1 ms per row (1,000 rows/s at most): the micro-batches of 8,000
+    rows wait for it, so the query cannot run more than a micro-batch or so ahead of it, and
+    its input rate falls to about what the consumer takes; the receiver holds at most its
+    ``memory``. (The same query into a fast consumer, for comparison, is in
     benches/structured_streaming.py: a rate, not a bound, so not asserted here.)"""
-    slow = run_at(spark, tmp_path, 1e-3, batches=4, rows=N)
+    slow = run_at(spark, tmp_path, 1e-3, batches=4)
     assert slow["ahead"] <= 2, slow  # completed micro-batches beyond what the consumer took
     assert slow["paused"] > 0  # the receiver held the tasks back
     assert slow["rates"], slow

@@ -489,3 +489,27 @@ def test_hash_partitioner_with_all_null_keys_goes_to_seed_partition() -> None:
     out = exchange([b], num_subpartitions=N_SUB, partitioner=cf.HashPartitioner(["k", "s"]), per_channel=True)
     want_ch = 42 % N_SUB  # hash of nothing but nulls is the seed
     assert [sum(x.num_rows for x in ch) for ch in out] == [10 if i == want_ch else 0 for i in range(N_SUB)]
+
+
+@HANDOFF
+def test_a_gate_over_partitions_of_several_schemas_gives_each_batch_its_own(local_handoff: bool) -> None:
+    """The reader's batches alternate between partitions of different schemas, two of them
+    equal but for their metadata: each comes out with its own schema and metadata, whichever
+    schema the gate gave out last."""
+    a = pa.record_batch({"id": pa.array([1, 2, 3], pa.int64())}, metadata={"from": "a"})
+    b = pa.record_batch({"name": pa.array(["x", None])}, metadata={"from": "b"})
+    c = a.replace_schema_metadata({"from": "c"})
+    sources = {"pa": a, "pb": b, "pc": c}
+    with cf.NetworkEnvironment(memory="4MiB", local_handoff=local_handoff, buffer_timeout=0) as env:
+        parts = {name: env.create_partition(name, 1) for name in sources}
+        writers = {name: cf.RecordWriter(part, cf.ForwardPartitioner()) for name, part in parts.items()}
+        with env.create_input_gate([cf.ChannelSpec(env.address, name, 0) for name in parts]) as gate:
+            for name in ["pa", "pb", "pb", "pa", "pc", "pa", "pc", "pc", "pb"]:
+                writers[name].write(sources[name], timeout=20)
+                writers[name].flush()
+                got = gate.next(timeout=20)
+                assert got is not None
+                assert got.equals(sources[name], check_metadata=True), (name, got.schema)
+            for w in writers.values():
+                w.close()
+            assert gate.next(timeout=20) is None

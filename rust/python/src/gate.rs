@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::args::check_pid;
-use crate::arrow_out::to_pyarrow;
+use crate::arrow_out::BatchExporter;
 use crate::blocking;
 use crate::error::to_py;
 use crate::items;
@@ -61,6 +61,8 @@ pub struct InputGate {
     /// Read without `inner`, so `metrics()` and the getters never wait for `next`.
     metrics: GateMetricsSource,
     channels: Vec<ChannelSpec>,
+    /// Its batches out to pyarrow.
+    exporter: BatchExporter,
     pid: u32,
 }
 
@@ -71,6 +73,7 @@ impl InputGate {
             metrics: GateMetricsSource::Local(gate.metrics_reader()),
             channels,
             inner: Mutex::new(Gate::Local(gate)),
+            exporter: BatchExporter::default(),
             pid,
         }
     }
@@ -83,6 +86,7 @@ impl InputGate {
             metrics,
             channels,
             inner: Mutex::new(Gate::Attached(gate)),
+            exporter: BatchExporter::default(),
             pid,
         }
     }
@@ -102,7 +106,7 @@ impl InputGate {
         })?;
         match item {
             None => Ok(None),
-            Some((b, token)) => Ok(Some(to_pyarrow(py, b, token)?)),
+            Some((b, token)) => Ok(Some(self.exporter.export(py, b, token)?)),
         }
     }
 
@@ -112,7 +116,8 @@ impl InputGate {
         let item = blocking::run(py, timeout, "waiting for data", |wait| {
             self.inner.lock().unwrap().next_item(wait)
         })?;
-        item.map(|item| items::to_python(py, item)).transpose()
+        item.map(|item| items::to_python(py, item, &self.exporter))
+            .transpose()
     }
 }
 

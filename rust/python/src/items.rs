@@ -5,11 +5,11 @@ use creditflow_core::gate::GateItem;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::arrow_out::to_pyarrow;
+use crate::arrow_out::BatchExporter;
 
 /// The Python item for a gate's `item`: a batch becomes a `pyarrow.RecordBatch` inside its
 /// `Batch`.
-pub(crate) fn to_python(py: Python<'_>, item: GateItem) -> PyResult<Py<PyAny>> {
+pub(crate) fn to_python(py: Python<'_>, item: GateItem, exporter: &BatchExporter) -> PyResult<Py<PyAny>> {
     Ok(match item {
         GateItem::Batch {
             channel,
@@ -20,7 +20,7 @@ pub(crate) fn to_python(py: Python<'_>, item: GateItem) -> PyResult<Py<PyAny>> {
             py,
             Batch {
                 channel,
-                batch: to_pyarrow(py, batch, token)?,
+                batch: exporter.export(py, batch, token)?,
                 in_flight,
             },
         )?

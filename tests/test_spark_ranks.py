@@ -708,6 +708,22 @@ def lone_rank_job(rx: cfs.Receiver, secret: str, job: str, env: cf.NetworkEnviro
     return {"kind": "partition", "job": job, "partition": 0, "address": env.address}
 
 
+@contextlib.contextmanager
+def lone_rank_partition(secret: str) -> Iterator[tuple[cfs.Receiver, cf.ResultPartition, dict[str, Any]]]:
+    """A rank of one with job ``"j"`` of one partition registered, a partition ``p`` of an
+    environment, and the message its tasks register it with (but the attempt)."""
+    rx = cfs.Receiver(rank=0, world_size=1, batch_size=10, secret=secret)
+    try:
+        with cf.NetworkEnvironment(memory="2MiB", secret=secret) as env:
+            part = env.create_partition("p", 1)
+            try:
+                yield rx, part, {**lone_rank_job(rx, secret, "j", env), "partition_id": part.id}
+            finally:
+                part.release()
+    finally:
+        rx.close()
+
+
 def test_a_second_attempt_waits_for_the_first_and_continues_after_it() -> None:
     """Attempt fencing: rank 0 grants a partition to one attempt at a time. A second attempt
     (speculative, or a retry) is answered only once the first one's stream settled, and
@@ -716,29 +732,22 @@ def test_a_second_attempt_waits_for_the_first_and_continues_after_it() -> None:
     from creditflow.spark import _messages
 
     secret = "k" * 64
-    rx = cfs.Receiver(rank=0, world_size=1, batch_size=10, secret=secret)
     answers: dict[str, Any] = {}
-    try:
-        with cf.NetworkEnvironment(memory="2MiB", secret=secret) as env:
-            part = env.create_partition("p", 1)
-            reg = {**lone_rank_job(rx, secret, "j", env), "partition_id": part.id}
-            answers["first"] = _messages.send(rx.address, secret, {**reg, "attempt": 0}, reply=True)
+    with lone_rank_partition(secret) as (rx, part, reg):
+        answers["first"] = _messages.send(rx.address, secret, {**reg, "attempt": 0}, reply=True)
 
-            def second() -> None:
-                answers["second"] = _messages.send(
-                    rx.address, secret, {**reg, "attempt": 1, "partition_id": "p2"}, reply=True, timeout=60
-                )
+        def second() -> None:
+            answers["second"] = _messages.send(
+                rx.address, secret, {**reg, "attempt": 1, "partition_id": "p2"}, reply=True, timeout=60
+            )
 
-            waiting = threading.Thread(target=second)
-            waiting.start()
-            with cf.RecordWriter(part, cf.ForwardPartitioner()) as w:  # the first attempt's 25 rows
-                w.write(pa.record_batch([pa.array(np.arange(25))], names=["id"]), subpartition=0)
-            waiting.join(60)
-            stale = {**reg, "attempt": 2, "grant": 1}
-            answers["stale"] = _messages.send(rx.address, secret, stale, reply=True)
-            part.release()
-    finally:
-        rx.close()
+        waiting = threading.Thread(target=second)
+        waiting.start()
+        with cf.RecordWriter(part, cf.ForwardPartitioner()) as w:  # the first attempt's 25 rows
+            w.write(pa.record_batch([pa.array(np.arange(25))], names=["id"]), subpartition=0)
+        waiting.join(60)
+        stale = {**reg, "attempt": 2, "grant": 1}
+        answers["stale"] = _messages.send(rx.address, secret, stale, reply=True)
     assert answers["first"]["accept"]
     assert answers["first"]["grant"] == 1
     assert answers["first"]["skip"] == 0
@@ -748,6 +757,39 @@ def test_a_second_attempt_waits_for_the_first_and_continues_after_it() -> None:
     assert second_answer["skip"] == 25, "answered after the first attempt's rows were kept"
     assert not answers["stale"]["accept"]
     assert "newer attempt" in answers["stale"]["reason"]
+
+
+def test_an_attempt_older_than_the_granted_one_is_turned_away_at_once() -> None:
+    """A task attempt whose worker asks for its partition only after Spark started a newer
+    attempt (its input ended early when an upstream worker died, and it was slow to start)
+    is turned away, whether the newer attempt's stream is live or ended: a grant to it would
+    take the partition from the newer attempt mid-stream. A retry newer than both continues
+    after the rows the rank has."""
+    from creditflow.spark import _messages
+
+    secret = "k" * 64
+    answers: dict[str, Any] = {}
+    with lone_rank_partition(secret) as (rx, part, reg):
+        answers["newer"] = _messages.send(rx.address, secret, {**reg, "attempt": 1}, reply=True)
+        # While the newer attempt's stream is live: answered at once (not once it settles).
+        older = {**reg, "attempt": 0, "partition_id": "p0"}
+        answers["older, live"] = _messages.send(rx.address, secret, older, reply=True, timeout=10)
+        with cf.RecordWriter(part, cf.ForwardPartitioner()) as w:  # the newer attempt's 25 rows
+            w.write(pa.record_batch([pa.array(np.arange(25))], names=["id"]), subpartition=0)
+        delivered = {"kind": "delivered", "job": "j", "partition": 0, "grant": 1, "attempt": 1}
+        answers["delivered"] = _messages.send(rx.address, secret, delivered, reply=True, timeout=60)
+        answers["older, ended"] = _messages.send(rx.address, secret, older, reply=True, timeout=10)
+        retry = {**reg, "attempt": 2, "partition_id": "p2"}
+        answers["retry"] = _messages.send(rx.address, secret, retry, reply=True, timeout=10)
+    assert answers["newer"]["accept"], answers["newer"]
+    assert answers["newer"]["grant"] == 1, answers["newer"]
+    for key in ("older, live", "older, ended"):
+        assert not answers[key]["accept"], (key, answers[key])
+        assert not answers[key].get("retry"), (key, answers[key])
+        assert "attempt 0 asked after attempt 1" in answers[key]["reason"], (key, answers[key])
+    assert answers["delivered"]["ok"], "the newer attempt kept the partition"
+    assert answers["retry"]["accept"], answers["retry"]
+    assert (answers["retry"]["grant"], answers["retry"]["skip"]) == (2, 25)
 
 
 def test_a_rank_reports_its_data_stall_and_the_tasks_backpressure() -> None:

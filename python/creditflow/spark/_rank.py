@@ -95,6 +95,8 @@ class Ranked(Consumer):
         self._shares: dict[int, _Share] = {}
         #: Rank 0: each partition's grant and whether its stream is live, ended or broken.
         self._grants: dict[int, tuple[int, str]] = {}
+        #: Rank 0: the newest Spark attempt granted each partition.
+        self._newest: dict[int, int] = {}
         self._held = 0
         self._job_failed = threading.Event()
         self._finalizing = False
@@ -191,9 +193,9 @@ class Ranked(Consumer):
         return {"accept": True, **mine}
 
     def _register_partition(self, msg: _messages.Message) -> _messages.Message:
-        p, grant = int(msg["partition"]), msg.get("grant")
+        p, grant, attempt = int(msg["partition"]), msg.get("grant"), int(msg.get("attempt", 0))
         if grant is None and self._opts.rank == 0:
-            self._await_live_attempt(p)
+            self._await_live_attempt(p, attempt)
         with self._cond:
             share = self._shares.get(p)
             if share is None or self._failure is not None or self._ended:
@@ -202,6 +204,16 @@ class Ranked(Consumer):
             if grant is None:  # rank 0 decides which attempt sends partition p
                 if self._opts.rank != 0:
                     return {"accept": False, "reason": "only rank 0 grants partitions"}
+                newest = self._newest.get(p, -1)
+                if attempt < newest:
+                    # Spark started the newer attempt after this one failed (its worker's input
+                    # ended early, it asks late) or as a speculative copy: the newer one keeps
+                    # the partition; a grant to this one would take it over mid-stream.
+                    return {
+                        "accept": False,
+                        "reason": f"partition {p}: attempt {attempt} asked after attempt {newest}, "
+                        "which has the partition",
+                    }
                 current, status = self._grants.get(p, (0, "none"))
                 if status == "live":  # the task asks again (another attempt's stream is live)
                     return {"accept": False, "retry": True, "reason": f"partition {p} is being received"}
@@ -210,6 +222,7 @@ class Ranked(Consumer):
                 # (or is a speculative copy); it continues after what the ranks have.
                 grant = current + 1
                 self._grants[p] = (grant, "live")
+                self._newest[p] = attempt
             grant = int(grant)
             if grant <= share.grant:
                 return {"accept": False, "reason": f"partition {p}: a newer attempt is being received"}
@@ -226,13 +239,15 @@ class Ranked(Consumer):
         thread.start()
         return {"accept": True, "grant": grant, "skip": skip, "confirm": True}
 
-    def _await_live_attempt(self, p: int) -> None:
+    def _await_live_attempt(self, p: int, attempt: int) -> None:
         """(Rank 0.) Waits, up to :data:`REGISTER_TIMEOUT`, until the stream of the attempt
-        that is sending partition ``p`` settles, so that a second attempt is answered then."""
+        that is sending partition ``p`` settles, so that a second attempt is answered then (an
+        older attempt than that one is answered at once: it is turned away)."""
         with self._cond:
             share = self._shares.get(p)
             current, status = self._grants.get(p, (0, "none"))
-            entry = share.settled.get(current) if share is not None and status == "live" else None
+            live = share is not None and status == "live" and attempt >= self._newest.get(p, -1)
+            entry = share.settled.get(current) if share is not None and live else None
         if entry is not None:
             entry[0].wait(REGISTER_TIMEOUT)
 

@@ -4,8 +4,9 @@ Each task creates a partition in its worker's environment with one subpartition 
 receiver and registers it (an authenticated control message). To one receiver it writes its
 batches as Spark computes them. To W ranks it writes its partition in stripes
 (:mod:`creditflow.spark._stripes`): it first asks rank 0 for the partition (rank 0 grants it
-to one attempt at a time), then registers with every rank, each of which answers how many
-rows of its share it already has (from an attempt that broke), and those are skipped.
+to one attempt at a time, and never to an attempt older than one it granted), then registers
+with every rank, each of which answers how many rows of its share it already has (from an
+attempt that broke), and those are skipped.
 """
 
 from __future__ import annotations

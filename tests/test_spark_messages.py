@@ -244,3 +244,42 @@ def test_a_task_whose_input_breaks_makes_the_receiver_raise_its_error() -> None:
             stream_partition(env, plan, 0, 0, batches())
         with pytest.raises(cf.ProducerFailedError, match="RuntimeError: the source broke"):
             rx.next(timeout=30)
+
+
+def test_a_partition_cut_short_by_an_early_end_of_input_fails_send_and_the_receiver() -> None:
+    """A task whose upstream Python worker died sees its input end early and ends its channel
+    cleanly with part of its partition; Spark's retry is turned away (the partition is being
+    received) and counts its rows. The receiver holds its stream's end for the driver's word
+    with each partition's rows: short of them, send and the consumer both raise, naming the
+    partition; with them, the stream ends."""
+    import pyarrow as pa
+
+    import creditflow as cf
+    import creditflow.spark as cfs
+    from creditflow.spark._sending import register_job, stream_partition, tell_job_done
+
+    def rows(n: int) -> Any:
+        for start in range(0, n, 1000):
+            yield pa.record_batch({"x": pa.array(range(start, start + 1000))})
+
+    with cfs.Receiver(timeout=60, max_queued=16) as rx, cf.NetworkEnvironment(secret=rx.secret) as env:
+        plan = register_job(plan_to(rx.address, "j1", rx.secret), 2)
+        whole = stream_partition(env, plan, 0, 0, rows(5000))
+        early = stream_partition(env, plan, 1, 0, rows(1000))  # the input ended after 1 batch
+        retry = stream_partition(env, plan, 1, 1, rows(5000))
+        got = [rx.next(timeout=30) for _ in range(6)]
+        with pytest.raises(cf.TimeoutError):
+            rx.next(timeout=0.5)  # every channel ended, but the driver has not said so yet
+        with pytest.raises(RuntimeError, match="partition 1: 1000 of 5000 rows"):
+            tell_job_done(plan, [whole, retry])
+        with pytest.raises(cf.ProducerFailedError, match="partition 1: 1000 of 5000 rows"):
+            rx.next(timeout=30)
+    assert (whole["accepted"], early["accepted"], retry["accepted"]) == (True, True, False)
+    assert retry["rows"] == 5000, "the turned-away attempt counts its rows"
+    assert sum(b.num_rows for b in got if b is not None) == 6000
+
+    with cfs.Receiver(timeout=60, max_queued=16) as rx, cf.NetworkEnvironment(secret=rx.secret) as env:
+        plan = register_job(plan_to(rx.address, "j2", rx.secret), 1)
+        stats = stream_partition(env, plan, 0, 0, rows(3000))
+        tell_job_done(plan, [stats])
+        assert sum(b.num_rows for b in rx) == 3000

@@ -4,9 +4,13 @@ and a reader thread per partition, which hands each batch to the mode's :class:`
 
 Every partition is delivered once: a second attempt of a partition already being read
 (speculation, a retried task) is turned away, and a failed attempt fails the stream, so that
-nothing is delivered partly twice. A rank receiver (:mod:`creditflow.spark._rank`) handles its
-partitions itself (it resumes a failed attempt's partition where it broke) and gives the
-inbox a handler of its own.
+nothing is delivered partly twice. A clean end of an attempt's channel does not prove its
+partition whole (a task whose upstream Python worker died sees its input end early, and ends
+its channel cleanly before Spark fails it): the stream ends only on the driver's word that
+the job succeeded, with each partition's rows from the attempt Spark kept, once every
+partition ended with that many rows; fewer fails the stream. A rank receiver
+(:mod:`creditflow.spark._rank`) handles its partitions itself (it resumes a failed attempt's
+partition where it broke) and gives the inbox a handler of its own.
 """
 
 from __future__ import annotations
@@ -69,6 +73,11 @@ class Intake:
         self._num_partitions: int | None = None
         self._accepted: dict[int, str] = {}
         self._ended: set[int] = set()
+        #: Rows read of each partition, and the rows the driver says each has (job_done).
+        self._rows: dict[int, int] = {}
+        self._expected: dict[int, int] | None = None
+        #: Why the stream failed (a partition's attempt broke, or came short), once it did.
+        self._broken: str | None = None
         self._settled: dict[int, _Settled] = {}
         self._readers: list[threading.Thread] = []
         self._done = False
@@ -94,6 +103,8 @@ class Intake:
             return None
         if kind == "delivered" and msg.get("job") == self._job:
             return self._delivered(int(msg["partition"]))
+        if kind == "job_done" and msg.get("job") == self._job:
+            return self._job_done({int(p): int(n) for p, n in dict(msg["rows"]).items()})
         with self._lock:
             if kind == "job":
                 if msg.get("world_size", 1) != 1:
@@ -102,13 +113,10 @@ class Intake:
                     return {"accept": False, "reason": "this receiver already serves another job"}
                 self._job = msg["job"]
                 self._num_partitions = int(msg["num_partitions"])
-                end = self._all_ended()
             elif kind != "partition" or msg.get("job") != self._job:
                 return {"accept": False, "reason": "unknown job"}
             else:
                 return self._accept(msg)
-        if end:
-            self._sink.end()
         return {"accept": True}
 
     def _accept(self, msg: _messages.Message) -> _messages.Message:
@@ -138,6 +146,8 @@ class Intake:
                             continue
                         if batch is None:
                             break
+                        with self._lock:
+                            self._rows[index] = self._rows.get(index, 0) + batch.num_rows
                         if not self._sink.deliver(batch):
                             return
             except Exception as exc:
@@ -149,14 +159,15 @@ class Intake:
                 if not self.closed.is_set():
                     self._sink.fail(exc)
                 failure = self._sink.failure() or f"{type(exc).__name__}: {exc}"
+                with self._lock:
+                    self._broken = self._broken or f"partition {index}: {failure}"
                 return
             if not self.closed.is_set():
                 failure = None
             with self._lock:
                 self._ended.add(index)
-                end = self._all_ended()
-            if end:
-                self._sink.end()
+                verdict = self._verdict()
+            self._conclude(verdict)
         finally:
             self._settle(index, failure)
 
@@ -176,13 +187,53 @@ class Intake:
             return {"ok": False, "reason": f"partition {index} is still being received"}
         return {"ok": settled.failure is None, "reason": settled.failure}
 
-    def _all_ended(self) -> bool:
-        """Whether every partition of the job ended, the first time it is true (the caller
-        then ends the sink, outside the lock: a queue may be full)."""
-        if self._num_partitions is None or len(self._ended) < self._num_partitions or self._done:
-            return False
+    def _job_done(self, rows: dict[int, int]) -> _messages.Message:
+        """The driver's word that the job succeeded, with each partition's rows: the stream
+        ends once every partition ended with that many. The answer is ``pending`` until then
+        (the driver asks again): a slow consumer can hold the last batches for long."""
+        with self._lock:
+            if self._expected is None:
+                self._expected = rows
+            verdict = self._verdict()
+            broken = self._broken
+        self._conclude(verdict)
+        if broken is not None:
+            return {"ok": False, "reason": broken}
+        if not self._done:
+            return {"ok": False, "pending": True, "reason": "partitions are still being received"}
+        return {"ok": True}
+
+    def _verdict(self) -> str | None:
+        """(Under the lock.) Once the driver's word came and every partition ended, the first
+        time: "" when each has its rows, else why not (the stream then fails); else None."""
+        expected, n = self._expected, self._num_partitions
+        if expected is None or n is None or len(self._ended) < n or self._done or self._broken:
+            return None
         self._done = True
-        return True
+        short = [
+            f"partition {p}: {self._rows.get(p, 0)} of {expected.get(p)} rows"
+            for p in range(n)
+            if self._rows.get(p, 0) != expected.get(p)
+        ]
+        if not short:
+            return ""
+        self._broken = (
+            f"{'; '.join(short)}: the attempt read ended early (its task failed after its input "
+            "ended, when an upstream Python worker died) and a receiver without ranks cannot take "
+            "the rest from another attempt"
+        )
+        return self._broken
+
+    def _conclude(self, verdict: str | None) -> None:
+        """Ends the stream ("") or fails it (why), outside the lock and without holding up the
+        caller (a full queue waits for the consumer)."""
+        if verdict is None:
+            return
+        if verdict:
+            error = cf.ProducerFailedError(verdict)
+            threading.Thread(target=self._sink.fail, args=(error,), daemon=True).start()
+        else:
+            threading.Thread(target=self._sink.end, daemon=True).start()
 
     def close(self) -> None:
         """Stops accepting and waits for the reader threads (the caller releases what a

@@ -184,9 +184,8 @@ def _register(
     try:
         return _messages.request(address, plan.env.secret, message, timeout=timeout)
     except (OSError, EOFError) as exc:
-        raise ConnectionError(
-            f"rank {rank}'s receiver at {address} went away: {type(exc).__name__}: {exc}"
-        ) from exc
+        who = f"rank {rank}'s receiver" if plan.ranks else "the receiver"
+        raise ConnectionError(f"{who} at {address} went away: {type(exc).__name__}: {exc}") from exc
 
 
 def _granted(plan: SendPlan, message: dict[str, Any]) -> dict[str, Any]:
@@ -208,18 +207,24 @@ def _granted(plan: SendPlan, message: dict[str, Any]) -> dict[str, Any]:
 
 
 def tell_job_done(plan: SendPlan, stats: list[dict[str, Any]]) -> None:
-    """Tells every rank that the job succeeded, with each partition's rows (what its
-    successful attempt went through): a rank's stream ends only then, as a task whose
-    input ended early (an upstream Python worker that died) ends its stream cleanly too,
-    and a retried attempt then continues it. Raises ConnectionError naming a rank that
-    cannot be reached, RuntimeError naming one that does not have its share."""
+    """Tells every receiver that the job succeeded, with each partition's rows (what its
+    successful attempt went through): a receiver's stream ends only then, as a task whose
+    input ended early (an upstream Python worker that died) ends its stream cleanly too (a
+    rank's retried attempt then continues it). A receiver that is still reading answers
+    ``pending`` and is asked again, up to ``plan.timeout``. Raises ConnectionError naming a
+    receiver that cannot be reached, RuntimeError naming one that does not have its rows."""
     rows = {str(s["partition"]): int(s["rows"]) for s in stats}
     message = {"kind": "job_done", "job": plan.job, "rows": rows}
+    deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
     for rank in range(len(plan.addresses)):
-        answer = _register(plan, rank, message)
+        where = f"rank {rank}'s receiver" if plan.ranks else "the receiver"
+        where += f" at {plan.addresses[rank]}"
+        while (answer := _register(plan, rank, message)).get("pending"):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{where} was still reading after {plan.timeout} s")
+            time.sleep(0.05)
         if not answer.get("ok"):
-            where = f"rank {rank}'s receiver at {plan.addresses[rank]}"
-            raise RuntimeError(f"{where} did not get its share: {answer.get('reason')}")
+            raise RuntimeError(f"{where} did not get all rows: {answer.get('reason')}")
 
 
 def stream_partition(
@@ -275,6 +280,11 @@ def stream_partition(
                 # Fail the task: succeeding with nothing sent would leave Spark no attempt
                 # that delivers the partition (the newer one may yet break).
                 raise RuntimeError(why)
+            if not plan.continuous:
+                # The driver checks the receiver's rows of the partition against this
+                # attempt's, should Spark keep it: count them (nothing is sent).
+                for batch in batches:
+                    stats["rows"] += batch.num_rows
             return _finish(stats, start)
         stats["accepted"] = True
         if plan.ranks:
@@ -402,10 +412,10 @@ def send_from_driver(df: DataFrame, plan: SendPlan) -> list[dict[str, Any]]:
         except BaseException as exc:
             tell_job_failed(plan, exc)
             raise
-    if plan.ranks:
-        tell_job_done(plan, [stats])
     if plan.continuous:
         tell_job_committed(plan, {0: 0})
+    else:
+        tell_job_done(plan, [stats])
     return [stats]
 
 

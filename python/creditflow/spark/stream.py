@@ -603,8 +603,8 @@ def send(
         tell_job_failed(plan, exc)
         raise
     stats = [r.asDict() for r in sorted(rows, key=lambda r: (r.partition, r.attempt))]
-    if plan.ranks:
-        tell_job_done(plan, stats)
     if plan.continuous:
         tell_job_committed(plan, {s["partition"]: s["attempt"] for s in stats})
+    else:
+        tell_job_done(plan, stats)
     return stats

@@ -283,3 +283,37 @@ def test_a_partition_cut_short_by_an_early_end_of_input_fails_send_and_the_recei
         stats = stream_partition(env, plan, 0, 0, rows(3000))
         tell_job_done(plan, [stats])
         assert sum(b.num_rows for b in rx) == 3000
+
+
+def test_a_failed_stream_stops_reading_the_other_partitions() -> None:
+    """Once a partition's attempt broke, the stream failed and its consumer stops taking
+    batches: the receiver stops reading the other partitions, so that their tasks end at once
+    instead of waiting until their timeout for a queue nobody empties, and the driver's word
+    that the job succeeded is answered with the broken partition."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    import creditflow as cf
+    import creditflow.spark as cfs
+    from creditflow.spark._sending import register_job, stream_partition, tell_job_done
+
+    def breaks() -> Any:
+        yield pa.record_batch({"x": pa.array(range(1000))})
+        raise RuntimeError("the source broke")
+
+    def rows(n: int) -> Any:
+        for start in range(0, n, 1000):
+            yield pa.record_batch({"x": pa.array(range(start, start + 1000))})
+
+    with cfs.Receiver(timeout=60, max_queued=2) as rx, cf.NetworkEnvironment(secret=rx.secret) as env:
+        plan = dataclasses.replace(register_job(plan_to(rx.address, "j1", rx.secret), 2), timeout=20)
+        with pytest.raises(RuntimeError, match="the source broke"):
+            stream_partition(env, plan, 1, 0, breaks())
+        # 40 batches, with room for 2 in the queue: waits 20 s and raises TimeoutError if the
+        # receiver kept reading into it.
+        other = stream_partition(env, plan, 0, 0, rows(40_000))
+        with pytest.raises(RuntimeError, match="partition 1: .*the source broke"):
+            tell_job_done(plan, [other, {"partition": 1, "rows": 1000}])
+        with pytest.raises(cf.ProducerFailedError, match="the source broke"):
+            list(rx)  # p1's batch first, if its reader got it before the failure

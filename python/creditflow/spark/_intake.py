@@ -16,6 +16,7 @@ partition where it broke) and gives the inbox a handler of its own.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Protocol
 
 import pyarrow as pa
@@ -72,6 +73,8 @@ class Intake:
         self._job: str | None = None
         self._num_partitions: int | None = None
         self._accepted: dict[int, str] = {}
+        #: The attempt read of each partition.
+        self._attempts: dict[int, int] = {}
         self._ended: set[int] = set()
         #: Rows read of each partition, and the rows the driver says each has (job_done).
         self._rows: dict[int, int] = {}
@@ -103,6 +106,9 @@ class Intake:
             return None
         if kind == "delivered" and msg.get("job") == self._job:
             return self._delivered(int(msg["partition"]))
+        if kind == "attempt_failed" and msg.get("job") == self._job:
+            index, attempt = int(msg["partition"]), int(msg.get("attempt", 0))
+            return self._attempt_failed(index, attempt, str(msg.get("error")))
         if kind == "job_done" and msg.get("job") == self._job:
             return self._job_done({int(p): int(n) for p, n in dict(msg["rows"]).items()})
         with self._lock:
@@ -126,6 +132,7 @@ class Intake:
             # Another attempt of a partition already being read: delivered once only.
             return {"accept": False, "reason": f"partition {index} is already being received"}
         self._accepted[index] = msg["partition_id"]
+        self._attempts[index] = int(msg.get("attempt", 0))
         spec = cf.ChannelSpec(msg["address"], msg["partition_id"], 0)
         thread = threading.Thread(
             target=self._read, args=(index, spec), name=f"creditflow-receiver-{index}", daemon=True
@@ -155,7 +162,11 @@ class Intake:
                     # A PySpark worker whose task failed exits at once: its connection can break
                     # before its failure arrives. The driver tells of the failed job: give that
                     # a moment, so the consumer sees the job's error, not the broken connection.
-                    self._job_failed.wait(JOB_FAILED_GRACE)
+                    # (Not past the receiver's close, which waits for this thread.)
+                    grace = time.monotonic() + JOB_FAILED_GRACE
+                    while not self.closed.is_set() and time.monotonic() < grace:
+                        if self._job_failed.wait(POLL):
+                            break
                 if not self.closed.is_set():
                     self._sink.fail(exc)
                 failure = self._sink.failure() or f"{type(exc).__name__}: {exc}"
@@ -186,6 +197,17 @@ class Intake:
         if not settled.event.wait(REGISTER_TIMEOUT):
             return {"ok": False, "reason": f"partition {index} is still being received"}
         return {"ok": settled.failure is None, "reason": settled.failure}
+
+    def _attempt_failed(self, index: int, attempt: int, error: str) -> _messages.Message:
+        """A task says its attempt failed: when it is the attempt read, the stream fails now
+        (its reader may not have reached the channel yet: the task's release can come first,
+        and the reader then retries for a while before it finds no partition)."""
+        with self._lock:
+            if self._attempts.get(index) != attempt or index in self._ended or self._broken:
+                return {"ok": True}
+            self._broken = f"partition {index}: {error}"
+        self._conclude(error)
+        return {"ok": True}
 
     def _job_done(self, rows: dict[int, int]) -> _messages.Message:
         """The driver's word that the job succeeded, with each partition's rows: the stream

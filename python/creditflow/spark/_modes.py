@@ -12,6 +12,7 @@ reads from.
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -39,11 +40,14 @@ class Direct:
 
     def __init__(self, env: cf.NetworkEnvironment, *, host: str, secret: str, max_queued: int) -> None:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queued)
+        #: Set once the stream failed: the consumer takes nothing after the failure.
+        self._failed = threading.Event()
         self.intake = Intake(env, self, host=host, secret=secret)
 
-    def _put(self, item: object) -> bool:
-        """Queues ``item``, waiting while the queue is full; False if the receiver closed."""
-        while not self.intake.closed.is_set():
+    def _put(self, item: object, unless: threading.Event | None = None) -> bool:
+        """Queues ``item``, waiting while the queue is full; False if the receiver closed (or
+        ``unless`` is set)."""
+        while not self.intake.closed.is_set() and not (unless is not None and unless.is_set()):
             try:
                 self._queue.put(item, timeout=POLL)
                 return True
@@ -52,8 +56,10 @@ class Direct:
         return False
 
     def deliver(self, batch: pa.RecordBatch) -> bool:
-        """Queues ``batch`` for the consumer (waits while the queue is full)."""
-        return self._put(batch)
+        """Queues ``batch`` for the consumer (waits while the queue is full); False once the
+        stream failed, so that the partition's reader stops (and its task is not held up
+        until its timeout by a queue nobody empties)."""
+        return self._put(batch, unless=self._failed)
 
     def end(self) -> None:
         """The consumer sees the end after the last batch."""
@@ -61,6 +67,7 @@ class Direct:
 
     def fail(self, error: BaseException) -> None:
         """The consumer raises ``error`` after the batches queued before it."""
+        self._failed.set()
         self._put(_Failed(error))
 
     def failure(self) -> str | None:

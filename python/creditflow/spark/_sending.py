@@ -315,8 +315,9 @@ def _write_all(
     """Writes the partition to the one receiver. When computing it fails, the channel ends
     with that failure, so the receiver raises the task's error rather than the release that
     follows it (the driver's word that the job failed can come after the receiver saw the
-    channel end). A continuous receiver is also told on the control channel: it drops the
-    attempt, and another attempt may take over."""
+    channel end). The receiver is also told on the control channel (its reader may not have
+    reached the channel yet): its stream fails, or, continuous, it drops the attempt, and
+    another attempt may take over."""
     try:
         for batch in batches:
             writer.write(batch, timeout=plan.timeout)
@@ -326,12 +327,9 @@ def _write_all(
         why = f"the task failed: {type(exc).__name__}: {exc}"
         with contextlib.suppress(Exception):
             writer.fail(why)
-        if plan.continuous:
-            # The receiver may not have opened the channel yet (then it never sees the
-            # failure there): say it on the control channel too.
-            message = {"kind": "attempt_failed", "job": plan.job, "partition": index, "attempt": attempt}
-            with contextlib.suppress(OSError, EOFError, TimeoutError, multiprocessing.AuthenticationError):
-                _register(plan, 0, {**message, "error": why[:2000]})
+        message = {"kind": "attempt_failed", "job": plan.job, "partition": index, "attempt": attempt}
+        with contextlib.suppress(OSError, EOFError, TimeoutError, multiprocessing.AuthenticationError):
+            _register(plan, 0, {**message, "error": why[:2000]})
         raise
 
 

@@ -317,3 +317,34 @@ def test_a_failed_stream_stops_reading_the_other_partitions() -> None:
             tell_job_done(plan, [other, {"partition": 1, "rows": 1000}])
         with pytest.raises(cf.ProducerFailedError, match="the source broke"):
             list(rx)  # p1's batch first, if its reader got it before the failure
+
+
+def test_a_consumer_that_closes_at_the_stream_s_end_leaves_send_its_answer() -> None:
+    """The stream ends on the driver's word that the job succeeded, and a consumer may close
+    its receiver the moment it sees the end: the driver must have its answer by then (else
+    ``send`` would raise that the receiver went away). The consumer starts late, so that
+    the task is done (its channel read to the end) while its last batches wait in the
+    receiver, and the driver's word comes before the partition ended there."""
+    import pyarrow as pa
+
+    import creditflow as cf
+    import creditflow.spark as cfs
+    from creditflow.spark._sending import register_job, stream_partition, tell_job_done
+
+    for job in range(5):
+        with cfs.Receiver(timeout=60, max_queued=1) as rx, cf.NetworkEnvironment(secret=rx.secret) as env:
+            got: list[int] = []
+
+            def consume(rx: cfs.Receiver = rx, got: list[int] = got) -> None:
+                time.sleep(0.3)
+                got.extend(b.num_rows for b in rx)
+                rx.close()
+
+            consumer = threading.Thread(target=consume)
+            consumer.start()
+            plan = register_job(plan_to(rx.address, f"j{job}", rx.secret), 1)
+            batches = [pa.record_batch({"x": pa.array(range(100))})] * 3
+            stats = stream_partition(env, plan, 0, 0, iter(batches))
+            tell_job_done(plan, [stats])
+            consumer.join(30)
+        assert got == [100] * 3

@@ -91,7 +91,7 @@ class Intake:
         """The inbox's address (``host:port``): what :func:`send` is given."""
         return self._inbox.address
 
-    def _on_message(self, msg: _messages.Message) -> _messages.Message | None:
+    def _on_message(self, msg: _messages.Message) -> _messages.Message | _messages.Then | None:
         kind = msg.get("kind")
         if kind == "job_failed":
             with self._lock:
@@ -177,8 +177,6 @@ class Intake:
                 failure = None
             with self._lock:
                 self._ended.add(index)
-                verdict = self._verdict()
-            self._conclude(verdict)
         finally:
             self._settle(index, failure)
 
@@ -209,21 +207,23 @@ class Intake:
         self._conclude(error)
         return {"ok": True}
 
-    def _job_done(self, rows: dict[int, int]) -> _messages.Message:
+    def _job_done(self, rows: dict[int, int]) -> _messages.Message | _messages.Then:
         """The driver's word that the job succeeded, with each partition's rows: the stream
         ends once every partition ended with that many. The answer is ``pending`` until then
-        (the driver asks again): a slow consumer can hold the last batches for long."""
+        (the driver asks again: a slow consumer can hold the last batches for long); the
+        stream ends or fails only once the driver has its answer, as its consumer may close
+        the receiver at once."""
         with self._lock:
             if self._expected is None:
                 self._expected = rows
             verdict = self._verdict()
             broken = self._broken
-        self._conclude(verdict)
+        answer: _messages.Message = {"ok": True}
         if broken is not None:
-            return {"ok": False, "reason": broken}
-        if not self._done:
-            return {"ok": False, "pending": True, "reason": "partitions are still being received"}
-        return {"ok": True}
+            answer = {"ok": False, "reason": broken}
+        elif not self._done:
+            answer = {"ok": False, "pending": True, "reason": "partitions are still being received"}
+        return _messages.Then(answer, lambda: self._conclude(verdict))
 
     def _verdict(self) -> str | None:
         """(Under the lock.) Once the driver's word came and every partition ended, the first

@@ -9,6 +9,7 @@ sends JSON documents (never pickles), at most :data:`MAX_MESSAGE` bytes each.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -23,8 +24,19 @@ from typing import Any
 MAX_MESSAGE = 1 << 20
 
 Message = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Then:
+    """A reply, and what to do once it was sent (or could not be): an action the peer must
+    not see before its answer (ending a stream whose consumer then closes the inbox)."""
+
+    answer: Message
+    after: Callable[[], None]
+
+
 #: Handles one message; returns the reply, or None when the peer expects none.
-Handler = Callable[[Message], "Message | None"]
+Handler = Callable[[Message], "Message | Then | None"]
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -211,13 +223,18 @@ class Inbox:
                 message = json.loads(data)
                 if first is None:
                     first = message
-                answer = self._handler(message)
-                if answer is not None:
-                    try:
+                reply = self._handler(message)
+                answer = reply.answer if isinstance(reply, Then) else reply
+                after = reply.after if isinstance(reply, Then) else None
+                try:
+                    if answer is not None:
                         conn.send_bytes(json.dumps(answer).encode())
-                    except (OSError, TypeError) as exc:
-                        self._check_ended(exc)
-                        return
+                except (OSError, TypeError) as exc:
+                    self._check_ended(exc)
+                    return
+                finally:
+                    if after is not None:
+                        after()
         finally:
             # Whoever takes the connection out of the set closes it: here, or close() (two
             # closes of one Connection from two threads can both reach os.close).

@@ -246,7 +246,7 @@ class Ranked(Consumer):
         with self._cond:
             share = self._shares.get(p)
             current, status = self._grants.get(p, (0, "none"))
-            live = share is not None and status == "live" and attempt >= self._newest.get(p, -1)
+            live = status == "live" and attempt >= self._newest.get(p, -1)
             entry = share.settled.get(current) if share is not None and live else None
         if entry is not None:
             entry[0].wait(REGISTER_TIMEOUT)

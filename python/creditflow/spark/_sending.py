@@ -115,6 +115,12 @@ def cause_of(exc: BaseException, limit: int = 2000) -> str:
     return text[:limit]
 
 
+def receiver_at(plan: SendPlan, rank: int) -> str:
+    """The receiver of ``rank`` as messages name it, with its address."""
+    who = f"rank {rank}'s receiver" if plan.ranks else "the receiver"
+    return f"{who} at {plan.addresses[rank]}"
+
+
 def register_job(plan: SendPlan, num_partitions: int) -> SendPlan:
     """Registers the job with every receiver; returns the plan, with ``ranks`` set when a
     single address turned out to be a rank (of one). Raises ValueError naming a receiver
@@ -130,13 +136,13 @@ def register_job(plan: SendPlan, num_partitions: int) -> SendPlan:
             message.update(world_size=len(plan.addresses), rank=rank, ranks=list(plan.addresses))
         if plan.monitor is not None:
             message["monitor"] = dataclasses.asdict(plan.monitor)
-        who = f"rank {rank}'s receiver" if plan.ranks else "the receiver"
+        who = receiver_at(plan, rank)
         try:
             answer = _messages.request(address, plan.env.secret, message, timeout=REGISTER_TIMEOUT)
         except (OSError, EOFError, multiprocessing.AuthenticationError) as exc:
-            raise ConnectionError(f"cannot reach {who} at {address}: {type(exc).__name__}: {exc}") from exc
+            raise ConnectionError(f"cannot reach {who}: {type(exc).__name__}: {exc}") from exc
         if not answer.get("accept"):
-            raise ValueError(f"{who} at {address} refused the job: {answer.get('reason')}")
+            raise ValueError(f"{who} refused the job: {answer.get('reason')}")
         if not plan.ranks and answer.get("world_size") == 1:
             # A rank of one given as a plain address: its partitions go to it as to a rank.
             plan = dataclasses.replace(plan, ranks=True)
@@ -180,12 +186,10 @@ def tell_job_committed(plan: SendPlan, attempts: Mapping[int, int]) -> dict[str,
 def _register(
     plan: SendPlan, rank: int, message: dict[str, Any], timeout: float = REGISTER_TIMEOUT
 ) -> dict[str, Any]:
-    address = plan.addresses[rank]
     try:
-        return _messages.request(address, plan.env.secret, message, timeout=timeout)
+        return _messages.request(plan.addresses[rank], plan.env.secret, message, timeout=timeout)
     except (OSError, EOFError) as exc:
-        who = f"rank {rank}'s receiver" if plan.ranks else "the receiver"
-        raise ConnectionError(f"{who} at {address} went away: {type(exc).__name__}: {exc}") from exc
+        raise ConnectionError(f"{receiver_at(plan, rank)} went away: {type(exc).__name__}: {exc}") from exc
 
 
 def _granted(plan: SendPlan, message: dict[str, Any]) -> dict[str, Any]:
@@ -206,6 +210,15 @@ def _granted(plan: SendPlan, message: dict[str, Any]) -> dict[str, Any]:
             )
 
 
+def end_job(plan: SendPlan, stats: list[dict[str, Any]]) -> None:
+    """The job succeeded with ``stats`` (one per partition, the attempt Spark kept): a
+    continuous receiver commits those attempts, the others check their rows and end."""
+    if plan.continuous:
+        tell_job_committed(plan, {s["partition"]: s["attempt"] for s in stats})
+    else:
+        tell_job_done(plan, stats)
+
+
 def tell_job_done(plan: SendPlan, stats: list[dict[str, Any]]) -> None:
     """Tells every receiver that the job succeeded, with each partition's rows (what its
     successful attempt went through): a receiver's stream ends only then, as a task whose
@@ -217,8 +230,7 @@ def tell_job_done(plan: SendPlan, stats: list[dict[str, Any]]) -> None:
     message = {"kind": "job_done", "job": plan.job, "rows": rows}
     deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
     for rank in range(len(plan.addresses)):
-        where = f"rank {rank}'s receiver" if plan.ranks else "the receiver"
-        where += f" at {plan.addresses[rank]}"
+        where = receiver_at(plan, rank)
         while (answer := _register(plan, rank, message)).get("pending"):
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"{where} was still reading after {plan.timeout} s")
@@ -384,8 +396,7 @@ def _confirm(plan: SendPlan, rank: int, index: int, grant: object, attempt: int)
     answer = _messages.request(plan.addresses[rank], plan.env.secret, message, timeout=REGISTER_TIMEOUT * 2)
     if not answer.get("ok"):
         reason = answer.get("reason")
-        who = f"rank {rank}'s receiver" if plan.ranks else "the receiver"
-        raise RuntimeError(f"{who} at {plan.addresses[rank]} did not keep partition {index}: {reason}")
+        raise RuntimeError(f"{receiver_at(plan, rank)} did not keep partition {index}: {reason}")
 
 
 def send_task(plan: SendPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -410,10 +421,7 @@ def send_from_driver(df: DataFrame, plan: SendPlan) -> list[dict[str, Any]]:
         except BaseException as exc:
             tell_job_failed(plan, exc)
             raise
-    if plan.continuous:
-        tell_job_committed(plan, {0: 0})
-    else:
-        tell_job_done(plan, [stats])
+    end_job(plan, [stats])
     return [stats]
 
 

@@ -49,12 +49,11 @@ from creditflow.spark._sending import (
     STATS_SCHEMA,
     SendPlan,
     addresses_of,
+    end_job,
     is_replay,
     register_job,
     send_from_driver,
     send_task,
-    tell_job_committed,
-    tell_job_done,
     tell_job_failed,
 )
 from creditflow.spark._staging import Item
@@ -603,8 +602,5 @@ def send(
         tell_job_failed(plan, exc)
         raise
     stats = [r.asDict() for r in sorted(rows, key=lambda r: (r.partition, r.attempt))]
-    if plan.continuous:
-        tell_job_committed(plan, {s["partition"]: s["attempt"] for s in stats})
-    else:
-        tell_job_done(plan, stats)
+    end_job(plan, stats)
     return stats

@@ -383,4 +383,10 @@ def test_the_sink_checks_its_options_when_the_query_starts() -> None:
         {"Address": "127.0.0.1:1", "secret": "s", "checkpointLocation": "/c", "timeout": "5"}
     )
     assert ok.streamWriter(None, False).timeout == 5.0  # type: ignore[arg-type]
+    quick = CreditflowDataSource({"address": "127.0.0.1:1", "secret": "s", "peer_timeout": "2.5"})
+    assert quick.streamWriter(None, False).env.peer_timeout == 2.5  # type: ignore[arg-type]
+    for bad in ("soon", "-1", "nan"):
+        source = CreditflowDataSource({"address": "127.0.0.1:1", "secret": "s", "peer_timeout": bad})
+        with pytest.raises(ValueError, match=f"peer_timeout must be a non-negative number .* got '{bad}'"):
+            source.streamWriter(None, False)  # type: ignore[arg-type]
     assert CreditflowDataSource.name() == "creditflow"

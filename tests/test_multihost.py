@@ -59,6 +59,10 @@ ROWS = 40_000
 #: so that data is still waiting to cross when the executor dies or the link goes.
 FAULT_ROWS = 200_000
 IN_FLIGHT_ROWS = 1_000_000
+#: The link-cut exchange's ``peer_timeout``, and the most seconds its first failed task may
+#: take to show after the cut (under the default ``peer_timeout`` of 30 s).
+PEER_TIMEOUT = 4.0
+CUT_NOTICED = 25.0
 #: How long a stalled first attempt waits for the test before it goes on by itself.
 STALL_LIMIT = 120.0
 MiB = 1 << 20
@@ -263,14 +267,21 @@ def faulted_exchange(
     name: str,
     harm: Callable[[], None],
     rows: int = FAULT_ROWS,
+    **options: Any,
 ) -> list[dict[str, Any]]:
     """Runs an exchange that stalls in its first attempt, does ``harm`` once every task is in
     flight (``harm`` lets the tasks go on), checks that every row (after Spark's retries) is in
-    the partition ``repartition`` puts it in, and returns what the event log says of the job."""
+    the partition ``repartition`` puts it in, and returns what the event log says of the job.
+    ``options`` go to ``exchange``."""
     df = lineitem(spark, rows, bed.slots)
     want = placement(df.repartition(bed.slots, "l_orderkey"))
     out = cfs.exchange(
-        df, "l_orderkey", func=stall_first_attempt(marks), schema=with_column(df, "p"), timeout=120
+        df,
+        "l_orderkey",
+        func=stall_first_attempt(marks),
+        schema=with_column(df, "p"),
+        timeout=120,
+        **options,
     )
     sc = spark.sparkContext
 
@@ -332,15 +343,22 @@ def test_a_link_cut_during_an_exchange_fails_clearly_and_is_retried_with_the_sam
         bed.net.cut("a", "b")
         try:
             (tmp_path / "go").touch()
-            # creditflow's peer_timeout (30 s by default) ends the connections over the cut.
-            poll("a task failed by the cut", failed_tasks, deadline=120)
+            # The exchange's peer_timeout ends the connections over the cut: well before the
+            # default's 30 s, or the setting did not reach the host services.
+            poll("a task failed by the cut", failed_tasks, deadline=CUT_NOTICED)
         finally:
             bed.net.restore()
 
     # More rows than the reading side holds (each reading task's link to its host service and
     # its gate buffer a few MiB): with fewer, everything crosses before the cut and nothing fails.
     events = faulted_exchange(
-        spark, bed, tmp_path, "exchange, link cut", cut_until_a_task_fails, rows=IN_FLIGHT_ROWS
+        spark,
+        bed,
+        tmp_path,
+        "exchange, link cut",
+        cut_until_a_task_fails,
+        rows=IN_FLIGHT_ROWS,
+        peer_timeout=PEER_TIMEOUT,
     )
     assert max(attempts(events)) >= 1
     # The first attempt failed with a ConnectionLostError naming the other host.

@@ -268,9 +268,34 @@ def test_exchange_defaults_are_the_task_settings() -> None:
         "wire_compression",
         "shared_memory",
         "tls",
+        "peer_timeout",
     ]
     for name in shared:
         assert same(params[name].default, defaults[name]), name
+
+
+def test_the_spark_layer_accepts_the_peer_timeouts_the_core_does() -> None:
+    import creditflow as cf
+    from creditflow.spark._process import check_seconds
+
+    for ok in (0, 0.5, 30.0):
+        assert check_seconds("peer_timeout", ok) == ok
+        cf.NetworkEnvironment(memory="1MiB", peer_timeout=ok).close()
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="peer_timeout must be a non-negative number of seconds"):
+            check_seconds("peer_timeout", bad)
+        with pytest.raises(ValueError, match="peer_timeout must be a non-negative number of seconds"):
+            cf.NetworkEnvironment(memory="1MiB", peer_timeout=bad)
+    for wrong in ("5", None, True):
+        with pytest.raises(ValueError, match="peer_timeout must be"):
+            check_seconds("peer_timeout", wrong)
+    # send and Receiver refuse one before anything runs (exchange: tests/test_spark_exchange.py).
+    import creditflow.spark as cfs
+
+    with pytest.raises(ValueError, match="peer_timeout must be"):
+        cfs.send(None, "127.0.0.1:1", "x", peer_timeout=-1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="peer_timeout must be"):
+        cfs.Receiver(peer_timeout=-1)
 
 
 def test_the_spark_layer_accepts_the_wire_compressions_the_core_does() -> None:

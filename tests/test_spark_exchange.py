@@ -361,6 +361,8 @@ def test_tasks_meet_through_the_driver_or_allgather_and_take_their_settings(spar
     assert placement(cfs.exchange(df, "k", wire_compression="lz4", shared_memory=False)) == want
     with pytest.raises(ValueError, match="wire_compression must be"):
         cfs.exchange(df, "k", wire_compression="gzip")
+    with pytest.raises(ValueError, match="peer_timeout must be a non-negative number of seconds"):
+        cfs.exchange(df, "k", peer_timeout=-1)
 
 
 def test_failed_task_fails_its_peers_and_the_retried_stage_is_clean(

@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import ipaddress
 import json
+import math
 import os
 import re
 import socket
@@ -90,6 +91,9 @@ class EnvSettings:
     shared_memory: bool = True
     #: TLS on every connection of the task's environment (the files are read on the executor).
     tls: TlsFiles | None = None
+    #: Seconds a peer may acknowledge nothing (a cut link, a vanished host) before the task's
+    #: connections to it fail; 0 = the OS's defaults.
+    peer_timeout: float = 30.0
 
 
 #: The values ``wire_compression`` takes besides None (the core's; tests/test_settings.py checks
@@ -101,6 +105,14 @@ def check_wire_compression(value: str | None) -> None:
     """Raises ValueError unless ``value`` is None or one of :data:`WIRE_COMPRESSIONS`."""
     if value is not None and value not in WIRE_COMPRESSIONS:
         raise ValueError(f'wire_compression must be None, "lz4" or "zstd", got {value!r}')
+
+
+def check_seconds(name: str, value: object) -> float:
+    """``value`` as seconds; raises ValueError (with the core's wording) unless it is a finite
+    number >= 0, so a bad setting fails on the driver instead of in every task."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative number of seconds, got {value!r}")
+    return float(value)
 
 
 #: The defaults of :class:`EnvSettings` that differ from ``NetworkEnvironment``'s, and why.
@@ -167,6 +179,7 @@ class _Cache:
                 wire_compression=settings.wire_compression,
                 shared_memory=settings.shared_memory,
                 tls=settings.tls.config() if settings.tls is not None else None,
+                peer_timeout=settings.peer_timeout,
             )
             self.envs[settings] = (env, 1)
             return env
@@ -248,6 +261,7 @@ def service_settings(settings: EnvSettings, host: str | None, memory: int) -> di
         "spill_dir": settings.spill_dir,
         "wire_compression": settings.wire_compression,
         "tls": dataclasses.asdict(settings.tls) if settings.tls is not None else None,
+        "peer_timeout": settings.peer_timeout,
     }
 
 

@@ -52,6 +52,7 @@ from creditflow.spark._driver import (
 from creditflow.spark._process import (
     EnvSettings,
     TlsFiles,
+    check_seconds,
     check_wire_compression,
     metrics_url_of,
     task_stack,
@@ -110,6 +111,7 @@ def exchange(
     wire_compression: str | None = None,
     shared_memory: bool = True,
     tls: cf.TLSConfig | None = None,
+    peer_timeout: float = 30.0,
     timeout: float | None = 600.0,
     monitor: Monitor | None = None,
     rendezvous: Rendezvous | None = None,
@@ -166,6 +168,10 @@ def exchange(
             (``client_auth=True``, the default) makes every task prove itself too. The
             exchange's own fresh secret still authenticates every connection and the
             tasks' meeting through the driver (which carries addresses, not data).
+        peer_timeout: Seconds another host may acknowledge nothing (a cut link, a vanished
+            executor) before the connections to it fail with ``ConnectionLostError`` and
+            the task with them (Spark then retries the stage), as for
+            :class:`creditflow.NetworkEnvironment`; ``0`` leaves the OS's defaults (minutes).
         timeout: Longest a task waits without progress (for a buffer, for data, or for its
             consumers to finish reading), in seconds; None waits without limit.
         monitor: A :class:`creditflow.spark.Monitor` that receives live per-task metrics.
@@ -189,6 +195,7 @@ def exchange(
     if kind not in get_args(ExchangeKind):
         raise ValueError(f"kind must be one of {list(get_args(ExchangeKind))}, got {kind!r}")
     check_wire_compression(wire_compression)
+    check_seconds("peer_timeout", peer_timeout)
     if rendezvous is not None and rendezvous not in get_args(Rendezvous):
         raise ValueError(f"rendezvous must be one of {list(get_args(Rendezvous))}, got {rendezvous!r}")
     key_list = (keys,) if isinstance(keys, str) else tuple(keys)
@@ -224,6 +231,7 @@ def exchange(
         wire_compression=wire_compression,
         shared_memory=shared_memory,
         tls=TlsFiles.of(tls),
+        peer_timeout=float(peer_timeout),
         # Every peer reads this task's partition over a connection of its own: past 512 tasks
         # the default limit would refuse some of them.
         max_connections=max(EnvSettings.max_connections, 2 * n),

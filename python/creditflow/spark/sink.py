@@ -22,7 +22,9 @@ micro-batch of the query already (a replay after a restart from the checkpoint).
 
 Options: ``address`` and ``secret`` (the receiver's; required); ``memory`` (what each task
 holds in flight, default ``16MiB``), ``segment_size`` (``32KiB``), ``timeout`` (seconds each
-wait for the receiver may take, default 600), ``wire_compression`` (``lz4`` or ``zstd``).
+wait for the receiver may take, default 600), ``wire_compression`` (``lz4`` or ``zstd``),
+``peer_timeout`` (seconds the receiver's host may acknowledge nothing before a task's
+connection to it fails, default 30).
 """
 
 from __future__ import annotations
@@ -40,7 +42,13 @@ from pyspark.sql.types import StructType
 from creditflow.spark import _messages
 from creditflow.spark._driver import QUERY_ID_PROPERTY
 from creditflow.spark._intake import REGISTER_TIMEOUT
-from creditflow.spark._process import EnvSettings, check_wire_compression, host_towards, task_environment
+from creditflow.spark._process import (
+    EnvSettings,
+    check_seconds,
+    check_wire_compression,
+    host_towards,
+    task_environment,
+)
 from creditflow.spark._sending import SendPlan, stream_partition, tell_job_committed
 
 #: The local properties Spark sets in the tasks of a micro-batch: its id, and the job group,
@@ -49,7 +57,19 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 RUN_ID_PROPERTY = "spark.jobGroup.id"
 
 #: The options the sink takes.
-OPTIONS = ("address", "secret", "memory", "segment_size", "timeout", "wire_compression")
+OPTIONS = ("address", "secret", "memory", "segment_size", "timeout", "wire_compression", "peer_timeout")
+
+
+def _seconds(options: dict[str, str], name: str, default: float) -> float:
+    """Option ``name`` as seconds (``default`` when not given); ValueError naming it for
+    anything but a number >= 0."""
+    text = options.get(name)
+    if text is None:
+        return default
+    try:
+        return check_seconds(name, float(text))
+    except ValueError:
+        raise ValueError(f"{name} must be a non-negative number of seconds, got {text!r}") from None
 
 
 @dataclass
@@ -109,6 +129,7 @@ class CreditflowStreamWriter(DataSourceStreamArrowWriter):
             segment_size=options.get("segment_size", "32KiB"),
             wire_compression=options.get("wire_compression"),
             tls=None,
+            peer_timeout=_seconds(options, "peer_timeout", EnvSettings.peer_timeout),
         )
         self.timeout = float(timeout) if timeout is not None else 600.0
 

@@ -42,7 +42,7 @@ from creditflow.spark._batchlog import BatchLog
 from creditflow.spark._continuous import Continuous
 from creditflow.spark._driver import application_id, host_memory, prepare, query_of, use_host_service
 from creditflow.spark._modes import Direct, Spooled
-from creditflow.spark._process import EnvSettings, TlsFiles, check_wire_compression
+from creditflow.spark._process import EnvSettings, TlsFiles, check_seconds, check_wire_compression
 from creditflow.spark._rank import Options, Ranked
 from creditflow.spark._rankstate import RankState
 from creditflow.spark._sending import (
@@ -130,6 +130,9 @@ class Receiver(Closeable):
             valid for its executor's address, the receiver's for ``bind``). The secret still
             authenticates both ends and the registrations sent to :attr:`address` (which
             carry where the partitions are, not data).
+        peer_timeout: Seconds a task's host may acknowledge nothing (a cut link, a vanished
+            executor) before the receiver's connections to it fail (see
+            :class:`creditflow.NetworkEnvironment`; ``0``: the OS's defaults).
 
     Iterate it (or call :meth:`next`) to get ``pyarrow.RecordBatch`` objects: without a rank,
     in the order they arrive (partitions interleave), ending once the job that registered
@@ -165,6 +168,7 @@ class Receiver(Closeable):
         state: dict[str, Any] | None = None,
         job: str | None = None,
         tls: cf.TLSConfig | None = None,
+        peer_timeout: float = 30.0,
         continuous: bool = False,
         batch_log: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -219,6 +223,7 @@ class Receiver(Closeable):
             spill_dir=spill_dir,  # both None (the defaults) without spill or a rank
             max_spill=max_spill,
             tls=tls,
+            peer_timeout=peer_timeout,
         )
         self._mode: Direct | Spooled | Ranked | Continuous
         try:
@@ -505,6 +510,7 @@ def send(
     segment_size: int | str = "32KiB",
     wire_compression: str | None = None,
     tls: cf.TLSConfig | None = None,
+    peer_timeout: float = 30.0,
     timeout: float | None = 600.0,
     monitor: Monitor | None = None,
     batch_id: int | None = None,
@@ -531,6 +537,9 @@ def send(
     serves its partition over TLS with these files, which each executor (or, with
     ``via="driver"``, the driver) reads at these paths; the certificate must be valid for the
     address the receivers reach it at.
+    ``peer_timeout``: seconds a receiver's host may acknowledge nothing (a cut link, a
+    vanished host) before the connections to it fail and the tasks with them, as for
+    :class:`creditflow.NetworkEnvironment` (``0``: the OS's defaults).
     ``timeout`` bounds each wait for buffer space or for the receiver to finish reading, in
     seconds. ``host_service`` (with ``via="executors"``): ``True`` sends through each host's
     creditflow service (one pool for the host, ``spark.creditflow.hostMemory``, default 64 MiB
@@ -558,6 +567,7 @@ def send(
     if via not in ("executors", "driver"):
         raise ValueError(f'via must be "executors" or "driver", got {via!r}')
     check_wire_compression(wire_compression)
+    check_seconds("peer_timeout", peer_timeout)
     where, ranks = addresses_of(addresses)
     settings = EnvSettings(
         secret=secret,
@@ -565,6 +575,7 @@ def send(
         segment_size=segment_size,
         wire_compression=wire_compression,
         tls=TlsFiles.of(tls),
+        peer_timeout=float(peer_timeout),
     )
     plan = SendPlan(
         uuid.uuid4().hex[:12],

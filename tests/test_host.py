@@ -217,6 +217,35 @@ def test_items_events_and_errors_come_through_as_from_an_environment(
         a.create_partition("huge", 10_000)
 
 
+def test_starting_a_service_removes_the_logs_of_services_long_gone() -> None:
+    from creditflow.host import LOG_KEEP_DAYS, _keep_log
+
+    old, recent = log_path(_name("gone")), log_path(_name("recent"))
+    for path in (old, recent):
+        path.write_text("a service's last words\n")
+    week_ago = time.time() - (LOG_KEEP_DAYS + 1) * 86400
+    os.utime(old, (week_ago, week_ago))
+    os.utime(recent, (time.time() - 86400,) * 2)
+    name = _name("pruner")
+    a = attach_or_start(name, {"memory": "8MiB"}, idle_timeout=1.0)
+    a.close()
+    assert not old.exists()
+    assert recent.exists()
+    assert log_path(name).exists()
+    recent.unlink()
+    # A running service marks its log as written, however quiet it is.
+    kept = log_path(_name("kept"))
+    kept.write_text("")
+    os.utime(kept, (week_ago, week_ago))
+    ended = threading.Event()
+    keeper = threading.Thread(target=_keep_log, args=(kept.stem, ended, 0.05))
+    keeper.start()
+    poll("the log marked as written", lambda: kept.stat().st_mtime > time.time() - 60, deadline=10)
+    ended.set()
+    keeper.join(10)
+    kept.unlink()
+
+
 def test_concurrent_starters_get_one_service_which_ends_when_idle(tmp_path: Path) -> None:
     name = _name("ondemand")
     script = textwrap.dedent(

@@ -12,6 +12,7 @@ Nothing starts at import.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ __all__ = [
     "attach",
     "attach_or_start",
     "log_path",
+    "prune_logs",
     "run_on_demand",
     "serve",
 ]
@@ -142,11 +144,30 @@ def serve(
     return why
 
 
+#: Days a service's log is kept after its last line: each application leaves one per host and
+#: settings, so the logs of services long gone are removed when another service starts.
+LOG_KEEP_DAYS = 7
+
+
 def log_path(name: str) -> Path:
     """Where a service started on demand writes its log (a directory of this user's only)."""
     directory = Path(tempfile.gettempdir()) / f"creditflow-host-{os.getuid()}"
     directory.mkdir(mode=0o700, exist_ok=True)
     return directory / f"{name}.log"
+
+
+def prune_logs(keep_days: float = LOG_KEEP_DAYS) -> int:
+    """Removes the services' logs that have not been written for ``keep_days`` days (their
+    services are gone: one still running and writing keeps its log). Returns how many went;
+    a log another starter removed meanwhile is no error."""
+    cutoff = time.time() - keep_days * 86400
+    removed = 0
+    for path in log_path("_").parent.glob("*.log"):
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+    return removed
 
 
 #: The services this process started, until they end (reaped at the next start, so that none
@@ -176,6 +197,7 @@ def _start(
         str(idle_timeout),
     ]
     _STARTED[:] = [p for p in _STARTED if p.poll() is None]
+    prune_logs()
     with open(log_path(name), "ab") as log:
         proc = subprocess.Popen(
             command,
@@ -250,6 +272,8 @@ def run_on_demand(name: str, settings: Mapping[str, Any], owner: int, idle_timeo
     kwargs = dict(settings)
     if kwargs.get("tls") is not None:
         kwargs["tls"] = TLSConfig(**kwargs["tls"])
+    ended = threading.Event()
+    threading.Thread(target=_keep_log, args=(name, ended), name="creditflow-log-keeper", daemon=True).start()
     try:
         serve(name, idle_timeout=idle_timeout, **kwargs)
     except InvalidArgumentError as exc:
@@ -257,4 +281,15 @@ def run_on_demand(name: str, settings: Mapping[str, Any], owner: int, idle_timeo
             _log.info("host service %r already runs: this one exits", name)
             return 0
         raise
+    finally:
+        ended.set()
     return 0
+
+
+def _keep_log(name: str, ended: threading.Event, every: float = 3600.0) -> None:
+    """Marks the log of a running service as written (hourly), so that :func:`prune_logs`
+    leaves it alone however quiet the service is (one may serve a streaming application for
+    weeks)."""
+    while not ended.wait(every):
+        with contextlib.suppress(OSError):
+            os.utime(log_path(name))

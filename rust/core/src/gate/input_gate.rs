@@ -69,6 +69,127 @@ pub(crate) struct RemoteSetup {
     pub(crate) record_budget: u64,
 }
 
+/// At least one channel, none listed twice.
+fn check_specs(specs: &[ChannelSpec]) -> Result<()> {
+    if specs.is_empty() {
+        return Err(Error::InvalidArgument(
+            "an input gate needs at least one channel".into(),
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for s in specs {
+        if !seen.insert(s) {
+            return Err(Error::InvalidArgument(format!("channel {s:?} listed twice")));
+        }
+    }
+    Ok(())
+}
+
+/// The buffers and credit of a gate's `num_remote` remote channels: the exclusive buffers are
+/// guaranteed by the pool's minimum; floating ones are taken as far as the pool's share allows
+/// (at least one is guaranteed).
+fn remote_gate(
+    pool: &LocalPool,
+    setup: &RemoteSetup,
+    num_remote: usize,
+    max_record: usize,
+) -> Result<Arc<RemoteGate>> {
+    let exclusive = num_remote * setup.exclusive_buffers;
+    let mut segments = pool.try_request_many(exclusive).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "the gate pool cannot hold its {exclusive} exclusive buffers"
+        ))
+    })?;
+    let mut floating = 0;
+    while floating < setup.floating_buffers {
+        match pool.try_request() {
+            Some(seg) => segments.push(seg),
+            None => break,
+        }
+        floating += 1;
+    }
+    RemoteGate::new(
+        setup.transport.flow_control(),
+        setup.exclusive_buffers,
+        floating,
+        segments,
+        max_record,
+        setup.record_budget,
+    )
+}
+
+/// The gate's channels: one opened on the transport for each spec of another address (when
+/// the gate has remote buffers), the others `Pending` until their partition is found here.
+fn open_channels(
+    specs: Vec<ChannelSpec>,
+    local_address: &str,
+    ready: &Arc<Ready>,
+    remote: Option<(&RemoteSetup, &Arc<RemoteGate>)>,
+    max_record: usize,
+    backoff: &Backoff,
+) -> Vec<Channel> {
+    let now = Instant::now();
+    specs
+        .into_iter()
+        .enumerate()
+        .map(|(idx, spec)| {
+            let state = match remote {
+                Some((setup, rg)) if spec.address != local_address => {
+                    let weak = Arc::downgrade(ready);
+                    let notify: crate::partition::subpartition::Listener = Arc::new(move || {
+                        if let Some(r) = weak.upgrade() {
+                            r.push(idx);
+                        }
+                    });
+                    ChannelState::Remote {
+                        ch: setup.transport.open_channel(spec.clone(), rg, notify),
+                        de: RecordDeserializer::new(max_record),
+                        held: VecDeque::new(),
+                    }
+                }
+                _ => ChannelState::Pending {
+                    next_try: now,
+                    delay: backoff.initial,
+                },
+            };
+            Channel { spec, state }
+        })
+        .collect()
+}
+
+/// A channel's counters, zero, of the kind it starts as.
+fn channel_counters(c: &Channel) -> ChannelCounters {
+    ChannelCounters {
+        spec: c.spec.clone(),
+        kind: std::sync::atomic::AtomicU8::new(match c.state {
+            ChannelState::Remote { .. } => ChannelKind::Remote as u8,
+            _ => ChannelKind::Pending as u8,
+        }),
+        batches: Counter::default(),
+        buffers: Counter::default(),
+        bytes: Counter::default(),
+        rows: Counter::default(),
+    }
+}
+
+/// Buffer debloating of a gate with `channels` (the remote ones adjust their credit).
+fn gate_debloat(channels: &[Channel], setup: DebloatSetup) -> Mutex<GateDebloat> {
+    let buffers = (channels.len() * setup.exclusive_buffers + setup.floating_buffers).max(1);
+    let remote = channels
+        .iter()
+        .filter_map(|c| match &c.state {
+            ChannelState::Remote { ch, .. } => Some(ch.clone()),
+            _ => None,
+        })
+        .collect();
+    Mutex::new(GateDebloat {
+        debloater: Debloater::new(setup.config, Instant::now()),
+        buffers,
+        remote,
+        local: Vec::new(),
+    })
+}
+
 impl InputGate {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
@@ -82,17 +203,7 @@ impl InputGate {
         remote: Option<RemoteSetup>,
         debloat: Option<DebloatSetup>,
     ) -> Result<(InputGate, Arc<GateHandle>)> {
-        if specs.is_empty() {
-            return Err(Error::InvalidArgument(
-                "an input gate needs at least one channel".into(),
-            ));
-        }
-        let mut seen = std::collections::HashSet::new();
-        for s in &specs {
-            if !seen.insert(s) {
-                return Err(Error::InvalidArgument(format!("channel {s:?} listed twice")));
-            }
-        }
+        check_specs(&specs)?;
         let ready = Arc::new(Ready {
             queue: Mutex::new(VecDeque::new()),
             cv: Condvar::new(),
@@ -100,99 +211,22 @@ impl InputGate {
             sleeping: AtomicBool::new(false),
             listener: std::sync::OnceLock::new(),
         });
-        let now = Instant::now();
         let num_remote = specs.iter().filter(|s| s.address != local_address).count();
         let remote_gate = match &remote {
-            Some(setup) if num_remote > 0 => {
-                // The exclusive buffers are guaranteed by the pool's minimum; floating ones
-                // are taken as far as the pool's share allows (at least one is guaranteed).
-                let exclusive = num_remote * setup.exclusive_buffers;
-                let mut segments = pool.try_request_many(exclusive).ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "the gate pool cannot hold its {exclusive} exclusive buffers"
-                    ))
-                })?;
-                let mut floating = 0;
-                while floating < setup.floating_buffers {
-                    match pool.try_request() {
-                        Some(seg) => segments.push(seg),
-                        None => break,
-                    }
-                    floating += 1;
-                }
-                Some(RemoteGate::new(
-                    setup.transport.flow_control(),
-                    setup.exclusive_buffers,
-                    floating,
-                    segments,
-                    max_record,
-                    setup.record_budget,
-                )?)
-            }
+            Some(setup) if num_remote > 0 => Some(remote_gate(&pool, setup, num_remote, max_record)?),
             _ => None,
         };
-        let mut channels: Vec<Channel> = Vec::with_capacity(specs.len());
-        let mut unresolved = 0;
-        for (idx, spec) in specs.into_iter().enumerate() {
-            let state = match (&remote_gate, &remote) {
-                (Some(rg), Some(setup)) if spec.address != local_address => {
-                    let weak = Arc::downgrade(&ready);
-                    let notify: crate::partition::subpartition::Listener = Arc::new(move || {
-                        if let Some(r) = weak.upgrade() {
-                            r.push(idx);
-                        }
-                    });
-                    ChannelState::Remote {
-                        ch: setup.transport.open_channel(spec.clone(), rg, notify),
-                        de: RecordDeserializer::new(max_record),
-                        held: VecDeque::new(),
-                    }
-                }
-                _ => {
-                    unresolved += 1;
-                    ChannelState::Pending {
-                        next_try: now,
-                        delay: backoff.initial,
-                    }
-                }
-            };
-            channels.push(Channel { spec, state });
-        }
-        let channel_counters = channels
+        let remote_open = remote.as_ref().zip(remote_gate.as_ref());
+        let channels = open_channels(specs, &local_address, &ready, remote_open, max_record, &backoff);
+        let unresolved = channels
             .iter()
-            .map(|c| ChannelCounters {
-                spec: c.spec.clone(),
-                kind: std::sync::atomic::AtomicU8::new(match c.state {
-                    ChannelState::Remote { .. } => ChannelKind::Remote as u8,
-                    _ => ChannelKind::Pending as u8,
-                }),
-                batches: Counter::default(),
-                buffers: Counter::default(),
-                bytes: Counter::default(),
-                rows: Counter::default(),
-            })
-            .collect();
-        let debloat = debloat.map(|setup| {
-            let buffers = (channels.len() * setup.exclusive_buffers + setup.floating_buffers).max(1);
-            let remote = channels
-                .iter()
-                .filter_map(|c| match &c.state {
-                    ChannelState::Remote { ch, .. } => Some(ch.clone()),
-                    _ => None,
-                })
-                .collect();
-            Mutex::new(GateDebloat {
-                debloater: Debloater::new(setup.config, Instant::now()),
-                buffers,
-                remote,
-                local: Vec::new(),
-            })
-        });
+            .filter(|c| matches!(c.state, ChannelState::Pending { .. }))
+            .count();
         let handle = Arc::new(GateHandle {
-            debloat,
+            debloat: debloat.map(|setup| gate_debloat(&channels, setup)),
             name,
             counters: GateCounters::default(),
-            channels: channel_counters,
+            channels: channels.iter().map(channel_counters).collect(),
             pool,
             num_channels: channels.len(),
             ended: Default::default(),

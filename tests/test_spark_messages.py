@@ -348,3 +348,39 @@ def test_a_consumer_that_closes_at_the_stream_s_end_leaves_send_its_answer() -> 
             tell_job_done(plan, [stats])
             consumer.join(30)
         assert got == [100] * 3
+
+
+def test_a_receiver_that_closed_before_reading_a_partition_is_named_by_its_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A spilling receiver closed just after it accepted a partition (its reader thread had not
+    reached the task yet): the task learns it when it asks whether its partition was kept,
+    and fails naming the receiver, not with a bare ``ConnectionRefusedError``."""
+    import pyarrow as pa
+
+    import creditflow as cf
+    import creditflow.spark as cfs
+    from creditflow.spark import _intake
+    from creditflow.spark._sending import register_job, stream_partition
+
+    read = _intake.Intake._read
+
+    def late(self: Any, index: int, spec: Any) -> None:
+        self.closed.wait()  # the reader starts only once the receiver is closing
+        read(self, index, spec)
+
+    monkeypatch.setattr(_intake.Intake, "_read", late)
+    rx = cfs.Receiver(timeout=60, spill=True)
+    try:
+        with cf.NetworkEnvironment(secret=rx.secret) as env:
+            plan = register_job(plan_to(rx.address, "j1", rx.secret), 1)
+            address = rx.address
+
+            def batches() -> Any:
+                yield pa.record_batch({"x": pa.array(range(1000))})
+                rx.close()
+
+            with pytest.raises(ConnectionError, match=f"the receiver at {address} went away"):
+                stream_partition(env, plan, 0, 0, batches())
+    finally:
+        rx.close()

@@ -393,7 +393,7 @@ def _confirm(plan: SendPlan, rank: int, index: int, grant: object, attempt: int)
     may have stopped reading (a full spill directory, ``max_spill``) and cancelled the
     channel, which drops the rest of what the task wrote without an error here."""
     message = {"kind": "delivered", "job": plan.job, "partition": index, "grant": grant, "attempt": attempt}
-    answer = _messages.request(plan.addresses[rank], plan.env.secret, message, timeout=REGISTER_TIMEOUT * 2)
+    answer = _register(plan, rank, message, timeout=REGISTER_TIMEOUT * 2)
     if not answer.get("ok"):
         reason = answer.get("reason")
         raise RuntimeError(f"{receiver_at(plan, rank)} did not keep partition {index}: {reason}")

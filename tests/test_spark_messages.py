@@ -384,3 +384,43 @@ def test_a_receiver_that_closed_before_reading_a_partition_is_named_by_its_task(
                 stream_partition(env, plan, 0, 0, batches())
     finally:
         rx.close()
+
+
+@pytest.mark.parametrize("rows", [1000, 2_000_000], ids=["waits-for-readers", "waits-for-a-buffer"])
+def test_a_receiver_gone_before_its_reader_connected_fails_the_task_soon(
+    monkeypatch: pytest.MonkeyPatch, rows: int
+) -> None:
+    """A receiver that accepted a partition and went away before its reader reached the task
+    leaves no connection to break: the task, blocked waiting for its readers (a small
+    partition) or for a buffer (a large one), must not wait until its timeout but raise
+    ``ConnectionError`` naming the receiver, once it finds the receiver gone."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    import creditflow as cf
+    import creditflow.spark as cfs
+    from creditflow.spark import _intake
+    from creditflow.spark._sending import register_job, stream_partition
+
+    def never(self: Any, index: int, spec: Any) -> None:
+        self.closed.wait()  # the reader never reaches the task
+
+    monkeypatch.setattr(_intake.Intake, "_read", never)
+    rx = cfs.Receiver(timeout=60)
+    address = rx.address
+    try:
+        with cf.NetworkEnvironment(secret=rx.secret, memory="4MiB") as env:
+            # The old behaviour: TimeoutError after this long.
+            plan = dataclasses.replace(register_job(plan_to(address, "j1", rx.secret), 1), timeout=30)
+
+            def batches() -> Any:
+                for start in range(0, rows, 10_000):
+                    yield pa.record_batch({"x": pa.array(range(start, start + min(rows, 10_000)))})
+
+            threading.Timer(0.5, rx.close).start()
+            gone = f"partition 0: the receiver at {address} went away before"
+            with pytest.raises(ConnectionError, match=gone):
+                stream_partition(env, plan, 0, 0, batches())
+    finally:
+        rx.close()

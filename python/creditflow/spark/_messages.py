@@ -122,6 +122,11 @@ KEPT_CONNECTIONS = 64
 _KEPT = _Kept(KEPT_CONNECTIONS)
 
 
+#: The kind of message every :class:`Inbox` answers by itself with ``{"alive": True}``: a
+#: sender's check that its receiver still runs.
+ALIVE = "alive"
+
+
 def request(address: str, key: str, message: Message, *, timeout: float = 30.0) -> Message:
     """Sends ``message`` to the :class:`Inbox` at ``address`` and returns its answer (waiting
     at most ``timeout`` seconds), over a connection kept open for the next request there.
@@ -223,7 +228,7 @@ class Inbox:
                 message = json.loads(data)
                 if first is None:
                     first = message
-                reply = self._handler(message)
+                reply = {"alive": True} if message.get("kind") == ALIVE else self._handler(message)
                 answer = reply.answer if isinstance(reply, Then) else reply
                 after = reply.after if isinstance(reply, Then) else None
                 try:

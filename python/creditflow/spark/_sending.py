@@ -32,6 +32,7 @@ from creditflow.spark import _messages
 from creditflow.spark._intake import REGISTER_TIMEOUT
 from creditflow.spark._process import EnvSettings, host_towards, metrics_url_of, task_environment, task_stack
 from creditflow.spark._stripes import pieces
+from creditflow.spark._watch import ReaderWatch
 from creditflow.spark.monitor import MonitorHandle, Reporter
 
 _log = logging.getLogger(__name__)
@@ -299,12 +300,15 @@ def stream_partition(
                     stats["rows"] += batch.num_rows
             return _finish(stats, start)
         stats["accepted"] = True
-        if plan.ranks:
-            _write_stripes(writer, plan, index, batches, [int(a.get("skip", 0)) for a in answers], stats)
-        else:
-            _write_all(writer, plan, index, attempt, batches, stats)
-        writer.close()
-        part.wait_consumed(timeout=plan.timeout)
+        who = lambda r: f"partition {index}: {receiver_at(plan, r)}"  # noqa: E731
+        with ReaderWatch(part, plan.addresses, plan.env.secret, who) as watch:
+            batches = watch.guard(batches)
+            if plan.ranks:
+                _write_stripes(writer, plan, index, batches, [int(a.get("skip", 0)) for a in answers], stats)
+            else:
+                _write_all(writer, plan, index, attempt, batches, stats)
+            writer.close()
+            part.wait_consumed(timeout=plan.timeout)
         for rank, answer in enumerate(answers):
             if answer.get("confirm"):
                 _confirm(plan, rank, index, answer.get("grant"), attempt)

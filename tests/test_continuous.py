@@ -385,6 +385,10 @@ def test_the_sink_checks_its_options_when_the_query_starts() -> None:
     assert ok.streamWriter(None, False).timeout == 5.0  # type: ignore[arg-type]
     quick = CreditflowDataSource({"address": "127.0.0.1:1", "secret": "s", "peer_timeout": "2.5"})
     assert quick.streamWriter(None, False).env.peer_timeout == 2.5  # type: ignore[arg-type]
+    for bad in ("soon", "0"):
+        source = CreditflowDataSource({"address": "127.0.0.1:1", "secret": "s", "timeout": bad})
+        with pytest.raises(ValueError, match=f"timeout must be a positive number of seconds, got '{bad}'"):
+            source.streamWriter(None, False)  # type: ignore[arg-type]
     for bad in ("soon", "-1", "nan"):
         source = CreditflowDataSource({"address": "127.0.0.1:1", "secret": "s", "peer_timeout": bad})
         with pytest.raises(ValueError, match=f"peer_timeout must be a non-negative number .* got '{bad}'"):

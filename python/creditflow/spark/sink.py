@@ -60,16 +60,20 @@ RUN_ID_PROPERTY = "spark.jobGroup.id"
 OPTIONS = ("address", "secret", "memory", "segment_size", "timeout", "wire_compression", "peer_timeout")
 
 
-def _seconds(options: dict[str, str], name: str, default: float) -> float:
+def _seconds(options: dict[str, str], name: str, default: float, positive: bool = False) -> float:
     """Option ``name`` as seconds (``default`` when not given); ValueError naming it for
-    anything but a number >= 0."""
+    anything but a number >= 0 (> 0 when ``positive``)."""
     text = options.get(name)
     if text is None:
         return default
+    what = "a positive" if positive else "a non-negative"
     try:
-        return check_seconds(name, float(text))
+        value = check_seconds(name, float(text))
     except ValueError:
-        raise ValueError(f"{name} must be a non-negative number of seconds, got {text!r}") from None
+        raise ValueError(f"{name} must be {what} number of seconds, got {text!r}") from None
+    if positive and value == 0:
+        raise ValueError(f"{name} must be {what} number of seconds, got {text!r}")
+    return value
 
 
 @dataclass
@@ -121,7 +125,6 @@ class CreditflowStreamWriter(DataSourceStreamArrowWriter):
                 '.option("address", rx.address).option("secret", rx.secret)'
             )
         check_wire_compression(options.get("wire_compression"))
-        timeout = options.get("timeout")
         self.address = options["address"]
         self.env = EnvSettings(
             secret=options["secret"],
@@ -131,7 +134,7 @@ class CreditflowStreamWriter(DataSourceStreamArrowWriter):
             tls=None,
             peer_timeout=_seconds(options, "peer_timeout", EnvSettings.peer_timeout),
         )
-        self.timeout = float(timeout) if timeout is not None else 600.0
+        self.timeout = _seconds(options, "timeout", 600.0, positive=True)
 
     def _plan(self, job: str, stream: str | None, batch_id: int | None) -> SendPlan:
         return SendPlan(

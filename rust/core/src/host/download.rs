@@ -28,9 +28,10 @@ use super::codec::{RecordHead, Signal};
 use super::link::{self, HeapEnd, InHeap, LinkEnd, Watched};
 use super::records::{encoded_piece, small, Frame, RecordSender};
 use super::state::SentCounters;
+use crate::base::error::Result;
 use crate::base::wait::CHECK_INTERVAL;
 use crate::gate::{GateItem, InputGate, Relayed};
-use crate::net::shm::ShmWriter;
+use crate::net::shm::{HeapWriter, ShmWriter};
 use crate::partition::subpartition::Token;
 
 /// Runs a gate's link until the gate ends, the task drops it or goes, or the service ends.
@@ -52,93 +53,23 @@ pub(crate) async fn run(
         let ready = ready.clone();
         gate.set_ready_listener(Arc::new(move || ready.notify_one()));
     }
-    let mut sender = RecordSender::new(None);
-    // Writer links whose heaps the task has been given.
-    let mut given: HashSet<u64> = HashSet::new();
+    let mut framer = Framer {
+        sent: &sent,
+        heaps: link.heaps.as_ref(),
+        heap,
+        sender: RecordSender::new(None),
+        given: HashSet::new(),
+    };
     // Errors in a row: a channel's failure ends that channel, so more than one per channel
     // without anything else between means the gate is stuck failing.
     let mut errors = 0usize;
     let limit = gate.num_channels() + 1;
-    loop {
-        let next = loop {
-            if stopped() {
-                break None;
-            }
-            match gate.try_next_relayed() {
-                Ok(Some(item)) => break Some(Ok(item)),
-                Ok(None) => {
-                    // A push after the poll above left a permit: this returns at once.
-                    let slice = gate
-                        .retry_due_in()
-                        .map_or(CHECK_INTERVAL, |d| d.min(CHECK_INTERVAL));
-                    let _ = tokio::time::timeout(slice, ready.notified()).await;
-                }
-                Err(e) => break Some(Err(e)),
-            }
-        };
-        let Some(next) = next else { break };
-        let (frame, last): (Frame, bool) = match next {
+    while let Some(next) = next_item(&mut gate, &ready, &stopped).await {
+        let (frame, last) = match next {
             Ok(None) => (small(Signal::End.encode()), true),
             Ok(Some(item)) => {
                 errors = 0;
-                match item {
-                    Relayed::Piece {
-                        channel,
-                        piece,
-                        token,
-                        in_flight,
-                    } => {
-                        let head = RecordHead {
-                            channel: channel as u32,
-                            in_flight,
-                        };
-                        let forwarded = forward(&head, &token, link.heaps.as_ref(), &mut given).await;
-                        match counted(&sent, forwarded) {
-                            Some(f) => (f, false),
-                            None => (encoded_piece(head, piece.record(), heap), false),
-                        }
-                    }
-                    Relayed::Item(GateItem::Batch {
-                        channel,
-                        batch,
-                        in_flight,
-                        token,
-                    }) => {
-                        let head = RecordHead {
-                            channel: channel as u32,
-                            in_flight,
-                        };
-                        let forwarded = forward(&head, &token, link.heaps.as_ref(), &mut given).await;
-                        let frame = match counted(&sent, forwarded) {
-                            Some(f) => Ok(f),
-                            None => sender.frame(head, &batch, heap),
-                        };
-                        match frame {
-                            Ok(f) => (f, false),
-                            Err(e) => (small(Signal::Error(e).encode()), true),
-                        }
-                    }
-                    Relayed::Item(GateItem::Event { channel, payload }) => {
-                        let s = Signal::Event {
-                            target: Some(channel as u32),
-                            payload,
-                        };
-                        (small(s.encode()), false)
-                    }
-                    Relayed::Item(GateItem::Barrier {
-                        checkpoint_id,
-                        unaligned,
-                    }) => {
-                        let s = Signal::Barrier {
-                            id: checkpoint_id,
-                            unaligned,
-                        };
-                        (small(s.encode()), false)
-                    }
-                    Relayed::Item(GateItem::CheckpointAborted { checkpoint_id }) => {
-                        (small(Signal::Aborted { id: checkpoint_id }.encode()), false)
-                    }
-                }
+                framer.frame(item).await
             }
             Err(_) if stopped() => break,
             Err(e) => {
@@ -153,6 +84,108 @@ pub(crate) async fn run(
     gate.close();
     // Closes the ring: the task reads what is in it (the end), then end-of-stream.
     let _ = link.writer.shutdown().await;
+}
+
+/// The gate's next item (`None` inside: its end) or failure, waiting for one without holding
+/// a thread; `None` once the link is stopped.
+async fn next_item(
+    gate: &mut InputGate,
+    ready: &Notify,
+    stopped: &impl Fn() -> bool,
+) -> Option<Result<Option<Relayed>>> {
+    loop {
+        if stopped() {
+            return None;
+        }
+        match gate.try_next_relayed() {
+            Ok(Some(item)) => return Some(Ok(item)),
+            Ok(None) => {
+                // A push after the poll above left a permit: this returns at once.
+                let slice = gate
+                    .retry_due_in()
+                    .map_or(CHECK_INTERVAL, |d| d.min(CHECK_INTERVAL));
+                let _ = tokio::time::timeout(slice, ready.notified()).await;
+            }
+            Err(e) => return Some(Err(e)),
+        }
+    }
+}
+
+/// Makes the frames that carry a gate's items to its task.
+struct Framer<'a> {
+    sent: &'a SentCounters,
+    /// The connection writer links' heaps go to the task over (none: every batch is copied).
+    heaps: Option<&'a UnixStream>,
+    /// The link's own heap, where copied records go.
+    heap: &'a HeapWriter,
+    sender: RecordSender,
+    /// Writer links whose heaps the task has been given.
+    given: HashSet<u64>,
+}
+
+impl Framer<'_> {
+    /// The frame that carries `item`, and whether it is the link's last (a batch that
+    /// cannot be encoded ends the link with its error).
+    async fn frame(&mut self, item: Relayed) -> (Frame, bool) {
+        match item {
+            Relayed::Piece {
+                channel,
+                piece,
+                token,
+                in_flight,
+            } => {
+                let head = RecordHead {
+                    channel: channel as u32,
+                    in_flight,
+                };
+                let forwarded = forward(&head, &token, self.heaps, &mut self.given).await;
+                match counted(self.sent, forwarded) {
+                    Some(f) => (f, false),
+                    None => (encoded_piece(head, piece.record(), self.heap), false),
+                }
+            }
+            Relayed::Item(GateItem::Batch {
+                channel,
+                batch,
+                in_flight,
+                token,
+            }) => {
+                let head = RecordHead {
+                    channel: channel as u32,
+                    in_flight,
+                };
+                let forwarded = forward(&head, &token, self.heaps, &mut self.given).await;
+                let frame = match counted(self.sent, forwarded) {
+                    Some(f) => Ok(f),
+                    None => self.sender.frame(head, &batch, self.heap),
+                };
+                match frame {
+                    Ok(f) => (f, false),
+                    Err(e) => (small(Signal::Error(e).encode()), true),
+                }
+            }
+            Relayed::Item(GateItem::Event { channel, payload }) => {
+                let s = Signal::Event {
+                    target: Some(channel as u32),
+                    payload,
+                };
+                (small(s.encode()), false)
+            }
+            Relayed::Item(GateItem::Barrier {
+                checkpoint_id,
+                unaligned,
+            }) => {
+                let s = Signal::Barrier {
+                    id: checkpoint_id,
+                    unaligned,
+                };
+                (small(s.encode()), false)
+            }
+            Relayed::Item(GateItem::CheckpointAborted { checkpoint_id }) => {
+                (small(Signal::Aborted { id: checkpoint_id }.encode()), false)
+            }
+        }
+    }
 }
 
 /// Counts a batch sent on as `forwarded` says: in place, or copied (`None`: the caller copies).

@@ -140,11 +140,17 @@ async fn run(
     });
     let pool = RecordPool::new(RECORD_POOL);
     let source = Arc::new(source);
-    // Reads each piece's schema and rows (and decodes it for a partition that needs the batch);
-    // the reading task decodes and checks it.
-    let mut pieces = SelfContainedDecoder::relay(MAX_PIECE);
-    // Shared with the blocking thread a write that must wait goes to (it is awaited there).
-    let w = Arc::new(Mutex::new(RecordWriter::new(partition.clone(), partitioner)));
+    let mut upload = Upload {
+        // Shared with the blocking thread a write that must wait goes to (it is awaited there).
+        w: Arc::new(Mutex::new(RecordWriter::new(partition.clone(), partitioner))),
+        partition: partition.clone(),
+        // Reads each piece's schema and rows (and decodes it for a partition that needs the
+        // batch); the reading task decodes and checks it.
+        pieces: SelfContainedDecoder::relay(MAX_PIECE),
+        writes,
+        source,
+        drain: drain.clone(),
+    };
     let outcome: Result<()> = loop {
         let read = read_incoming(&mut link.reader, Some(&heap), &pool, MAX_PIECE);
         let incoming = match drain.run(read).await {
@@ -159,73 +165,10 @@ async fn run(
             }
             Ok(Err(e)) | Err(e) => break Err(e),
         };
-        let step = match incoming {
-            Incoming::Piece { head, body, lease } => {
-                // A partition that hands batches over queues the piece undecoded (its reader
-                // decodes it); one that stores or serializes them needs the batch.
-                let piece = match writes {
-                    Writes::Handed => EncodedPiece::peek(body, &mut pieces).map(Handed::Piece),
-                    Writes::Here => pieces.decode(body).map(Handed::Batch),
-                };
-                match piece {
-                    Ok(piece) => {
-                        let token = lease.map(|lease| {
-                            let source = source.clone();
-                            Arc::new(InHeap { source, lease }) as Token
-                        });
-                        write_piece(&w, piece, token, head.channel as usize, &drain, writes).await
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            Incoming::Signal(Signal::Event {
-                target: None,
-                payload,
-            }) => w.lock().unwrap().broadcast_event(&payload),
-            Incoming::Signal(Signal::Event {
-                target: Some(t),
-                payload,
-            }) => w.lock().unwrap().emit_event(&payload, t as usize),
-            Incoming::Signal(Signal::Barrier { id, unaligned }) => {
-                let overtaken = w.lock().unwrap().broadcast_barrier(id, unaligned);
-                match overtaken {
-                    Ok(o) => {
-                        let overtaken = o.into_iter().map(|n| n as u64).collect();
-                        reply(&mut link.writer, Signal::Ack { overtaken }, &drain).await
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            Incoming::Signal(Signal::Flush) => {
-                w.lock().unwrap().flush();
-                Ok(())
-            }
-            Incoming::Signal(Signal::Close) => {
-                let closed = w.lock().unwrap().close();
-                break match closed {
-                    Ok(()) => {
-                        let ack = Signal::Ack {
-                            overtaken: Vec::new(),
-                        };
-                        reply(&mut link.writer, ack, &drain).await
-                    }
-                    Err(e) => Err(e),
-                };
-            }
-            Incoming::Signal(Signal::Fail { message }) => {
-                partition.fail(&message);
-                let ack = Signal::Ack {
-                    overtaken: Vec::new(),
-                };
-                break reply(&mut link.writer, ack, &drain).await;
-            }
-            Incoming::Signal(other) => Err(Error::Protocol(format!("attach: {other:?} on a writer's link"))),
-            Incoming::Record { .. } | Incoming::Forward { .. } => Err(Error::Protocol(
-                "attach: a record other than a piece on a writer's link".into(),
-            )),
-        };
-        if let Err(e) = step {
-            break Err(e);
+        match upload.take(incoming, &mut link.writer).await {
+            Ok(Next::More) => {}
+            Ok(Next::Done) => break Ok(()),
+            Err(e) => break Err(e),
         }
     };
     if let Err(e) = outcome {
@@ -243,6 +186,95 @@ async fn run(
     }
     // Closes the ring: the task reads what is in it, then the end.
     let _ = link.writer.shutdown().await;
+}
+
+/// What a writer's link does after an item from its task.
+enum Next {
+    /// Takes the next.
+    More,
+    /// Ends: the writer's close or failure was acknowledged.
+    Done,
+}
+
+/// A writer's link's side in the service: the writer, and what its items need.
+struct Upload {
+    partition: Arc<ResultPartition>,
+    w: Arc<Mutex<RecordWriter>>,
+    pieces: SelfContainedDecoder,
+    writes: Writes,
+    source: Arc<SourceHeap>,
+    drain: Arc<Drain>,
+}
+
+impl Upload {
+    /// Does what the task sent: writes a piece, passes an event, barrier or flush on, or
+    /// closes or fails the partition and acknowledges it on `replies`.
+    async fn take(&mut self, incoming: Incoming, replies: &mut ShmWriter) -> Result<Next> {
+        let w = &self.w;
+        match incoming {
+            Incoming::Piece { head, body, lease } => {
+                // A partition that hands batches over queues the piece undecoded (its reader
+                // decodes it); one that stores or serializes them needs the batch.
+                let piece = match self.writes {
+                    Writes::Handed => EncodedPiece::peek(body, &mut self.pieces).map(Handed::Piece),
+                    Writes::Here => self.pieces.decode(body).map(Handed::Batch),
+                }?;
+                let token = lease.map(|lease| {
+                    let source = self.source.clone();
+                    Arc::new(InHeap { source, lease }) as Token
+                });
+                let channel = head.channel as usize;
+                write_piece(w, piece, token, channel, &self.drain, self.writes).await?;
+            }
+            Incoming::Signal(Signal::Event {
+                target: None,
+                payload,
+            }) => w.lock().unwrap().broadcast_event(&payload)?,
+            Incoming::Signal(Signal::Event {
+                target: Some(t),
+                payload,
+            }) => w.lock().unwrap().emit_event(&payload, t as usize)?,
+            Incoming::Signal(Signal::Barrier { id, unaligned }) => {
+                let overtaken = w.lock().unwrap().broadcast_barrier(id, unaligned)?;
+                let overtaken = overtaken.into_iter().map(|n| n as u64).collect();
+                reply(replies, Signal::Ack { overtaken }, &self.drain).await?;
+            }
+            Incoming::Signal(Signal::Flush) => w.lock().unwrap().flush(),
+            Incoming::Signal(Signal::Close) => {
+                w.lock().unwrap().close()?;
+                reply(
+                    replies,
+                    Signal::Ack {
+                        overtaken: Vec::new(),
+                    },
+                    &self.drain,
+                )
+                .await?;
+                return Ok(Next::Done);
+            }
+            Incoming::Signal(Signal::Fail { message }) => {
+                self.partition.fail(&message);
+                reply(
+                    replies,
+                    Signal::Ack {
+                        overtaken: Vec::new(),
+                    },
+                    &self.drain,
+                )
+                .await?;
+                return Ok(Next::Done);
+            }
+            Incoming::Signal(other) => {
+                return Err(Error::Protocol(format!("attach: {other:?} on a writer's link")))
+            }
+            Incoming::Record { .. } | Incoming::Forward { .. } => {
+                return Err(Error::Protocol(
+                    "attach: a record other than a piece on a writer's link".into(),
+                ))
+            }
+        }
+        Ok(Next::More)
+    }
 }
 
 /// Queues a piece: at once when the partition has room for it now, else where `writes` says

@@ -242,27 +242,11 @@ impl Upload {
             Incoming::Signal(Signal::Flush) => w.lock().unwrap().flush(),
             Incoming::Signal(Signal::Close) => {
                 w.lock().unwrap().close()?;
-                reply(
-                    replies,
-                    Signal::Ack {
-                        overtaken: Vec::new(),
-                    },
-                    &self.drain,
-                )
-                .await?;
-                return Ok(Next::Done);
+                return self.ended(replies).await;
             }
             Incoming::Signal(Signal::Fail { message }) => {
                 self.partition.fail(&message);
-                reply(
-                    replies,
-                    Signal::Ack {
-                        overtaken: Vec::new(),
-                    },
-                    &self.drain,
-                )
-                .await?;
-                return Ok(Next::Done);
+                return self.ended(replies).await;
             }
             Incoming::Signal(other) => {
                 return Err(Error::Protocol(format!("attach: {other:?} on a writer's link")))
@@ -274,6 +258,15 @@ impl Upload {
             }
         }
         Ok(Next::More)
+    }
+
+    /// Acknowledges the writer's close or failure: the link's last reply.
+    async fn ended(&self, replies: &mut ShmWriter) -> Result<Next> {
+        let ack = Signal::Ack {
+            overtaken: Vec::new(),
+        };
+        reply(replies, ack, &self.drain).await?;
+        Ok(Next::Done)
     }
 }
 

@@ -34,6 +34,107 @@ pub struct Attachment {
     writer_heap: usize,
 }
 
+/// Connects to the service's socket `sock_name`, checks that it runs as this user (its peer
+/// credentials) and is the process it says it is, and says who attaches (`owner`: the process
+/// whose end ends the service).
+async fn handshake(sock_name: String, service: String, owner: u32) -> Result<(UnixStream, Welcome)> {
+    let no_service = |e: std::io::Error| {
+        Error::ConnectionLost(format!(
+            "no creditflow host service {service:?} answers on this host: {e}"
+        ))
+    };
+    let mut sock = UnixStream::connect(&sock_name).await.map_err(no_service)?;
+    let uid = rustix::process::getuid().as_raw();
+    let cred = sock.peer_cred().map_err(link::lost)?;
+    if cred.uid() != uid {
+        return Err(Error::Authentication(format!(
+            "the host service {service:?} runs as uid {}, this process as {uid}",
+            cred.uid()
+        )));
+    }
+    let pid = std::process::id();
+    sock.write_all(&Opening::Attach { pid, owner }.encode())
+        .await
+        .map_err(link::lost)?;
+    let (len, ty) = read_header(&mut sock, MAX_CONTROL_FRAME)
+        .await?
+        .ok_or_else(|| Error::ConnectionLost(format!("the host service {service:?} closed at once")))?;
+    let body = read_body(&mut sock, len - codec::FRAME_HEADER).await?;
+    let welcome = match ty {
+        codec::ty::WELCOME => Welcome::decode(&body)?,
+        codec::ty::REFUSED => return Err(get_error(&mut In::new(&body))?),
+        t => {
+            return Err(Error::Protocol(format!(
+                "attach: frame type {t} instead of a welcome"
+            )))
+        }
+    };
+    if cred.pid() != Some(welcome.pid as i32) {
+        return Err(Error::Authentication(format!(
+            "the host service says it is pid {}, its socket says {:?}",
+            welcome.pid,
+            cred.pid()
+        )));
+    }
+    Ok((sock, welcome))
+}
+
+/// The session's two tasks on `sock`: one writes the requests queued on `requests`, one
+/// hands each reply to the request waiting for it. Either ending ends the session: `pending`
+/// notes why, and its waiting requests wake.
+fn session_io(
+    handle: &tokio::runtime::Handle,
+    sock: UnixStream,
+    mut requests: mpsc::UnboundedReceiver<Vec<u8>>,
+    pending: &Arc<Mutex<Pending>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let (mut rd, mut wr) = sock.into_split();
+    let end = |pending: &Mutex<Pending>, why: String| {
+        let mut p = pending.lock().unwrap();
+        p.ended.get_or_insert(why);
+        // Dropping the senders wakes every waiting request.
+        p.replies.clear();
+    };
+    let writer = {
+        let pending = pending.clone();
+        handle.spawn(async move {
+            while let Some(frame) = requests.recv().await {
+                if let Err(e) = wr.write_all(&frame).await {
+                    end(&pending, format!("writing to it failed: {e}"));
+                    return;
+                }
+            }
+        })
+    };
+    let reader = {
+        let pending = pending.clone();
+        handle.spawn(async move {
+            let why = loop {
+                let frame = async {
+                    let (len, ty) = read_header(&mut rd, MAX_CONTROL_FRAME)
+                        .await?
+                        .ok_or_else(|| Error::ConnectionLost("it closed the session".into()))?;
+                    let body = read_body(&mut rd, len - codec::FRAME_HEADER).await?;
+                    if ty != codec::ty::REPLY {
+                        return Err(Error::Protocol(format!("frame type {ty} on a session")));
+                    }
+                    Reply::decode(&body)
+                };
+                match frame.await {
+                    Ok((id, reply)) => {
+                        if let Some(tx) = pending.lock().unwrap().replies.remove(&id) {
+                            let _ = tx.send(reply);
+                        }
+                    }
+                    Err(e) => break e.to_string(),
+                }
+            };
+            end(&pending, why);
+        })
+    };
+    vec![writer, reader]
+}
+
 impl Attachment {
     /// Attaches to the service `name` of this user on this host; `owner` is the pid of the
     /// process this task belongs to (a Spark executor; 0: none), whose end may end the
@@ -44,97 +145,12 @@ impl Attachment {
     pub fn connect(name: &str, owner: u32, memory: usize) -> Result<Attachment> {
         check_name(name)?;
         let handle = runtime::handle()?;
-        let sock_name = socket_name(name);
-        let service = name.to_string();
-        let fut = async move {
-            let no_service = |e: std::io::Error| {
-                Error::ConnectionLost(format!(
-                    "no creditflow host service {service:?} answers on this host: {e}"
-                ))
-            };
-            let mut sock = UnixStream::connect(&sock_name).await.map_err(no_service)?;
-            let uid = rustix::process::getuid().as_raw();
-            let cred = sock.peer_cred().map_err(link::lost)?;
-            if cred.uid() != uid {
-                return Err(Error::Authentication(format!(
-                    "the host service {service:?} runs as uid {}, this process as {uid}",
-                    cred.uid()
-                )));
-            }
-            let pid = std::process::id();
-            sock.write_all(&Opening::Attach { pid, owner }.encode())
-                .await
-                .map_err(link::lost)?;
-            let (len, ty) = read_header(&mut sock, MAX_CONTROL_FRAME).await?.ok_or_else(|| {
-                Error::ConnectionLost(format!("the host service {service:?} closed at once"))
-            })?;
-            let body = read_body(&mut sock, len - codec::FRAME_HEADER).await?;
-            let welcome = match ty {
-                codec::ty::WELCOME => Welcome::decode(&body)?,
-                codec::ty::REFUSED => return Err(get_error(&mut In::new(&body))?),
-                t => {
-                    return Err(Error::Protocol(format!(
-                        "attach: frame type {t} instead of a welcome"
-                    )))
-                }
-            };
-            if cred.pid() != Some(welcome.pid as i32) {
-                return Err(Error::Authentication(format!(
-                    "the host service says it is pid {}, its socket says {:?}",
-                    welcome.pid,
-                    cred.pid()
-                )));
-            }
-            Ok((sock, welcome))
-        };
+        let fut = handshake(socket_name(name), name.to_string(), owner);
         let mut wait = Wait::timeout(Some(CONNECT_TIMEOUT), "host service");
         let (sock, welcome) = block_on(&handle, fut, &mut wait)??;
-        let (mut rd, mut wr) = sock.into_split();
-        let (out, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let (out, rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let pending = Arc::new(Mutex::new(Pending::default()));
-        let end = |pending: &Mutex<Pending>, why: String| {
-            let mut p = pending.lock().unwrap();
-            p.ended.get_or_insert(why);
-            // Dropping the senders wakes every waiting request.
-            p.replies.clear();
-        };
-        let writer = {
-            let pending = pending.clone();
-            handle.spawn(async move {
-                while let Some(frame) = rx.recv().await {
-                    if let Err(e) = wr.write_all(&frame).await {
-                        end(&pending, format!("writing to it failed: {e}"));
-                        return;
-                    }
-                }
-            })
-        };
-        let reader = {
-            let pending = pending.clone();
-            handle.spawn(async move {
-                let why = loop {
-                    let frame = async {
-                        let (len, ty) = read_header(&mut rd, MAX_CONTROL_FRAME)
-                            .await?
-                            .ok_or_else(|| Error::ConnectionLost("it closed the session".into()))?;
-                        let body = read_body(&mut rd, len - codec::FRAME_HEADER).await?;
-                        if ty != codec::ty::REPLY {
-                            return Err(Error::Protocol(format!("frame type {ty} on a session")));
-                        }
-                        Reply::decode(&body)
-                    };
-                    match frame.await {
-                        Ok((id, reply)) => {
-                            if let Some(tx) = pending.lock().unwrap().replies.remove(&id) {
-                                let _ = tx.send(reply);
-                            }
-                        }
-                        Err(e) => break e.to_string(),
-                    }
-                };
-                end(&pending, why);
-            })
-        };
+        let io = session_io(&handle, sock, rx, &pending);
         Ok(Attachment {
             session: Arc::new(Session {
                 name: name.to_string(),
@@ -143,7 +159,7 @@ impl Attachment {
                 out,
                 pending,
                 next_id: AtomicU64::new(1),
-                io: vec![writer, reader],
+                io,
             }),
             writer_heap: link::writer_heap(memory),
         })

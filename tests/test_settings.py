@@ -298,6 +298,21 @@ def test_the_spark_layer_accepts_the_peer_timeouts_the_core_does() -> None:
         cfs.Receiver(peer_timeout=-1)
 
 
+def test_send_and_receiver_refuse_bad_sizes_and_timeouts_before_anything_runs() -> None:
+    import creditflow.spark as cfs
+
+    for bad, match in (
+        ({"memory": "banana"}, 'memory: invalid byte size "banana"'),
+        ({"segment_size": "32 kilos"}, 'segment_size: invalid byte size "32 kilos"'),
+        ({"timeout": 0}, "timeout must be a positive number of seconds or None, got 0"),
+        ({"timeout": -5.0}, "timeout must be a positive number"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            cfs.send(None, "127.0.0.1:1", "x", **bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        cfs.Receiver(timeout=-1)
+
+
 def test_the_spark_layer_accepts_the_wire_compressions_the_core_does() -> None:
     import creditflow as cf
     from creditflow.spark._process import WIRE_COMPRESSIONS, check_wire_compression

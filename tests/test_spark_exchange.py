@@ -251,6 +251,10 @@ def test_bad_arguments_are_refused_on_the_driver(spark: SparkSession) -> None:
         cfs.exchange(df, "id", num_partitions=0)
     with pytest.raises(ValueError, match="rendezvous must be one of"):
         cfs.exchange(df, "id", rendezvous="carrier-pigeon")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match='memory: invalid byte size "lots"'):
+        cfs.exchange(df, "id", memory="lots")
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        cfs.exchange(df, "id", timeout=0)
 
 
 def _services_named(name: str) -> list[int]:

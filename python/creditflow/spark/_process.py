@@ -107,6 +107,22 @@ def check_wire_compression(value: str | None) -> None:
         raise ValueError(f'wire_compression must be None, "lz4" or "zstd", got {value!r}')
 
 
+def check_bytes(name: str, value: int | str) -> int:
+    """``value`` as bytes (``65536``, ``"64MiB"``); raises ValueError naming ``name`` otherwise,
+    so that a typo fails on the driver, not in every task. Whether the size suits its setting
+    (a power of two for ``segment_size``...) is the environment's to say."""
+    try:
+        return cf.parse_bytes(value)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{name}: {str(exc).removeprefix('size: ')}") from None
+
+
+def check_timeout(value: float | None) -> None:
+    """Raises ValueError unless ``value`` (a wait's limit) is None or a positive number of seconds."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0):
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {value!r}")
+
+
 def check_seconds(name: str, value: object) -> float:
     """``value`` as seconds; raises ValueError (with the core's wording) unless it is a finite
     number >= 0, so a bad setting fails on the driver instead of in every task."""

@@ -52,7 +52,9 @@ from creditflow.spark._driver import (
 from creditflow.spark._process import (
     EnvSettings,
     TlsFiles,
+    check_bytes,
     check_seconds,
+    check_timeout,
     check_wire_compression,
     metrics_url_of,
     task_stack,
@@ -204,8 +206,9 @@ def exchange(
     missing = [k for k in key_list if k not in df.columns]
     if missing:
         raise ValueError(f"key column(s) {missing} not in the DataFrame (columns: {df.columns})")
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    check_timeout(timeout)
+    check_bytes("memory", memory)
+    check_bytes("segment_size", segment_size)
     if func is not None and not callable(func):
         raise TypeError(f"func must be callable, got {type(func).__name__}")
     _check_key_types(df, key_list)

@@ -42,7 +42,14 @@ from creditflow.spark._batchlog import BatchLog
 from creditflow.spark._continuous import Continuous
 from creditflow.spark._driver import application_id, host_memory, prepare, query_of, use_host_service
 from creditflow.spark._modes import Direct, Spooled
-from creditflow.spark._process import EnvSettings, TlsFiles, check_seconds, check_wire_compression
+from creditflow.spark._process import (
+    EnvSettings,
+    TlsFiles,
+    check_bytes,
+    check_seconds,
+    check_timeout,
+    check_wire_compression,
+)
 from creditflow.spark._rank import Options, Ranked
 from creditflow.spark._rankstate import RankState
 from creditflow.spark._sending import (
@@ -140,7 +147,7 @@ class Receiver(Closeable):
     (:meth:`set_epoch`). Raises :class:`ValueError` for ``replay``, ``epochs``, ``spill_dir``
     or ``max_spill`` without ``spill=True`` or a rank, for ``epochs > 1`` with
     ``replay=False``, for rank settings without ``batch_size`` or the other way round, and
-    for a bad rank, size, window or state, and for ``continuous=True`` with a rank,
+    for a bad rank, size, window, state or ``timeout``, and for ``continuous=True`` with a rank,
     ``replay`` or ``epochs``, or ``batch_log`` without it.
     """
 
@@ -174,6 +181,7 @@ class Receiver(Closeable):
     ) -> None:
         if max_queued < 1:
             raise ValueError(f"max_queued must be at least 1, got {max_queued}")
+        check_timeout(timeout)
         ranked = batch_size is not None or rank is not None or world_size is not None or job is not None
         opts = None
         found = None
@@ -568,6 +576,9 @@ def send(
         raise ValueError(f'via must be "executors" or "driver", got {via!r}')
     check_wire_compression(wire_compression)
     check_seconds("peer_timeout", peer_timeout)
+    check_timeout(timeout)
+    check_bytes("memory", memory)
+    check_bytes("segment_size", segment_size)
     where, ranks = addresses_of(addresses)
     settings = EnvSettings(
         secret=secret,

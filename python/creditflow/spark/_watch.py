@@ -63,8 +63,9 @@ class ReaderWatch:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        # Not joined: an ask in flight may take its whole ALIVE_TIMEOUT (a busy receiver), and
+        # the task must not wait for it. Once stopped, the thread releases nothing.
         self._stop.set()
-        self._thread.join()
         if self.gone is not None:
             raise ConnectionError(self.gone) from exc
 
@@ -87,6 +88,8 @@ class ReaderWatch:
                 return
             for r in waiting:
                 why = self._ask(r)
+                if self._stop.is_set():
+                    return
                 if why is not None:
                     self.gone = f"{self._who(r)} went away before its reader reached this task: {why}"
                     self._part.release()

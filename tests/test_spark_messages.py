@@ -123,6 +123,69 @@ def test_requests_to_one_inbox_share_a_connection_and_survive_its_loss() -> None
         inbox.close()
 
 
+def _in_thread(fn: Any, limit: float) -> tuple[bool, Any]:
+    """Runs ``fn`` on a thread for at most ``limit`` seconds: (done, its result or error)."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(limit)
+    return (not t.is_alive(), out[0] if out else None)
+
+
+def test_a_peer_that_connects_and_says_nothing_holds_up_no_one_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The handshake ran in the listener's accept(): one peer that connected and never
+    answered the challenge (a port scanner, a stopped process) held up every other peer's
+    messages for as long as it stayed. Each connection has its own handshake now, with a
+    deadline after which the silent one is dropped; a wrong key is still refused."""
+    import multiprocessing
+
+    from creditflow.spark import _messages
+
+    monkeypatch.setattr(_messages, "HANDSHAKE_TIMEOUT", 1.0)
+    inbox = Inbox(lambda m: {"echo": m["n"]}, host="127.0.0.1", key="k" * 32, name="test-inbox")
+    try:
+        host, port = inbox.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as silent:
+            silent.settimeout(10)
+            done, answer = _in_thread(lambda: request(inbox.address, "k" * 32, {"n": 1}, timeout=5), 10)
+            assert done, "a silent peer held up the inbox"
+            assert answer == {"echo": 1}
+            # The inbox sent its challenge, then dropped the silent peer at the deadline.
+            received = b""
+            while chunk := silent.recv(4096):
+                received += chunk
+            assert received, "no challenge was sent"
+        with pytest.raises(multiprocessing.AuthenticationError):
+            request(inbox.address, "wrong" * 8, {"n": 2})
+        assert request(inbox.address, "k" * 32, {"n": 3}) == {"echo": 3}
+    finally:
+        inbox.close()
+
+
+def test_a_listener_that_never_completes_the_handshake_fails_the_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request to an address that accepts the connection but never speaks (a stopped
+    receiver: the kernel still accepts) raised nothing, ever; it now fails with TimeoutError
+    naming the address once the handshake's deadline passed."""
+    from creditflow.spark import _messages
+
+    monkeypatch.setattr(_messages, "HANDSHAKE_TIMEOUT", 1.0)
+    with socket.create_server(("127.0.0.1", 0)) as mute:
+        address = f"127.0.0.1:{mute.getsockname()[1]}"
+        done, error = _in_thread(lambda: request(address, "k" * 32, {"n": 1}, timeout=5), 20)
+    assert done, "the request still waits for the handshake"
+    assert isinstance(error, TimeoutError), error
+    assert f"{address} did not complete the handshake within 1.0 s" in str(error)
+
+
 def plan_to(address: str, job: str, secret: str = "k" * 32) -> Any:
     """A send's plan to the one receiver at ``address``."""
     from creditflow.spark._process import EnvSettings

@@ -1,9 +1,11 @@
 """Small authenticated control messages between Spark tasks and a driver or consumer process.
 
 The data goes through creditflow; this only carries who-is-where (a task's environment
-address and partition id) and live metrics. It uses :mod:`multiprocessing.connection`, whose
-listener runs an HMAC challenge-response with the shared key before it accepts a peer, and
-sends JSON documents (never pickles), at most :data:`MAX_MESSAGE` bytes each.
+address and partition id) and live metrics. It uses :mod:`multiprocessing.connection`'s HMAC
+challenge-response with the shared key before any message, and sends JSON documents (never
+pickles), at most :data:`MAX_MESSAGE` bytes each. Each handshake has its own thread and a
+deadline (:data:`HANDSHAKE_TIMEOUT`) on both sides, so a peer that connects and says nothing
+(a port scanner, a stopped process) holds up only its own connection.
 """
 
 from __future__ import annotations
@@ -14,14 +16,19 @@ import json
 import multiprocessing
 import os
 import socket
+import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
-from multiprocessing.connection import Client, Connection, Listener
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
 from typing import Any
 
 #: Largest control message accepted.
 MAX_MESSAGE = 1 << 20
+
+#: Seconds a peer has to connect, and to complete the handshake once connected.
+CONNECT_TIMEOUT = 20.0
+HANDSHAKE_TIMEOUT = 20.0
 
 Message = dict[str, Any]
 
@@ -57,9 +64,51 @@ def _no_delay(conn: Connection) -> Connection:
     return conn
 
 
+@contextlib.contextmanager
+def _deadline(conn: Connection, seconds: float) -> Iterator[None]:
+    """Reads and writes on ``conn`` that block longer than ``seconds`` fail (``SO_RCVTIMEO``,
+    ``SO_SNDTIMEO``) while the block runs: a handshake with a peer that says nothing ends."""
+    limit = struct.pack("ll", int(seconds), int(seconds % 1 * 1_000_000))
+    with socket.socket(fileno=os.dup(conn.fileno())) as s:
+        for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+            s.setsockopt(socket.SOL_SOCKET, option, limit)
+        try:
+            yield
+        finally:
+            for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+                with contextlib.suppress(OSError):
+                    s.setsockopt(socket.SOL_SOCKET, option, struct.pack("ll", 0, 0))
+
+
+def _handshake(conn: Connection, key: bytes, *, server: bool, address: str) -> None:
+    """The HMAC challenge-response of :mod:`multiprocessing.connection` (each side proves it
+    has ``key``), within :data:`HANDSHAKE_TIMEOUT`; raises TimeoutError naming ``address``
+    when the peer stays silent, ``AuthenticationError`` for a wrong key."""
+    try:
+        with _deadline(conn, HANDSHAKE_TIMEOUT):
+            if server:
+                deliver_challenge(conn, key)
+                answer_challenge(conn, key)
+            else:
+                answer_challenge(conn, key)
+                deliver_challenge(conn, key)
+    except BlockingIOError:
+        raise TimeoutError(f"{address} did not complete the handshake within {HANDSHAKE_TIMEOUT} s") from None
+
+
 def _connect(address: str, key: str) -> Connection:
-    """An authenticated connection to the :class:`Inbox` at ``address``."""
-    return _no_delay(Client(_split(address), authkey=key.encode()))
+    """An authenticated connection to the :class:`Inbox` at ``address``; raises OSError
+    (TimeoutError past :data:`CONNECT_TIMEOUT` or :data:`HANDSHAKE_TIMEOUT`) or
+    ``AuthenticationError``."""
+    sock = socket.create_connection(_split(address), timeout=CONNECT_TIMEOUT)
+    sock.settimeout(None)
+    conn = _no_delay(Connection(sock.detach()))
+    try:
+        _handshake(conn, key.encode(), server=False, address=address)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _ask(conn: Connection, address: str, message: Message, timeout: float) -> Message:
@@ -189,7 +238,10 @@ class Inbox:
         # multiprocessing's default backlog is 1: with many tasks connecting at once, the
         # kernel drops the final ACK of those that do not fit, their side counts as connected
         # and waits for the challenge forever (seen with a 16-task exchange's reporters).
-        self._listener = Listener((host, 0), backlog=socket.SOMAXCONN, authkey=key.encode())
+        # No authkey: the listener would run the handshake in accept(), where one silent peer
+        # holds up every other; each connection's thread runs it instead (_serve).
+        self._listener = Listener((host, 0), backlog=socket.SOMAXCONN)
+        self._key = key.encode()
         bound_host, port = self._listener.address
         self.address = f"{bound_host}:{port}"
         self._closed = threading.Event()
@@ -203,9 +255,8 @@ class Inbox:
         while not self._closed.is_set():
             try:
                 conn = self._listener.accept()
-            except (OSError, EOFError, multiprocessing.AuthenticationError):
-                # Closed, or a peer that failed the authentication: keep serving the others.
-                continue
+            except (OSError, EOFError):
+                continue  # closed, or a peer gone before it was accepted
             with self._lock:
                 if self._closed.is_set():
                     conn.close()
@@ -217,6 +268,10 @@ class Inbox:
     def _serve(self, conn: Connection) -> None:
         first: Message | None = None
         try:
+            try:
+                _handshake(conn, self._key, server=True, address="a peer")
+            except (OSError, EOFError, TypeError, multiprocessing.AuthenticationError):
+                return  # silent, gone, closed under it (TypeError), or a wrong key: drop it only
             while not self._closed.is_set():
                 try:
                     data = conn.recv_bytes(MAX_MESSAGE)

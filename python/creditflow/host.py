@@ -40,6 +40,7 @@ __all__ = [
     "HostService",
     "attach",
     "attach_or_start",
+    "log_dir",
     "log_path",
     "prune_logs",
     "run_on_demand",
@@ -149,11 +150,16 @@ def serve(
 LOG_KEEP_DAYS = 7
 
 
-def log_path(name: str) -> Path:
-    """Where a service started on demand writes its log (a directory of this user's only)."""
+def log_dir() -> Path:
+    """The directory of the logs of services started on demand (this user's only)."""
     directory = Path(tempfile.gettempdir()) / f"creditflow-host-{os.getuid()}"
     directory.mkdir(mode=0o700, exist_ok=True)
-    return directory / f"{name}.log"
+    return directory
+
+
+def log_path(name: str) -> Path:
+    """Where a service started on demand writes its log."""
+    return log_dir() / f"{name}.log"
 
 
 def prune_logs(keep_days: float = LOG_KEEP_DAYS) -> int:
@@ -162,7 +168,7 @@ def prune_logs(keep_days: float = LOG_KEEP_DAYS) -> int:
     a log another starter removed meanwhile is no error."""
     cutoff = time.time() - keep_days * 86400
     removed = 0
-    for path in log_path("_").parent.glob("*.log"):
+    for path in log_dir().glob("*.log"):
         with contextlib.suppress(FileNotFoundError):
             if path.stat().st_mtime < cutoff:
                 path.unlink()

@@ -123,6 +123,23 @@ def check_timeout(value: float | None) -> None:
         raise ValueError(f"timeout must be a positive number of seconds or None, got {value!r}")
 
 
+def check_task_settings(
+    *,
+    memory: int | str,
+    segment_size: int | str,
+    wire_compression: str | None,
+    peer_timeout: float,
+    timeout: float | None,
+) -> None:
+    """Raises ValueError, naming the setting, for what a job's tasks would refuse, before any
+    runs (``exchange`` and ``send``)."""
+    check_wire_compression(wire_compression)
+    check_seconds("peer_timeout", peer_timeout)
+    check_timeout(timeout)
+    check_bytes("memory", memory)
+    check_bytes("segment_size", segment_size)
+
+
 def check_seconds(name: str, value: object) -> float:
     """``value`` as seconds; raises ValueError (with the core's wording) unless it is a finite
     number >= 0, so a bad setting fails on the driver instead of in every task."""

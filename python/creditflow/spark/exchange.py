@@ -52,10 +52,7 @@ from creditflow.spark._driver import (
 from creditflow.spark._process import (
     EnvSettings,
     TlsFiles,
-    check_bytes,
-    check_seconds,
-    check_timeout,
-    check_wire_compression,
+    check_task_settings,
     metrics_url_of,
     task_stack,
 )
@@ -196,8 +193,13 @@ def exchange(
     """
     if kind not in get_args(ExchangeKind):
         raise ValueError(f"kind must be one of {list(get_args(ExchangeKind))}, got {kind!r}")
-    check_wire_compression(wire_compression)
-    check_seconds("peer_timeout", peer_timeout)
+    check_task_settings(
+        memory=memory,
+        segment_size=segment_size,
+        wire_compression=wire_compression,
+        peer_timeout=peer_timeout,
+        timeout=timeout,
+    )
     if rendezvous is not None and rendezvous not in get_args(Rendezvous):
         raise ValueError(f"rendezvous must be one of {list(get_args(Rendezvous))}, got {rendezvous!r}")
     key_list = (keys,) if isinstance(keys, str) else tuple(keys)
@@ -206,9 +208,6 @@ def exchange(
     missing = [k for k in key_list if k not in df.columns]
     if missing:
         raise ValueError(f"key column(s) {missing} not in the DataFrame (columns: {df.columns})")
-    check_timeout(timeout)
-    check_bytes("memory", memory)
-    check_bytes("segment_size", segment_size)
     if func is not None and not callable(func):
         raise TypeError(f"func must be callable, got {type(func).__name__}")
     _check_key_types(df, key_list)

@@ -42,14 +42,7 @@ from creditflow.spark._batchlog import BatchLog
 from creditflow.spark._continuous import Continuous
 from creditflow.spark._driver import application_id, host_memory, prepare, query_of, use_host_service
 from creditflow.spark._modes import Direct, Spooled
-from creditflow.spark._process import (
-    EnvSettings,
-    TlsFiles,
-    check_bytes,
-    check_seconds,
-    check_timeout,
-    check_wire_compression,
-)
+from creditflow.spark._process import EnvSettings, TlsFiles, check_task_settings, check_timeout
 from creditflow.spark._rank import Options, Ranked
 from creditflow.spark._rankstate import RankState
 from creditflow.spark._sending import (
@@ -574,11 +567,13 @@ def send(
         stream = query_of(df)
     if via not in ("executors", "driver"):
         raise ValueError(f'via must be "executors" or "driver", got {via!r}')
-    check_wire_compression(wire_compression)
-    check_seconds("peer_timeout", peer_timeout)
-    check_timeout(timeout)
-    check_bytes("memory", memory)
-    check_bytes("segment_size", segment_size)
+    check_task_settings(
+        memory=memory,
+        segment_size=segment_size,
+        wire_compression=wire_compression,
+        peer_timeout=peer_timeout,
+        timeout=timeout,
+    )
     where, ranks = addresses_of(addresses)
     settings = EnvSettings(
         secret=secret,

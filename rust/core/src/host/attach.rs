@@ -10,9 +10,9 @@ use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
 use super::client::{Pending, Session, CONNECT_TIMEOUT};
-use super::codec::{self, get_error, In, Opening, Reply, Request, Welcome, MAX_CONTROL_FRAME};
+use super::codec::{self, get_error, In, Opening, Reply, Request, Welcome};
 use super::gate::AttachedGate;
-use super::link::{self, read_body, read_header, LinkKind};
+use super::link::{self, read_control, LinkKind};
 use super::metrics::{self, ServiceMetrics};
 use super::name::{check_name, socket_name};
 use super::runtime::{self, block_on};
@@ -56,10 +56,10 @@ async fn handshake(sock_name: String, service: String, owner: u32) -> Result<(Un
     sock.write_all(&Opening::Attach { pid, owner }.encode())
         .await
         .map_err(link::lost)?;
-    let (len, ty) = read_header(&mut sock, MAX_CONTROL_FRAME)
-        .await?
-        .ok_or_else(|| Error::ConnectionLost(format!("the host service {service:?} closed at once")))?;
-    let body = read_body(&mut sock, len - codec::FRAME_HEADER).await?;
+    let (ty, body) = read_control(&mut sock, || {
+        format!("the host service {service:?} closed at once")
+    })
+    .await?;
     let welcome = match ty {
         codec::ty::WELCOME => Welcome::decode(&body)?,
         codec::ty::REFUSED => return Err(get_error(&mut In::new(&body))?),
@@ -111,10 +111,7 @@ fn session_io(
         handle.spawn(async move {
             let why = loop {
                 let frame = async {
-                    let (len, ty) = read_header(&mut rd, MAX_CONTROL_FRAME)
-                        .await?
-                        .ok_or_else(|| Error::ConnectionLost("it closed the session".into()))?;
-                    let body = read_body(&mut rd, len - codec::FRAME_HEADER).await?;
+                    let (ty, body) = read_control(&mut rd, || "it closed the session".into()).await?;
                     if ty != codec::ty::REPLY {
                         return Err(Error::Protocol(format!("frame type {ty} on a session")));
                     }

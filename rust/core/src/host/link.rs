@@ -331,6 +331,18 @@ pub(crate) async fn read_header<R: AsyncReadExt + Unpin>(
     codec::header(h, max).map(Some)
 }
 
+/// Reads a control frame (at most [`codec::MAX_CONTROL_FRAME`]): its type and body. A clean
+/// end of stream before it is `ConnectionLost` with `closed()`'s words.
+pub(crate) async fn read_control<R: AsyncReadExt + Unpin>(
+    r: &mut R,
+    closed: impl FnOnce() -> String,
+) -> Result<(u8, Vec<u8>)> {
+    let (len, ty) = read_header(r, codec::MAX_CONTROL_FRAME)
+        .await?
+        .ok_or_else(|| Error::ConnectionLost(closed()))?;
+    Ok((ty, read_body(r, len - FRAME_HEADER).await?))
+}
+
 /// Reads `n` bytes of a frame's body.
 pub(crate) async fn read_body<R: AsyncReadExt + Unpin>(r: &mut R, n: usize) -> Result<Vec<u8>> {
     let mut body = vec![0u8; n];

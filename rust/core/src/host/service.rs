@@ -18,9 +18,9 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::{mpsc, watch};
 
-use super::codec::{self, put_error, Opening, Request, Welcome, MAX_CONTROL_FRAME};
+use super::codec::{self, put_error, Opening, Request, Welcome};
 use super::download;
-use super::link::{self, read_body, read_header, LinkKind};
+use super::link::{self, read_body, read_control, read_header, LinkKind};
 use super::metrics::ServiceMetrics;
 use super::name::{check_name, socket_name};
 use super::session::{PendingLink, TaskSession};
@@ -390,10 +390,7 @@ async fn session(sock: UnixStream, pid: u32, owner: u32, shared: Arc<Shared>) {
     let mut stop = shared.stop_tx.subscribe();
     loop {
         let frame = async {
-            let (len, ty) = read_header(&mut rd, MAX_CONTROL_FRAME)
-                .await?
-                .ok_or_else(|| Error::ConnectionLost("the task closed its session".into()))?;
-            let body = read_body(&mut rd, len - codec::FRAME_HEADER).await?;
+            let (ty, body) = read_control(&mut rd, || "the task closed its session".into()).await?;
             if ty != codec::ty::REQUEST {
                 return Err(Error::Protocol(format!("frame type {ty} on a session")));
             }

@@ -487,3 +487,52 @@ def test_a_receiver_gone_before_its_reader_connected_fails_the_task_soon(
                 stream_partition(env, plan, 0, 0, batches())
     finally:
         rx.close()
+
+
+def _watch_until_gone(address: str, secret: str, patience: float, limit: float) -> tuple[Any, float]:
+    """A reader watch over a one-subpartition partition for the receiver at ``address``:
+    what it found (``gone`` or None) within ``limit`` seconds, and when."""
+    import creditflow as cf
+    from creditflow.spark._watch import ReaderWatch
+
+    with cf.NetworkEnvironment(secret="k" * 32, memory="1MiB") as env:
+        part = env.create_partition("watched", 1)
+        start = time.monotonic()
+        who = lambda r: f"the receiver at {address}"  # noqa: E731
+        watch = ReaderWatch(part, (address,), secret, who, patience, every=0.1)
+        try:
+            with watch:
+                while watch.gone is None and time.monotonic() - start < limit:
+                    time.sleep(0.05)
+        except ConnectionError:
+            pass
+        return watch.gone, time.monotonic() - start
+
+
+def test_a_receiver_that_stops_answering_is_gone_after_peer_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receiver on a vanished host or behind a cut link neither refuses nor drops the
+    watch's asks: they time out. Taken for busy, it held the task until its own ``timeout``
+    (600 s by default); now, silent for ``peer_timeout``, it is gone, as a data connection's
+    peer would be."""
+    from creditflow.spark import _messages
+
+    monkeypatch.setattr(_messages, "HANDSHAKE_TIMEOUT", 0.3)
+    with socket.create_server(("127.0.0.1", 0)) as mute:  # accepts, never speaks: every ask times out
+        address = f"127.0.0.1:{mute.getsockname()[1]}"
+        gone, after = _watch_until_gone(address, "k" * 32, patience=1.5, limit=15)
+    assert gone is not None, "a receiver that never answers was taken for busy"
+    assert "has not answered for" in gone, gone
+    assert "peer_timeout=1.5 s" in gone, gone
+    assert after >= 1.5, after  # silent for the whole patience first, not gone at the first timeout
+
+
+def test_a_receiver_that_answers_keeps_its_task_past_peer_timeout() -> None:
+    """The watch's asks are answered by a running receiver: however long its reader takes,
+    the task goes on."""
+    inbox = Inbox(lambda m: None, host="127.0.0.1", key="k" * 32, name="test-receiver")
+    try:
+        gone, after = _watch_until_gone(inbox.address, "k" * 32, patience=0.5, limit=3)
+    finally:
+        inbox.close()
+    assert gone is None, gone
+    assert after >= 3

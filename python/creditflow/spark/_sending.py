@@ -301,7 +301,7 @@ def stream_partition(
             return _finish(stats, start)
         stats["accepted"] = True
         who = lambda r: f"partition {index}: {receiver_at(plan, r)}"  # noqa: E731
-        with ReaderWatch(part, plan.addresses, plan.env.secret, who) as watch:
+        with ReaderWatch(part, plan.addresses, plan.env.secret, who, plan.env.peer_timeout) as watch:
             batches = watch.guard(batches)
             if plan.ranks:
                 _write_stripes(writer, plan, index, batches, [int(a.get("skip", 0)) for a in answers], stats)

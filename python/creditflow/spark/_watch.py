@@ -5,13 +5,17 @@ A receiver that goes away after it accepted a partition but before its reader co
 leaves nothing to break: the task's writes and its wait for the readers would hold it until
 its ``timeout`` (600 s by default). Once a reader is connected, its connection breaks when
 the receiver goes (at once, or within ``peer_timeout`` for a vanished host), so a receiver is
-asked only while its subpartition has no reader, once every :data:`WATCH_EVERY` seconds.
+asked only while its subpartition has no reader, once every :data:`WATCH_EVERY` seconds. The
+asks keep the data connections' rule: a receiver that refuses or drops the connection is gone
+at once, one that has not answered for ``peer_timeout`` seconds (a vanished host, a cut link:
+the asks time out) is gone then.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -27,14 +31,12 @@ if TYPE_CHECKING:
 #: Seconds between two looks at a partition whose readers have not all connected.
 WATCH_EVERY = 1.0
 
-#: Seconds a receiver may take to answer that it runs (a busy one is not taken for gone).
-ALIVE_TIMEOUT = 30.0
-
 
 class ReaderWatch:
     """Watches ``part``'s subpartitions (subpartition r goes to the receiver at
     ``addresses[r]``) on a thread of its own until each has its reader. A receiver that
-    refuses or drops the connection before its reader came is gone: the watch releases the
+    refuses or drops the connection before its reader came, or has not answered for
+    ``patience`` seconds (the task's ``peer_timeout``), is gone: the watch releases the
     partition, which wakes the task's blocked write or wait, and the task raises
     ``ConnectionError`` naming it (``who(r)``) as it leaves the ``with`` block or takes its
     next batch through :meth:`guard`."""
@@ -45,6 +47,7 @@ class ReaderWatch:
         addresses: tuple[str, ...],
         secret: str,
         who: Callable[[int], str],
+        patience: float,
         every: float = WATCH_EVERY,
     ) -> None:
         self.gone: str | None = None
@@ -52,7 +55,10 @@ class ReaderWatch:
         self._addresses = addresses
         self._secret = secret
         self._who = who
+        self._patience = patience
         self._every = every
+        # When each receiver last answered (it had just accepted the partition).
+        self._answered = [time.monotonic()] * len(addresses)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="creditflow-send-watch", daemon=True)
 
@@ -63,8 +69,8 @@ class ReaderWatch:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        # Not joined: an ask in flight may take its whole ALIVE_TIMEOUT (a busy receiver), and
-        # the task must not wait for it. Once stopped, the thread releases nothing.
+        # Not joined: an ask in flight may take up to its patience (a busy or vanished
+        # receiver), and the task must not wait for it. Once stopped, the thread releases nothing.
         self._stop.set()
         if self.gone is not None:
             raise ConnectionError(self.gone) from exc
@@ -96,13 +102,17 @@ class ReaderWatch:
                     return
 
     def _ask(self, r: int) -> str | None:
-        """Why the receiver at ``addresses[r]`` is gone, or None while it answers (or is too
-        busy to: only a refused or dropped connection counts)."""
+        """Why the receiver at ``addresses[r]`` is gone, or None while it answers (or has not
+        answered for less than the patience: a busy receiver is not taken for gone)."""
         try:
             alive = {"kind": _messages.ALIVE}
-            _messages.request(self._addresses[r], self._secret, alive, timeout=ALIVE_TIMEOUT)
-        except TimeoutError:
-            return None
+            _messages.request(self._addresses[r], self._secret, alive, timeout=self._patience)
+        except TimeoutError as exc:
+            silent = time.monotonic() - self._answered[r]
+            if silent < self._patience:
+                return None
+            return f"it has not answered for {silent:.1f} s (peer_timeout={self._patience:g} s; {exc})"
         except (OSError, EOFError, multiprocessing.AuthenticationError) as exc:
             return f"{type(exc).__name__}: {exc}"
+        self._answered[r] = time.monotonic()
         return None

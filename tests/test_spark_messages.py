@@ -169,6 +169,33 @@ def test_a_peer_that_connects_and_says_nothing_holds_up_no_one_else(monkeypatch:
         inbox.close()
 
 
+def test_a_flood_of_silent_peers_costs_a_bounded_number_of_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each connection's handshake had a thread of its own, however many peers connected and
+    said nothing: a flood of them cost a thread each (and a descriptor) until its deadline.
+    At most MAX_HANDSHAKES run at once now; the rest wait in the backlog, and once the silent
+    ones go a real peer is answered."""
+    from creditflow.spark import _messages
+
+    monkeypatch.setattr(_messages, "MAX_HANDSHAKES", 3)
+    inbox = Inbox(lambda m: {"echo": m["n"]}, host="127.0.0.1", key="k" * 32, name="flooded-inbox")
+    host, port = inbox.address.rsplit(":", 1)
+    silent = [socket.create_connection((host, int(port))) for _ in range(12)]
+    try:
+        most = 0
+        for _ in range(20):
+            peers = [t for t in threading.enumerate() if t.name == "flooded-inbox-peer"]
+            most = max(most, len(peers))
+            time.sleep(0.05)
+        assert most == 3, f"{most} handshakes at once"
+    finally:
+        for sock in silent:
+            sock.close()
+    try:
+        assert request(inbox.address, "k" * 32, {"n": 1}, timeout=10) == {"echo": 1}
+    finally:
+        inbox.close()
+
+
 def test_a_listener_that_never_completes_the_handshake_fails_the_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -5,7 +5,9 @@ address and partition id) and live metrics. It uses :mod:`multiprocessing.connec
 challenge-response with the shared key before any message, and sends JSON documents (never
 pickles), at most :data:`MAX_MESSAGE` bytes each. Each handshake has its own thread and a
 deadline (:data:`HANDSHAKE_TIMEOUT`) on both sides, so a peer that connects and says nothing
-(a port scanner, a stopped process) holds up only its own connection.
+(a port scanner, a stopped process) holds up only its own connection; at most
+:data:`MAX_HANDSHAKES` run at once, so a flood of such peers costs a bounded number of threads
+(the rest wait in the listen backlog).
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ MAX_MESSAGE = 1 << 20
 #: Seconds a peer has to connect, and to complete the handshake once connected.
 CONNECT_TIMEOUT = 20.0
 HANDSHAKE_TIMEOUT = 20.0
+
+#: Connections of one inbox whose handshake may run at once (authenticated ones are not
+#: counted: a thousand tasks' reporters stay connected to the driver's).
+MAX_HANDSHAKES = 64
 
 Message = dict[str, Any]
 
@@ -247,15 +253,20 @@ class Inbox:
         self._closed = threading.Event()
         self._conns: set[Connection] = set()
         self._lock = threading.Lock()
+        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
         self._name = name
         self._thread = threading.Thread(target=self._accept, name=f"{name}-accept", daemon=True)
         self._thread.start()
 
     def _accept(self) -> None:
         while not self._closed.is_set():
+            # A slot for the next handshake first (close() is seen within the wait).
+            if not self._handshakes.acquire(timeout=0.5):
+                continue
             try:
                 conn = self._listener.accept()
             except (OSError, EOFError):
+                self._handshakes.release()
                 continue  # closed, or a peer gone before it was accepted
             with self._lock:
                 if self._closed.is_set():
@@ -272,6 +283,8 @@ class Inbox:
                 _handshake(conn, self._key, server=True, address="a peer")
             except (OSError, EOFError, TypeError, multiprocessing.AuthenticationError):
                 return  # silent, gone, closed under it (TypeError), or a wrong key: drop it only
+            finally:
+                self._handshakes.release()
             while not self._closed.is_set():
                 try:
                     data = conn.recv_bytes(MAX_MESSAGE)

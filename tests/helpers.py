@@ -8,10 +8,14 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 import creditflow as cf
+
+#: Runs a test with in-process hand-off of local batches and with them serialized.
+HANDOFF = pytest.mark.parametrize("local_handoff", [True, False], ids=["handoff", "serialized"])
 
 #: How long one blocking call in a test may wait before the test fails instead of hanging.
 STEP_TIMEOUT = 20.0
@@ -157,3 +161,32 @@ def assert_batches_equal(got: list[pa.RecordBatch], want: list[pa.RecordBatch]) 
         assert g.schema.equals(w.schema, check_metadata=True), f"batch {i}: {g.schema} != {w.schema}"
         assert g.num_rows == w.num_rows, f"batch {i}: {g.num_rows} rows, want {w.num_rows}"
         assert g.equals(w), f"batch {i} differs:\n{g.to_pylist()[:5]}\nwant\n{w.to_pylist()[:5]}"
+
+
+def batch(start: int = 0, n: int = 4) -> pa.RecordBatch:
+    """Rows ``start`` .. ``start + n`` of one int64 column ``i``."""
+    return pa.record_batch({"i": pa.array(range(start, start + n), pa.int64())})
+
+
+def big_batch(tag: int, nbytes: int = 256 * 1024) -> pa.RecordBatch:
+    """A batch of about ``nbytes`` whose first value is ``tag``."""
+    v = np.full(nbytes // 8, tag, dtype=np.int64)
+    return pa.record_batch({"i": pa.array(v)})
+
+
+def spec(env: cf.NetworkEnvironment, pid: str, sub: int = 0) -> cf.ChannelSpec:
+    """The channel from subpartition ``sub`` of partition ``pid`` in ``env``."""
+    return cf.ChannelSpec(env.address, pid, sub)
+
+
+def fill_until_timeout(w: cf.RecordWriter, make, limit: int = 200) -> list[pa.RecordBatch]:
+    """Writes ``make(i)`` until a write times out; returns what was written."""
+    written = []
+    for i in range(limit):
+        b = make(i)
+        try:
+            w.write(b, timeout=0.2)
+        except cf.TimeoutError:
+            return written
+        written.append(b)
+    raise AssertionError(f"{limit} writes never blocked: the pool is not bounded")

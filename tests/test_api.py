@@ -1,17 +1,10 @@
-"""The public API around the data path: construction, errors, limits, lifecycle, metrics,
-timeouts, Ctrl-C, threads and fork."""
+"""The public API around the data path: construction, errors, limits, lifecycle, metrics and
+timeouts (Ctrl-C, threads and fork: ``test_process_life.py``)."""
 
 from __future__ import annotations
 
 import builtins
-import os
-import signal
-import subprocess
-import sys
-import textwrap
-import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -20,24 +13,19 @@ import pytest
 import creditflow as cf
 import creditflow.errors
 from creditflow.metrics import EnvMetrics, GateMetrics, PartitionMetrics, PoolStats
-from helpers import STEP_TIMEOUT, Producer, assert_batches_equal, read_all, write_all
+from helpers import (
+    HANDOFF,
+    STEP_TIMEOUT,
+    Producer,
+    assert_batches_equal,
+    batch,
+    big_batch,
+    read_all,
+    spec,
+    write_all,
+)
 
-HANDOFF = pytest.mark.parametrize("local_handoff", [True, False], ids=["handoff", "serialized"])
 SEG = 32 * 1024
-
-
-def batch(start: int = 0, n: int = 4) -> pa.RecordBatch:
-    return pa.record_batch({"i": pa.array(range(start, start + n), pa.int64())})
-
-
-def big_batch(tag: int, nbytes: int = 256 * 1024) -> pa.RecordBatch:
-    """A batch of about ``nbytes`` whose first value is ``tag``."""
-    v = np.full(nbytes // 8, tag, dtype=np.int64)
-    return pa.record_batch({"i": pa.array(v)})
-
-
-def spec(env: cf.NetworkEnvironment, pid: str, sub: int = 0) -> cf.ChannelSpec:
-    return cf.ChannelSpec(env.address, pid, sub)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,19 +309,6 @@ def test_negative_next_timeout_is_a_value_error() -> None:
         gate = env.create_input_gate([spec(env, "p")])
         with pytest.raises(ValueError, match="timeout"):
             gate.next(timeout=-1)
-
-
-def fill_until_timeout(w: cf.RecordWriter, make, limit: int = 200) -> list[pa.RecordBatch]:
-    """Writes ``make(i)`` until a write times out; returns what was written."""
-    written = []
-    for i in range(limit):
-        b = make(i)
-        try:
-            w.write(b, timeout=0.2)
-        except cf.TimeoutError:
-            return written
-        written.append(b)
-    raise AssertionError(f"{limit} writes never blocked: the pool is not bounded")
 
 
 @HANDOFF
@@ -678,82 +653,6 @@ def test_metrics_have_their_keys_and_sensible_numbers(local_handoff: bool) -> No
 
 
 # ---------------------------------------------------------------------------------------------
-# Ctrl-C
-# ---------------------------------------------------------------------------------------------
-
-
-def _sigint_after(delay: float) -> threading.Timer:
-    t = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
-    t.start()
-    return t
-
-
-@pytest.fixture
-def ctrl_c_raises() -> Iterator[None]:
-    """Python's own SIGINT handler, whatever this process inherited: a shell starts background
-    jobs with SIGINT ignored, and Python then installs no handler (Ctrl-C would do nothing)."""
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, old if old is not None else signal.SIG_DFL)
-
-
-@pytest.mark.skipif(
-    threading.current_thread() is not threading.main_thread(), reason="signals need the main thread"
-)
-@HANDOFF
-@pytest.mark.usefixtures("ctrl_c_raises")
-def test_ctrl_c_interrupts_a_write_blocked_on_a_full_pool(local_handoff: bool) -> None:
-    with cf.NetworkEnvironment(memory="1MiB", local_handoff=local_handoff) as env:
-        part = env.create_partition("p")
-        gate = env.create_input_gate([spec(env, "p")])
-        w = cf.RecordWriter(part)
-        if local_handoff:
-            # Fill the pool (a timed-out hand-off write loses nothing). Serialized, the one
-            # batch below is bigger than the pool and blocks half-way on its own.
-            fill_until_timeout(w, lambda i: big_batch(i, 100 * 1024))
-        # If Ctrl-C did not work, unblock the write after 5 s so the test fails instead of hanging.
-        rescue = threading.Timer(5.0, gate.close)
-        rescue.start()
-        timer = _sigint_after(0.3)
-        t0 = time.monotonic()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                w.write(big_batch(999, 2 << 20))  # no timeout
-            elapsed = time.monotonic() - t0
-        finally:
-            timer.cancel()
-            rescue.cancel()
-        assert elapsed < 1.5, elapsed
-
-
-@pytest.mark.skipif(
-    threading.current_thread() is not threading.main_thread(), reason="signals need the main thread"
-)
-@pytest.mark.usefixtures("ctrl_c_raises")
-def test_ctrl_c_interrupts_a_blocked_next() -> None:
-    with cf.NetworkEnvironment(memory="1MiB") as env:
-        part = env.create_partition("p")
-        gate = env.create_input_gate([spec(env, "p")])
-        w = cf.RecordWriter(part)
-        rescue = threading.Timer(5.0, w.close)
-        rescue.start()
-        timer = _sigint_after(0.3)
-        t0 = time.monotonic()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                gate.next()  # no timeout
-            elapsed = time.monotonic() - t0
-        finally:
-            timer.cancel()
-            rescue.cancel()
-        assert elapsed < 1.5, elapsed
-        # The gate still works after the interrupt.
-        w.write(batch(), timeout=STEP_TIMEOUT)
-        w.close()
-        assert_batches_equal(read_all(gate), [batch()])
-
-
-# ---------------------------------------------------------------------------------------------
 # Errors, ChannelSpec
 # ---------------------------------------------------------------------------------------------
 
@@ -813,109 +712,6 @@ def test_channel_spec_value_semantics() -> None:
         a.subpartition = 4  # type: ignore[misc]
     with pytest.raises((OverflowError, ValueError, TypeError)):
         cf.ChannelSpec("x", "p", -1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Threads and fork
-# ---------------------------------------------------------------------------------------------
-
-
-def run_python(code: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
-
-
-def test_import_starts_no_thread_and_an_environment_starts_one() -> None:
-    out = run_python(
-        """
-        import os, sys, threading, time
-        import pyarrow
-        def tasks():
-            return len(os.listdir("/proc/self/task")) if sys.platform == "linux" else 0
-        before = (threading.active_count(), tasks())
-        import creditflow as cf
-        after = (threading.active_count(), tasks())
-        assert after == before, (before, after)
-        env = cf.NetworkEnvironment(memory="1MiB")
-        with_env = tasks()
-        # The one Python thread: creditflow-logs, forwarding Rust log records while an
-        # environment is open (creditflow.logs).
-        assert threading.active_count() == before[0] + 1
-        env.close()
-        assert threading.active_count() == before[0]
-        # A joined Python thread's OS thread may linger in /proc for a moment.
-        deadline = time.monotonic() + 10
-        while tasks() != before[1] and time.monotonic() < deadline:
-            time.sleep(0.01)
-        closed = tasks()
-        print(before[1], with_env, closed)
-        """
-    )
-    before, with_env, closed = map(int, out.split())
-    if sys.platform == "linux":
-        assert with_env == before + 3, "background threads: flusher and I/O, and the log forwarder"
-        assert closed == before, "close() stops them"
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_objects_used_after_fork_raise_runtime_error() -> None:
-    out = run_python(
-        """
-        import os
-        import pyarrow as pa
-        import creditflow as cf
-        env = cf.NetworkEnvironment(memory="1MiB")
-        part = env.create_partition("p")
-        gate = env.create_input_gate([cf.ChannelSpec(env.address, "p", 0)])
-        w = cf.RecordWriter(part)
-        b = pa.record_batch({"a": [1, 2]})
-        r, wr = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            results = []
-            calls = [
-                ("create_partition", lambda: env.create_partition("q")),
-                ("create_input_gate", lambda: env.create_input_gate([cf.ChannelSpec(env.address, "p", 0)])),
-                ("write", lambda: w.write(b, timeout=1)),
-                ("next", lambda: gate.next(timeout=1)),
-                ("flush", lambda: part.flush()),
-            ]
-            for name, call in calls:
-                try:
-                    call()
-                    results.append(f"{name}:no-error")
-                except RuntimeError as e:
-                    results.append(f"{name}:{'fork' in str(e)}")
-                except BaseException as e:
-                    results.append(f"{name}:{type(e).__name__}")
-            os.write(wr, ",".join(results).encode())
-            os._exit(0)
-        os.close(wr)
-        _, status = os.waitpid(pid, 0)
-        print(os.read(r, 4096).decode())
-        # The parent is unaffected.
-        w.write(b, timeout=5)
-        w.close()
-        assert gate.next(timeout=5).equals(b)
-        assert gate.next(timeout=5) is None
-        env.close()
-        """
-    )
-    results = dict(item.split(":") for item in out.strip().split(","))
-    assert results == {
-        "create_partition": "True",
-        "create_input_gate": "True",
-        "write": "True",
-        "next": "True",
-        "flush": "True",
-    }
 
 
 @pytest.mark.parametrize("overdraft", [5, 0])

@@ -8,9 +8,7 @@ import pyarrow as pa
 import pytest
 
 import creditflow as cf
-from helpers import STEP_TIMEOUT, CArrayOnly, CStreamOnly, assert_batches_equal, exchange, read_all
-
-HANDOFF = pytest.mark.parametrize("local_handoff", [True, False], ids=["handoff", "serialized"])
+from helpers import HANDOFF, STEP_TIMEOUT, CArrayOnly, CStreamOnly, assert_batches_equal, exchange, read_all
 
 
 def sample(start: int = 0, n: int = 5) -> pa.RecordBatch:

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pytest
 
 import creditflow as cf
-from helpers import CArrayOnly, assert_batches_equal, exchange
+from helpers import HANDOFF, CArrayOnly, assert_batches_equal, exchange
 
 MODES = ["handoff", "handoff-cdata", "serialized"]
 TIMEOUTS = [0, 0.1]
@@ -290,7 +290,6 @@ def test_many_tiny_batches(mode: str, buffer_timeout: float) -> None:
 # ---------------------------------------------------------------------------------------------
 
 N_SUB = 4
-HANDOFF = pytest.mark.parametrize("local_handoff", [True, False], ids=["handoff", "serialized"])
 
 
 def seq_batches(count: int, rows: int = 5) -> list[pa.RecordBatch]:

@@ -3,6 +3,7 @@
 
 use arrow_array::{DictionaryArray, Int32Array};
 
+use super::processes::{child, expect_line, kill};
 use super::*;
 use crate::host::codec::{Reply, Request};
 use crate::partition::partitioner::Splitter;
@@ -223,7 +224,7 @@ fn a_killed_writer_s_pieces_still_reach_the_reader_from_its_heap_then_the_failur
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let rows = 30_000usize;
     let (mut task, mut out) = child(
-        "host::tests::child_task",
+        "host::tests::processes::child_task",
         &[
             ("SERVICE", s.name().into()),
             ("PARTITION", "k".into()),

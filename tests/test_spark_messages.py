@@ -169,6 +169,44 @@ def test_a_peer_that_connects_and_says_nothing_holds_up_no_one_else(monkeypatch:
         inbox.close()
 
 
+def test_a_peer_that_trickles_its_handshake_is_cut_off_at_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The handshake's limit held per read: a peer that sent its answer a byte at a time,
+    each within the limit, kept its handshake (and, with the inbox's handshakes capped, a
+    slot every other peer waits for) for as long as it liked. The deadline is for the whole
+    handshake now: the trickling peer is cut off once it passed, and the inbox serves on."""
+    from creditflow.spark import _messages
+
+    monkeypatch.setattr(_messages, "HANDSHAKE_TIMEOUT", 1.0)
+    inbox = Inbox(lambda m: {"echo": m["n"]}, host="127.0.0.1", key="k" * 32, name="trickled-inbox")
+    try:
+        host, port = inbox.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as peer:
+            peer.settimeout(5)
+            assert peer.recv(4096), "no challenge was sent"
+            start = time.monotonic()
+            peer.sendall((100).to_bytes(4, "big"))  # an answer of 100 bytes, announced...
+            ended = None
+            peer.settimeout(0.2)
+            for _ in range(100):  # ...and sent a byte every 0.2 s: 20 s in all
+                try:
+                    peer.sendall(b"x")
+                    if peer.recv(4096) == b"":
+                        ended = time.monotonic() - start
+                        break
+                except TimeoutError:
+                    continue  # nothing to read: the inbox still waits for the answer
+                except OSError:
+                    ended = time.monotonic() - start
+                    break
+        assert ended is not None, "the trickling peer kept its handshake for 20 s"
+        assert ended < 5.0, ended
+        assert request(inbox.address, "k" * 32, {"n": 1}, timeout=5) == {"echo": 1}
+    finally:
+        inbox.close()
+
+
 def test_a_flood_of_silent_peers_costs_a_bounded_number_of_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each connection's handshake had a thread of its own, however many peers connected and
     said nothing: a flood of them cost a thread each (and a descriptor) until its deadline.

@@ -4,8 +4,9 @@ The data goes through creditflow; this only carries who-is-where (a task's envir
 address and partition id) and live metrics. It uses :mod:`multiprocessing.connection`'s HMAC
 challenge-response with the shared key before any message, and sends JSON documents (never
 pickles), at most :data:`MAX_MESSAGE` bytes each. Each handshake has its own thread and a
-deadline (:data:`HANDSHAKE_TIMEOUT`) on both sides, so a peer that connects and says nothing
-(a port scanner, a stopped process) holds up only its own connection; at most
+deadline (:data:`HANDSHAKE_TIMEOUT`, for the whole handshake) on both sides, so a peer that
+connects and says nothing, or trickles a byte now and then (a port scanner, a stopped process,
+a slowloris) holds up only its own connection, and that for the deadline at most; at most
 :data:`MAX_HANDSHAKES` run at once, so a flood of such peers costs a bounded number of threads
 (the rest wait in the listen backlog).
 """
@@ -71,16 +72,31 @@ def _no_delay(conn: Connection) -> Connection:
 
 
 @contextlib.contextmanager
-def _deadline(conn: Connection, seconds: float) -> Iterator[None]:
-    """Reads and writes on ``conn`` that block longer than ``seconds`` fail (``SO_RCVTIMEO``,
-    ``SO_SNDTIMEO``) while the block runs: a handshake with a peer that says nothing ends."""
+def _deadline(conn: Connection, seconds: float) -> Iterator[threading.Event]:
+    """The block has ``seconds`` to finish its reads and writes on ``conn``: one that blocks
+    that long fails (``SO_RCVTIMEO``, ``SO_SNDTIMEO``), and when the block as a whole outlives
+    it (a peer that trickles a byte now and then) the connection is shut down, which ends the
+    read in progress. Yields the event set when the deadline passed."""
     limit = struct.pack("ll", int(seconds), int(seconds % 1 * 1_000_000))
+    expired = threading.Event()
     with socket.socket(fileno=os.dup(conn.fileno())) as s:
         for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
             s.setsockopt(socket.SOL_SOCKET, option, limit)
+
+        def cut() -> None:
+            expired.set()
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(seconds, cut)
+        timer.daemon = True
+        timer.start()
         try:
-            yield
+            yield expired
         finally:
+            # Joined before the socket closes: a cut in progress never meets a reused descriptor.
+            timer.cancel()
+            timer.join()
             for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
                 with contextlib.suppress(OSError):
                     s.setsockopt(socket.SOL_SOCKET, option, struct.pack("ll", 0, 0))
@@ -89,9 +105,10 @@ def _deadline(conn: Connection, seconds: float) -> Iterator[None]:
 def _handshake(conn: Connection, key: bytes, *, server: bool, address: str) -> None:
     """The HMAC challenge-response of :mod:`multiprocessing.connection` (each side proves it
     has ``key``), within :data:`HANDSHAKE_TIMEOUT`; raises TimeoutError naming ``address``
-    when the peer stays silent, ``AuthenticationError`` for a wrong key."""
+    when the peer stays silent or too slow, ``AuthenticationError`` for a wrong key."""
+    late = TimeoutError(f"{address} did not complete the handshake within {HANDSHAKE_TIMEOUT} s")
     try:
-        with _deadline(conn, HANDSHAKE_TIMEOUT):
+        with _deadline(conn, HANDSHAKE_TIMEOUT) as expired:
             if server:
                 deliver_challenge(conn, key)
                 answer_challenge(conn, key)
@@ -99,7 +116,11 @@ def _handshake(conn: Connection, key: bytes, *, server: bool, address: str) -> N
                 answer_challenge(conn, key)
                 deliver_challenge(conn, key)
     except BlockingIOError:
-        raise TimeoutError(f"{address} did not complete the handshake within {HANDSHAKE_TIMEOUT} s") from None
+        raise late from None
+    except (EOFError, OSError):
+        if expired.is_set():
+            raise late from None
+        raise
 
 
 def _connect(address: str, key: str) -> Connection:

@@ -35,9 +35,13 @@ class Source(Protocol):
     metrics carry the rank's under ``rank``)."""
 
     @property
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """Whether the source has closed (a closed source is no longer read)."""
+        ...
 
-    def metrics(self) -> EnvMetrics | ReceiverMetrics: ...
+    def metrics(self) -> EnvMetrics | ReceiverMetrics:
+        """The source's metrics as a dict (``creditflow.metrics``)."""
+        ...
 
 
 __all__ = [

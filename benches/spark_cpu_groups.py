@@ -1,21 +1,24 @@
-"""Where the CPU of Spark's many-task ``exchange`` goes, per group of processes: the JVM, the
-Python workers and the host service, through the host service against an environment per
-task, paired by round.
+"""Where the CPU of Spark's ``exchange`` goes, per group of processes: the JVM, the Python
+workers and the host service, for several pipelines run in turn, paired by round.
 
-    python benches/spark_cpu_groups.py                   # 16 tasks, 10 rounds
+    python benches/spark_cpu_groups.py                   # many tasks: 16 tasks, 10 rounds
     python benches/spark_cpu_groups.py --tasks 8 --rounds 6
+    python benches/spark_cpu_groups.py --pipeline cheap --rounds 6
 
-The pipeline is ``benches/test_bench_spark_scale.py``'s many-task one (2 M TPC-H-like
-``lineitem`` rows generated and cached by Spark, ``exchange`` by ``l_orderkey`` to ``noop``,
-``memory="64MiB"``) on ``local[16]``, without its ``Monitor``. Each round runs both stacks,
-every other round in the other order. Over each exchange, every process of the groups is read
-from ``/proc``: its CPU seconds (``stat``: user and system, its ended threads included), and
-per thread the time spent waiting for a core and the times it was switched in (``schedstat``;
-a thread that ended before the exchange did is not counted there: where threads come and go
-these two are a lower bound). A group is told by its command line: ``java`` (the JVM: driver
-and executor), ``pyspark.daemon`` / ``pyspark.worker`` (the Python workers), ``creditflow
-serve`` (the host service). The table gives the medians, and the median of each round's
-service / per task ratio.
+``--pipeline many-tasks`` (the default) is ``benches/test_bench_spark_scale.py``'s many-task
+pipeline (2 M TPC-H-like ``lineitem`` rows generated and cached by Spark, ``exchange`` by
+``l_orderkey`` to ``noop``, ``memory="64MiB"``) on ``local[16]``, without its ``Monitor``,
+through the host service and with an environment per task. ``--pipeline cheap`` is
+``benches/test_bench_spark.py``'s cheap function on ``local[2]`` (20 M generated rows,
+``CREDITFLOW_BENCH_SPARK_ROWS``): the no-exchange floor, the fused exchange through the host
+service and with an environment per task. Each round runs every pipeline, in an order that
+rotates from round to round. Over each run, every process of the groups is read from
+``/proc``: its CPU seconds (``stat``: user and system, its ended threads included), and per
+thread the time spent waiting for a core and the times it was switched in (``schedstat``; a
+thread that ended before the run did is not counted there: where threads come and go these
+two are a lower bound). A group is told by its command line: ``java`` (the JVM: driver and
+executor), ``pyspark.daemon`` / ``pyspark.worker`` (the Python workers), ``creditflow serve``
+(the host service). The table gives the medians, then the medians of each round's ratios.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -35,6 +39,8 @@ from test_bench_spark_scale import MEMORY, lineitem, noop
 from training.measure import read_counters
 
 GROUPS = ("jvm", "workers", "service")
+#: The pipelines' names in the table.
+SERVICE, PER_TASK, FLOOR = "host service", "environment per task", "the floor (no exchange)"
 #: (group, pid) -> (CPU s, 0, 0) and (group, pid, tid) -> (0, s waited for a core, switches in).
 Snapshot = dict[tuple[str, ...], tuple[float, float, int]]
 #: Per group: CPU s, s waited for a core, switches in.
@@ -96,13 +102,8 @@ def spent(before: Snapshot, after: Snapshot) -> Spent:
     return {g: (s[0], s[1], int(s[2])) for g, s in sums.items()}
 
 
-def main() -> None:
-    """Runs the rounds and prints the table."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--rows", type=int, default=2_000_000)
-    args = ap.parse_args()
+def many_tasks(args: argparse.Namespace) -> tuple[Any, dict[str, Callable[[], None]]]:
+    """The many-task pipelines: the exchange through the host service and per task."""
     # A barrier stage needs a slot per task.
     spark = cfs.local_session(
         f"local[{max(16, args.tasks)}]",
@@ -111,20 +112,53 @@ def main() -> None:
     )
     df = lineitem(spark, args.rows, args.tasks).cache()
     df.count()
-    runs: dict[bool, list[tuple[float, Spent]]] = {True: [], False: []}
-    for service in (True, False):  # warm-up: the service started, the workers forked
-        noop(cfs.exchange(df, "l_orderkey", memory=MEMORY, host_service=service))
-    for r in range(args.rounds):
-        for service in (True, False) if r % 2 == 0 else (False, True):
+    runs = {
+        SERVICE: lambda: noop(cfs.exchange(df, "l_orderkey", memory=MEMORY, host_service=True)),
+        PER_TASK: lambda: noop(cfs.exchange(df, "l_orderkey", memory=MEMORY, host_service=False)),
+    }
+    return spark, runs
+
+
+def cheap(args: argparse.Namespace) -> tuple[Any, dict[str, Callable[[], None]]]:
+    """The cheap function's pipelines: the floor, and the fused exchange both ways."""
+    from test_bench_spark import cheap_pipelines
+
+    spark = cfs.local_session(
+        "local[2]",
+        "creditflow-bench-cpu-groups",
+        {"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "2g"},
+    )
+    made = cheap_pipelines(spark)
+    names = {FLOOR: "floor", SERVICE: "fused", PER_TASK: "fused_per_task"}
+    runs = {name: (lambda make=made[key]: noop(make())) for name, key in names.items()}
+    return spark, runs
+
+
+def main() -> None:
+    """Runs the rounds and prints the table."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pipeline", choices=("many-tasks", "cheap"), default="many-tasks")
+    ap.add_argument("--tasks", type=int, default=16, help="many-tasks: the exchange's tasks")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--rows", type=int, default=2_000_000, help="many-tasks: lineitem rows")
+    args = ap.parse_args()
+    spark, runs = (cheap if args.pipeline == "cheap" else many_tasks)(args)
+    for run in runs.values():  # warm-up: the service started, the workers forked
+        run()
+    spent_by: dict[str, list[tuple[float, Spent]]] = {name: [] for name in runs}
+    order = list(runs)
+    for _ in range(args.rounds):
+        for name in order:
             before, start = snapshot(), time.perf_counter()
-            noop(cfs.exchange(df, "l_orderkey", memory=MEMORY, host_service=service))
-            runs[service].append((time.perf_counter() - start, spent(before, snapshot())))
+            runs[name]()
+            spent_by[name].append((time.perf_counter() - start, spent(before, snapshot())))
+        order.append(order.pop(0))
     spark.stop()
-    report(args, runs)
+    report(args, spent_by)
 
 
 HEADER = (
-    "| stack | wall s | JVM CPU s | workers CPU s | service CPU s | workers + service "
+    "| pipeline | wall s | JVM CPU s | workers CPU s | service CPU s | workers + service "
     "| waited for a core, s | switches in |"
 )
 
@@ -152,22 +186,27 @@ def row(name: str, rounds: list[tuple[float, Spent]]) -> str:
     return f"| {name} | " + " | ".join(cells) + " |"
 
 
-def report(args: argparse.Namespace, runs: dict[bool, list[tuple[float, Spent]]]) -> None:
-    """Prints the table: medians per stack, and the paired ratios."""
-    print(f"{args.tasks} tasks, {args.rows:,} lineitem rows, {args.rounds} rounds (medians)")
+def report(args: argparse.Namespace, runs: dict[str, list[tuple[float, Spent]]]) -> None:
+    """Prints the table: medians per pipeline, and the paired ratios."""
+    if args.pipeline == "cheap":
+        print(f"the cheap function, local[2], {args.rounds} rounds (medians)")
+    else:
+        print(f"{args.tasks} tasks, {args.rows:,} lineitem rows, {args.rounds} rounds (medians)")
     print(HEADER)
     print("|---|---|---|---|---|---|---|---|")
-    print(row("host service", runs[True]))
-    print(row("environment per task", runs[False]))
-    pairs = list(zip(runs[True], runs[False], strict=True))
-    ratios = {
-        "wall": [a[0] / b[0] for a, b in pairs],
-        "JVM CPU": [a[1]["jvm"][0] / b[1]["jvm"][0] for a, b in pairs],
-        "workers + service CPU": [creditflow_side(a[1]) / creditflow_side(b[1]) for a, b in pairs],
-    }
-    for name, rs in ratios.items():
-        rounds = [round(x, 3) for x in rs]
-        print(f"service / per task, paired, {name}: {statistics.median(rs):.3f}x (rounds {rounds})")
+    for name, rounds in runs.items():
+        print(row(name, rounds))
+    pairs = [(a, b) for a, b in ((SERVICE, PER_TASK), (SERVICE, FLOOR), (PER_TASK, FLOOR)) if b in runs]
+    for a, b in pairs:
+        both = list(zip(runs[a], runs[b], strict=True))
+        ratios = {
+            "wall": [x[0] / y[0] for x, y in both],
+            "JVM CPU": [x[1]["jvm"][0] / y[1]["jvm"][0] for x, y in both],
+            "workers + service CPU": [creditflow_side(x[1]) / creditflow_side(y[1]) for x, y in both],
+        }
+        for what, rs in ratios.items():
+            rounds = [round(r, 3) for r in rs]
+            print(f"{a} / {b}, paired, {what}: {statistics.median(rs):.3f}x (rounds {rounds})")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -37,6 +37,22 @@ def _sigint_after(delay: float) -> threading.Timer:
     return t
 
 
+def _interrupted(blocked: Callable[[], object], rescue: Callable[[], object]) -> float:
+    """Seconds until Ctrl-C (SIGINT 0.3 s in) interrupted ``blocked()`` with KeyboardInterrupt;
+    ``rescue()`` after 5 s unblocks it should Ctrl-C not work, so the test fails, not hangs."""
+    rescuer = threading.Timer(5.0, rescue)
+    rescuer.start()
+    timer = _sigint_after(0.3)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            blocked()
+        return time.monotonic() - t0
+    finally:
+        timer.cancel()
+        rescuer.cancel()
+
+
 @pytest.fixture
 def ctrl_c_raises() -> Iterator[None]:
     """Python's own SIGINT handler, whatever this process inherited: a shell starts background
@@ -60,18 +76,7 @@ def test_ctrl_c_interrupts_a_write_blocked_on_a_full_pool(local_handoff: bool) -
             # Fill the pool (a timed-out hand-off write loses nothing). Serialized, the one
             # batch below is bigger than the pool and blocks half-way on its own.
             fill_until_timeout(w, lambda i: big_batch(i, 100 * 1024))
-        # If Ctrl-C did not work, unblock the write after 5 s so the test fails instead of hanging.
-        rescue = threading.Timer(5.0, gate.close)
-        rescue.start()
-        timer = _sigint_after(0.3)
-        t0 = time.monotonic()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                w.write(big_batch(999, 2 << 20))  # no timeout
-            elapsed = time.monotonic() - t0
-        finally:
-            timer.cancel()
-            rescue.cancel()
+        elapsed = _interrupted(lambda: w.write(big_batch(999, 2 << 20)), rescue=gate.close)  # no timeout
         assert elapsed < 1.5, elapsed
 
 
@@ -84,17 +89,7 @@ def test_ctrl_c_interrupts_a_blocked_next() -> None:
         part = env.create_partition("p")
         gate = env.create_input_gate([spec(env, "p")])
         w = cf.RecordWriter(part)
-        rescue = threading.Timer(5.0, w.close)
-        rescue.start()
-        timer = _sigint_after(0.3)
-        t0 = time.monotonic()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                gate.next()  # no timeout
-            elapsed = time.monotonic() - t0
-        finally:
-            timer.cancel()
-            rescue.cancel()
+        elapsed = _interrupted(gate.next, rescue=w.close)  # no timeout
         assert elapsed < 1.5, elapsed
         # The gate still works after the interrupt.
         w.write(batch(), timeout=STEP_TIMEOUT)

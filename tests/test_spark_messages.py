@@ -139,6 +139,17 @@ def _in_thread(fn: Any, limit: float) -> tuple[bool, Any]:
     return (not t.is_alive(), out[0] if out else None)
 
 
+def _echo_inbox(name: str) -> Inbox:
+    """An inbox on loopback with key ``"k" * 32`` that answers ``{"n": x}`` with ``{"echo": x}``."""
+    return Inbox(lambda m: {"echo": m["n"]}, host="127.0.0.1", key="k" * 32, name=name)
+
+
+def _raw_peer(inbox: Inbox) -> socket.socket:
+    """A plain TCP connection to ``inbox``, which speaks no handshake unless told to."""
+    host, port = inbox.address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)))
+
+
 def test_a_peer_that_connects_and_says_nothing_holds_up_no_one_else(monkeypatch: pytest.MonkeyPatch) -> None:
     """The handshake ran in the listener's accept(): one peer that connected and never
     answered the challenge (a port scanner, a stopped process) held up every other peer's
@@ -149,10 +160,9 @@ def test_a_peer_that_connects_and_says_nothing_holds_up_no_one_else(monkeypatch:
     from creditflow.spark import _messages
 
     monkeypatch.setattr(_messages, "HANDSHAKE_TIMEOUT", 1.0)
-    inbox = Inbox(lambda m: {"echo": m["n"]}, host="127.0.0.1", key="k" * 32, name="test-inbox")
+    inbox = _echo_inbox("test-inbox")
     try:
-        host, port = inbox.address.rsplit(":", 1)
-        with socket.create_connection((host, int(port))) as silent:
+        with _raw_peer(inbox) as silent:
             silent.settimeout(10)
             done, answer = _in_thread(lambda: request(inbox.address, "k" * 32, {"n": 1}, timeout=5), 10)
             assert done, "a silent peer held up the inbox"
@@ -179,10 +189,9 @@ def test_a_peer_that_trickles_its_handshake_is_cut_off_at_the_deadline(
     from creditflow.spark import _messages
 
     monkeypatch.setattr(_messages, "HANDSHAKE_TIMEOUT", 1.0)
-    inbox = Inbox(lambda m: {"echo": m["n"]}, host="127.0.0.1", key="k" * 32, name="trickled-inbox")
+    inbox = _echo_inbox("trickled-inbox")
     try:
-        host, port = inbox.address.rsplit(":", 1)
-        with socket.create_connection((host, int(port))) as peer:
+        with _raw_peer(inbox) as peer:
             peer.settimeout(5)
             assert peer.recv(4096), "no challenge was sent"
             start = time.monotonic()
@@ -215,9 +224,8 @@ def test_a_flood_of_silent_peers_costs_a_bounded_number_of_threads(monkeypatch: 
     from creditflow.spark import _messages
 
     monkeypatch.setattr(_messages, "MAX_HANDSHAKES", 3)
-    inbox = Inbox(lambda m: {"echo": m["n"]}, host="127.0.0.1", key="k" * 32, name="flooded-inbox")
-    host, port = inbox.address.rsplit(":", 1)
-    silent = [socket.create_connection((host, int(port))) for _ in range(12)]
+    inbox = _echo_inbox("flooded-inbox")
+    silent = [_raw_peer(inbox) for _ in range(12)]
     try:
         most = 0
         for _ in range(20):

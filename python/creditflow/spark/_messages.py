@@ -19,7 +19,6 @@ import json
 import multiprocessing
 import os
 import socket
-import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -72,16 +71,11 @@ def _no_delay(conn: Connection) -> Connection:
 
 
 @contextlib.contextmanager
-def _deadline(conn: Connection, seconds: float) -> Iterator[threading.Event]:
-    """The block has ``seconds`` to finish its reads and writes on ``conn``: one that blocks
-    that long fails (``SO_RCVTIMEO``, ``SO_SNDTIMEO``), and when the block as a whole outlives
-    it (a peer that trickles a byte now and then) the connection is shut down, which ends the
-    read in progress. Yields the event set when the deadline passed."""
-    limit = struct.pack("ll", int(seconds), int(seconds % 1 * 1_000_000))
-    expired = threading.Event()
+def _deadline(conn: Connection, seconds: float, expired: threading.Event) -> Iterator[None]:
+    """The block has ``seconds`` to finish its reads and writes on ``conn``: then ``expired``
+    is set and the connection shut down, which ends a read or write in progress (a peer that
+    says nothing, or trickles a byte now and then)."""
     with socket.socket(fileno=os.dup(conn.fileno())) as s:
-        for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
-            s.setsockopt(socket.SOL_SOCKET, option, limit)
 
         def cut() -> None:
             expired.set()
@@ -92,35 +86,30 @@ def _deadline(conn: Connection, seconds: float) -> Iterator[threading.Event]:
         timer.daemon = True
         timer.start()
         try:
-            yield expired
+            yield
         finally:
             # Joined before the socket closes: a cut in progress never meets a reused descriptor.
             timer.cancel()
             timer.join()
-            for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
-                with contextlib.suppress(OSError):
-                    s.setsockopt(socket.SOL_SOCKET, option, struct.pack("ll", 0, 0))
 
 
 def _handshake(conn: Connection, key: bytes, *, server: bool, address: str) -> None:
     """The HMAC challenge-response of :mod:`multiprocessing.connection` (each side proves it
     has ``key``), within :data:`HANDSHAKE_TIMEOUT`; raises TimeoutError naming ``address``
     when the peer stays silent or too slow, ``AuthenticationError`` for a wrong key."""
-    late = TimeoutError(f"{address} did not complete the handshake within {HANDSHAKE_TIMEOUT} s")
+    expired = threading.Event()
     try:
-        with _deadline(conn, HANDSHAKE_TIMEOUT) as expired:
+        with _deadline(conn, HANDSHAKE_TIMEOUT, expired):
             if server:
                 deliver_challenge(conn, key)
                 answer_challenge(conn, key)
             else:
                 answer_challenge(conn, key)
                 deliver_challenge(conn, key)
-    except BlockingIOError:
-        raise late from None
     except (EOFError, OSError):
-        if expired.is_set():
-            raise late from None
-        raise
+        if not expired.is_set():
+            raise
+        raise TimeoutError(f"{address} did not complete the handshake within {HANDSHAKE_TIMEOUT} s") from None
 
 
 def _connect(address: str, key: str) -> Connection:

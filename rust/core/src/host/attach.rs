@@ -230,8 +230,7 @@ impl Attachment {
                 "attach: {reply:?} instead of a gate's link"
             )));
         };
-        let end = self.session.open_link(link, LinkKind::Gate)?;
-        AttachedGate::start(self.session.clone(), link, specs, end)
+        AttachedGate::open(self.session.clone(), link, specs)
     }
 
     /// Asks the service `request` as it is (for tests that send what this API would not).

@@ -103,19 +103,32 @@ impl Session {
 
     /// Connects the link `link` the service set up for this session.
     pub(crate) fn open_link(&self, link: u64, kind: LinkKind) -> Result<LinkEnd> {
+        block_on(&self.handle, self.link_opening(link, kind), &mut link_wait())?
+    }
+
+    /// What [`Session::open_link`] runs, for a runtime of the caller's choice (the link's
+    /// sockets belong to the runtime that runs it).
+    pub(crate) fn link_opening(
+        &self,
+        link: u64,
+        kind: LinkKind,
+    ) -> impl std::future::Future<Output = Result<LinkEnd>> + Send + 'static {
         let name = socket_name(&self.name);
         let (session, pid) = (self.welcome.session, self.welcome.pid);
-        let fut = async move {
+        async move {
             let mut sock = UnixStream::connect(&name).await.map_err(link::lost)?;
             check_peer(&sock, pid).map_err(|e| Error::Authentication(e.to_string()))?;
             sock.write_all(&Opening::Link { session, link }.encode())
                 .await
                 .map_err(link::lost)?;
             link::open(sock, kind).await
-        };
-        let mut wait = Wait::timeout(Some(CONNECT_TIMEOUT), "host service");
-        block_on(&self.handle, fut, &mut wait)?
+        }
     }
+}
+
+/// How long setting a link up may take.
+pub(crate) fn link_wait() -> Wait<'static> {
+    Wait::timeout(Some(CONNECT_TIMEOUT), "host service")
 }
 
 /// A gate's metrics from the service.

@@ -1,120 +1,117 @@
 //! [`AttachedGate`]: an `InputGate` that lives in the host service. The service takes the
-//! gate's items and puts them on the gate's link; here, the link's I/O task reads frames into
-//! a short queue (a record's bytes into a block of the record pool, or a lease on the heap
-//! where the service placed it, or in a writer link's heap that the service handed over) and
-//! the caller's thread decodes them in `next_item`.
+//! gate's items and puts them on the gate's link; here, the caller's thread reads the next
+//! frame (a record's bytes into a block of the record pool, or a lease on the heap where the
+//! service placed it, or in a writer link's heap that the service handed over) and decodes it
+//! in `next_item`. The link belongs to a runtime of the gate's own that only the caller drives:
+//! a sleeping caller is woken by the service's doorbell itself, not by a thread of this process
+//! that read the frame first and handed it over.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::net::UnixStream;
-use tokio::sync::mpsc;
+use tokio::runtime::Runtime;
 
-use super::client::{gate_metrics, Session};
+use super::client::{gate_metrics, link_wait, Session};
 use super::codec::Signal;
-use super::link::{HeapEnd, LinkEnd, SourceHeap};
+use super::link::{HeapEnd, LinkEnd, LinkKind, SourceHeap};
 use super::records::{heap_record, read_incoming, Incoming, RecordReceiver};
-use super::runtime::block_on;
+use super::runtime::{self, drive};
 use crate::base::config::ChannelSpec;
 use crate::base::error::{Error, Result};
 use crate::base::wait::Wait;
 use crate::gate::{GateItem, GateMetrics};
 use crate::memory::RecordPool;
-use crate::net::shm::HeapReader;
+use crate::net::shm::{HeapReader, ShmReader, ShmWriter};
 use crate::serde::SelfContainedDecoder;
 
-/// Frames read ahead of the caller, at most (the link's ring and heap hold more).
-const READ_AHEAD: usize = 2;
 /// The most bytes one record may have (as a gate's `max_record_size` default).
 const MAX_RECORD: usize = 2 << 30;
 /// Idle record blocks the link keeps for the next records, at most.
 const RECORD_POOL: usize = 16 << 20;
+
+/// A read of the link's next frame; it owns the link while it runs and hands it back with
+/// the frame, so a read a caller's timeout interrupts goes on at the next call (a frame read
+/// halfway is never lost).
+type Read = Pin<Box<dyn Future<Output = (LinkIn, Result<Incoming>)> + Send>>;
 
 /// Reads the items of a gate the host service holds.
 pub struct AttachedGate {
     session: Arc<Session>,
     link: u64,
     specs: Vec<ChannelSpec>,
-    items: mpsc::Receiver<Result<Incoming>>,
+    /// The link, while no read has it.
+    idle: Option<LinkIn>,
+    /// The read in progress, while one is.
+    read: Option<Read>,
+    /// Why the link ended, once it has.
+    broken: Option<String>,
     records: RecordReceiver,
     pieces: SelfContainedDecoder,
     ended: bool,
     closed: bool,
-    io: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for AttachedGate {
-    fn drop(&mut self) {
-        // Ends the link: the service closes the gate, its producers are no longer held back.
-        self.io.abort();
-    }
+    /// Declared last: dropped after the link, whose sockets it drives.
+    rt: Runtime,
 }
 
 impl AttachedGate {
-    pub(crate) fn start(
-        session: Arc<Session>,
-        link: u64,
-        specs: Vec<ChannelSpec>,
-        end: LinkEnd,
-    ) -> Result<AttachedGate> {
-        let LinkEnd {
-            mut reader,
-            writer,
-            heap,
-            bell: _,
-            heaps,
-        } = end;
-        let HeapEnd::Reader(heap) = heap else {
-            return Err(Error::Protocol("a gate's link whose heap the task writes".into()));
+    /// Opens the link of gate `link` (set up by the service for this session) and the gate's
+    /// own runtime it lives on.
+    pub(crate) fn open(session: Arc<Session>, link: u64, specs: Vec<ChannelSpec>) -> Result<AttachedGate> {
+        let rt = runtime::own()?;
+        let end = drive(&rt, session.link_opening(link, LinkKind::Gate), &mut link_wait())??;
+        let idle = {
+            // The link's sockets are made for its runtime.
+            let _in = rt.enter();
+            LinkIn::new(end)?
         };
-        let heaps = heaps.ok_or_else(|| Error::Protocol("a gate's link without its heaps".into()))?;
-        let (tx, items) = mpsc::channel(READ_AHEAD);
-        let lost = {
-            let s = session.clone();
-            move |why: String| s.lost(&why)
-        };
-        let io = session.handle.spawn(async move {
-            // The ring back stays open while the gate does: its end tells the service.
-            let _writer = writer;
-            let pool = RecordPool::new(RECORD_POOL);
-            let mut sources = Sources::new(heaps);
-            loop {
-                let next = match read_incoming(&mut reader, Some(&heap), &pool, MAX_RECORD).await {
-                    Ok(Some(Incoming::Forward {
-                        head,
-                        source,
-                        start,
-                        len,
-                    })) => sources
-                        .piece(source, start, len)
-                        .await
-                        .map(|body| Incoming::Piece {
-                            head,
-                            body,
-                            lease: None,
-                        }),
-                    Ok(Some(x)) => Ok(x),
-                    Ok(None) => Err(lost("it closed the gate's link".into())),
-                    Err(Error::ConnectionLost(why)) => Err(lost(why)),
-                    Err(e) => Err(e),
-                };
-                let stop = next.is_err();
-                if tx.send(next).await.is_err() || stop {
-                    return;
-                }
-            }
-        });
         Ok(AttachedGate {
             session,
             link,
             specs,
-            items,
+            idle: Some(idle),
+            read: None,
+            broken: None,
             records: RecordReceiver::new(MAX_RECORD),
             pieces: SelfContainedDecoder::new(MAX_RECORD),
             ended: false,
             closed: false,
-            io,
+            rt,
         })
+    }
+
+    /// The next frame of the link, read on the caller's thread as `wait` allows.
+    fn incoming(&mut self, wait: &mut Wait<'_>) -> Result<Incoming> {
+        if let Some(why) = &self.broken {
+            return Err(self.session.lost(why));
+        }
+        let read = match self.read.as_mut() {
+            Some(read) => read,
+            None => {
+                let link = self.idle.take().expect("the link is idle when no read has it");
+                self.read.insert(Box::pin(link.next()))
+            }
+        };
+        let (link, next) = drive(&self.rt, read, wait)?;
+        self.read = None;
+        match next {
+            Ok(x) => {
+                self.idle = Some(link);
+                Ok(x)
+            }
+            Err(e) => {
+                // The link is done with: its end tells the service.
+                drop(link);
+                let (why, e) = match e {
+                    Error::ConnectionLost(why) => (why.clone(), self.session.lost(&why)),
+                    e => (format!("the gate's link ended: {e}"), e),
+                };
+                self.broken = Some(why);
+                Err(e)
+            }
+        }
     }
 
     /// Number of channels.
@@ -136,12 +133,7 @@ impl AttachedGate {
         if self.ended {
             return Ok(None);
         }
-        let next = block_on(&self.session.handle, self.items.recv(), wait)?;
-        let incoming = match next {
-            Some(r) => r?,
-            None => return Err(self.session.lost("the gate's link ended")),
-        };
-        Ok(Some(match incoming {
+        Ok(Some(match self.incoming(wait)? {
             Incoming::Record { head, body } => GateItem::Batch {
                 channel: head.channel as usize,
                 batch: self.records.decode(head.channel, body)?,
@@ -191,7 +183,9 @@ impl AttachedGate {
     /// Releases the channels: the service closes the gate. Idempotent.
     pub fn close(&mut self) {
         self.closed = true;
-        self.io.abort();
+        // Ends the link (and a read interrupted halfway): its end tells the service.
+        self.read = None;
+        self.idle = None;
     }
 
     /// The gate's metrics, as the service sees them.
@@ -204,6 +198,64 @@ impl AttachedGate {
     pub fn metrics_handle(&self) -> impl Fn() -> Result<GateMetrics> + Send + Sync + 'static {
         let (session, link) = (self.session.clone(), self.link);
         move || gate_metrics(&session, link)
+    }
+}
+
+/// The gate's end of its link and what reading it takes.
+struct LinkIn {
+    reader: ShmReader,
+    /// The ring back: unused, but open while the gate is (its end tells the service).
+    _writer: ShmWriter,
+    heap: HeapReader,
+    pool: RecordPool,
+    sources: Sources,
+}
+
+impl LinkIn {
+    fn new(end: LinkEnd) -> Result<LinkIn> {
+        let LinkEnd {
+            reader,
+            writer,
+            heap,
+            bell: _,
+            heaps,
+        } = end;
+        let HeapEnd::Reader(heap) = heap else {
+            return Err(Error::Protocol("a gate's link whose heap the task writes".into()));
+        };
+        let heaps = heaps.ok_or_else(|| Error::Protocol("a gate's link without its heaps".into()))?;
+        Ok(LinkIn {
+            reader,
+            _writer: writer,
+            heap,
+            pool: RecordPool::new(RECORD_POOL),
+            sources: Sources::new(heaps),
+        })
+    }
+
+    /// The next frame, a forwarded piece resolved to its body in its writer's heap; the link
+    /// comes back with it. A link that closed is lost.
+    async fn next(mut self) -> (LinkIn, Result<Incoming>) {
+        let next = match read_incoming(&mut self.reader, Some(&self.heap), &self.pool, MAX_RECORD).await {
+            Ok(Some(Incoming::Forward {
+                head,
+                source,
+                start,
+                len,
+            })) => self
+                .sources
+                .piece(source, start, len)
+                .await
+                .map(|body| Incoming::Piece {
+                    head,
+                    body,
+                    lease: None,
+                }),
+            Ok(Some(x)) => Ok(x),
+            Ok(None) => Err(Error::ConnectionLost("it closed the gate's link".into())),
+            Err(e) => Err(e),
+        };
+        (self, next)
     }
 }
 

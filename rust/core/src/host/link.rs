@@ -210,7 +210,7 @@ pub(crate) async fn serve(
             (None, Some(source))
         }
     };
-    let end = end(Arc::new(region), sock, s2t, t2s, heap, kind, true, heaps);
+    let end = end(Arc::new(region), sock, s2t, t2s, heap, kind, true, heaps)?;
     Ok((end, source))
 }
 
@@ -240,7 +240,7 @@ pub(crate) async fn open(sock: UnixStream, kind: LinkKind) -> Result<LinkEnd> {
     }
     let region = Arc::new(Region::map(&fd, region_len(s2t, t2s, heap)).map_err(io_error)?);
     drop(fd);
-    Ok(end(region, sock, s2t, t2s, heap, kind, false, heaps))
+    end(region, sock, s2t, t2s, heap, kind, false, heaps)
 }
 
 /// One side's view of a link's region: the ring it reads, the ring it writes, its side of the
@@ -255,7 +255,7 @@ fn end(
     kind: LinkKind,
     service: bool,
     heaps: Option<UnixStream>,
-) -> LinkEnd {
+) -> Result<LinkEnd> {
     let to_task = Ring::new(region.clone(), 0, s2t);
     let to_service = Ring::new(region.clone(), RING_HEADER + s2t, t2s);
     let (incoming, outgoing) = if service {
@@ -269,14 +269,14 @@ fn end(
     } else {
         HeapEnd::Reader(HeapReader::new(region, offset, heap))
     };
-    let bell = Doorbell::new(sock);
-    LinkEnd {
+    let bell = Doorbell::new(sock).map_err(io_error)?;
+    Ok(LinkEnd {
         reader: ShmReader::new(incoming, bell.clone()),
         writer: ShmWriter::new(outgoing, bell.clone()),
         heap,
         bell,
         heaps,
-    }
+    })
 }
 
 fn io_error(e: std::io::Error) -> Error {

@@ -440,6 +440,40 @@ fn a_writer_dropped_without_closing_fails_its_readers_and_nothing_partial_ends_w
 }
 
 #[test]
+fn a_gate_read_its_timeout_cuts_short_goes_on_where_it_stopped() {
+    // Batches larger than the writer's heap and the gate's come through the gate's ring in
+    // ring-sized parts; the reader gives up after a millisecond, often between two parts.
+    const ROWS: usize = 400_000;
+    let s = service("resume", 128 << 20);
+    let (a, b) = (attach(&s), attach(&s));
+    let p = a.create_partition("p", 1, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Forward).unwrap();
+    let mut g = b.create_input_gate(specs(s.address(), "p", 1)).unwrap();
+    let writer = std::thread::spawn(move || {
+        for i in 0..3 {
+            w.write(&batch((i * ROWS) as i64, ROWS, 40), &mut forever())
+                .unwrap();
+        }
+        w.close(&mut forever()).unwrap();
+    });
+    let (mut timeouts, mut batches) = (0, 0);
+    let got = drain_items(|| loop {
+        match g.next_item(&mut Wait::timeout(Some(Duration::from_millis(1)), "test")) {
+            Err(Error::Timeout(..)) => timeouts += 1,
+            Ok(item) => {
+                batches += usize::from(matches!(item, Some(GateItem::Batch { .. })));
+                return item;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    });
+    writer.join().unwrap();
+    assert_eq!(got[&0], (0..3 * ROWS as i64).collect::<Vec<i64>>());
+    assert_eq!(batches, 3);
+    assert!(timeouts > 0, "no read was cut short");
+}
+
+#[test]
 fn a_finished_blocking_partition_outlives_its_task_and_is_read_twice() {
     let s = service("blocking", 8 << 20);
     let name = s.name().to_string();

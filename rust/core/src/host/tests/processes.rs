@@ -1,6 +1,6 @@
-//! The host service's faults that need a process of their own: this test binary run again as
-//! one child test, a task or the service, to be killed; another user's process; garbage on
-//! the service's socket.
+//! What of the host service needs a process of its own: this test binary run again as one
+//! child test, a task or the service, to be killed; another user's process; garbage on the
+//! service's socket; a task whose threads are counted.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -116,6 +116,70 @@ fn a_killed_task_fails_its_partitions_readers_and_its_reservations_go() {
     wait_until(
         || s.metrics().segments_reserved == before,
         "the task's reservations to go",
+    );
+}
+
+/// Child: a task that writes `BATCHES` small batches into a partition of `SERVICE` and reads
+/// each from a gate of its own before it writes the next (the service sleeps in between, so
+/// every write rings it and every batch rings the gate), then says how often its attach I/O
+/// thread was switched to meanwhile.
+#[test]
+#[ignore = "run by the_i_o_thread_of_a_task_sleeps_while_its_batches_come_and_go"]
+fn child_wakes() {
+    if std::env::var(CHILD).is_err() {
+        return;
+    }
+    let a = Attachment::connect(&std::env::var("SERVICE").unwrap(), 0, TASK_MEMORY).unwrap();
+    let p = a.create_partition("w", 1, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Forward).unwrap();
+    let mut g = a.create_input_gate(specs(a.address(), "w", 1)).unwrap();
+    // The first batch brings the schema and the link's heap over.
+    w.write(&batch(0, 10, 4), &mut forever()).unwrap();
+    w.flush(&mut forever()).unwrap();
+    assert_eq!(g.next(&mut forever()).unwrap().unwrap().num_rows(), 10);
+    let io = attach_thread_switches();
+    let batches: usize = std::env::var("BATCHES").unwrap().parse().unwrap();
+    for i in 0..batches {
+        w.write(&batch(i as i64, 10, 4), &mut forever()).unwrap();
+        w.flush(&mut forever()).unwrap();
+        assert_eq!(g.next(&mut forever()).unwrap().unwrap().num_rows(), 10);
+    }
+    println!("SWITCHES {}", attach_thread_switches() - io);
+}
+
+/// How often this process's attach I/O thread has been switched to (voluntarily or not).
+fn attach_thread_switches() -> u64 {
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let dir = task.unwrap().path();
+        if std::fs::read_to_string(dir.join("comm")).unwrap().trim() != "creditflow-atta" {
+            continue;
+        }
+        let status = std::fs::read_to_string(dir.join("status")).unwrap();
+        return status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .map(|l| l.rsplit('\t').next().unwrap().trim().parse::<u64>().unwrap())
+            .sum();
+    }
+    panic!("no attach I/O thread in this process")
+}
+
+#[test]
+fn the_i_o_thread_of_a_task_sleeps_while_its_batches_come_and_go() {
+    // A gate's caller is woken by the service's doorbell itself, and ringing the service
+    // does not wake the ringing side's thread: the task's I/O thread has nothing to do for
+    // batches (it used to wake about twice per batch).
+    let s = service("wakes", 16 << 20);
+    const BATCHES: u64 = 200;
+    let (mut task, mut out) = child(
+        "host::tests::processes::child_wakes",
+        &[("SERVICE", s.name().into()), ("BATCHES", BATCHES.to_string())],
+    );
+    let switches: u64 = expect_line(&mut out, "SWITCHES ").parse().unwrap();
+    assert!(task.wait().unwrap().success());
+    assert!(
+        switches < BATCHES / 10,
+        "the attach I/O thread was switched to {switches} times for {BATCHES} batches"
     );
 }
 

@@ -4,31 +4,43 @@
 //! ends, the kernel closes its end and this side reads end-of-file.
 
 use std::future::Future;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream as StdUnixStream;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tokio::net::UnixStream;
 
 /// One side's end of the doorbell socket, shared by its reader and writer halves.
 pub(crate) struct Doorbell {
-    sock: UnixStream,
+    /// Watched for readability only: each time the peer takes a wake-up byte this end
+    /// becomes writable again, which would otherwise wake this side's runtime for nothing
+    /// after every ring.
+    sock: AsyncFd<StdUnixStream>,
     dead: AtomicBool,
 }
 
 impl Doorbell {
-    pub(crate) fn new(sock: UnixStream) -> Arc<Doorbell> {
-        Arc::new(Doorbell {
+    /// The doorbell on `sock`, watched by the runtime of the calling context.
+    pub(crate) fn new(sock: UnixStream) -> std::io::Result<Arc<Doorbell>> {
+        let sock = sock.into_std()?;
+        // SAFETY: the socket owns its descriptor, which stays open and the same until the
+        // `AsyncFd` (its only owner) drops it.
+        let sock = unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE) }?;
+        Ok(Arc::new(Doorbell {
             sock,
             dead: AtomicBool::new(false),
-        })
+        }))
     }
 
     /// Wakes the peer. A full socket buffer already holds wake-ups the peer has not taken,
     /// so a byte that does not fit is not needed.
     pub(crate) fn ring(&self) {
-        match self.sock.try_write(&[1]) {
+        match self.sock.get_ref().write(&[1]) {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(_) => self.dead.store(true, Ordering::SeqCst),
@@ -39,7 +51,7 @@ impl Doorbell {
     fn drain(&self) {
         let mut buf = [0u8; 256];
         loop {
-            match self.sock.try_read(&mut buf) {
+            match self.sock.get_ref().read(&mut buf) {
                 Ok(0) => {
                     self.dead.store(true, Ordering::SeqCst);
                     return;
@@ -83,7 +95,10 @@ impl Waiter {
         let wait = self.wait.get_or_insert_with(|| {
             let bell = self.bell.clone();
             Box::pin(async move {
-                let _ = bell.sock.readable().await;
+                // Cleared before the caller drains: a byte that comes after is seen again.
+                if let Ok(mut ready) = bell.sock.readable().await {
+                    ready.clear_ready();
+                }
             })
         });
         match wait.as_mut().poll(cx) {

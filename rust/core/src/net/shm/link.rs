@@ -275,7 +275,7 @@ pub(crate) async fn serve_link(
     let from_client = Ring::new(region.clone(), RING_HEADER + SERVER_TO_CLIENT, CLIENT_TO_SERVER);
     let offset = heap_offset(SERVER_TO_CLIENT, CLIENT_TO_SERVER);
     let heap = (heap > 0).then(|| HeapWriter::new(region, offset, heap));
-    let bell = Doorbell::new(sock);
+    let bell = Doorbell::new(sock)?;
     Ok((
         ShmReader::new(from_client, bell.clone()),
         ShmWriter::new(to_client, bell),
@@ -305,7 +305,7 @@ pub(crate) async fn connect_link(server: &ShmOffer, token: &Nonce) -> std::io::R
     let from_server = Ring::new(region.clone(), 0, s2c);
     let to_server = Ring::new(region.clone(), RING_HEADER + s2c, c2s);
     let heap = (heap > 0).then(|| HeapReader::new(region, heap_offset(s2c, c2s), heap));
-    let bell = Doorbell::new(sock);
+    let bell = Doorbell::new(sock)?;
     Ok((
         ShmReader::new(from_server, bell.clone()),
         ShmWriter::new(to_server, bell),

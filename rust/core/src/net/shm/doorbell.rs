@@ -47,7 +47,9 @@ impl Doorbell {
         }
     }
 
-    /// Takes the pending wake-up bytes; notes end-of-file (the peer is gone).
+    /// Takes the pending wake-up bytes; notes end-of-file (the peer is gone). A short read
+    /// took them all: a byte or an end that comes later makes the socket ready again (an end
+    /// that came with the bytes stays ready), so no second read is spent to be told so.
     fn drain(&self) {
         let mut buf = [0u8; 256];
         loop {
@@ -56,6 +58,7 @@ impl Doorbell {
                     self.dead.store(true, Ordering::SeqCst);
                     return;
                 }
+                Ok(n) if n < buf.len() => return,
                 Ok(_) => continue,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(_) => {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::doorbell::{Doorbell, Waiter};
 use super::link::{connect_link, serve_link, ShmListener};
 use super::region::Region;
 use super::ring::{Ring, RING_HEADER};
@@ -186,6 +187,29 @@ fn a_dropped_peer_ends_a_waiting_reader_and_writer_at_once() {
         .await
         .expect("the writer failed");
         assert_eq!(w.kind(), std::io::ErrorKind::ConnectionReset);
+    });
+}
+
+#[test]
+fn a_peer_that_rings_and_goes_at_once_is_seen_gone_by_the_next_wait() {
+    // The wake-up bytes and the end come in one readiness; the drain that takes the bytes
+    // with a short read does not read the end, and the next wait must still wake for it.
+    runtime().block_on(async {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let (ours, theirs) = (Doorbell::new(a).unwrap(), Doorbell::new(b).unwrap());
+        theirs.ring();
+        theirs.ring();
+        drop(theirs);
+        let mut waiter = Waiter::new(ours.clone());
+        for _ in 0..2 {
+            tokio::time::timeout(Duration::from_secs(2), std::future::poll_fn(|cx| waiter.poll(cx)))
+                .await
+                .expect("the wait woke");
+            if ours.is_dead() {
+                return;
+            }
+        }
+        panic!("the peer's end was not seen");
     });
 }
 

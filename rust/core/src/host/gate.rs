@@ -52,8 +52,20 @@ pub struct AttachedGate {
     pieces: SelfContainedDecoder,
     ended: bool,
     closed: bool,
-    /// Declared last: dropped after the link, whose sockets it drives.
-    rt: Runtime,
+    /// The runtime the link lives on (`None` only while dropped).
+    rt: Option<Runtime>,
+}
+
+impl Drop for AttachedGate {
+    fn drop(&mut self) {
+        // The link first (its end tells the service), then its runtime, without waiting: a
+        // gate may be let go where a runtime runs, which a plain drop of one does not allow.
+        self.read = None;
+        self.idle = None;
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl AttachedGate {
@@ -78,7 +90,7 @@ impl AttachedGate {
             pieces: SelfContainedDecoder::new(MAX_RECORD),
             ended: false,
             closed: false,
-            rt,
+            rt: Some(rt),
         })
     }
 
@@ -94,7 +106,8 @@ impl AttachedGate {
                 self.read.insert(Box::pin(link.next()))
             }
         };
-        let (link, next) = drive(&self.rt, read, wait)?;
+        let rt = self.rt.as_ref().expect("the runtime lives as long as the gate");
+        let (link, next) = drive(rt, read, wait)?;
         self.read = None;
         match next {
             Ok(x) => {

@@ -474,6 +474,27 @@ fn a_gate_read_its_timeout_cuts_short_goes_on_where_it_stopped() {
 }
 
 #[test]
+fn a_gate_can_be_dropped_inside_an_async_runtime() {
+    // A gate drives a runtime of its own; letting it go where a runtime runs (a callback on a
+    // runtime's thread that drops the last reference) must not panic, and ends its link.
+    let s = service("dropped-in-async", 16 << 20);
+    let b = attach(&s);
+    let before = s.metrics().segments_reserved;
+    let mut g = b.create_input_gate(specs(s.address(), "p", 1)).unwrap();
+    assert!(s.metrics().segments_reserved > before, "the gate's minimum");
+    assert!(matches!(
+        g.next_item(&mut Wait::timeout(Some(Duration::from_millis(20)), "test")),
+        Err(Error::Timeout(..))
+    ));
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(async move { drop(g) });
+    wait_until(
+        || s.metrics().segments_reserved == before,
+        "the service to close the gate",
+    );
+}
+
+#[test]
 fn a_finished_blocking_partition_outlives_its_task_and_is_read_twice() {
     let s = service("blocking", 8 << 20);
     let name = s.name().to_string();

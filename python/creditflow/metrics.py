@@ -325,7 +325,7 @@ class ServiceMetrics(TypedDict):
     sessions: int
     #: Partitions registered.
     partitions: int
-    #: Gates open.
+    #: Gates the service serves now (one that ended, or whose task let it go, is not counted).
     gates: int
     #: Connections the service opened to other services (one per address it reads from).
     connections_opened: int

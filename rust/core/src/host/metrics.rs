@@ -31,7 +31,7 @@ pub struct ServiceMetrics {
     pub sessions: usize,
     /// Partitions registered.
     pub partitions: usize,
-    /// Gates open.
+    /// Gates the service serves now (one that ended, or whose task let it go, is not counted).
     pub gates: usize,
     /// Connections the service opened to other services (one per address it reads from).
     pub connections_opened: usize,

@@ -348,7 +348,11 @@ async fn connection(mut sock: UnixStream, pid: Option<i32>, shared: Arc<Shared>)
                 }
                 PendingLink::Gate(gate) => {
                     let sent = shared.host.sent.clone();
-                    shared.serve_link(handle.spawn(download::run(*gate, end, sent, [dead, stopping])));
+                    let run = download::run(*gate, end, sent, [dead, stopping]);
+                    shared.serve_link(handle.spawn(async move {
+                        run.await;
+                        s.gate_ended(link);
+                    }));
                 }
             }
         }

@@ -11,7 +11,7 @@ use super::metrics;
 use super::state::HostState;
 use crate::base::error::{Error, Result};
 use crate::base::wait::Wait;
-use crate::gate::{GateMetricsReader, InputGate};
+use crate::gate::{GateMetrics, GateMetricsReader, InputGate};
 use crate::partition::{Partitioner, ResultPartition};
 
 /// A link a task asked for and has not connected yet.
@@ -35,7 +35,20 @@ pub(crate) struct TaskSession {
     partitions: Mutex<Vec<Arc<ResultPartition>>>,
     links: Mutex<HashMap<u64, PendingLink>>,
     /// The task's gates' metrics, by link.
-    gates: Mutex<HashMap<u64, GateMetricsReader>>,
+    gates: Mutex<HashMap<u64, GateMetricsOf>>,
+    /// The links of the gates that ended, oldest first: each keeps its last metrics until
+    /// [`ENDED_GATES_KEPT`] more gates have ended.
+    ended: Mutex<std::collections::VecDeque<u64>>,
+}
+
+/// Ended gates whose last metrics a session keeps (a worker's session outlives its tasks, so
+/// it may see many gates end).
+const ENDED_GATES_KEPT: usize = 16;
+
+/// Where a gate's metrics come from: the gate while it is served, its last metrics after.
+enum GateMetricsOf {
+    Open(GateMetricsReader),
+    Ended(Box<GateMetrics>),
 }
 
 impl TaskSession {
@@ -46,6 +59,27 @@ impl TaskSession {
             partitions: Mutex::new(Vec::new()),
             links: Mutex::new(HashMap::new()),
             gates: Mutex::new(HashMap::new()),
+            ended: Mutex::new(std::collections::VecDeque::new()),
+        }
+    }
+
+    /// Gate `link` is no longer served (it ended, or its task let it go): its last metrics
+    /// replace the gate's own handle, which the service then no longer counts as open, and
+    /// the oldest ended gates beyond [`ENDED_GATES_KEPT`] are forgotten.
+    pub(crate) fn gate_ended(&self, link: u64) {
+        let mut gates = self.gates.lock().unwrap();
+        let Some(of) = gates.get_mut(&link) else {
+            return;
+        };
+        if let GateMetricsOf::Open(reader) = of {
+            *of = GateMetricsOf::Ended(Box::new(reader.read()));
+        }
+        let mut ended = self.ended.lock().unwrap();
+        ended.push_back(link);
+        while ended.len() > ENDED_GATES_KEPT {
+            if let Some(old) = ended.pop_front() {
+                gates.remove(&old);
+            }
         }
     }
 
@@ -133,7 +167,10 @@ impl TaskSession {
             Request::CreateGate { specs } => {
                 let gate = shared.env.create_input_gate(specs)?;
                 let link = shared.next_id();
-                self.gates.lock().unwrap().insert(link, gate.metrics_reader());
+                self.gates
+                    .lock()
+                    .unwrap()
+                    .insert(link, GateMetricsOf::Open(gate.metrics_reader()));
                 self.links
                     .lock()
                     .unwrap()
@@ -184,10 +221,16 @@ impl TaskSession {
                 Ok(Reply::Metrics(metrics::encode_partition(&p.metrics())))
             }
             Request::GateMetrics { link } => {
-                let reader = self.gates.lock().unwrap().get(&link).cloned();
-                let reader = reader
-                    .ok_or_else(|| Error::InvalidArgument(format!("no gate {link} in this session")))?;
-                Ok(Reply::Metrics(metrics::encode_gate(&reader.read())))
+                let m = match self.gates.lock().unwrap().get(&link) {
+                    Some(GateMetricsOf::Open(reader)) => reader.read(),
+                    Some(GateMetricsOf::Ended(last)) => (**last).clone(),
+                    None => {
+                        return Err(Error::InvalidArgument(format!(
+                            "no gate {link} in this session (or it ended long ago)"
+                        )))
+                    }
+                };
+                Ok(Reply::Metrics(metrics::encode_gate(&m)))
             }
             Request::ServiceMetrics => Ok(Reply::Metrics(metrics::encode_service(&shared.metrics()))),
         }

@@ -495,6 +495,34 @@ fn a_gate_can_be_dropped_inside_an_async_runtime() {
 }
 
 #[test]
+fn a_session_s_ended_gates_are_not_counted_open_and_keep_their_last_metrics_a_while() {
+    // A Spark worker's session outlives its tasks: the gates they end must not pile up in it.
+    let s = service("ended-gates", 16 << 20);
+    let (a, b) = (attach(&s), attach(&s));
+    let mut gates = Vec::new();
+    for i in 0..20 {
+        let id = format!("p{i}");
+        let p = a.create_partition(&id, 1, None, None).unwrap();
+        let mut w = p.writer(Partitioner::Forward).unwrap();
+        w.write(&batch(0, 10 + i, 4), &mut forever()).unwrap();
+        w.close(&mut forever()).unwrap();
+        let mut g = b.create_input_gate(specs(s.address(), &id, 1)).unwrap();
+        assert_eq!(drain(&mut g)[&0].len(), 10 + i);
+        g.close();
+        gates.push(g);
+    }
+    wait_until(
+        || s.metrics().gates == 0,
+        "the ended gates to stop counting as open",
+    );
+    // The last ones answer with the metrics they ended with; the oldest are forgotten.
+    assert_eq!(gates[19].metrics().unwrap().rows_received, 29);
+    assert_eq!(gates[4].metrics().unwrap().rows_received, 14);
+    let err = gates[0].metrics().unwrap_err();
+    assert!(err.to_string().contains("ended long ago"), "{err}");
+}
+
+#[test]
 fn a_finished_blocking_partition_outlives_its_task_and_is_read_twice() {
     let s = service("blocking", 8 << 20);
     let name = s.name().to_string();

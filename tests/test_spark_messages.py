@@ -382,6 +382,43 @@ def test_a_task_whose_input_breaks_makes_the_receiver_raise_its_error() -> None:
             rx.next(timeout=30)
 
 
+def test_a_task_stopped_by_the_failed_job_gives_way_to_the_job_s_error() -> None:
+    """When one task fails the job, Spark stops the others, whose own failures (a cut input
+    stream) may reach the receiver before the driver's word that the job failed: the consumer
+    must raise the job's error, its cause, not the symptom."""
+    import threading
+
+    import pyarrow as pa
+
+    import creditflow as cf
+    import creditflow.spark as cfs
+    from creditflow.spark import _messages
+    from creditflow.spark._sending import register_job, stream_partition
+
+    with cfs.Receiver(timeout=60) as rx, cf.NetworkEnvironment(secret=rx.secret) as env:
+        plan = register_job(plan_to(rx.address, "j1", rx.secret), 2)
+
+        def batches() -> Any:
+            yield pa.record_batch({"x": pa.array(range(1000))})
+            first = rx.next(timeout=30)  # the receiver reads the channel by now
+            assert first is not None
+            raise ValueError("Tried reading schema message, was null or length 0")
+
+        def job_fails_later() -> None:
+            time.sleep(0.5)  # the stopped task's failure is at the receiver by now
+            failed = {"kind": "job_failed", "job": "j1", "error": "RuntimeError: the source broke"}
+            _messages.send(rx.address, rx.secret, failed)
+
+        with pytest.raises(ValueError, match="schema message"):
+            stream_partition(env, plan, 0, 0, batches())
+        teller = threading.Thread(target=job_fails_later)
+        teller.start()
+        cause = "the Spark job failed: RuntimeError: the source broke"
+        with pytest.raises(cf.ProducerFailedError, match=cause):
+            rx.next(timeout=30)
+        teller.join()
+
+
 def test_a_partition_cut_short_by_an_early_end_of_input_fails_send_and_the_receiver() -> None:
     """A task whose upstream Python worker died sees its input end early and ends its channel
     cleanly with part of its partition; Spark's retry is turned away (the partition is being

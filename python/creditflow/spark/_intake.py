@@ -158,11 +158,13 @@ class Intake:
                         if not self._sink.deliver(batch):
                             return
             except Exception as exc:
-                if isinstance(exc, cf.ConnectionLostError):
+                if isinstance(exc, (cf.ConnectionLostError, cf.ProducerFailedError)):
                     # A PySpark worker whose task failed exits at once: its connection can break
-                    # before its failure arrives. The driver tells of the failed job: give that
-                    # a moment, so the consumer sees the job's error, not the broken connection.
-                    # (Not past the receiver's close, which waits for this thread.)
+                    # before its failure arrives; and when one task fails the job, Spark stops the
+                    # others, whose failures (a cut input stream) can come first. The driver tells
+                    # of the failed job with its cause: give that a moment, so the consumer sees
+                    # the job's error, not a symptom of it. (Not past the receiver's close, which
+                    # waits for this thread.)
                     grace = time.monotonic() + JOB_FAILED_GRACE
                     while not self.closed.is_set() and time.monotonic() < grace:
                         if self._job_failed.wait(POLL):
@@ -204,8 +206,20 @@ class Intake:
             if self._attempts.get(index) != attempt or index in self._ended or self._broken:
                 return {"ok": True}
             self._broken = f"partition {index}: {error}"
-        self._conclude(error)
+        threading.Thread(target=self._fail_unless_the_job_did, args=(error,), daemon=True).start()
         return {"ok": True}
+
+    def _fail_unless_the_job_did(self, error: str) -> None:
+        """Fails the stream with a task's ``error`` unless the driver's word that the job
+        failed comes within the grace: when one task fails the job, Spark stops the others,
+        and a stopped task's failure (a cut input stream) can come before that word, which
+        names the cause. (Not past the receiver's close.)"""
+        grace = time.monotonic() + JOB_FAILED_GRACE
+        while not self.closed.is_set() and time.monotonic() < grace:
+            if self._job_failed.wait(POLL):
+                return
+        if not self.closed.is_set():
+            self._conclude(error)
 
     def _job_done(self, rows: dict[int, int]) -> _messages.Message | _messages.Then:
         """The driver's word that the job succeeded, with each partition's rows: the stream

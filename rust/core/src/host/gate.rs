@@ -73,17 +73,13 @@ impl AttachedGate {
     /// own runtime it lives on.
     pub(crate) fn open(session: Arc<Session>, link: u64, specs: Vec<ChannelSpec>) -> Result<AttachedGate> {
         let rt = runtime::own()?;
+        // Opened on the gate's runtime, so its sockets belong to it.
         let end = drive(&rt, session.link_opening(link, LinkKind::Gate), &mut link_wait())??;
-        let idle = {
-            // The link's sockets are made for its runtime.
-            let _in = rt.enter();
-            LinkIn::new(end)?
-        };
         Ok(AttachedGate {
             session,
             link,
             specs,
-            idle: Some(idle),
+            idle: Some(LinkIn::new(end)?),
             read: None,
             broken: None,
             records: RecordReceiver::new(MAX_RECORD),

@@ -165,10 +165,7 @@ class Intake:
                     # of the failed job with its cause: give that a moment, so the consumer sees
                     # the job's error, not a symptom of it. (Not past the receiver's close, which
                     # waits for this thread.)
-                    grace = time.monotonic() + JOB_FAILED_GRACE
-                    while not self.closed.is_set() and time.monotonic() < grace:
-                        if self._job_failed.wait(POLL):
-                            break
+                    self._job_fails_within_grace()
                 if not self.closed.is_set():
                     self._sink.fail(exc)
                 failure = self._sink.failure() or f"{type(exc).__name__}: {exc}"
@@ -214,12 +211,17 @@ class Intake:
         failed comes within the grace: when one task fails the job, Spark stops the others,
         and a stopped task's failure (a cut input stream) can come before that word, which
         names the cause. (Not past the receiver's close.)"""
+        if not self._job_fails_within_grace() and not self.closed.is_set():
+            self._conclude(error)
+
+    def _job_fails_within_grace(self) -> bool:
+        """Waits up to :data:`JOB_FAILED_GRACE` for the driver's word that the job failed
+        (not past the receiver's close); whether it came."""
         grace = time.monotonic() + JOB_FAILED_GRACE
         while not self.closed.is_set() and time.monotonic() < grace:
             if self._job_failed.wait(POLL):
-                return
-        if not self.closed.is_set():
-            self._conclude(error)
+                return True
+        return False
 
     def _job_done(self, rows: dict[int, int]) -> _messages.Message | _messages.Then:
         """The driver's word that the job succeeded, with each partition's rows: the stream

@@ -34,11 +34,17 @@ pub(crate) struct TaskSession {
     /// Partitions the task created (finished ones outlive it).
     partitions: Mutex<Vec<Arc<ResultPartition>>>,
     links: Mutex<HashMap<u64, PendingLink>>,
-    /// The task's gates' metrics, by link.
-    gates: Mutex<HashMap<u64, GateMetricsOf>>,
+    gates: Mutex<Gates>,
+}
+
+/// The task's gates' metrics.
+#[derive(Default)]
+struct Gates {
+    /// By link.
+    metrics: HashMap<u64, GateMetricsOf>,
     /// The links of the gates that ended, oldest first: each keeps its last metrics until
     /// [`ENDED_GATES_KEPT`] more gates have ended.
-    ended: Mutex<std::collections::VecDeque<u64>>,
+    ended: std::collections::VecDeque<u64>,
 }
 
 /// Ended gates whose last metrics a session keeps (a worker's session outlives its tasks, so
@@ -58,8 +64,7 @@ impl TaskSession {
             dead: Arc::new(AtomicBool::new(false)),
             partitions: Mutex::new(Vec::new()),
             links: Mutex::new(HashMap::new()),
-            gates: Mutex::new(HashMap::new()),
-            ended: Mutex::new(std::collections::VecDeque::new()),
+            gates: Mutex::new(Gates::default()),
         }
     }
 
@@ -67,18 +72,17 @@ impl TaskSession {
     /// replace the gate's own handle, which the service then no longer counts as open, and
     /// the oldest ended gates beyond [`ENDED_GATES_KEPT`] are forgotten.
     pub(crate) fn gate_ended(&self, link: u64) {
-        let mut gates = self.gates.lock().unwrap();
-        let Some(of) = gates.get_mut(&link) else {
+        let gates = &mut *self.gates.lock().unwrap();
+        let Some(of) = gates.metrics.get_mut(&link) else {
             return;
         };
         if let GateMetricsOf::Open(reader) = of {
             *of = GateMetricsOf::Ended(Box::new(reader.read()));
         }
-        let mut ended = self.ended.lock().unwrap();
-        ended.push_back(link);
-        while ended.len() > ENDED_GATES_KEPT {
-            if let Some(old) = ended.pop_front() {
-                gates.remove(&old);
+        gates.ended.push_back(link);
+        while gates.ended.len() > ENDED_GATES_KEPT {
+            if let Some(old) = gates.ended.pop_front() {
+                gates.metrics.remove(&old);
             }
         }
     }
@@ -170,6 +174,7 @@ impl TaskSession {
                 self.gates
                     .lock()
                     .unwrap()
+                    .metrics
                     .insert(link, GateMetricsOf::Open(gate.metrics_reader()));
                 self.links
                     .lock()
@@ -221,7 +226,7 @@ impl TaskSession {
                 Ok(Reply::Metrics(metrics::encode_partition(&p.metrics())))
             }
             Request::GateMetrics { link } => {
-                let m = match self.gates.lock().unwrap().get(&link) {
+                let m = match self.gates.lock().unwrap().metrics.get(&link) {
                     Some(GateMetricsOf::Open(reader)) => reader.read(),
                     Some(GateMetricsOf::Ended(last)) => (**last).clone(),
                     None => {

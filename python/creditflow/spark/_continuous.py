@@ -36,6 +36,7 @@ from creditflow.spark import _messages
 from creditflow.spark._batchlog import BatchLog
 from creditflow.spark._intake import POLL, REGISTER_TIMEOUT
 from creditflow.spark._staging import Attempt, Committed, Item, Job, JobDone, new_attempt, release
+from creditflow.spark._threads import Threads
 
 _log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class Continuous:
         self._part = 0
         #: Committed batches the consumer has not taken: the readers pause beyond max_queued.
         self._backlog = 0
-        self._readers: list[threading.Thread] = []
+        self._readers = Threads()
         self._m: dict[str, int] = dict.fromkeys(
             (
                 "jobs_committed",
@@ -154,6 +155,8 @@ class Continuous:
         Spark (its input ended early when an upstream Python worker died)."""
         index, number = int(msg["partition"]), int(msg.get("attempt", 0))
         with self._cond:
+            if self.closed.is_set():
+                return {"accept": False, "reason": "the receiver closed"}
             job = self._job(msg)
             if self._replay(job):
                 return {"accept": False, "replay": True, "reason": "this micro-batch was delivered already"}
@@ -167,13 +170,8 @@ class Continuous:
             att = new_attempt(self._env, index, number)
             job.partitions.setdefault(index, []).append(att)
             spec = cf.ChannelSpec(msg["address"], msg["partition_id"], 0)
-            thread = threading.Thread(
-                target=self._read, args=(job, att, spec), name=f"creditflow-receiver-{index}", daemon=True
-            )
-            # A receiver lives for many jobs: keep only the readers still running.
-            self._readers = [t for t in self._readers if t.is_alive()]
-            self._readers.append(thread)
-            thread.start()  # under the lock: close() joins only started threads
+            if not self._readers.start(self._read, f"creditflow-receiver-{index}", job, att, spec):
+                return {"accept": False, "reason": "the receiver closed"}
         return {"accept": True, "confirm": True}
 
     def _read(self, job: Job, att: Attempt, spec: cf.ChannelSpec) -> None:
@@ -435,5 +433,4 @@ class Continuous:
             self._ready.clear()
             self._cond.notify_all()
         release(held)
-        for t in list(self._readers):
-            t.join(timeout=10.0)
+        self._readers.join(timeout=10.0)

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 import creditflow as cf
 from creditflow.spark import _messages
+from creditflow.spark._threads import Threads
 
 #: How long a registration waits for the receiver's answer.
 REGISTER_TIMEOUT = 30.0
@@ -82,7 +83,7 @@ class Intake:
         #: Why the stream failed (a partition's attempt broke, or came short), once it did.
         self._broken: str | None = None
         self._settled: dict[int, _Settled] = {}
-        self._readers: list[threading.Thread] = []
+        self._readers = Threads()
         self._done = False
         self._inbox = _messages.Inbox(self._on_message, host=host, key=secret, name="creditflow-receiver")
 
@@ -128,17 +129,16 @@ class Intake:
     def _accept(self, msg: _messages.Message) -> _messages.Message:
         """A task's partition (under the lock): read it, unless another attempt is."""
         index = int(msg["partition"])
+        if self.closed.is_set():
+            return {"accept": False, "reason": "the receiver closed"}
         if index in self._accepted:
             # Another attempt of a partition already being read: delivered once only.
             return {"accept": False, "reason": f"partition {index} is already being received"}
         self._accepted[index] = msg["partition_id"]
         self._attempts[index] = int(msg.get("attempt", 0))
         spec = cf.ChannelSpec(msg["address"], msg["partition_id"], 0)
-        thread = threading.Thread(
-            target=self._read, args=(index, spec), name=f"creditflow-receiver-{index}", daemon=True
-        )
-        self._readers.append(thread)
-        thread.start()
+        if not self._readers.start(self._read, f"creditflow-receiver-{index}", index, spec):
+            return {"accept": False, "reason": "the receiver closed"}
         return {"accept": True, "confirm": self._sink.confirm}
 
     def _read(self, index: int, spec: cf.ChannelSpec) -> None:
@@ -281,5 +281,4 @@ class Intake:
 
     def join(self) -> None:
         """Waits for the reader threads (after :meth:`close`)."""
-        for t in list(self._readers):
-            t.join()
+        self._readers.join()

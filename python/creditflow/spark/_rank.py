@@ -47,6 +47,7 @@ from creditflow.spark._reshuffle import Gathering, deal, pass_id, traffic
 from creditflow.spark._runs import MovedIn, Runs, with_ids
 from creditflow.spark._steps import moves, plan
 from creditflow.spark._stripes import STRIPE_ROWS, share_ids, share_size
+from creditflow.spark._threads import Threads
 from creditflow.spark._window import warm_up
 from creditflow.spark.monitor import MonitorHandle, Reporter
 
@@ -102,7 +103,7 @@ class Ranked(Consumer):
         self._finalizing = False
         self._moves_part: cf.ResultPartition | None = None
         self._deals: dict[tuple[int, int], _Deal] = {}
-        self._threads: list[threading.Thread] = []
+        self._threads = Threads()
         self._reporter: Reporter | None = None
         self._last_told = 0
         self._inbox = _messages.Inbox(
@@ -229,14 +230,13 @@ class Ranked(Consumer):
             old, share.grant, share.gate, share.ended = share.gate, grant, None, False
             settled = share.settled.setdefault(grant, (threading.Event(), [None]))
             spec = cf.ChannelSpec(msg["address"], msg["partition_id"], self._opts.rank)
-            thread = threading.Thread(
-                target=self._read, args=(p, grant, spec, settled), name=f"creditflow-rank-{p}", daemon=True
-            )
-            self._threads.append(thread)
             skip = share.rows
         if old is not None:
             old.close()  # the attempt it replaces broke; stop reading what it left in flight
-        thread.start()
+        if not self._threads.start(self._read, f"creditflow-rank-{p}", p, grant, spec, settled):
+            settled[1][0] = "the receiver closed"
+            settled[0].set()
+            return {"accept": False, "reason": "the receiver closed"}
         return {"accept": True, "grant": grant, "skip": skip, "confirm": True}
 
     def _await_live_attempt(self, p: int, attempt: int) -> None:
@@ -399,13 +399,7 @@ class Ranked(Consumer):
             if self._finalizing or not self._ended or len(self._group.ends) < self._opts.world:
                 return
             self._finalizing = True
-        self._thread(self._finalize, "creditflow-rank-final")
-
-    def _thread(self, target: Any, name: str, *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        with self._cond:
-            self._threads.append(thread)
-        thread.start()
+        self._threads.start(self._finalize, "creditflow-rank-final")
 
     def _finalize(self) -> None:
         """Every rank's total is known: the steps, and the rows ranks give each other."""
@@ -483,7 +477,7 @@ class Ranked(Consumer):
                 pass_id(self._job, self._opts.rank, epoch, n), self._opts.world, kind="hybrid"
             )
             self._deals[(epoch, n)] = _Deal(part)
-        self._thread(self._deal, f"creditflow-rank-deal-{epoch}", epoch, n, part)
+        self._threads.start(self._deal, f"creditflow-rank-deal-{epoch}", epoch, n, part)
 
     def _deal(self, epoch: int, n: int, part: cf.ResultPartition) -> None:
         o = self._opts
@@ -606,5 +600,4 @@ class Ranked(Consumer):
             if store is not None:
                 store.release()
         self._budget.release()
-        for t in list(self._threads):
-            t.join(timeout=10)
+        self._threads.join(timeout=10)

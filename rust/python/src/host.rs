@@ -108,6 +108,7 @@ impl HostService {
             env,
             name: name.to_string(),
             idle_timeout,
+            link_timeout: host::LINK_TIMEOUT,
         };
         let inner = py.detach(|| host::HostService::start(config)).py_err(py)?;
         Ok(HostService {

@@ -39,5 +39,5 @@ pub use attach::{AttachedPartition, Attachment};
 pub use gate::AttachedGate;
 pub use metrics::ServiceMetrics;
 pub use name::{check_name, MAX_NAME_LEN};
-pub use service::{HostConfig, HostService};
+pub use service::{HostConfig, HostService, LINK_TIMEOUT};
 pub use writer::AttachedWriter;

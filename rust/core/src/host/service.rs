@@ -18,6 +18,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::{mpsc, watch};
 
+use super::client::CONNECT_TIMEOUT;
 use super::codec::{self, put_error, Opening, Request, Welcome};
 use super::download;
 use super::link::{self, read_body, read_control, read_header, LinkKind};
@@ -45,7 +46,14 @@ pub struct HostConfig {
     pub name: String,
     /// End after this long with no task attached (`None`: never).
     pub idle_timeout: Option<Duration>,
+    /// How long a link a task asked for (a writer's or a gate's) waits to be connected before
+    /// the service drops it, and the gate made with it ([`LINK_TIMEOUT`] by default).
+    pub link_timeout: Duration,
 }
+
+/// The default [`HostConfig::link_timeout`]: twice the time a task spends opening a link
+/// before it gives up, so a slow one that succeeds is never cut.
+pub const LINK_TIMEOUT: Duration = Duration::from_secs(2 * CONNECT_TIMEOUT.as_secs());
 
 /// A process the service serves for (a Spark executor), by pid and start time (so that a
 /// reused pid is not taken for it).
@@ -91,6 +99,7 @@ pub(crate) struct Shared {
     stop_tx: watch::Sender<bool>,
     idle_timeout: Option<Duration>,
     idle_since: Mutex<Option<Instant>>,
+    link_timeout: Duration,
     /// The writers' and gates' links, served on the runtime.
     links: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -173,6 +182,7 @@ impl HostService {
             ended: (Mutex::new(None), Condvar::new()),
             stop_tx,
             idle_timeout: config.idle_timeout,
+            link_timeout: config.link_timeout,
             idle_since: Mutex::new(Some(Instant::now())),
             links: Mutex::new(Vec::new()),
         });
@@ -425,7 +435,7 @@ async fn session(sock: UnixStream, pid: u32, owner: u32, shared: Arc<Shared>) {
 }
 
 /// Ends the service when every owner it served for is gone, or after `idle_timeout` with no
-/// task attached.
+/// task attached; drops the links tasks asked for and did not connect within `link_timeout`.
 async fn watch_loop(shared: Weak<Shared>) {
     loop {
         tokio::time::sleep(WATCH_PERIOD).await;
@@ -439,7 +449,11 @@ async fn watch_loop(shared: Weak<Shared>) {
             shared.end(format!("the processes it served ({pids:?}) ended"));
             return;
         }
-        let idle = shared.sessions.lock().unwrap().is_empty();
+        let sessions: Vec<Arc<TaskSession>> = shared.sessions.lock().unwrap().values().cloned().collect();
+        for s in &sessions {
+            s.drop_stale_links(shared.link_timeout);
+        }
+        let idle = sessions.is_empty();
         let mut since = shared.idle_since.lock().unwrap();
         if !idle {
             *since = None;

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::codec::{Reply, Request};
 use super::link;
@@ -33,7 +34,8 @@ pub(crate) struct TaskSession {
     pub(crate) dead: Arc<AtomicBool>,
     /// Partitions the task created (finished ones outlive it).
     partitions: Mutex<Vec<Arc<ResultPartition>>>,
-    links: Mutex<HashMap<u64, PendingLink>>,
+    /// The links asked for and not connected yet, with when they were asked for.
+    links: Mutex<HashMap<u64, (Instant, PendingLink)>>,
     gates: Mutex<Gates>,
 }
 
@@ -89,7 +91,34 @@ impl TaskSession {
 
     /// The link `link` if the task asked for it and has not connected it yet.
     pub(crate) fn take_link(&self, link: u64) -> Option<PendingLink> {
-        self.links.lock().unwrap().remove(&link)
+        self.links.lock().unwrap().remove(&link).map(|(_, l)| l)
+    }
+
+    /// Drops the links asked for `timeout` ago or more and still not connected (the task gave
+    /// up opening them and lives on): a gate's goes with its channels, which free their
+    /// buffers and the subpartitions they took, so that another gate can read them.
+    pub(crate) fn drop_stale_links(&self, timeout: Duration) {
+        let stale: Vec<(u64, PendingLink)> = {
+            let mut links = self.links.lock().unwrap();
+            let old: Vec<u64> = links
+                .iter()
+                .filter(|(_, (asked, _))| asked.elapsed() >= timeout)
+                .map(|(&link, _)| link)
+                .collect();
+            old.into_iter()
+                .filter_map(|link| links.remove(&link).map(|(_, l)| (link, l)))
+                .collect()
+        };
+        for (link, pending) in stale {
+            log::warn!(
+                "creditflow: host service drops link {link} of task pid {}: not connected within {timeout:?}",
+                self.pid
+            );
+            if let PendingLink::Gate(gate) = pending {
+                drop(gate);
+                self.gate_ended(link);
+            }
+        }
     }
 
     /// The task is gone (or the service ends): its gates close when their threads see it,
@@ -158,14 +187,12 @@ impl TaskSession {
                 let heap = link::checked_writer_heap(heap)?;
                 let partition = self.partition(shared, &partition)?;
                 let link = shared.next_id();
-                self.links.lock().unwrap().insert(
-                    link,
-                    PendingLink::Writer {
-                        partition,
-                        partitioner,
-                        heap,
-                    },
-                );
+                let pending = PendingLink::Writer {
+                    partition,
+                    partitioner,
+                    heap,
+                };
+                self.links.lock().unwrap().insert(link, (Instant::now(), pending));
                 Ok(Reply::Link { link })
             }
             Request::CreateGate { specs } => {
@@ -176,10 +203,8 @@ impl TaskSession {
                     .unwrap()
                     .metrics
                     .insert(link, GateMetricsOf::Open(gate.metrics_reader()));
-                self.links
-                    .lock()
-                    .unwrap()
-                    .insert(link, PendingLink::Gate(Box::new(gate)));
+                let pending = PendingLink::Gate(Box::new(gate));
+                self.links.lock().unwrap().insert(link, (Instant::now(), pending));
                 Ok(Reply::Link { link })
             }
             Request::Release { partition } => {

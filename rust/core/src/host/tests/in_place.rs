@@ -5,7 +5,6 @@ use arrow_array::{DictionaryArray, Int32Array};
 
 use super::processes::{child, expect_line, kill};
 use super::*;
-use crate::host::codec::{Reply, Request};
 use crate::partition::partitioner::Splitter;
 
 /// Nonempty pieces `batch` splits into for `n` subpartitions by key `k`.

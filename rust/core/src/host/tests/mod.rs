@@ -17,6 +17,7 @@ use crate::base::error::Error;
 use crate::base::wait::Wait;
 use crate::env::EnvConfig;
 use crate::gate::GateItem;
+use crate::host::codec::{Reply, Request};
 use crate::partition::spill::SpillKind;
 use crate::partition::Partitioner;
 
@@ -42,6 +43,7 @@ fn config(name: &str, memory: usize) -> HostConfig {
         },
         name: name.to_string(),
         idle_timeout: None,
+        link_timeout: LINK_TIMEOUT,
     }
 }
 
@@ -520,6 +522,40 @@ fn a_session_s_ended_gates_are_not_counted_open_and_keep_their_last_metrics_a_wh
     assert_eq!(gates[4].metrics().unwrap().rows_received, 14);
     let err = gates[0].metrics().unwrap_err();
     assert!(err.to_string().contains("ended long ago"), "{err}");
+}
+
+#[test]
+fn a_gate_whose_link_the_task_never_opens_is_dropped_with_its_buffers() {
+    // A task that gave up opening its gate's link (it took too long) and lives on: the gate
+    // the service made must not hold its buffers (nor keep its channels reading) for the
+    // session's life. The gate reads a blocking partition, which other gates may read too.
+    let mut c = config(&unique("stale-link"), 16 << 20);
+    c.link_timeout = Duration::from_millis(500);
+    let s = HostService::start(c).unwrap();
+    let (a, b) = (attach(&s), attach(&s));
+    let p = a
+        .create_partition("p", 1, Some(SpillKind::Blocking), None)
+        .unwrap();
+    let mut w = p.writer(Partitioner::Forward).unwrap();
+    w.write(&batch(0, 100, 4), &mut forever()).unwrap();
+    w.close(&mut forever()).unwrap();
+    let reserved = s.metrics().segments_reserved;
+    let asked = b.ask(Request::CreateGate {
+        specs: specs(s.address(), "p", 1),
+    });
+    assert!(matches!(asked.unwrap(), Reply::Link { .. }));
+    let m = s.metrics();
+    assert_eq!(m.gates, 1);
+    assert!(m.segments_reserved > reserved, "the gate reserved its buffers");
+    wait_until(
+        || s.metrics().gates == 0,
+        "the gate whose link never came to be dropped",
+    );
+    // Its buffers are given back (the writer's may have been too).
+    assert!(s.metrics().segments_reserved <= reserved);
+    // The session goes on: a gate it opens reads every row.
+    let mut g = b.create_input_gate(specs(s.address(), "p", 1)).unwrap();
+    assert_eq!(drain(&mut g)[&0], (0..100).collect::<Vec<i64>>());
 }
 
 #[test]

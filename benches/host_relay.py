@@ -8,8 +8,9 @@ Each task is a process that does what a task of ``creditflow.spark.exchange`` do
 Spark: one partition of N subpartitions written by a ``RecordWriter(HashPartitioner)`` thread
 (``l_orderkey``), and one gate of N channels (subpartition i of every task's partition) read
 to the end by the main thread. The batches are TPC-H-like ``lineitem`` rows
-(``benches/lineitem.py``), made once and kept in ``/dev/shm`` as an Arrow file that every
-task maps, so making them costs nothing in the timed part.
+(``benches/lineitem.py``), made once per run in ``/dev/shm`` as an Arrow file that every
+task maps, so making them costs nothing in the timed part; the files are removed at the end
+unless ``--keep-data`` (the next run with the same sizes then maps them at once).
 
 * service: the bench process holds a ``HostService`` with ``--memory`` per task; the tasks
   ``attach`` to it with ``--memory`` each (their writers' heaps). Its CPU is the bench
@@ -47,9 +48,13 @@ import creditflow as cf
 MODES = ("service", "per task")
 
 
+def _data_path(task: int, batches: int, rows: int) -> Path:
+    return Path(f"/dev/shm/creditflow-bench-lineitem-{task}-{batches}-{rows}.arrow")
+
+
 def _data(task: int, batches: int, rows: int) -> list[pa.RecordBatch]:
     """Task ``task``'s batches, mapped from /dev/shm (made there once)."""
-    path = Path(f"/dev/shm/creditflow-bench-lineitem-{task}-{batches}-{rows}.arrow")
+    path = _data_path(task, batches, rows)
     if not path.exists():
         import lineitem
 
@@ -162,7 +167,18 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16384, help="rows per batch, default 16,384")
     parser.add_argument("--rounds", type=int, default=3, help="paired rounds, default 3")
     parser.add_argument("--memory", default="16MiB", help="memory per task (the service: tasks x this)")
+    parser.add_argument("--keep-data", action="store_true", help="keep the batches in /dev/shm afterwards")
     args = parser.parse_args()
+    try:
+        paired_rounds(args)
+    finally:
+        if not args.keep_data:
+            for i in range(args.tasks):
+                _data_path(i, args.batches, args.rows).unlink(missing_ok=True)
+
+
+def paired_rounds(args: argparse.Namespace) -> None:
+    """The rounds, alternating the order of the modes, and their table."""
     nbytes = sum(sum(b.nbytes for b in _data(i, args.batches, args.rows)) for i in range(args.tasks))
     print(f"{args.tasks} tasks, {nbytes / 1e9:.2f} GB of lineitem in all, {args.rounds} rounds", flush=True)
     rounds: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}

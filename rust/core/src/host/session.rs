@@ -186,26 +186,21 @@ impl TaskSession {
             } => {
                 let heap = link::checked_writer_heap(heap)?;
                 let partition = self.partition(shared, &partition)?;
-                let link = shared.next_id();
-                let pending = PendingLink::Writer {
-                    partition,
-                    partitioner,
-                    heap,
-                };
-                self.links.lock().unwrap().insert(link, (Instant::now(), pending));
-                Ok(Reply::Link { link })
+                Ok(self.pending(
+                    shared.next_id(),
+                    PendingLink::Writer {
+                        partition,
+                        partitioner,
+                        heap,
+                    },
+                ))
             }
             Request::CreateGate { specs } => {
                 let gate = shared.env.create_input_gate(specs)?;
                 let link = shared.next_id();
-                self.gates
-                    .lock()
-                    .unwrap()
-                    .metrics
-                    .insert(link, GateMetricsOf::Open(gate.metrics_reader()));
-                let pending = PendingLink::Gate(Box::new(gate));
-                self.links.lock().unwrap().insert(link, (Instant::now(), pending));
-                Ok(Reply::Link { link })
+                let metrics = GateMetricsOf::Open(gate.metrics_reader());
+                self.gates.lock().unwrap().metrics.insert(link, metrics);
+                Ok(self.pending(link, PendingLink::Gate(Box::new(gate))))
             }
             Request::Release { partition } => {
                 if let Some(p) = shared.env.partition(&partition) {
@@ -213,23 +208,7 @@ impl TaskSession {
                 }
                 Ok(Reply::Done)
             }
-            Request::WaitConsumed { partition, timeout } => {
-                let p = self
-                    .partition(shared, &partition)
-                    .or_else(|e| self.released(&partition).ok_or(e))?;
-                let (dead, stopping) = (self.dead.clone(), shared.stopping.clone());
-                let mut check = || {
-                    if dead.load(Ordering::SeqCst) || stopping.load(Ordering::SeqCst) {
-                        Err(Error::Closed("host service"))
-                    } else {
-                        Ok(())
-                    }
-                };
-                let mut wait = Wait::timeout(timeout, "waiting for the consumers to read everything")
-                    .with_check(&mut check);
-                p.wait_consumed(&mut wait)?;
-                Ok(Reply::Done)
-            }
+            Request::WaitConsumed { partition, timeout } => self.wait_consumed(shared, &partition, timeout),
             Request::Flush { partition } => {
                 self.partition(shared, &partition)?.flush();
                 Ok(Reply::Done)
@@ -250,20 +229,50 @@ impl TaskSession {
                     .or_else(|e| self.released(&partition).ok_or(e))?;
                 Ok(Reply::Metrics(metrics::encode_partition(&p.metrics())))
             }
-            Request::GateMetrics { link } => {
-                let m = match self.gates.lock().unwrap().metrics.get(&link) {
-                    Some(GateMetricsOf::Open(reader)) => reader.read(),
-                    Some(GateMetricsOf::Ended(last)) => (**last).clone(),
-                    None => {
-                        return Err(Error::InvalidArgument(format!(
-                            "no gate {link} in this session (or it ended long ago)"
-                        )))
-                    }
-                };
-                Ok(Reply::Metrics(metrics::encode_gate(&m)))
-            }
+            Request::GateMetrics { link } => self.gate_metrics(link),
             Request::ServiceMetrics => Ok(Reply::Metrics(metrics::encode_service(&shared.metrics()))),
         }
+    }
+
+    /// Keeps `pending` as link `link` until the task connects it (or [`Self::drop_stale_links`]
+    /// drops it); the answer names the link.
+    fn pending(&self, link: u64, pending: PendingLink) -> Reply {
+        self.links.lock().unwrap().insert(link, (Instant::now(), pending));
+        Reply::Link { link }
+    }
+
+    /// Waits until every reader of `partition` (registered, or released by this task) read
+    /// everything, as long as the session and the service last.
+    fn wait_consumed(&self, shared: &HostState, partition: &str, timeout: Option<Duration>) -> Result<Reply> {
+        let p = self
+            .partition(shared, partition)
+            .or_else(|e| self.released(partition).ok_or(e))?;
+        let (dead, stopping) = (self.dead.clone(), shared.stopping.clone());
+        let mut check = || {
+            if dead.load(Ordering::SeqCst) || stopping.load(Ordering::SeqCst) {
+                Err(Error::Closed("host service"))
+            } else {
+                Ok(())
+            }
+        };
+        let mut wait =
+            Wait::timeout(timeout, "waiting for the consumers to read everything").with_check(&mut check);
+        p.wait_consumed(&mut wait)?;
+        Ok(Reply::Done)
+    }
+
+    /// Gate `link`'s metrics: the gate's own while it is served, its last ones after.
+    fn gate_metrics(&self, link: u64) -> Result<Reply> {
+        let m = match self.gates.lock().unwrap().metrics.get(&link) {
+            Some(GateMetricsOf::Open(reader)) => reader.read(),
+            Some(GateMetricsOf::Ended(last)) => (**last).clone(),
+            None => {
+                return Err(Error::InvalidArgument(format!(
+                    "no gate {link} in this session (or it ended long ago)"
+                )))
+            }
+        };
+        Ok(Reply::Metrics(metrics::encode_gate(&m)))
     }
 
     /// A partition of this task no longer registered (released), if the session still knows

@@ -24,7 +24,7 @@ use creditflow_core::partition::partitioner::{Partitioner, Splitter};
 use creditflow_core::partition::spark_hash::spark_partition_ids;
 use creditflow_core::partition::subpartition::{Entry, LocalBatch, Polled, Subpartition};
 use creditflow_core::partition::Handed;
-use creditflow_core::serde::{BatchEncoder, RecordDeserializer, RECORD_HEADER_LEN};
+use creditflow_core::serde::{batch_bytes, BatchEncoder, RecordDeserializer, RECORD_HEADER_LEN};
 
 const SEGMENT: usize = 32 << 10;
 const MEMORY: usize = 64 << 20;
@@ -199,6 +199,11 @@ fn bench_serde(c: &mut Criterion) {
     assert_eq!(out[1], big);
     out.clear();
 
+    // Counted for every batch written and read (the partitions' and gates' byte metrics).
+    let small = batch(1024, 3);
+    g.bench_function("batch_bytes, 1024 rows of 4 columns", |b| {
+        b.iter(|| batch_bytes(std::hint::black_box(&small)))
+    });
     g.bench_function("BatchEncoder::encode 65536 rows", |b| {
         b.iter(|| black_box(encoder.encode(black_box(&big)).expect("encode").len()))
     });

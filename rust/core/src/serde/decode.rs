@@ -4,7 +4,8 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, RecordBatch};
 use arrow_buffer::{ArrowNativeType, Buffer};
 use arrow_data::ArrayData;
 use arrow_ipc::reader::FileDecoder;
@@ -21,15 +22,44 @@ const CONTINUATION_MARKER: [u8; 4] = [0xff; 4];
 /// counts them. A batch decoded over a record shares the record's memory, whose whole size
 /// `get_array_memory_size` would count once for each of its column buffers.
 pub fn batch_bytes(batch: &RecordBatch) -> usize {
-    batch
-        .columns()
-        .iter()
-        .map(|c| {
-            let data = c.to_data();
-            data.get_slice_memory_size()
-                .unwrap_or_else(|_| c.get_array_memory_size())
-        })
-        .sum()
+    batch.columns().iter().map(|c| column_bytes(c.as_ref())).sum()
+}
+
+/// One column's share of [`batch_bytes`], as `ArrayData::get_slice_memory_size` counts it.
+/// Fixed-width and string or binary columns (what batches mostly hold) are counted from the
+/// array itself: building a column's `ArrayData` to ask it costs more than the count, and
+/// this runs for every batch written and read.
+pub(crate) fn column_bytes(c: &dyn Array) -> usize {
+    // `ArrayData` keeps a validity buffer only where a row is null.
+    let validity = if c.nulls().is_some_and(|n| n.null_count() > 0) {
+        c.len().div_ceil(8)
+    } else {
+        0
+    };
+    let own = c
+        .data_type()
+        .primitive_width()
+        .map(|w| c.len() * w)
+        .or_else(|| match c.data_type() {
+            DataType::Utf8 => c.as_string_opt::<i32>().map(|a| offsets_bytes(a.value_offsets())),
+            DataType::LargeUtf8 => c.as_string_opt::<i64>().map(|a| offsets_bytes(a.value_offsets())),
+            DataType::Binary => c.as_binary_opt::<i32>().map(|a| offsets_bytes(a.value_offsets())),
+            DataType::LargeBinary => c.as_binary_opt::<i64>().map(|a| offsets_bytes(a.value_offsets())),
+            _ => None,
+        });
+    match own {
+        Some(n) => n + validity,
+        None => c
+            .to_data()
+            .get_slice_memory_size()
+            .unwrap_or_else(|_| c.get_array_memory_size()),
+    }
+}
+
+/// The offsets of a string or binary column's rows and the values between its first and last.
+fn offsets_bytes<O: ArrowNativeType>(offsets: &[O]) -> usize {
+    let (first, last) = (offsets[0].as_usize(), offsets[offsets.len() - 1].as_usize());
+    std::mem::size_of_val(offsets) + (last - first)
 }
 
 /// Reassembles records from stream bytes and decodes them.

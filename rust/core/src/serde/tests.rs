@@ -536,3 +536,89 @@ fn a_peek_reads_a_piece_s_schema_and_rows_and_leaves_its_columns_to_the_decoder(
         assert!(matches!(got, Err(Error::Protocol(_))), "{got:?}");
     }
 }
+
+mod column_bytes {
+    use std::sync::Arc;
+
+    use arrow_array::builder::{ListBuilder, StringDictionaryBuilder};
+    use arrow_array::types::Int32Type;
+    use arrow_array::{
+        Array, ArrayRef, BinaryArray, BooleanArray, Decimal128Array, Float64Array, Int64Array, Int8Array,
+        LargeBinaryArray, LargeStringArray, StringArray, TimestampMicrosecondArray,
+    };
+    use proptest::prelude::*;
+
+    use super::super::decode::column_bytes;
+
+    /// A column of `rows` rows of every kind `column_bytes` counts itself, and of a few it
+    /// leaves to `ArrayData`; every third row null where `nulls`.
+    fn columns(rows: usize, nulls: bool) -> Vec<ArrayRef> {
+        let null = |i: usize| nulls && i % 3 == 1;
+        let text = |i: usize| (!null(i)).then(|| "x".repeat(i % 7));
+        let bytes = |i: usize| (!null(i)).then(|| vec![i as u8; i % 5]);
+        let mut list = ListBuilder::new(arrow_array::builder::Int64Builder::new());
+        let mut dict = StringDictionaryBuilder::<Int32Type>::new();
+        for i in 0..rows {
+            if null(i) {
+                list.append_null();
+                dict.append_null();
+            } else {
+                list.append_value((0..i % 4).map(|v| Some(v as i64)));
+                dict.append_value(format!("k{}", i % 3));
+            }
+        }
+        vec![
+            Arc::new(
+                (0..rows)
+                    .map(|i| (!null(i)).then_some(i as i8))
+                    .collect::<Int8Array>(),
+            ),
+            Arc::new(
+                (0..rows)
+                    .map(|i| (!null(i)).then_some(i as i64))
+                    .collect::<Int64Array>(),
+            ),
+            Arc::new(
+                (0..rows)
+                    .map(|i| (!null(i)).then_some(i as f64))
+                    .collect::<Float64Array>(),
+            ),
+            Arc::new(
+                (0..rows)
+                    .map(|i| (!null(i)).then_some(i as i128))
+                    .collect::<Decimal128Array>(),
+            ),
+            Arc::new(
+                (0..rows)
+                    .map(|i| (!null(i)).then_some(i as i64))
+                    .collect::<TimestampMicrosecondArray>(),
+            ),
+            Arc::new((0..rows).map(text).collect::<StringArray>()),
+            Arc::new((0..rows).map(text).collect::<LargeStringArray>()),
+            Arc::new(BinaryArray::from_iter((0..rows).map(bytes))),
+            Arc::new(LargeBinaryArray::from_iter((0..rows).map(bytes))),
+            Arc::new(
+                (0..rows)
+                    .map(|i| (!null(i)).then_some(i % 2 == 0))
+                    .collect::<BooleanArray>(),
+            ),
+            Arc::new(list.finish()),
+            Arc::new(dict.finish()),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn a_column_counts_what_its_data_counts_for_every_slice(
+            rows in 0usize..200, nulls: bool, from in 0usize..200, len in 0usize..200,
+        ) {
+            let from = from.min(rows);
+            let len = len.min(rows - from);
+            for c in columns(rows, nulls) {
+                let c = c.slice(from, len);
+                let want = c.to_data().get_slice_memory_size().unwrap();
+                prop_assert_eq!(column_bytes(c.as_ref()), want, "{:?}", c.data_type());
+            }
+        }
+    }
+}

@@ -83,7 +83,7 @@ class Intake:
         #: Why the stream failed (a partition's attempt broke, or came short), once it did.
         self._broken: str | None = None
         self._settled: dict[int, _Settled] = {}
-        self._readers = Threads()
+        self._threads = Threads()
         self._done = False
         self._inbox = _messages.Inbox(self._on_message, host=host, key=secret, name="creditflow-receiver")
 
@@ -137,7 +137,7 @@ class Intake:
         self._accepted[index] = msg["partition_id"]
         self._attempts[index] = int(msg.get("attempt", 0))
         spec = cf.ChannelSpec(msg["address"], msg["partition_id"], 0)
-        if not self._readers.start(self._read, f"creditflow-receiver-{index}", index, spec):
+        if not self._threads.start(self._read, f"creditflow-receiver-{index}", index, spec):
             return {"accept": False, "reason": "the receiver closed"}
         return {"accept": True, "confirm": self._sink.confirm}
 
@@ -203,7 +203,7 @@ class Intake:
             if self._attempts.get(index) != attempt or index in self._ended or self._broken:
                 return {"ok": True}
             self._broken = f"partition {index}: {error}"
-        threading.Thread(target=self._fail_unless_the_job_did, args=(error,), daemon=True).start()
+        self._threads.start(self._fail_unless_the_job_did, "creditflow-receiver-grace", error)
         return {"ok": True}
 
     def _fail_unless_the_job_did(self, error: str) -> None:
@@ -280,5 +280,6 @@ class Intake:
         self._inbox.close()
 
     def join(self) -> None:
-        """Waits for the reader threads (after :meth:`close`)."""
-        self._readers.join()
+        """Waits for the threads it started, readers and a failure waiting for the job's word
+        (after :meth:`close`)."""
+        self._threads.join()

@@ -73,6 +73,13 @@ class _Deal:
     done: set[int] = field(default_factory=set)
 
 
+def _settle(settled: tuple[threading.Event, list[str | None]], failure: str | None) -> None:
+    """Tells whoever waits on an attempt's stream that it settled: how it broke, or None
+    when it ended."""
+    settled[1][0] = failure
+    settled[0].set()
+
+
 class Ranked(Consumer):
     """Rank ``opts.rank`` of ``opts.world``: the tasks' and the other ranks' side; the
     consumer's is :class:`creditflow.spark._consumer.Consumer`."""
@@ -234,8 +241,7 @@ class Ranked(Consumer):
         if old is not None:
             old.close()  # the attempt it replaces broke; stop reading what it left in flight
         if not self._threads.start(self._read, f"creditflow-rank-{p}", p, grant, spec, settled):
-            settled[1][0] = "the receiver closed"
-            settled[0].set()
+            _settle(settled, "the receiver closed")
             return {"accept": False, "reason": "the receiver closed"}
         return {"accept": True, "grant": grant, "skip": skip, "confirm": True}
 
@@ -335,8 +341,7 @@ class Ranked(Consumer):
             failure = f"{type(exc).__name__}: {exc}"
             self._fail(failure)
         finally:
-            settled[1][0] = failure
-            settled[0].set()
+            _settle(settled, failure)
 
     def _keep(self, p: int, grant: int, batch: pa.RecordBatch) -> bool:
         """Stores ``batch`` (the next rows of this rank's share of ``p``) and hands it to

@@ -1,4 +1,4 @@
-"""The reader threads a receiver starts and its close waits for."""
+"""The threads a receiver starts (its readers, mostly) and its close waits for."""
 
 from __future__ import annotations
 

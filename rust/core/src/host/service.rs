@@ -53,7 +53,7 @@ pub struct HostConfig {
 
 /// The default [`HostConfig::link_timeout`]: twice the time a task spends opening a link
 /// before it gives up, so a slow one that succeeds is never cut.
-pub const LINK_TIMEOUT: Duration = Duration::from_secs(2 * CONNECT_TIMEOUT.as_secs());
+pub const LINK_TIMEOUT: Duration = CONNECT_TIMEOUT.saturating_mul(2);
 
 /// A process the service serves for (a Spark executor), by pid and start time (so that a
 /// reused pid is not taken for it).

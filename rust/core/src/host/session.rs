@@ -98,18 +98,13 @@ impl TaskSession {
     /// up opening them and lives on): a gate's goes with its channels, which free their
     /// buffers and the subpartitions they took, so that another gate can read them.
     pub(crate) fn drop_stale_links(&self, timeout: Duration) {
-        let stale: Vec<(u64, PendingLink)> = {
-            let mut links = self.links.lock().unwrap();
-            let old: Vec<u64> = links
-                .iter()
-                .filter(|(_, (asked, _))| asked.elapsed() >= timeout)
-                .map(|(&link, _)| link)
-                .collect();
-            old.into_iter()
-                .filter_map(|link| links.remove(&link).map(|(_, l)| (link, l)))
-                .collect()
-        };
-        for (link, pending) in stale {
+        let stale: Vec<(u64, (Instant, PendingLink))> = self
+            .links
+            .lock()
+            .unwrap()
+            .extract_if(|_, (asked, _)| asked.elapsed() >= timeout)
+            .collect();
+        for (link, (_, pending)) in stale {
             log::warn!(
                 "creditflow: host service drops link {link} of task pid {}: not connected within {timeout:?}",
                 self.pid

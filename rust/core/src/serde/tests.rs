@@ -541,14 +541,27 @@ mod column_bytes {
     use std::sync::Arc;
 
     use arrow_array::builder::{ListBuilder, StringDictionaryBuilder};
-    use arrow_array::types::Int32Type;
-    use arrow_array::{
-        Array, ArrayRef, BinaryArray, BooleanArray, Decimal128Array, Float64Array, Int64Array, Int8Array,
-        LargeBinaryArray, LargeStringArray, StringArray, TimestampMicrosecondArray,
+    use arrow_array::types::{
+        Decimal128Type, Float64Type, Int32Type, Int64Type, Int8Type, TimestampMicrosecondType,
     };
+    use arrow_array::{
+        Array, ArrayRef, ArrowPrimitiveType, BinaryArray, BooleanArray, LargeBinaryArray, LargeStringArray,
+        PrimitiveArray, StringArray,
+    };
+    use arrow_buffer::ArrowNativeType;
     use proptest::prelude::*;
 
     use super::super::decode::column_bytes;
+
+    /// `rows` numbers of type `T`, null where `null` says.
+    fn numbers<T: ArrowPrimitiveType>(rows: usize, null: impl Fn(usize) -> bool) -> ArrayRef {
+        let value = |i: usize| T::Native::usize_as(i % 100);
+        Arc::new(
+            (0..rows)
+                .map(|i| (!null(i)).then(|| value(i)))
+                .collect::<PrimitiveArray<T>>(),
+        )
+    }
 
     /// A column of `rows` rows of every kind `column_bytes` counts itself, and of a few it
     /// leaves to `ArrayData`; every third row null where `nulls`.
@@ -568,31 +581,11 @@ mod column_bytes {
             }
         }
         vec![
-            Arc::new(
-                (0..rows)
-                    .map(|i| (!null(i)).then_some(i as i8))
-                    .collect::<Int8Array>(),
-            ),
-            Arc::new(
-                (0..rows)
-                    .map(|i| (!null(i)).then_some(i as i64))
-                    .collect::<Int64Array>(),
-            ),
-            Arc::new(
-                (0..rows)
-                    .map(|i| (!null(i)).then_some(i as f64))
-                    .collect::<Float64Array>(),
-            ),
-            Arc::new(
-                (0..rows)
-                    .map(|i| (!null(i)).then_some(i as i128))
-                    .collect::<Decimal128Array>(),
-            ),
-            Arc::new(
-                (0..rows)
-                    .map(|i| (!null(i)).then_some(i as i64))
-                    .collect::<TimestampMicrosecondArray>(),
-            ),
+            numbers::<Int8Type>(rows, null),
+            numbers::<Int64Type>(rows, null),
+            numbers::<Float64Type>(rows, null),
+            numbers::<Decimal128Type>(rows, null),
+            numbers::<TimestampMicrosecondType>(rows, null),
             Arc::new((0..rows).map(text).collect::<StringArray>()),
             Arc::new((0..rows).map(text).collect::<LargeStringArray>()),
             Arc::new(BinaryArray::from_iter((0..rows).map(bytes))),

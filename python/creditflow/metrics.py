@@ -337,6 +337,10 @@ class ServiceMetrics(TypedDict):
     #: Batches copied onto a reading task's link (small pieces, pieces that did not fit the
     #: writer link's heap, batches from other hosts): since the service started.
     batches_copied: int
+    #: Batches handed to a reading task in place that it never let go, whose writer link's
+    #: chunks the service freed: the task closed its gate before reading them, or ended
+    #: holding them. Since the service started.
+    pieces_reclaimed: int
 
 
 class EnvMetrics(TypedDict):

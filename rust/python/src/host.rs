@@ -32,6 +32,7 @@ fn service_metrics<'py>(py: Python<'py>, m: &ServiceMetrics) -> PyResult<Bound<'
         connections_served,
         batches_in_place,
         batches_copied,
+        pieces_reclaimed,
     } = m;
     let d = PyDict::new(py);
     d.set_item("address", address)?;
@@ -46,6 +47,7 @@ fn service_metrics<'py>(py: Python<'py>, m: &ServiceMetrics) -> PyResult<Bound<'
     d.set_item("connections_served", connections_served)?;
     d.set_item("batches_in_place", batches_in_place)?;
     d.set_item("batches_copied", batches_copied)?;
+    d.set_item("pieces_reclaimed", pieces_reclaimed)?;
     Ok(d)
 }
 

@@ -80,7 +80,7 @@ pub fn run(data: &[u8]) {
     check(
         body,
         RecordHead::decode_forward(body),
-        |(h, source, start, len)| h.forward(*source, *start, *len),
+        |(h, piece)| h.forward(piece),
         |_, b| RecordHead::decode_forward(b),
         true,
     );

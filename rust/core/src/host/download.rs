@@ -11,9 +11,9 @@
 //!
 //! A batch that is a piece lying in a writer link's heap ([`InHeap`]) is not copied: the task
 //! gets that heap (once per writer link, over the link's heaps connection) and a frame naming
-//! the piece, reads it where it lies and frees its chunks when done with it. A task that dies
-//! holding such pieces leaves their chunks taken until that writer's link ends; its writer
-//! then sends through the ring what does not fit.
+//! the piece, reads it where it lies and frees its chunks when done with it; what it never
+//! frees (it let the gate go before reading them, or died holding them) this side frees once
+//! it can tell ([`Handed`]).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +25,9 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
 use super::codec::{RecordHead, Signal};
+use super::handed::Handed;
 use super::link::{self, HeapEnd, InHeap, LinkEnd, Watched};
+use super::process::Process;
 use super::records::{encoded_piece, small, Frame, RecordSender};
 use super::state::SentCounters;
 use crate::base::error::Result;
@@ -34,16 +36,18 @@ use crate::gate::{GateItem, InputGate, Relayed};
 use crate::net::shm::{HeapWriter, ShmWriter};
 use crate::partition::subpartition::Token;
 
-/// Runs a gate's link until the gate ends, the task drops it or goes, or the service ends.
+/// Runs a gate's link until the gate ends, the task (`task`) drops it or goes, or the service
+/// ends; then leaves a watch on the pieces handed to the task in place until each is freed.
 pub(crate) async fn run(
     mut gate: InputGate,
     end: LinkEnd,
+    task: Process,
     sent: Arc<SentCounters>,
     stop: [Arc<AtomicBool>; 2],
 ) {
     let mut link = Watched::new(end, &Handle::current(), stop);
-    let HeapEnd::Writer(heap) = &link.heap else {
-        log::warn!("creditflow: host service: a gate's link with the wrong heap side");
+    let (HeapEnd::Writer(heap), Some(table)) = (&link.heap, link.table.take()) else {
+        log::warn!("creditflow: host service: a gate's link with the wrong heap side or no table");
         return;
     };
     let stops = link.stops();
@@ -59,6 +63,7 @@ pub(crate) async fn run(
         heap,
         sender: RecordSender::new(None),
         given: HashSet::new(),
+        handed: Handed::new(table),
     };
     // Errors in a row: a channel's failure ends that channel, so more than one per channel
     // without anything else between means the gate is stuck failing.
@@ -84,6 +89,15 @@ pub(crate) async fn run(
     gate.close();
     // Closes the ring: the task reads what is in it (the end), then end-of-stream.
     let _ = link.writer.shutdown().await;
+    let mut handed = framer.handed;
+    if handed.outstanding() > 0 {
+        // Watched while the link is: its doorbell tells when the task's end is gone.
+        let stops = link.stops();
+        tokio::spawn(async move {
+            handed.settle(task, stops, sent).await;
+            drop(link);
+        });
+    }
 }
 
 /// The gate's next item (`None` inside: its end) or failure, waiting for one without holding
@@ -121,6 +135,8 @@ struct Framer<'a> {
     sender: RecordSender,
     /// Writer links whose heaps the task has been given.
     given: HashSet<u64>,
+    /// The pieces handed to the task in place.
+    handed: Handed,
 }
 
 impl Framer<'_> {
@@ -138,7 +154,7 @@ impl Framer<'_> {
                     channel: channel as u32,
                     in_flight,
                 };
-                let forwarded = forward(&head, &token, self.heaps, &mut self.given).await;
+                let forwarded = self.forward(&head, &token).await;
                 match counted(self.sent, forwarded) {
                     Some(f) => (f, false),
                     None => (encoded_piece(head, piece.record(), self.heap), false),
@@ -154,7 +170,7 @@ impl Framer<'_> {
                     channel: channel as u32,
                     in_flight,
                 };
-                let forwarded = forward(&head, &token, self.heaps, &mut self.given).await;
+                let forwarded = self.forward(&head, &token).await;
                 let frame = match counted(self.sent, forwarded) {
                     Some(f) => Ok(f),
                     None => self.sender.frame(head, &batch, self.heap),
@@ -186,6 +202,24 @@ impl Framer<'_> {
             }
         }
     }
+
+    /// The frame that hands a piece lying in a writer link's heap ([`InHeap`]) on as it lies,
+    /// giving the task that heap first if it has not had it; `None` when the batch is not such
+    /// a piece, the heap cannot be given or no slot is free to track the piece.
+    async fn forward(&mut self, head: &RecordHead, token: &Option<Token>) -> Option<Frame> {
+        let piece = token.as_ref()?.downcast_ref::<InHeap>()?;
+        let heaps = self.heaps?;
+        let source = &piece.source;
+        if !self.given.contains(&source.link) {
+            source.send(heaps).await.ok()?;
+            self.given.insert(source.link);
+        }
+        let forwarded = self.handed.hand(source.link, &piece.lease)?;
+        // From here the task frees the chunks (or this side, once the task cannot); this side
+        // reads no more of the piece.
+        piece.lease.give_away();
+        Some(small(head.forward(&forwarded)))
+    }
 }
 
 /// Counts a batch sent on as `forwarded` says: in place, or copied (`None`: the caller copies).
@@ -197,31 +231,6 @@ fn counted(sent: &SentCounters, forwarded: Option<Frame>) -> Option<Frame> {
     };
     how.fetch_add(1, Ordering::Relaxed);
     forwarded
-}
-
-/// The frame that hands a piece lying in a writer link's heap ([`InHeap`]) on as it lies,
-/// giving the task that heap first if it has not had it (`given`: the writer links whose heaps
-/// it has); `None` when the batch is not such a piece or the heap cannot be given.
-async fn forward(
-    head: &RecordHead,
-    token: &Option<Token>,
-    heaps: Option<&UnixStream>,
-    given: &mut HashSet<u64>,
-) -> Option<Frame> {
-    let piece = token.as_ref()?.downcast_ref::<InHeap>()?;
-    let heaps = heaps?;
-    let source = &piece.source;
-    if !given.contains(&source.link) {
-        source.send(heaps).await.ok()?;
-        given.insert(source.link);
-    }
-    // From here the task frees the chunks; this side reads no more of the piece.
-    piece.lease.give_away();
-    Some(small(head.forward(
-        source.link,
-        piece.lease.start(),
-        piece.lease.len(),
-    )))
 }
 
 /// Writes `frame` on the link, waiting while the ring or the heap is full; `false` when the

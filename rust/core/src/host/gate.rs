@@ -15,9 +15,10 @@ use tokio::net::UnixStream;
 use tokio::runtime::Runtime;
 
 use super::client::{gate_metrics, link_wait, Session};
-use super::codec::Signal;
+use super::codec::{Forwarded, Signal};
+use super::handed::Table;
 use super::link::{HeapEnd, LinkEnd, LinkKind, SourceHeap};
-use super::records::{heap_record, read_incoming, Incoming, RecordReceiver};
+use super::records::{leased_record, read_incoming, Incoming, RecordReceiver};
 use super::runtime::{self, drive};
 use crate::base::config::ChannelSpec;
 use crate::base::error::{Error, Result};
@@ -218,6 +219,8 @@ struct LinkIn {
     heap: HeapReader,
     pool: RecordPool,
     sources: Sources,
+    /// The pieces the service handed over in place, shared with it.
+    table: Arc<Table>,
 }
 
 impl LinkIn {
@@ -228,17 +231,20 @@ impl LinkIn {
             heap,
             bell: _,
             heaps,
+            table,
         } = end;
         let HeapEnd::Reader(heap) = heap else {
             return Err(Error::Protocol("a gate's link whose heap the task writes".into()));
         };
         let heaps = heaps.ok_or_else(|| Error::Protocol("a gate's link without its heaps".into()))?;
+        let table = table.ok_or_else(|| Error::Protocol("a gate's link without its table".into()))?;
         Ok(LinkIn {
             reader,
             _writer: writer,
             heap,
             pool: RecordPool::new(RECORD_POOL),
             sources: Sources::new(heaps),
+            table: Arc::new(table),
         })
     }
 
@@ -246,20 +252,16 @@ impl LinkIn {
     /// comes back with it. A link that closed is lost.
     async fn next(mut self) -> (LinkIn, Result<Incoming>) {
         let next = match read_incoming(&mut self.reader, Some(&self.heap), &self.pool, MAX_RECORD).await {
-            Ok(Some(Incoming::Forward {
-                head,
-                source,
-                start,
-                len,
-            })) => self
-                .sources
-                .piece(source, start, len)
-                .await
-                .map(|body| Incoming::Piece {
-                    head,
-                    body,
-                    lease: None,
-                }),
+            Ok(Some(Incoming::Forward { head, piece })) => {
+                self.sources
+                    .piece(&piece, &self.table)
+                    .await
+                    .map(|body| Incoming::Piece {
+                        head,
+                        body,
+                        lease: None,
+                    })
+            }
             Ok(Some(x)) => Ok(x),
             Ok(None) => Err(Error::ConnectionLost("it closed the gate's link".into())),
             Err(e) => Err(e),
@@ -283,10 +285,11 @@ impl Sources {
         }
     }
 
-    /// The body of the piece at `start`, `len` bytes, of writer link `source`'s heap (mapped
-    /// first if new: the service passed it before the frame that names it). Dropping every
-    /// batch built on it frees its chunks for that writer.
-    async fn piece(&mut self, source: u64, start: u64, len: u64) -> Result<arrow_buffer::Buffer> {
+    /// The body of `piece`, which lies in a writer link's heap (mapped first if new: the
+    /// service passed it before the frame that names it), taken from its slot of `table`.
+    /// Dropping every batch built on it frees its slot, then its chunks for that writer.
+    async fn piece(&mut self, piece: &Forwarded, table: &Arc<Table>) -> Result<arrow_buffer::Buffer> {
+        let source = piece.source;
         if !self.mapped.contains_key(&source) {
             let (link, heap) = SourceHeap::receive(&self.heaps).await?;
             if link != source {
@@ -296,7 +299,10 @@ impl Sources {
             }
             self.mapped.insert(link, heap);
         }
-        let heap = &self.mapped[&source];
-        heap_record(heap, start, len, MAX_RECORD).map(|(_lease, body)| body)
+        let lease = self.mapped[&source]
+            .lease(piece.start, piece.len)
+            .and_then(|lease| table.take(piece.slot, lease))
+            .map_err(Error::Protocol)?;
+        leased_record(lease, MAX_RECORD).map(|(_lease, body)| body)
     }
 }

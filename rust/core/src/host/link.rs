@@ -19,6 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use super::codec::{self, FRAME_HEADER};
+use super::handed::{Table, TABLE_BYTES};
 use crate::base::error::{Error, Result};
 use crate::base::wait::CHECK_INTERVAL;
 use crate::net::shm::{
@@ -61,6 +62,13 @@ impl LinkKind {
             LinkKind::Gate => (BATCH_RING, BACK_RING),
         }
     }
+
+    /// Bytes of the region: the rings, the heap of `heap` bytes, and for a gate's link the
+    /// table of pieces handed to its task after them.
+    fn region_len(self, s2t: usize, t2s: usize, heap: usize) -> usize {
+        let table = if self == LinkKind::Gate { TABLE_BYTES } else { 0 };
+        region_len(s2t, t2s, heap) + table
+    }
 }
 
 /// Bytes of the heap of a writer's link for a task whose own `memory` is `memory` bytes: that
@@ -96,13 +104,15 @@ pub(crate) enum HeapEnd {
 }
 
 /// One side of a link: its halves, its heap side, the doorbell (to watch for the peer's end),
-/// and for a gate's link the connection its writers' heaps come over.
+/// and for a gate's link the connection its writers' heaps come over and the table of the
+/// pieces of theirs handed to the task.
 pub(crate) struct LinkEnd {
     pub(crate) reader: ShmReader,
     pub(crate) writer: ShmWriter,
     pub(crate) heap: HeapEnd,
     pub(crate) bell: Arc<Doorbell>,
     pub(crate) heaps: Option<UnixStream>,
+    pub(crate) table: Option<Table>,
 }
 
 /// A writer link's heap as the service hands it to gates' tasks: the link (its id names it in
@@ -180,7 +190,7 @@ pub(crate) async fn serve(
     heap: usize,
 ) -> Result<(LinkEnd, Option<SourceHeap>)> {
     let (s2t, t2s) = kind.rings();
-    let len = region_len(s2t, t2s, heap);
+    let len = kind.region_len(s2t, t2s, heap);
     let (region, fd) = Region::create(len).map_err(io_error)?;
     let mut layout = [0u8; LAYOUT_LEN];
     for (i, v) in [s2t as u64, t2s as u64, heap as u64, kind.code()]
@@ -238,7 +248,7 @@ pub(crate) async fn open(sock: UnixStream, kind: LinkKind) -> Result<LinkEnd> {
             "bad link layout {s2t}/{t2s}/{heap}/{code} for a {kind:?} link"
         )));
     }
-    let region = Arc::new(Region::map(&fd, region_len(s2t, t2s, heap)).map_err(io_error)?);
+    let region = Arc::new(Region::map(&fd, kind.region_len(s2t, t2s, heap)).map_err(io_error)?);
     drop(fd);
     end(region, sock, s2t, t2s, heap, kind, false, heaps)
 }
@@ -263,6 +273,7 @@ fn end(
     } else {
         (to_task, to_service)
     };
+    let table = (kind == LinkKind::Gate).then(|| Table::new(region.clone(), region_len(s2t, t2s, heap)));
     let offset = heap_offset(s2t, t2s);
     let heap = if service == (kind == LinkKind::Gate) {
         HeapEnd::Writer(HeapWriter::new(region, offset, heap))
@@ -276,6 +287,7 @@ fn end(
         heap,
         bell,
         heaps,
+        table,
     })
 }
 
@@ -381,6 +393,7 @@ pub(crate) struct Watched {
     pub(crate) writer: ShmWriter,
     pub(crate) heap: HeapEnd,
     pub(crate) heaps: Option<UnixStream>,
+    pub(crate) table: Option<Table>,
     stops: [Arc<AtomicBool>; 3],
     /// Ends the doorbell's watch with the link (else it would keep the connection open).
     _watch: tokio::task::JoinHandle<()>,
@@ -401,6 +414,7 @@ impl Watched {
             heap,
             bell,
             heaps,
+            table,
         } = end;
         let dead = Arc::new(AtomicBool::new(false));
         let flag = dead.clone();
@@ -420,6 +434,7 @@ impl Watched {
             writer,
             heap,
             heaps,
+            table,
             stops: [dead, session, service],
             _watch: watch,
         }

@@ -43,6 +43,10 @@ pub struct ServiceMetrics {
     /// Batches copied onto a reading task's link (small pieces, pieces that did not fit the
     /// writer link's heap, and batches from other hosts): since the service started.
     pub batches_copied: usize,
+    /// Batches handed to a reading task in place that it never let go, whose writer link's
+    /// chunks the service freed: the task closed its gate before reading them, or ended
+    /// holding them. Since the service started.
+    pub pieces_reclaimed: usize,
 }
 
 fn pool(o: &mut Out, p: &PoolStats) {
@@ -429,6 +433,7 @@ pub(crate) fn encode_service(m: &ServiceMetrics) -> Vec<u8> {
         m.connections_served,
         m.batches_in_place,
         m.batches_copied,
+        m.pieces_reclaimed,
     ] {
         o.usize(v);
     }
@@ -451,6 +456,7 @@ pub(crate) fn decode_service(bytes: &[u8]) -> Result<ServiceMetrics> {
         connections_served: i.usize()?,
         batches_in_place: i.usize()?,
         batches_copied: i.usize()?,
+        pieces_reclaimed: i.usize()?,
     };
     i.end()?;
     Ok(m)

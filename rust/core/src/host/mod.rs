@@ -9,10 +9,12 @@
 //! `link` (a task's link: the region, its rings and heap, the doorbell), `records` (batches
 //! over a link), `runtime` (the attached process's I/O thread and blocking waits), `service`
 //! ([`HostService`]: the listener, sessions, lifecycle), `state` (what the sessions need of
-//! the service), `session` (one attached task on the service's side), `upload` and `download`
-//! (the service's side of a writer's and a gate's link); the task's side: `client` (the
-//! session's connection and requests), `attach` ([`Attachment`], [`AttachedPartition`]),
-//! `writer` ([`AttachedWriter`]), `gate` ([`AttachedGate`]).
+//! the service), `process` (a process watched by pid and start time), `session` (one attached
+//! task on the service's side), `upload` and `download` (the service's side of a writer's and
+//! a gate's link), `handed` (pieces handed to a gate's task as they lie, and who frees them);
+//! the task's side: `client` (the session's connection and requests), `attach`
+//! ([`Attachment`], [`AttachedPartition`]), `writer` ([`AttachedWriter`]), `gate`
+//! ([`AttachedGate`]).
 //!
 //! The top layer: it may use every layer below it (the service is a
 //! [`crate::NetworkEnvironment`]).
@@ -22,9 +24,11 @@ mod client;
 pub(crate) mod codec;
 mod download;
 mod gate;
+mod handed;
 mod link;
 mod metrics;
 mod name;
+mod process;
 mod records;
 mod runtime;
 mod service;

@@ -21,7 +21,7 @@ use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::codec::{self, In, RecordHead, Signal, FRAME_HEADER};
+use super::codec::{self, Forwarded, In, RecordHead, Signal, FRAME_HEADER};
 use super::link::{lost, read_body, read_header};
 use crate::base::error::{Error, Result};
 use crate::memory::RecordPool;
@@ -177,12 +177,10 @@ pub(crate) enum Incoming {
         body: Buffer,
         lease: Option<Arc<HeapLease>>,
     },
-    /// A piece in writer link `source`'s heap at `start`, `len` bytes.
+    /// A piece that lies in a writer link's heap.
     Forward {
         head: RecordHead,
-        source: u64,
-        start: u64,
-        len: u64,
+        piece: Forwarded,
     },
     Signal(Signal),
 }
@@ -226,13 +224,8 @@ pub(crate) async fn read_incoming<R: AsyncRead + Unpin>(
         }
         codec::ty::FORWARD => {
             let body = read_body(r, body_len).await?;
-            let (head, source, start, len) = RecordHead::decode_forward(&body)?;
-            Ok(Some(Incoming::Forward {
-                head,
-                source,
-                start,
-                len,
-            }))
+            let (head, piece) = RecordHead::decode_forward(&body)?;
+            Ok(Some(Incoming::Forward { head, piece }))
         }
         other => {
             let body = read_body(r, body_len).await?;
@@ -298,7 +291,13 @@ pub(crate) fn heap_record(
     len: u64,
     max: usize,
 ) -> Result<(Arc<HeapLease>, Buffer)> {
-    let lease = Arc::new(heap.lease(start, len).map_err(Error::Protocol)?);
+    leased_record(heap.lease(start, len).map_err(Error::Protocol)?, max)
+}
+
+/// The record `lease`'s item holds (see [`heap_record`]).
+pub(crate) fn leased_record(lease: HeapLease, max: usize) -> Result<(Arc<HeapLease>, Buffer)> {
+    let len = lease.len();
+    let lease = Arc::new(lease);
     let prefix = lease
         .bytes(0, RECORD_HEADER_LEN)
         .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));

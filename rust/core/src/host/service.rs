@@ -24,6 +24,7 @@ use super::download;
 use super::link::{self, read_body, read_control, read_header, LinkKind};
 use super::metrics::ServiceMetrics;
 use super::name::{check_name, socket_name};
+use super::process::Process;
 use super::session::{PendingLink, TaskSession};
 use super::state::HostState;
 use super::upload;
@@ -55,45 +56,14 @@ pub struct HostConfig {
 /// before it gives up, so a slow one that succeeds is never cut.
 pub const LINK_TIMEOUT: Duration = CONNECT_TIMEOUT.saturating_mul(2);
 
-/// A process the service serves for (a Spark executor), by pid and start time (so that a
-/// reused pid is not taken for it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Owner {
-    pid: u32,
-    start: Option<u64>,
-}
-
-impl Owner {
-    fn of(pid: u32) -> Owner {
-        Owner {
-            pid,
-            start: start_time(pid),
-        }
-    }
-
-    fn alive(&self) -> bool {
-        match start_time(self.pid) {
-            None => false,
-            Some(t) => self.start.is_none_or(|s| s == t),
-        }
-    }
-}
-
-/// A process's start time (field 22 of `/proc/<pid>/stat`), `None` when it is gone.
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: count after its end.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
 /// What the runtime's tasks and the worker threads share.
 pub(crate) struct Shared {
     pub(crate) host: HostState,
     pub(crate) name: String,
     pub(crate) handle: Handle,
     sessions: Mutex<HashMap<u64, Arc<TaskSession>>>,
-    owners: Mutex<Vec<Owner>>,
+    /// The processes it serves for (Spark executors).
+    owners: Mutex<Vec<Process>>,
     /// Why the service ended, once it has; waiters are woken.
     ended: (Mutex<Option<String>>, Condvar),
     stop_tx: watch::Sender<bool>,
@@ -358,7 +328,8 @@ async fn connection(mut sock: UnixStream, pid: Option<i32>, shared: Arc<Shared>)
                 }
                 PendingLink::Gate(gate) => {
                     let sent = shared.host.sent.clone();
-                    let run = download::run(*gate, end, sent, [dead, stopping]);
+                    let task = Process::of(s.pid);
+                    let run = download::run(*gate, end, task, sent, [dead, stopping]);
                     shared.serve_link(handle.spawn(async move {
                         run.await;
                         s.gate_ended(link);
@@ -379,8 +350,8 @@ async fn session(sock: UnixStream, pid: u32, owner: u32, shared: Arc<Shared>) {
     *shared.idle_since.lock().unwrap() = None;
     if owner != 0 {
         let mut owners = shared.owners.lock().unwrap();
-        if !owners.iter().any(|o| o.pid == owner) {
-            owners.push(Owner::of(owner));
+        if !owners.iter().any(|o| o.pid() == owner) {
+            owners.push(Process::of(owner));
         }
     }
     log::debug!("creditflow: host service: task pid {pid} attached (session {id})");
@@ -445,7 +416,7 @@ async fn watch_loop(shared: Weak<Shared>) {
         }
         let owners = shared.owners.lock().unwrap().clone();
         if !owners.is_empty() && owners.iter().all(|o| !o.alive()) {
-            let pids: Vec<u32> = owners.iter().map(|o| o.pid).collect();
+            let pids: Vec<u32> = owners.iter().map(|o| o.pid()).collect();
             shared.end(format!("the processes it served ({pids:?}) ended"));
             return;
         }

@@ -25,6 +25,9 @@ pub(crate) struct SentCounters {
     pub(crate) in_place: AtomicU64,
     /// Copied onto the gate's link.
     pub(crate) copied: AtomicU64,
+    /// Handed over in place and never freed by the task (it let its gate go before reading
+    /// them, or went holding them): freed by the service.
+    pub(crate) reclaimed: AtomicU64,
 }
 
 impl HostState {
@@ -59,6 +62,7 @@ impl HostState {
             connections_served: m.connections_served,
             batches_in_place: self.sent.in_place.load(Ordering::Relaxed) as usize,
             batches_copied: self.sent.copied.load(Ordering::Relaxed) as usize,
+            pieces_reclaimed: self.sent.reclaimed.load(Ordering::Relaxed) as usize,
         }
     }
 }

@@ -85,6 +85,7 @@ impl AttachedWriter {
             heap,
             bell: _,
             heaps: _,
+            table: _,
         } = end;
         let HeapEnd::Writer(heap) = heap else {
             return Err(Error::Protocol(
@@ -159,6 +160,12 @@ impl AttachedWriter {
     /// The partition written to.
     pub fn partition_id(&self) -> &str {
         &self.partition
+    }
+
+    /// Chunks of the link's heap in use: placed and not yet freed by whoever read them.
+    #[cfg(test)]
+    pub(crate) fn heap_chunks_in_use(&self) -> usize {
+        self.heap.chunks_in_use()
     }
 
     fn lost(&self) -> Error {

@@ -14,7 +14,7 @@ mod control;
 mod signals;
 
 pub(crate) use control::{get_error, put_error, Opening, Reply, Request, Welcome};
-pub(crate) use signals::{RecordHead, Signal};
+pub(crate) use signals::{Forwarded, RecordHead, Signal};
 
 use crate::base::error::{Error, Result};
 
@@ -338,7 +338,12 @@ pub(crate) fn samples() -> Vec<Vec<u8>> {
     };
     out.push(head.item(64, 1 << 20));
     out.push(head.piece_item(64, 1 << 20));
-    out.push(head.forward(12, 64, 1 << 20));
+    out.push(head.forward(&Forwarded {
+        source: 12,
+        slot: 3,
+        start: 64,
+        len: 1 << 20,
+    }));
     for mut inline in [head.inline(3), head.piece(3)] {
         inline.extend_from_slice(b"ipc");
         out.push(inline);
@@ -463,13 +468,16 @@ mod tests {
         let (t, b) = body(&f);
         assert_eq!(t, ty::PIECE_ITEM);
         assert_eq!(RecordHead::decode_item(b).unwrap(), (head.clone(), 64, 1000));
-        let f = head.forward(3, 64, 1000);
+        let piece = Forwarded {
+            source: 3,
+            slot: 4095,
+            start: 64,
+            len: 1000,
+        };
+        let f = head.forward(&piece);
         let (t, b) = body(&f);
         assert_eq!(t, ty::FORWARD);
-        assert_eq!(
-            RecordHead::decode_forward(b).unwrap(),
-            (head.clone(), 3, 64, 1000)
-        );
+        assert_eq!(RecordHead::decode_forward(b).unwrap(), (head.clone(), piece));
         for (mut f, ty) in [(head.inline(3), ty::RECORD), (head.piece(3), ty::PIECE)] {
             f.extend_from_slice(b"abc");
             let (t, b) = body(&f);

@@ -5,6 +5,16 @@ use crate::base::error::{Error, Result};
 
 use super::{frame, get_error, put_error, ty, In};
 
+/// A piece handed to a gate's task as it lies: `len` bytes at `start` of writer link
+/// `source`'s heap, kept in `slot` of the gate link's table of pieces handed over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Forwarded {
+    pub(crate) source: u64,
+    pub(crate) slot: u32,
+    pub(crate) start: u64,
+    pub(crate) len: u64,
+}
+
 /// A link frame that is not a record: what the writer's calls and the gate's items become.
 #[derive(Debug)]
 pub(crate) enum Signal {
@@ -128,24 +138,30 @@ impl RecordHead {
         })
     }
 
-    /// A frame handing over the piece at `start`, `len` bytes, of writer link `source`'s heap.
-    pub(crate) fn forward(&self, source: u64, start: u64, len: u64) -> Vec<u8> {
+    /// A frame handing over `piece`, which lies in a writer link's heap.
+    pub(crate) fn forward(&self, piece: &Forwarded) -> Vec<u8> {
         frame(ty::FORWARD, |o| {
             o.u32(self.channel);
             o.u64s(&self.in_flight);
-            o.u64(source);
-            o.u64(start);
-            o.u64(len);
+            o.u64(piece.source);
+            o.u32(piece.slot);
+            o.u64(piece.start);
+            o.u64(piece.len);
         })
     }
 
-    /// Reads a forward frame's body: the head, the source link, the item's start and length.
-    pub(crate) fn decode_forward(body: &[u8]) -> Result<(RecordHead, u64, u64, u64)> {
+    /// Reads a forward frame's body: the head and the piece.
+    pub(crate) fn decode_forward(body: &[u8]) -> Result<(RecordHead, Forwarded)> {
         let mut i = In::new(body);
         let head = RecordHead::decode_inline(&mut i)?;
-        let (source, start, len) = (i.u64()?, i.u64()?, i.u64()?);
+        let piece = Forwarded {
+            source: i.u64()?,
+            slot: i.u32()?,
+            start: i.u64()?,
+            len: i.u64()?,
+        };
         i.end()?;
-        Ok((head, source, start, len))
+        Ok((head, piece))
     }
 
     /// Reads the head of an inline record frame; the rest of the body is the record.

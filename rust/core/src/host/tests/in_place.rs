@@ -256,6 +256,75 @@ fn a_killed_writer_s_pieces_still_reach_the_reader_from_its_heap_then_the_failur
     assert_eq!(s.metrics().batches_in_place, 5, "{:?}", s.metrics());
 }
 
+/// Writes `count` batches of about 480 KB to a partition's only subpartition (each one piece
+/// in the writer link's heap) and flushes.
+fn write_large(w: &mut AttachedWriter, count: usize) {
+    for i in 0..count {
+        w.write(&batch(i as i64 * 20_000, 20_000, 12), &mut forever())
+            .unwrap();
+    }
+    w.flush(&mut forever()).unwrap();
+}
+
+#[test]
+fn pieces_a_reader_let_go_unread_go_back_to_the_writer_s_heap_and_a_held_one_stays() {
+    let s = service("let-go", 64 << 20);
+    let (a, b) = (attach(&s), attach(&s));
+    let p = a.create_partition("p", 1, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Forward).unwrap();
+    let mut g = b.create_input_gate(specs(s.address(), "p", 1)).unwrap();
+    write_large(&mut w, 6);
+    let held = g.next(&mut forever()).unwrap().unwrap();
+    assert_eq!(held, batch(0, 20_000, 12));
+    // Every piece is on the gate's link, handed over in place; five of them unread.
+    wait_until(
+        || s.metrics().batches_in_place == 6,
+        "the pieces to be handed over",
+    );
+    let one = w.heap_chunks_in_use() / 6;
+    assert!(one > 0);
+    drop(g);
+    // The service frees what the reader can no longer read, not what it holds.
+    wait_until(
+        || w.heap_chunks_in_use() == one,
+        "the unread pieces' chunks to be freed",
+    );
+    assert_eq!(s.metrics().pieces_reclaimed, 5, "{:?}", s.metrics());
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(w.heap_chunks_in_use(), one, "the held piece's chunks were freed");
+    assert_eq!(held, batch(0, 20_000, 12));
+    drop(held);
+    assert_eq!(w.heap_chunks_in_use(), 0);
+    assert_eq!(s.metrics().pieces_reclaimed, 5);
+}
+
+#[test]
+fn pieces_a_killed_reader_held_or_never_read_go_back_to_the_writer_s_heap() {
+    let s = service("reader-killed", 64 << 20);
+    let a = attach(&s);
+    let p = a.create_partition("held", 1, None, None).unwrap();
+    let mut w = p.writer(Partitioner::Forward).unwrap();
+    let (mut task, mut out) = child(
+        "host::tests::processes::child_reader",
+        &[("SERVICE", s.name().into()), ("PARTITION", "held".into())],
+    );
+    write_large(&mut w, 5);
+    // It holds two batches; the other three are on its link, unread.
+    expect_line(&mut out, "HOLDING");
+    wait_until(
+        || s.metrics().batches_in_place == 5,
+        "the pieces to be handed over",
+    );
+    assert_eq!(w.heap_chunks_in_use() % 5, 0);
+    assert!(w.heap_chunks_in_use() > 0);
+    kill(&mut task);
+    wait_until(
+        || w.heap_chunks_in_use() == 0,
+        "the killed reader's pieces to be freed",
+    );
+    assert_eq!(s.metrics().pieces_reclaimed, 5, "{:?}", s.metrics());
+}
+
 #[test]
 fn a_writer_s_heap_is_its_task_s_memory_in_whole_chunks_within_bounds() {
     let s = service("heap-size", 64 << 20);

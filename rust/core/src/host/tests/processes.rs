@@ -70,6 +70,23 @@ fn child_task() {
     std::thread::sleep(Duration::from_secs(600));
 }
 
+/// Child: a task that attaches to `SERVICE`, reads two batches of partition `PARTITION` and
+/// holds them, says so, and waits to be killed.
+#[test]
+#[ignore = "run by pieces_a_killed_reader_held_or_never_read_go_back_to_the_writer_s_heap"]
+fn child_reader() {
+    if std::env::var(CHILD).is_err() {
+        return;
+    }
+    let a = Attachment::connect(&std::env::var("SERVICE").unwrap(), 0, TASK_MEMORY).unwrap();
+    let mut g = a
+        .create_input_gate(specs(a.address(), &std::env::var("PARTITION").unwrap(), 1))
+        .unwrap();
+    let held: Vec<RecordBatch> = (0..2).map(|_| g.next(&mut forever()).unwrap().unwrap()).collect();
+    println!("HOLDING {}", held.len());
+    std::thread::sleep(Duration::from_secs(600));
+}
+
 #[test]
 fn a_killed_task_fails_its_partitions_readers_and_its_reservations_go() {
     let s = service("taskkill", 16 << 20);

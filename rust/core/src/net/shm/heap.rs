@@ -204,6 +204,9 @@ impl HeapWriter {
     }
 }
 
+/// What a lease does before it frees its item's chunks.
+type Release = Box<dyn FnOnce() + Send + Sync>;
+
 /// The consumer's side: turns the places frames name into bytes and leases.
 #[derive(Clone)]
 pub(crate) struct HeapReader {
@@ -237,7 +240,16 @@ impl HeapReader {
             start,
             len,
             given_away: std::sync::atomic::AtomicBool::new(false),
+            release: None,
         })
+    }
+
+    /// Frees the chunks of the item of `len` bytes at `start` that no lease of this process
+    /// holds: one another process was given ([`HeapLease::give_away`]) and will never free
+    /// (it let the item go unread, or is gone).
+    pub(crate) fn free(&self, start: u64, len: u64) {
+        let (first, chunks) = span(start as usize, len as usize);
+        self.heap.map.free(first, chunks);
     }
 }
 
@@ -250,6 +262,8 @@ pub(crate) struct HeapLease {
     /// Another process maps the heap and frees the item's chunks itself (see
     /// [`HeapLease::give_away`]).
     given_away: std::sync::atomic::AtomicBool,
+    /// Run by the last holder before the chunks are freed (see [`HeapLease::on_release`]).
+    release: Option<Release>,
 }
 
 impl HeapLease {
@@ -261,6 +275,21 @@ impl HeapLease {
     /// Its length.
     pub(crate) fn len(&self) -> u64 {
         self.len as u64
+    }
+
+    /// The heap the item lies in.
+    pub(crate) fn reader(&self) -> HeapReader {
+        HeapReader {
+            heap: self.heap.clone(),
+        }
+    }
+
+    /// Runs `release` when the last holder lets the item go, just before its chunks are
+    /// freed (so that a process that dies between the two leaves the chunks taken, never
+    /// freed twice).
+    pub(crate) fn on_release(mut self, release: impl FnOnce() + Send + Sync + 'static) -> HeapLease {
+        self.release = Some(Box::new(release));
+        self
     }
 
     /// Bytes `offset..offset + len` of the item (`None` past its end).
@@ -300,6 +329,9 @@ impl HeapLease {
 
 impl Drop for HeapLease {
     fn drop(&mut self) {
+        if let Some(release) = self.release.take() {
+            release();
+        }
         if !self.given_away.load(std::sync::atomic::Ordering::SeqCst) {
             let (first, chunks) = span(self.start, self.len);
             self.heap.map.free(first, chunks);

@@ -30,6 +30,8 @@ pub(crate) use fdpass::{recv_fds, send_fds};
 pub(crate) use heap::{
     heap_bytes_for, sane_heap, HeapLease, HeapReader, HeapWriter, HEAP_CHUNK, MAX_HEAP_BYTES, MIN_ITEM,
 };
+#[cfg(test)]
+pub(crate) use heap::{heap_region_len, ITEM_PAD};
 pub(crate) use identity::local_offer;
 pub(crate) use link::{check_peer, connect_link, heap_offset, region_len, serve_link, ShmListener};
 pub(crate) use region::Region;

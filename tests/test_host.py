@@ -98,6 +98,31 @@ def test_a_pipeline_without_spark_writes_and_reads_through_a_served_host_service
     gate.close()
 
 
+def test_batches_a_reader_let_go_unread_are_freed_for_the_writer(
+    served: tuple[str, subprocess.Popen[str]],
+) -> None:
+    name, _ = served
+    producer, consumer = cf.attach(name), cf.attach(name)
+    part = producer.create_partition("unread/0", 1)
+    gate = consumer.create_input_gate([cf.ChannelSpec(producer.address, "unread/0", 0)])
+    w = cf.RecordWriter(part, cf.ForwardPartitioner())
+    for i in range(6):  # about 200 KB each: every one lies in the writer's heap
+        w.write(_batch(i * 25_000, 25_000))
+    w.flush()
+    held = gate.next(timeout=30)
+    assert held is not None
+    assert held.column("k").to_pylist() == list(range(25_000))
+    poll("the batches handed over in place", lambda: producer.metrics()["batches_in_place"] == 6, every=0.01)
+    # Five batches left on the gate's link: the service frees their place in the writer's
+    # heap (not the one the reader holds, which stays as it arrived).
+    gate.close()
+    poll("the unread batches freed", lambda: producer.metrics()["pieces_reclaimed"] >= 5, every=0.05)
+    time.sleep(0.6)
+    assert producer.metrics()["pieces_reclaimed"] == 5
+    assert held.column("k").to_pylist() == list(range(25_000))
+    w.close()
+
+
 def _bytes_written(producer: cf.NetworkEnvironment | cf.Attachment, consumer: Any) -> int:
     """Writes 20 batches split in two through ``producer`` while ``consumer`` reads them; the
     partition's ``bytes_written``."""

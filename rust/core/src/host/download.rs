@@ -215,9 +215,6 @@ impl Framer<'_> {
             self.given.insert(source.link);
         }
         let forwarded = self.handed.hand(source.link, &piece.lease)?;
-        // From here the task frees the chunks (or this side, once the task cannot); this side
-        // reads no more of the piece.
-        piece.lease.give_away();
         Some(small(head.forward(&forwarded)))
     }
 }

@@ -103,7 +103,7 @@ struct Piece {
 
 /// Service side: the pieces handed to one gate's task, by slot.
 pub(crate) struct Handed {
-    table: Arc<Table>,
+    table: Table,
     pieces: HashMap<u32, Piece>,
     /// Where the search for a free slot starts: slots free up roughly in the order given.
     next: usize,
@@ -115,15 +115,17 @@ pub(crate) struct Handed {
 impl Handed {
     pub(crate) fn new(table: Table) -> Handed {
         Handed {
-            table: Arc::new(table),
+            table,
             pieces: HashMap::new(),
             next: 0,
             prune_at: MIN_PRUNE,
         }
     }
 
-    /// Gives `lease`'s piece of writer link `source` a slot, to be named in its forward frame;
-    /// `None` when every slot is taken (the piece is then copied).
+    /// Gives `lease`'s piece of writer link `source` a slot, to be named in its forward frame,
+    /// and the lease away: from here the task frees the chunks (or this side, once the task
+    /// cannot), and this side reads no more of the piece. `None` when every slot is taken (the
+    /// piece is then copied, the lease kept).
     pub(crate) fn hand(&mut self, source: u64, lease: &HeapLease) -> Option<Forwarded> {
         let slot = (0..SLOTS)
             .map(|i| (self.next + i) % SLOTS)
@@ -134,6 +136,7 @@ impl Handed {
         let heap = lease.reader();
         // A piece this map still holds for the slot was freed by the task: forgotten here.
         self.pieces.insert(slot as u32, Piece { heap, start, len });
+        lease.give_away();
         if self.pieces.len() >= self.prune_at {
             let left = self.outstanding();
             self.prune_at = (2 * left).max(MIN_PRUNE);
@@ -240,7 +243,6 @@ mod tests {
         let (writer, reader, mut service, task) = setup();
         let lease = place(&writer, &reader, 2).unwrap();
         let f = service.hand(7, &lease).unwrap();
-        lease.give_away();
         drop(lease);
         assert_eq!((f.source, f.len), (7, (2 * HEAP_CHUNK - ITEM_PAD) as u64));
         let taken = task.take(f.slot, reader.lease(f.start, f.len).unwrap()).unwrap();
@@ -322,7 +324,6 @@ mod tests {
                     Step::Place(chunks) if !task_gone => {
                         if let Some(lease) = place(&writer, &reader, chunks) {
                             let f = service.hand(1, &lease).unwrap();
-                            lease.give_away();
                             if link_gone {
                                 // The service writes no more frames on a link that ended.
                                 service.reclaim(true, false);

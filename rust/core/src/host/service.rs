@@ -294,7 +294,7 @@ async fn connection(mut sock: UnixStream, pid: Option<i32>, shared: Arc<Shared>)
         }
         Opening::Link { session, link } => {
             let found = shared.sessions.lock().unwrap().get(&session).cloned();
-            let Some(s) = found.filter(|s| Some(s.pid as i32) == pid) else {
+            let Some(s) = found.filter(|s| Some(s.process.pid() as i32) == pid) else {
                 let e = Error::Authentication(format!("no session {session} of pid {pid:?}"));
                 return refuse(&mut sock, &e).await;
             };
@@ -323,13 +323,12 @@ async fn connection(mut sock: UnixStream, pid: Option<i32>, shared: Arc<Shared>)
                 } => {
                     let source = source.expect("a writer's link has a heap to hand on");
                     let stop = [dead, stopping];
-                    let task = upload::spawn(partition, partitioner, end, source, s.pid, stop);
+                    let task = upload::spawn(partition, partitioner, end, source, s.process.pid(), stop);
                     shared.serve_link(task);
                 }
                 PendingLink::Gate(gate) => {
                     let sent = shared.host.sent.clone();
-                    let task = Process::of(s.pid);
-                    let run = download::run(*gate, end, task, sent, [dead, stopping]);
+                    let run = download::run(*gate, end, s.process, sent, [dead, stopping]);
                     shared.serve_link(handle.spawn(async move {
                         run.await;
                         s.gate_ended(link);

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::codec::{Reply, Request};
 use super::link;
 use super::metrics;
+use super::process::Process;
 use super::state::HostState;
 use crate::base::error::{Error, Result};
 use crate::base::wait::Wait;
@@ -29,7 +30,8 @@ pub(crate) enum PendingLink {
 
 /// One attached task.
 pub(crate) struct TaskSession {
-    pub(crate) pid: u32,
+    /// The task's process, as it was when it attached (to tell later whether it is gone).
+    pub(crate) process: Process,
     /// Set when the task's session ends: its links' threads and waits stop.
     pub(crate) dead: Arc<AtomicBool>,
     /// Partitions the task created (finished ones outlive it).
@@ -62,7 +64,7 @@ enum GateMetricsOf {
 impl TaskSession {
     pub(crate) fn new(pid: u32) -> TaskSession {
         TaskSession {
-            pid,
+            process: Process::of(pid),
             dead: Arc::new(AtomicBool::new(false)),
             partitions: Mutex::new(Vec::new()),
             links: Mutex::new(HashMap::new()),
@@ -107,7 +109,7 @@ impl TaskSession {
         for (link, (_, pending)) in stale {
             log::warn!(
                 "creditflow: host service drops link {link} of task pid {}: not connected within {timeout:?}",
-                self.pid
+                self.process.pid()
             );
             if let PendingLink::Gate(gate) = pending {
                 drop(gate);
@@ -129,7 +131,7 @@ impl TaskSession {
             if !p.is_finished() {
                 p.fail(&format!(
                     "the task (pid {}) writing partition {:?} ended before finishing it",
-                    self.pid,
+                    self.process.pid(),
                     p.id()
                 ));
             }

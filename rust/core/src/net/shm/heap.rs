@@ -109,6 +109,12 @@ impl Heap {
             _region: region,
         }
     }
+
+    /// Frees the chunks of the item of `len` bytes at heap offset `start`.
+    fn free(&self, start: usize, len: usize) {
+        let (first, chunks) = span(start, len);
+        self.map.free(first, chunks);
+    }
 }
 
 /// An item placed and not yet freed by the consumer: its chunks and whom it was placed for.
@@ -192,9 +198,9 @@ impl HeapWriter {
     /// Frees the item of `len` bytes placed at `start` whose frame was never sent (the
     /// consumer does not know it).
     pub(crate) fn take_back(&self, start: u64, len: usize) {
-        let (first, chunks) = span(start as usize, len);
+        let first = start as usize / HEAP_CHUNK;
         self.ledger.lock().unwrap().retain(|p| p.first != first);
-        self.heap.map.free(first, chunks);
+        self.heap.free(start as usize, len);
     }
 
     /// Chunks in use (placed and not yet freed by the consumer).
@@ -248,8 +254,7 @@ impl HeapReader {
     /// holds: one another process was given ([`HeapLease::give_away`]) and will never free
     /// (it let the item go unread, or is gone).
     pub(crate) fn free(&self, start: u64, len: u64) {
-        let (first, chunks) = span(start as usize, len as usize);
-        self.heap.map.free(first, chunks);
+        self.heap.free(start as usize, len as usize);
     }
 }
 
@@ -333,8 +338,7 @@ impl Drop for HeapLease {
             release();
         }
         if !self.given_away.load(std::sync::atomic::Ordering::SeqCst) {
-            let (first, chunks) = span(self.start, self.len);
-            self.heap.map.free(first, chunks);
+            self.heap.free(self.start, self.len);
         }
     }
 }

@@ -8,7 +8,8 @@ Markers, strictness, warnings-as-errors and the per-test timeout live in pyproje
 * Spark tests are skipped on a developer machine without Java, but never on CI (CI=true),
   where a missing JDK must fail the run rather than silently shrink it;
 * the ``workers`` fixture, which kills the worker processes a transport test started;
-* the ``pipeline`` fixture: source → map → sink in three processes, the sink throttled.
+* the ``pipeline`` fixture: source → map → sink in three processes, the sink throttled;
+* the ``small_tmpfs`` fixture: a 4 MiB tmpfs (a disk that fills up).
 
 The watchdog plugin (``tests/watchdog.py``) ends a run that hangs where pytest-timeout cannot
 reach, printing every thread's stack.
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -117,3 +120,17 @@ def pipeline(workers: list[Any]) -> Iterator[dict[str, Any]]:
         w.send(cmd="exit")
     for w in (source, mapper, sink):
         w.wait()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs mounted for the test: a disk that fills up (needs root, as CI has)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -7,6 +7,7 @@ Each test names its own service (a name per test and run), so tests never share 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -38,12 +39,12 @@ def _batch(first: int, rows: int) -> pa.RecordBatch:
     )
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """``creditflow serve NAME`` in a process of its own, listening; stopped with SIGTERM."""
-    name = _name("served")
+@contextlib.contextmanager
+def _serving(name: str, *options: str) -> Iterator[subprocess.Popen[str]]:
+    """``creditflow serve NAME OPTIONS...`` in a process of its own, listening; stopped with
+    SIGTERM."""
     with subprocess.Popen(
-        [sys.executable, "-m", "creditflow", "serve", name, "--memory", "16MiB"],
+        [sys.executable, "-m", "creditflow", "serve", name, *options],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -51,10 +52,18 @@ def served() -> Iterator[tuple[str, subprocess.Popen[str]]]:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert f"creditflow host service {name!r} at" in line, line
-        yield name, proc
+        yield proc
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``creditflow serve NAME --memory 16MiB``."""
+    name = _name("served")
+    with _serving(name, "--memory", "16MiB") as proc:
+        yield name, proc
 
 
 def test_a_pipeline_without_spark_writes_and_reads_through_a_served_host_service(
@@ -121,6 +130,50 @@ def test_batches_a_reader_let_go_unread_are_freed_for_the_writer(
     assert producer.metrics()["pieces_reclaimed"] == 5
     assert held.column("k").to_pylist() == list(range(25_000))
     w.close()
+
+
+def test_a_full_disk_fails_the_task_s_writer_clearly_and_the_service_serves_on(small_tmpfs: Path) -> None:
+    """A blocking partition in the service that spills to a full disk fails the task's writer
+    with ``SpillError`` (the file and the OS's reason), its reader with ``ProducerFailedError``
+    (nothing partial taken for complete); released, its file goes and the disk is free again,
+    and the service goes on serving."""
+    name = _name("full-disk")
+
+    def free() -> int:
+        st = os.statvfs(small_tmpfs)
+        return st.f_bavail * st.f_frsize
+
+    empty = free()
+    with _serving(name, "--memory", "4MiB", "--spill-dir", str(small_tmpfs)):
+        task = cf.attach(name)
+        part = task.create_partition("full", 1, kind="blocking")
+        w = cf.RecordWriter(part)
+        with pytest.raises(cf.SpillError) as info:
+            _write_batches(w, 100, 100_000)  # about 2 MB each into 4 MiB of disk
+        message = str(info.value)
+        assert str(small_tmpfs) in message, message
+        assert "No space left on device" in message, message
+        assert isinstance(info.value, OSError)
+        assert free() < 64 << 10
+        gate = task.create_input_gate([cf.ChannelSpec(task.address, "full", 0)])
+        with pytest.raises(cf.ProducerFailedError, match="spill failed"):
+            gate.next(timeout=30)
+        gate.close()
+        part.release()
+        poll("the failed partition's spill file removed", lambda: free() >= empty - (64 << 10), every=0.05)
+        # The service serves on: a new blocking partition, written and read back whole.
+        again = task.create_partition("again", 1, kind="blocking")
+        with cf.RecordWriter(again) as w2:
+            w2.write(_batch(0, 50_000))
+        gate = task.create_input_gate([cf.ChannelSpec(task.address, "again", 0)])
+        assert pa.Table.from_batches(list(gate)).equals(pa.Table.from_batches([_batch(0, 50_000)]))
+        gate.close()
+
+
+def _write_batches(w: cf.RecordWriter, n: int, rows: int) -> None:
+    """Writes ``n`` batches of ``rows`` rows (the caller may expect one of them to raise)."""
+    for i in range(n):
+        w.write(_batch(i * rows, rows), timeout=30)
 
 
 def _bytes_written(producer: cf.NetworkEnvironment | cf.Attachment, consumer: Any) -> int:

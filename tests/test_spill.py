@@ -8,7 +8,6 @@ each prints JSON lines on stdout that the test reads.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -333,19 +332,6 @@ def write_until_error(w: cf.RecordWriter, n: int) -> None:
     """Writes batches 0..n-1 (the caller expects one of them to raise)."""
     for i in range(n):
         w.write(batch(i), timeout=10)
-
-
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Any:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_full_disk_fails_the_writer_clearly_and_the_readers_get_producer_failed(small_tmpfs: Path) -> None:

@@ -27,6 +27,7 @@ import pytest
 import creditflow as cf
 from creditflow.host import attach_or_start, log_path
 from helpers import poll
+from tls_certs import make_tls
 
 
 def _name(what: str) -> str:
@@ -51,11 +52,13 @@ def _serving(name: str, *options: str) -> Iterator[subprocess.Popen[str]]:
     ) as proc:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert f"creditflow host service {name!r} at" in line, line
-        yield proc
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
+        try:
+            assert f"creditflow host service {name!r} at" in line, line
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
 
 
 @pytest.fixture
@@ -168,6 +171,49 @@ def test_a_full_disk_fails_the_task_s_writer_clearly_and_the_service_serves_on(s
         gate = task.create_input_gate([cf.ChannelSpec(task.address, "again", 0)])
         assert pa.Table.from_batches(list(gate)).equals(pa.Table.from_batches([_batch(0, 50_000)]))
         gate.close()
+
+
+def test_creditflow_serve_takes_tls_and_spill_settings_and_refuses_bad_ones_clearly(tmp_path: Path) -> None:
+    """``creditflow serve`` with TLS files: an environment with TLS reads what a task wrote in
+    the service, a plaintext one is refused; with ``--max-spill`` a blocking partition past it
+    fails its writer naming the setting. A bad setting exits 2 with its message, nothing
+    started."""
+    tls = make_tls(tmp_path)
+    name = _name("tls")
+    options = ["--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--tls-ca", str(tls.ca)]
+    spill = ["--memory", "4MiB", "--spill-dir", str(tmp_path / "spill"), "--max-spill", "1MiB"]
+    with _serving(name, *options, *spill, "--peer-timeout", "4"):
+        task = cf.attach(name)
+        part = task.create_partition("p", 1)
+        with cf.RecordWriter(part) as w:
+            w.write(_batch(0, 1000))
+        with cf.NetworkEnvironment(memory="1MiB", tls=tls) as env:
+            got = list(env.create_input_gate([cf.ChannelSpec(task.address, "p", 0)]))
+        assert pa.Table.from_batches(got).equals(pa.Table.from_batches([_batch(0, 1000)]))
+        with cf.NetworkEnvironment(memory="1MiB") as plain:
+            gate = plain.create_input_gate([cf.ChannelSpec(task.address, "p", 0)])
+            with pytest.raises(cf.AuthenticationError, match="requires TLS"):
+                gate.next(timeout=30)
+        big = task.create_partition("big", 1, kind="blocking")
+        with pytest.raises(cf.SpillError, match="max_spill"):
+            _write_batches(cf.RecordWriter(big), 10, 100_000)  # about 2 MB each past 4 MiB
+    for bad, message in [
+        (["--wire-compression", "bogus"], "wire_compression"),
+        (["--memory", "lots"], "memory"),
+        (["--peer-timeout", "soon"], "--peer-timeout"),
+        (["--tls-cert", str(tls.cert)], "all three of --tls-cert, --tls-key and --tls-ca"),
+        (["--secret-file", str(tmp_path / "missing")], "--secret-file"),
+    ]:
+        r = subprocess.run(
+            [sys.executable, "-m", "creditflow", "serve", _name("bad"), *bad],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 2, (bad, r.stdout, r.stderr)
+        assert message in r.stderr, (bad, r.stderr)
+        assert "Traceback" not in r.stderr, (bad, r.stderr)
+        assert "listening" not in r.stderr, (bad, r.stderr)
 
 
 def _write_batches(w: cf.RecordWriter, n: int, rows: int) -> None:

@@ -189,6 +189,39 @@ def test_a_service_started_on_demand_takes_every_setting_the_service_does() -> N
     assert sorted(host.SERVICE_SETTINGS) == sorted(runtime)
 
 
+def test_creditflow_serve_gives_every_setting_of_the_service_typed_as_the_table_says() -> None:
+    """``creditflow serve`` has an option for each of the service's settings (made from the
+    table, so a setting added to the service is there too) and hands each one over typed."""
+    import argparse
+
+    from creditflow.tools import serve_command
+
+    runtime = list(inspect.signature(_native.HostService).parameters)[len(SERVICE_OWN) :]
+    options = serve_command.setting_options()
+    assert list(options) == runtime
+    parser = argparse.ArgumentParser()
+    serve_command.add_parser(parser.add_subparsers(dest="command"))
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    offered = {o for a in sub._actions for o in a.option_strings}
+    assert all(o in offered for opts in options.values() for o in opts), sorted(offered)
+    table = {s.name: s for s in SETTINGS}
+    samples = {"bytes": ("3MiB", "3MiB"), "seconds": ("2.5", 2.5), "buffers": ("3", 3), "count": ("7", 7)}
+    argv, want = ["serve", "x"], {}
+    for name in options.keys() - {"secret", "tls"}:
+        unit = table[name].unit
+        if unit == "flag":
+            argv.append(serve_command.option(name))
+            want[name] = True
+        else:
+            text, value = samples.get(unit, ("some-" + name, "some-" + name))
+            argv += [serve_command.option(name), text]
+            want[name] = value
+    args = parser.parse_args(argv)
+    assert serve_command._settings(args, pytest.fail) == want
+    # Left out, a setting is not given at all: the service's own default applies.
+    assert serve_command._settings(parser.parse_args(["serve", "x"]), pytest.fail) == {}
+
+
 # ----------------------------------------------------------------------------------- README
 
 

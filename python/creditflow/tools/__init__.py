@@ -2,6 +2,8 @@
 
 * :mod:`creditflow.tools.cli`: the ``creditflow`` command (``top``, ``top --web``, ``certs``,
   ``serve``; also ``python -m creditflow``);
+* :mod:`creditflow.tools.serve_command`: ``creditflow serve``, its options made from the settings
+  table;
 * :mod:`creditflow.tools.snapshot`: reading ``/metrics`` back (rates, per-task summaries, the
   bottleneck);
 * :mod:`creditflow.tools.pipeline`: the pipeline as a graph, from scrapes or from a Spark

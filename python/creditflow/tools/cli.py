@@ -15,6 +15,9 @@ reused if there) and, per node ``[NAME=]HOST[,HOST...]``, a certificate for its 
 addresses with its key (``DIR/NAME.pem``, ``DIR/NAME-key.pem``, keys mode 0600) for
 ``TLSConfig(cert=..., key=..., ca=...)`` (see :mod:`creditflow.tools.certs`). Existing node files are
 kept unless ``--force``. Needs ``pip install 'creditflow[tls]'``.
+
+``creditflow serve NAME [OPTIONS]`` runs a host service in this process until Ctrl-C or SIGTERM
+(see :mod:`creditflow.tools.serve_command`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
+
+from creditflow.tools import serve_command
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -203,72 +208,6 @@ def _positive(value: str) -> float:
     return v
 
 
-def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "serve",
-        help="run a host service that tasks of this host attach to",
-        description="Runs a host service: one pool, the partitions, the gates and one connection per "
-        "pair of hosts for every process of this user and host that calls creditflow.attach(NAME). "
-        "Runs until Ctrl-C or SIGTERM (or --idle-timeout with nothing attached).",
-    )
-    p.add_argument("name", help="the name processes attach by (A-Z a-z 0-9 . _ -, at most 64)")
-    p.add_argument("--memory", default="64MiB", help="network memory of the whole host (default 64MiB)")
-    p.add_argument("--segment-size", default="32KiB", help="bytes per segment (default 32KiB)")
-    p.add_argument(
-        "--bind", default="127.0.0.1:0", help="listen address for other hosts (default 127.0.0.1:0)"
-    )
-    p.add_argument("--advertise", default=None, help="address to advertise instead of the bound one")
-    p.add_argument(
-        "--secret-file",
-        default=None,
-        help="file holding the secret every host shares (not on the command line)",
-    )
-    p.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without a secret")
-    p.add_argument("--spill-dir", default=None, help="where blocking and hybrid partitions spill")
-    p.add_argument(
-        "--idle-timeout", type=float, default=None, help="end after this many seconds with nothing attached"
-    )
-    p.add_argument("--owner", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--on-demand", action="store_true", help=argparse.SUPPRESS)
-
-
-def serve(args: argparse.Namespace) -> int:
-    """``creditflow serve``: a host service in this process until it ends."""
-    import json
-    import logging
-    import signal
-
-    from creditflow import host
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    # SIGTERM ends it as Ctrl-C does: partitions released, spill files removed, the name freed.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    if args.on_demand:
-        settings = json.loads(sys.stdin.read() or "{}")
-        idle = args.idle_timeout if args.idle_timeout is not None else host.DEFAULT_IDLE_TIMEOUT
-        return host.run_on_demand(args.name, settings, args.owner, idle)
-    secret = None
-    if args.secret_file is not None:
-        with open(args.secret_file, encoding="utf-8") as f:
-            secret = f.read().strip()
-    try:
-        host.serve(
-            args.name,
-            idle_timeout=args.idle_timeout,
-            memory=args.memory,
-            segment_size=args.segment_size,
-            bind=args.bind,
-            advertise=args.advertise,
-            secret=secret,
-            insecure=args.insecure,
-            spill_dir=args.spill_dir,
-            ready=lambda s: print(f"creditflow host service {s.name!r} at {s.address}", flush=True),
-        )
-    except KeyboardInterrupt:
-        return 130
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``creditflow`` console script."""
     parser = argparse.ArgumentParser(prog="creditflow", description="creditflow tools")
@@ -317,12 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_certs.add_argument("--out", default=".", help="directory of the CA and the node files (default: .)")
     p_certs.add_argument("--days", type=int, default=825, help="validity of node certificates (default 825)")
     p_certs.add_argument("--force", action="store_true", help="overwrite existing node files")
-    _serve_parser(sub)
+    serve_command.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "certs":
         return certs(args.out, args.nodes, args.days, args.force)
     if args.command == "serve":
-        return serve(args)
+        return serve_command.run(args, parser)
     try:
         if args.web is not None:
             return web(args.urls, args.web, args.interval, args.token, args.insecure, args.iterations)

@@ -11,11 +11,13 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -197,7 +199,12 @@ def test_creditflow_serve_takes_tls_and_spill_settings_and_refuses_bad_ones_clea
         big = task.create_partition("big", 1, kind="blocking")
         with pytest.raises(cf.SpillError, match="max_spill"):
             _write_batches(cf.RecordWriter(big), 10, 100_000)  # about 2 MB each past 4 MiB
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
     for bad, message in [
+        (["--metrics-port", str(busy.getsockname()[1])], "Address already in use"),
+        (["--metrics-port", "70000"], "0..65535"),
         (["--wire-compression", "bogus"], "wire_compression"),
         (["--memory", "lots"], "memory"),
         (["--peer-timeout", "soon"], "--peer-timeout"),
@@ -213,7 +220,55 @@ def test_creditflow_serve_takes_tls_and_spill_settings_and_refuses_bad_ones_clea
         assert r.returncode == 2, (bad, r.stdout, r.stderr)
         assert message in r.stderr, (bad, r.stderr)
         assert "Traceback" not in r.stderr, (bad, r.stderr)
-        assert "listening" not in r.stderr, (bad, r.stderr)
+        assert "listening" not in r.stderr or "metrics" in bad[0], (bad, r.stderr)
+    busy.close()
+
+
+def test_creditflow_serve_serves_its_metrics_and_its_tasks_partitions_and_gates_for_prometheus() -> None:
+    """``creditflow serve --metrics-port 0``: one scrape has the service's own families (tasks
+    attached, batches in place or copied) and its environment's (pool, the tasks' partitions
+    and gates), labelled with its address."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    name = _name("metrics")
+    with _serving(name, "--memory", "16MiB", "--metrics-port", "0") as proc:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert f"creditflow host service {name!r} metrics at http://127.0.0.1:" in line, line
+        url = line.split(" metrics at ")[1].strip()
+        producer, consumer = cf.attach(name), cf.attach(name)
+        part = producer.create_partition("m/0", 2)
+        gate = consumer.create_input_gate([cf.ChannelSpec(producer.address, "m/0", i) for i in range(2)])
+        got: list[pa.RecordBatch] = []
+        reader = threading.Thread(target=lambda: got.extend(gate))
+        reader.start()
+        w = cf.RecordWriter(part, cf.HashPartitioner("k"))
+        for i in range(20):
+            w.write(_batch(i * 10_000, 10_000))
+        w.flush()
+        # Scraped while the partition is open (a read pipelined one goes once its writer ends).
+        poll("every row read", lambda: sum(b.num_rows for b in got) == 200_000, every=0.01)
+        with urllib.request.urlopen(url, timeout=30) as r:
+            text = r.read().decode()
+        w.close()
+        reader.join(timeout=60)
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+        me = producer.address
+        assert samples[("creditflow_service_sessions", (("service", me),))] == 2
+        in_place = samples[("creditflow_service_batches_in_place_total", (("service", me),))]
+        copied = samples[("creditflow_service_batches_copied_total", (("service", me),))]
+        assert in_place + copied == 40
+        assert in_place > 0
+        assert samples[("creditflow_segments", (("env", me),))] == (16 << 20) // (32 << 10)
+        written = ("creditflow_partition_written_rows_total", (("env", me), ("partition", "m/0")))
+        assert samples[written] == 200_000
+        gates = [k for k in samples if k[0] == "creditflow_gate_received_rows_total"]
+        assert [samples[k] for k in gates] == [200_000]
+        gate.close()
 
 
 def _write_batches(w: cf.RecordWriter, n: int, rows: int) -> None:

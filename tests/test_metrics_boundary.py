@@ -9,6 +9,7 @@ exports it or ``creditflow.prometheus.NOT_EXPORTED`` says why not.
 
 from __future__ import annotations
 
+import os
 import re
 import typing
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ TYPED = {
     "PoolStats": cm.PoolStats,
     "SpillMetrics": cm.SpillMetrics,
     "SpillDirMetrics": cm.SpillDirMetrics,
+    "ServiceMetrics": cm.ServiceMetrics,
 }
 #: Values the core computes by a method, included under the method's name.
 METHODS = {
@@ -55,6 +57,7 @@ LEVELS = {
     "SubpartitionMetrics": "subpartition",
     "GateMetrics": "gate",
     "ChannelMetrics": "channel",
+    "ServiceMetrics": "service",
 }
 #: Rust scalar types and what they become in Python.
 SCALARS: dict[str, type] = {
@@ -202,6 +205,9 @@ def test_every_metric_reaches_python_at_its_level() -> None:
             w.close()
         read_all(remote_gate)
         read_all(local_gate)
+    with cf.HostService(f"boundary-{os.getpid()}", memory="4MiB") as service:
+        walk("ServiceMetrics", service.metrics(), "service.metrics()", seen)
+        walk("EnvMetrics", service.environment_metrics(), "service.environment_metrics()", seen)
     assert seen == set(TYPED), f"never populated: {set(TYPED) - seen}"
 
 

@@ -258,6 +258,13 @@ class HostService:
     def metrics(self) -> ServiceMetrics:
         """Its pool, the tasks attached, its partitions, gates and connections, and how many
         batches reached reading tasks in place or copied."""
+    def environment_metrics(self) -> EnvMetrics:
+        """Metrics of the service's environment, which holds every attached task's partitions
+        and gates: the same dict as :meth:`NetworkEnvironment.metrics`."""
+    @property
+    def closed(self) -> bool:
+        """Whether the service has ended (:meth:`close`, its owners gone, idle for
+        ``idle_timeout``)."""
     def wait(self, timeout: float | None = None) -> str:
         """Blocks until the service ends (its owners are gone, it was idle for
         ``idle_timeout``, or :meth:`close`) and returns why. The GIL is released and Ctrl-C

@@ -2,8 +2,11 @@
 
 :func:`register` adds a collector that reads ``env.metrics()`` on every scrape (nothing is
 sampled in between); ``env.serve_metrics(port)`` serves one environment at ``/metrics`` on
-its own registry and stops when the environment closes. Family names and labels are listed
-in :data:`FAMILIES` and in the README ("Metrics reference").
+its own registry and stops when the environment closes. A host service
+(:class:`creditflow.HostService`) is read the same way: its environment's families (the
+partitions and gates of every attached task) and its own (``creditflow_service_*``);
+``creditflow serve --metrics-port`` serves them. Family names and labels are listed in
+:data:`FAMILIES` and in ``docs/observability.md``.
 """
 
 from __future__ import annotations
@@ -27,19 +30,20 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from creditflow.metrics import EnvMetrics, ReceiverMetrics
+    from creditflow.metrics import EnvMetrics, ReceiverMetrics, ServiceMetrics
 
 
 class Source(Protocol):
-    """What a collector reads: a ``NetworkEnvironment``, or a rank's ``Receiver`` (whose
-    metrics carry the rank's under ``rank``)."""
+    """What a collector reads: a ``NetworkEnvironment``, a rank's ``Receiver`` (whose
+    metrics carry the rank's under ``rank``) or a ``HostService`` (whose environment's are
+    read besides its own, by ``environment_metrics()``)."""
 
     @property
     def closed(self) -> bool:
         """Whether the source has closed (a closed source is no longer read)."""
         ...
 
-    def metrics(self) -> EnvMetrics | ReceiverMetrics:
+    def metrics(self) -> EnvMetrics | ReceiverMetrics | ServiceMetrics:
         """The source's metrics as a dict (``creditflow.metrics``)."""
         ...
 
@@ -82,6 +86,8 @@ SUB = ("env", "partition", "subpartition", "peer")
 GATE = ("env", "gate")
 CHAN = ("env", "gate", "channel", "peer", "partition", "subpartition")
 RANK = ("env", "rank")
+#: A host service's own level; its value is the address its environment's ``env`` label has.
+SERVICE = ("service",)
 
 #: Which dict each label set reads: the level of ``env.metrics()`` its families describe
 #: (``rank``: a rank's ``Receiver.metrics()["rank"]``).
@@ -92,6 +98,7 @@ LEVEL_OF_LABELS = {
     GATE: "gate",
     CHAN: "channel",
     RANK: "rank",
+    SERVICE: "service",
 }
 
 
@@ -526,6 +533,31 @@ FAMILIES: tuple[Family, ...] = (
     _family("creditflow_rank_rows_held", "gauge", "Rows the rank keeps for the epochs", RANK, "rows_held"),
     _family("creditflow_rank_memory_bytes", "gauge", "Bytes the rank holds now", RANK, "memory_bytes"),
     _family("creditflow_rank_memory_limit_bytes", "gauge", "The rank's memory setting", RANK, "memory_limit"),
+    # a host service (its environment's families describe its pool, partitions and gates)
+    _family("creditflow_service_sessions", "gauge", "Tasks attached to the service", SERVICE, "sessions"),
+    _family("creditflow_service_partitions", "gauge", "Partitions the service holds", SERVICE, "partitions"),
+    _family("creditflow_service_gates", "gauge", "Gates the service serves for its tasks", SERVICE, "gates"),
+    _family(
+        "creditflow_service_batches_in_place",
+        "counter",
+        "Batches handed to a reading task where its writer put them, uncopied",
+        SERVICE,
+        "batches_in_place",
+    ),
+    _family(
+        "creditflow_service_batches_copied",
+        "counter",
+        "Batches copied onto a reading task's link",
+        SERVICE,
+        "batches_copied",
+    ),
+    _family(
+        "creditflow_service_pieces_reclaimed",
+        "counter",
+        "Batches handed over in place that the reader never let go, freed by the service",
+        SERVICE,
+        "pieces_reclaimed",
+    ),
 )
 
 #: Numeric metrics no family exports, by level and field (as in :attr:`Family.field`), and
@@ -557,13 +589,21 @@ NOT_EXPORTED: dict[str, str] = {
     "channel.spec.subpartition": "a label",
     "channel.remote.credit_unannounced": "a transient between recycling and the next AddCredit",
     "channel.remote.required": "the sender's backlog + exclusive buffers: read it from gate.metrics()",
+    "service.segment_size": "its environment's (creditflow_segment_size_bytes)",
+    "service.segments_total": "its environment's (creditflow_segments)",
+    "service.segments_available": "its environment's (creditflow_segments_available)",
+    "service.segments_reserved": "a sum of pools' minimums; a construction-time check, not a live signal",
+    "service.connections_opened": "its environment's (creditflow_connections_opened)",
+    "service.connections_served": "its environment's (creditflow_connections_served)",
 }
 
 
 def _rows(m: Dict, labels: tuple[str, ...]) -> Iterator[tuple[list[str], Dict]]:
     """Yields (label values, dict) for every object a family with these labels describes."""
     env = str(m["address"])
-    if labels == ENV:
+    if ("sessions" in m) != (labels == SERVICE):
+        return  # a service's own dict has the service level only, and the others none of it
+    if labels in (ENV, SERVICE):  # the service's address is its environment's
         yield [env], m
     elif labels == PART:
         for pid, p in m["partitions"].items():
@@ -598,9 +638,10 @@ def _rows(m: Dict, labels: tuple[str, ...]) -> Iterator[tuple[list[str], Dict]]:
                 )
 
 
-def families(metrics: EnvMetrics | ReceiverMetrics) -> list[Metric]:
-    """The Prometheus metric families of one ``env.metrics()`` (or ``Receiver.metrics()``)
-    dict."""
+def families(*metrics: EnvMetrics | ReceiverMetrics | ServiceMetrics) -> list[Metric]:
+    """The Prometheus metric families of ``env.metrics()`` (or ``Receiver.metrics()``) dicts,
+    or of a host service's ``metrics()`` with its ``environment_metrics()``: every family once,
+    with the samples of every dict."""
     out: list[Metric] = []
     for f in FAMILIES:
         fam: GaugeMetricFamily | CounterMetricFamily
@@ -608,10 +649,11 @@ def families(metrics: EnvMetrics | ReceiverMetrics) -> list[Metric]:
             fam = CounterMetricFamily(f.name, f.help, labels=list(f.labels))
         else:
             fam = GaugeMetricFamily(f.name, f.help, labels=list(f.labels))
-        for values, d in _rows(metrics, f.labels):
-            v = f.value(d)
-            if v is not None:
-                fam.add_metric(values, v)
+        for m in metrics:
+            for values, d in _rows(m, f.labels):
+                v = f.value(d)
+                if v is not None:
+                    fam.add_metric(values, v)
         out.append(fam)
     return out
 
@@ -632,6 +674,9 @@ class CreditflowCollector(Collector):
         env = self._env()
         if env is None or env.closed:
             return iter(())
+        environment: Callable[[], EnvMetrics] | None = getattr(env, "environment_metrics", None)
+        if environment is not None:  # a host service: its environment's families too
+            return iter(families(env.metrics(), environment()))
         return iter(families(env.metrics()))
 
 

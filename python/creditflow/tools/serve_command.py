@@ -8,6 +8,8 @@ another way: the secret as a file (``--secret-file``: never on a command line, w
 users can read it) and TLS as its three files (``--tls-cert``, ``--tls-key``, ``--tls-ca``,
 with ``--tls-no-client-auth`` for one-way TLS). A setting left out takes the service's default;
 a bad value ends the command with a message naming the setting, before anything starts.
+``--metrics-port`` serves the service's metrics (:mod:`creditflow.prometheus`: its environment's
+families and its own) while it runs.
 """
 
 from __future__ import annotations
@@ -71,6 +73,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("name", help="the name processes attach by (A-Z a-z 0-9 . _ -, at most 64)")
     p.add_argument(
         "--idle-timeout", type=float, default=None, help="end after this many seconds with nothing attached"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve the service's metrics (its own and its partitions' and gates') in the Prometheus "
+        "format at http://ADDR:PORT/metrics (0: any free port); needs creditflow[metrics]",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address of the /metrics endpoint (default 127.0.0.1)",
     )
     table = {s.name: s for s in _native.settings()}
     for name in setting_options():
@@ -147,20 +163,35 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     def fail(message: str) -> None:
         parser.error(f"serve: {message}")  # exits 2
 
+    if args.metrics_port is not None:
+        if not 0 <= args.metrics_port <= 65535:
+            fail(f"--metrics-port must be in 0..65535, got {args.metrics_port}")
+        try:
+            from creditflow import prometheus
+        except ImportError as exc:
+            fail(f"--metrics-port: {exc}")
     started = False
+    servers: list[Any] = []
 
     def ready(service: Any) -> None:
         nonlocal started
-        started = True
         print(f"creditflow host service {service.name!r} at {service.address}", flush=True)
+        if args.metrics_port is not None:
+            servers.append(prometheus.serve(service, args.metrics_port, args.metrics_addr))
+            print(f"creditflow host service {service.name!r} metrics at {servers[0].url}", flush=True)
+        started = True
 
     try:
         host.serve(args.name, idle_timeout=args.idle_timeout, ready=ready, **_settings(args, fail))
     except KeyboardInterrupt:
         return 130
-    except (ValueError, TypeError, CreditflowError) as exc:
+    except (ValueError, TypeError, OSError, CreditflowError) as exc:
         if started:
             raise
-        # Refused before it started (a bad setting, a name taken): the message, no traceback.
+        # Refused before it served (a bad setting, a name taken, a metrics port in use): the
+        # message, no traceback.
         fail(str(exc))
+    finally:
+        for server in servers:
+            server.close()
     return 0

@@ -54,7 +54,8 @@ fn service_metrics<'py>(py: Python<'py>, m: &ServiceMetrics) -> PyResult<Bound<'
 /// The network stack of every task of this host attached to it (one per host, user and
 /// application): one pool (``memory`` is the host's), the partitions, the gates and one
 /// connection per pair of hosts. Tasks find it by ``name`` (see :func:`attach`).
-#[pyclass(module = "creditflow._native", frozen)]
+// `weakref`: a Prometheus collector holds the service weakly, as it does an environment.
+#[pyclass(module = "creditflow._native", frozen, weakref)]
 pub struct HostService {
     inner: host::HostService,
     pid: u32,
@@ -137,6 +138,22 @@ impl HostService {
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let m = py.detach(|| self.inner.metrics());
         service_metrics(py, &m)
+    }
+
+    /// Metrics of the service's environment, which holds every attached task's partitions
+    /// and gates: the same dict as :meth:`NetworkEnvironment.metrics`
+    /// (``creditflow.metrics.EnvMetrics``).
+    fn environment_metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        // Without the GIL: collecting takes every partition's and gate's locks.
+        let m = py.detach(|| self.inner.environment().metrics());
+        crate::metrics::env(py, &m)
+    }
+
+    /// Whether the service has ended (:meth:`close`, its owners gone, idle for
+    /// ``idle_timeout``).
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.has_ended()
     }
 
     /// Blocks until the service ends (its owners are gone, it was idle for ``idle_timeout``,

@@ -184,6 +184,11 @@ impl HostService {
         self.shared.host.metrics()
     }
 
+    /// Whether the service has ended (however it ended).
+    pub fn has_ended(&self) -> bool {
+        self.shared.ended.0.lock().unwrap().is_some()
+    }
+
     /// Blocks until the service ends (its owners are gone, it was idle for `idle_timeout`,
     /// or [`HostService::close`]), as `wait` allows; returns why it ended.
     pub fn wait(&self, wait: &mut Wait<'_>) -> Result<String> {

@@ -271,6 +271,27 @@ def test_creditflow_serve_serves_its_metrics_and_its_tasks_partitions_and_gates_
         gate.close()
 
 
+def test_a_collector_reads_a_service_until_it_ends_and_nothing_after() -> None:
+    """A Prometheus collector of a ``HostService`` in this process reads its families and its
+    environment's while it runs; once it has ended (``closed``), nothing, as for a closed
+    environment."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from creditflow.prometheus import register
+
+    registry = CollectorRegistry(auto_describe=False)
+    with cf.HostService(_name("collected"), memory="4MiB") as service:
+        register(service, registry)
+        assert not service.closed
+        text = generate_latest(registry).decode()
+        assert f'creditflow_service_sessions{{service="{service.address}"}} 0.0' in text
+        assert f'creditflow_segments{{env="{service.address}"}} 128.0' in text
+    assert service.closed
+    text = generate_latest(registry).decode()
+    assert "creditflow_service_sessions" not in text
+    assert "creditflow_segments" not in text
+
+
 def _write_batches(w: cf.RecordWriter, n: int, rows: int) -> None:
     """Writes ``n`` batches of ``rows`` rows (the caller may expect one of them to raise)."""
     for i in range(n):

@@ -21,7 +21,11 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from creditflow import HostService
+    from creditflow.prometheus import MetricsServer
 
 __all__ = ["add_parser", "option", "run", "setting_options"]
 
@@ -121,7 +125,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--on-demand", action="store_true", help=argparse.SUPPRESS)
 
 
-def _settings(args: argparse.Namespace, fail: Callable[[str], None]) -> dict[str, Any]:
+def _settings(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> dict[str, Any]:
     """The settings the command line gives (those left out are not in it)."""
     from creditflow import TLSConfig
 
@@ -160,7 +164,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         idle = args.idle_timeout if args.idle_timeout is not None else host.DEFAULT_IDLE_TIMEOUT
         return host.run_on_demand(args.name, settings, args.owner, idle)
 
-    def fail(message: str) -> None:
+    def fail(message: str) -> NoReturn:
         parser.error(f"serve: {message}")  # exits 2
 
     if args.metrics_port is not None:
@@ -171,9 +175,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         except ImportError as exc:
             fail(f"--metrics-port: {exc}")
     started = False
-    servers: list[Any] = []
+    servers: list[MetricsServer] = []
 
-    def ready(service: Any) -> None:
+    def ready(service: HostService) -> None:
         nonlocal started
         print(f"creditflow host service {service.name!r} at {service.address}", flush=True)
         if args.metrics_port is not None:

@@ -218,6 +218,7 @@ def test_creditflow_serve_takes_tls_and_spill_settings_and_refuses_bad_ones_clea
             timeout=60,
         )
         assert r.returncode == 2, (bad, r.stdout, r.stderr)
+        assert "creditflow serve: error: " in r.stderr, (bad, r.stderr)
         assert message in r.stderr, (bad, r.stderr)
         assert "Traceback" not in r.stderr, (bad, r.stderr)
         assert "listening" not in r.stderr or "metrics" in bad[0], (bad, r.stderr)

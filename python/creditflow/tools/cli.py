@@ -256,12 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_certs.add_argument("--out", default=".", help="directory of the CA and the node files (default: .)")
     p_certs.add_argument("--days", type=int, default=825, help="validity of node certificates (default 825)")
     p_certs.add_argument("--force", action="store_true", help="overwrite existing node files")
-    serve_command.add_parser(sub)
+    serve_parser = serve_command.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "certs":
         return certs(args.out, args.nodes, args.days, args.force)
     if args.command == "serve":
-        return serve_command.run(args, parser)
+        return serve_command.run(args, serve_parser)
     try:
         if args.web is not None:
             return web(args.urls, args.web, args.interval, args.token, args.insecure, args.iterations)

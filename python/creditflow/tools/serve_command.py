@@ -62,8 +62,8 @@ def _help(doc: str, default: str) -> str:
     return f"{text} (default {default.strip(chr(34))})"
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Adds ``serve`` to the ``creditflow`` command's subcommands."""
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Adds ``serve`` to the ``creditflow`` command's subcommands and returns its parser."""
     from creditflow import _native
 
     p = sub.add_parser(
@@ -123,6 +123,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             )
     p.add_argument("--owner", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--on-demand", action="store_true", help=argparse.SUPPRESS)
+    return p
 
 
 def _settings(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> dict[str, Any]:
@@ -153,7 +154,8 @@ def _settings(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> dict
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``creditflow serve``: a host service in this process until it ends. Returns the exit
-    status: 0 when it ended, 130 on Ctrl-C; a bad setting exits 2 with its message."""
+    status: 0 when it ended, 130 on Ctrl-C; a bad setting exits 2 with its message (``parser``:
+    the subcommand's, from :func:`add_parser`)."""
     from creditflow import CreditflowError, host
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -165,7 +167,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return host.run_on_demand(args.name, settings, args.owner, idle)
 
     def fail(message: str) -> NoReturn:
-        parser.error(f"serve: {message}")  # exits 2
+        parser.error(message)  # "creditflow serve: error: ...", exit status 2
 
     if args.metrics_port is not None:
         if not 0 <= args.metrics_port <= 65535:

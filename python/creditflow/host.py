@@ -47,13 +47,15 @@ __all__ = [
     "serve",
 ]
 
-#: The settings a service started on demand takes (``HostService``'s, JSON values only: ``tls``
-#: as the keyword arguments of :class:`~creditflow.TLSConfig`, its files' paths).
+#: The settings a service started on demand takes (``HostService``'s, in its parameter order;
+#: JSON values only: ``tls`` as the keyword arguments of :class:`~creditflow.TLSConfig`, its
+#: files' paths). ``creditflow serve`` has an option for each.
 SERVICE_SETTINGS = (
     "memory",
     "segment_size",
     "bind",
     "secret",
+    "tls",
     "insecure",
     "buffer_timeout",
     "exclusive_buffers",
@@ -64,7 +66,6 @@ SERVICE_SETTINGS = (
     "max_spill",
     "wire_compression",
     "peer_timeout",
-    "tls",
 )
 
 #: Seconds a service started on demand waits with no task attached before it ends.

@@ -15,7 +15,6 @@ families and its own) while it runs.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
 import signal
@@ -28,9 +27,6 @@ if TYPE_CHECKING:
     from creditflow.prometheus import MetricsServer
 
 __all__ = ["add_parser", "option", "run", "setting_options"]
-
-#: ``HostService``'s own parameters, before its settings.
-SERVICE_OWN = ("name", "idle_timeout")
 
 #: The type a setting's value takes on the command line, by its unit in the table (bytes stay
 #: strings: the service parses ``64MiB`` as it does in Python).
@@ -47,11 +43,10 @@ def option(name: str) -> str:
 def setting_options() -> dict[str, list[str]]:
     """Every setting of the host service, in its parameter order, with the options that give it
     on the command line."""
-    from creditflow import _native
+    from creditflow.host import SERVICE_SETTINGS
 
-    names = list(inspect.signature(_native.HostService).parameters)[len(SERVICE_OWN) :]
     special = {"secret": ["--secret-file"], "tls": ["--tls-cert", "--tls-key", "--tls-ca"]}
-    return {name: special.get(name, [option(name)]) for name in names}
+    return {name: special.get(name, [option(name)]) for name in SERVICE_SETTINGS}
 
 
 def _help(doc: str, default: str) -> str:
@@ -59,7 +54,8 @@ def _help(doc: str, default: str) -> str:
     text = doc.replace("`", "").replace("%", "%%")
     if default in ("None", "False"):
         return text  # the line says what None stands for; a flag is off unless given
-    return f"{text} (default {default.strip(chr(34))})"
+    unquoted = default.strip('"')  # the table writes a string default as a Python literal
+    return f"{text} (default {unquoted})"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:

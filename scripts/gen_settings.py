@@ -7,7 +7,9 @@ in the Rust core (``SETTINGS`` in ``rust/core/src/**/settings.rs``).
 Each FILE is a Markdown file, whose table (``setting | default | meaning``) goes between the
 lines ``<!-- settings:begin -->`` and ``<!-- settings:end -->``, or a ``.pyi`` stub, whose
 ``NetworkEnvironment`` class gets the constructor's ``__new__`` signature and the settings
-list of its docstring. Without FILE: README.md and python/creditflow/_native.pyi.
+list of its docstring, and whose ``HostService`` gets the same settings (keyword-only, after its
+own ``name`` and ``idle_timeout``) in its ``__new__`` signature. Without FILE: README.md and
+python/creditflow/_native.pyi.
 
 ``--check`` writes nothing and exits 1 when a file differs from what would be written (or
 has no markers). The table is read from the Rust source, so no build is needed
@@ -173,24 +175,51 @@ def stub_new(settings: list[Setting], indent: str = "    ") -> str:
     return "\n".join(indent + line for line in lines) + "\n"
 
 
-def with_stub(text: str, settings: list[Setting], name: str = "the stub") -> str:
-    """``text`` (a ``.pyi``) with ``NetworkEnvironment``'s docstring and ``__new__`` rewritten."""
-    tree = ast.parse(text)
-    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "NetworkEnvironment"), None)
+def service_stub_signature(settings: list[Setting], indent: str = "    ") -> str:
+    """The native ``HostService.__new__`` signature (its docstring follows it): its own
+    parameters, then every setting, keyword-only."""
+    lines = [
+        "def __new__(",
+        "    cls,",
+        "    name: str,",
+        "    *,",
+        "    idle_timeout: float | None = None,",
+        *(f"    {s.name}: {s.py_type} = {s.default}," for s in settings),
+        ") -> HostService:",
+    ]
+    return "\n".join(indent + line for line in lines) + "\n"
+
+
+def _class(tree: ast.Module, cls_name: str, name: str) -> tuple[ast.ClassDef, ast.FunctionDef]:
+    """Class ``cls_name`` of the stub and its ``__new__``; ``ValueError`` if either is missing."""
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name), None)
     if cls is None:
-        raise ValueError(f"{name} has no class NetworkEnvironment")
+        raise ValueError(f"{name} has no class {cls_name}")
+    new = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__new__"), None)
+    if new is None:
+        raise ValueError(f"{name}: {cls_name} has no __new__")
+    return cls, new
+
+
+def with_stub(text: str, settings: list[Setting], name: str = "the stub") -> str:
+    """``text`` (a ``.pyi``) with ``NetworkEnvironment``'s docstring and ``__new__`` and
+    ``HostService.__new__``'s signature rewritten."""
+    tree = ast.parse(text)
+    cls, new = _class(tree, "NetworkEnvironment", name)
     first = cls.body[0]
     if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)):
         raise ValueError(f"{name}: NetworkEnvironment has no docstring")
-    new = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__new__"), None)
-    if new is None:
-        raise ValueError(f"{name}: NetworkEnvironment has no __new__")
+    _, service_new = _class(tree, "HostService", name)
+    service_doc = service_new.body[0]
+    if not (isinstance(service_doc, ast.Expr) and isinstance(service_doc.value, ast.Constant)):
+        raise ValueError(f"{name}: HostService.__new__ has no docstring")
     lines = text.splitlines(keepends=True)
-    # Replace the later block first, so the earlier one's line numbers still hold.
+    # Replace the later blocks first, so the earlier ones' line numbers still hold.
     spans = sorted(
         [
             (first.lineno, first.end_lineno or first.lineno, stub_docstring(settings)),
             (new.lineno, new.end_lineno or new.lineno, stub_new(settings)),
+            (service_new.lineno, service_doc.lineno - 1, service_stub_signature(settings)),
         ],
         reverse=True,
     )

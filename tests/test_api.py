@@ -4,6 +4,7 @@ timeouts (Ctrl-C, threads and fork: ``test_process_life.py``)."""
 from __future__ import annotations
 
 import builtins
+import os
 import time
 
 import numpy as np
@@ -147,11 +148,25 @@ def test_sizes_accept_ints_and_strings() -> None:
         ({"request_backoff_max": -1}, "request_backoff_max"),
         ({"secret": ""}, "secret"),
         ({"bind": "not an address"}, "bind"),
+        ({"handshake_timeout": 0}, "handshake_timeout"),
+        ({"debloat_target": 0}, "debloat_target"),
+        ({"overdraft_buffers": -1}, "overdraft_buffers"),
+        ({"max_channels_per_connection": -1}, "max_channels_per_connection"),
+        ({"peer_timeout": float("nan")}, "peer_timeout"),
+        ({"max_spill": "lots"}, "max_spill"),
+        ({"wire_compression": "gzip"}, "wire_compression"),
     ],
 )
-def test_bad_environment_arguments_are_value_errors(kwargs: dict, word: str) -> None:
+@pytest.mark.parametrize("make", ["NetworkEnvironment", "HostService"])
+def test_bad_environment_arguments_are_value_errors(kwargs: dict, word: str, make: str) -> None:
+    """An environment and a host service (whose settings are an environment's) refuse a bad
+    setting alike, naming it."""
+    constructor = {
+        "NetworkEnvironment": cf.NetworkEnvironment,
+        "HostService": lambda **kw: cf.HostService(f"bad-setting-{os.getpid()}", **kw),
+    }[make]
     with pytest.raises(ValueError, match=word):
-        cf.NetworkEnvironment(**kwargs)
+        constructor(**kwargs)
 
 
 def test_flow_control_modes_are_accepted() -> None:

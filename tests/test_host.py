@@ -29,6 +29,7 @@ import pytest
 import creditflow as cf
 from creditflow.host import attach_or_start, log_path
 from helpers import poll
+from test_faults import read_to_close
 from tls_certs import make_tls
 
 
@@ -223,6 +224,38 @@ def test_creditflow_serve_takes_tls_and_spill_settings_and_refuses_bad_ones_clea
         assert "Traceback" not in r.stderr, (bad, r.stderr)
         assert "listening" not in r.stderr or "metrics" in bad[0], (bad, r.stderr)
     busy.close()
+
+
+def test_a_served_service_takes_an_environment_s_other_settings_and_its_tasks_see_them() -> None:
+    """``creditflow serve`` gives its environment the settings a ``NetworkEnvironment`` takes
+    beyond the pool and the listener: without local hand-off its tasks' batches are serialized
+    into its segments (with it, they reach the reader in place: the pipeline test above), its
+    gates debloat, and a peer silent past its handshake timeout is cut (the default waits 10 s)."""
+    name = _name("settings")
+    options = ("--memory", "16MiB", "--no-local-handoff", "--debloat", "--handshake-timeout", "0.5")
+    with _serving(name, *options):
+        producer, consumer = cf.attach(name), cf.attach(name)
+        part = producer.create_partition("settings/0", 1)
+        gate = consumer.create_input_gate([cf.ChannelSpec(producer.address, "settings/0", 0)])
+        assert gate.metrics()["debloat"] is not None, "the service's gates debloat"
+        got: list[pa.RecordBatch] = []
+        reader = threading.Thread(target=lambda: got.extend(gate))
+        reader.start()
+        with cf.RecordWriter(part) as w:
+            _write_batches(w, 10, 10_000)
+        reader.join(timeout=60)
+        assert sorted(k for b in got for k in b.column("k").to_pylist()) == list(range(100_000))
+        # Serialized into the service's 32 KiB segments (about five a batch) and decoded for
+        # the reader, not handed over whole in place.
+        pm, sm = part.metrics(), producer.metrics()
+        assert pm["batches_written"] == 10
+        assert pm["buffers_written"] >= 40, pm
+        assert sm["batches_copied"] == 10, sm
+        assert sm["batches_in_place"] == 0, sm
+        host, port = producer.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as silent:
+            read_to_close(silent, timeout=5.0)
+        gate.close()
 
 
 def test_creditflow_serve_serves_its_metrics_and_its_tasks_partitions_and_gates_for_prometheus() -> None:
@@ -738,6 +771,6 @@ def test_bad_names_and_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="refusing to bind"):
         cf.HostService(_name("open"), bind="0.0.0.0:0")
     with pytest.raises(ValueError, match="not settings of a host service"):
-        attach_or_start(_name("bad"), {"local_handoff": False})
+        attach_or_start(_name("bad"), {"colour": "red"})
     with cf.HostService(_name("twice")) as s, pytest.raises(cf.InvalidArgumentError, match="already runs"):
         cf.HostService(s.name)

@@ -157,10 +157,11 @@ def test_the_stub_is_what_the_generator_writes() -> None:
 SERVICE_OWN = ("name", "idle_timeout")
 
 
-def test_the_host_service_takes_table_settings_with_the_table_s_defaults() -> None:
+def test_the_host_service_takes_every_table_setting_with_the_table_s_defaults() -> None:
     table = {s.name: s for s in SETTINGS}
     params = list(inspect.signature(_native.HostService).parameters.values())
     assert tuple(p.name for p in params[: len(SERVICE_OWN)]) == SERVICE_OWN
+    assert [p.name for p in params[len(SERVICE_OWN) :]] == list(table), "the table's settings, in order"
     for p in params[len(SERVICE_OWN) :]:
         assert p.name in table, f"HostService takes {p.name!r}, which is no setting of the table"
         assert p.kind == p.KEYWORD_ONLY, p.name
@@ -210,8 +211,11 @@ def test_creditflow_serve_gives_every_setting_of_the_service_typed_as_the_table_
     for name in options.keys() - {"secret", "tls"}:
         unit = table[name].unit
         if unit == "flag":
-            argv.append(serve_command.option(name))
-            want[name] = True
+            # A flag on by default is turned off (--no-...), one off by default on.
+            (flag,) = options[name]
+            argv.append(flag)
+            want[name] = flag == serve_command.option(name)
+            assert flag == serve_command.option(name) or table[name].default == "True", flag
         else:
             text, value = samples.get(unit, ("some-" + name, "some-" + name))
             argv += [serve_command.option(name), text]

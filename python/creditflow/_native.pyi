@@ -233,22 +233,34 @@ class HostService:
         segment_size: int | str | None = None,
         bind: str = "127.0.0.1:0",
         secret: bytes | str | None = None,
-        tls: TLSConfig | None = None,
-        insecure: bool = False,
+        flow_control: str = "credit",
         buffer_timeout: float = 0.1,
         exclusive_buffers: int = 2,
         floating_buffers: int = 8,
+        insecure: bool = False,
+        local_handoff: bool = True,
+        request_backoff_initial: float = 0.1,
+        request_backoff_max: float = 10.0,
         advertise: str | None = None,
+        handshake_timeout: float = 10.0,
         max_connections: int = 512,
+        max_channels_per_connection: int = 16384,
+        max_outstanding_requests: int = 4096,
+        tls: TLSConfig | None = None,
+        peer_timeout: float = 30.0,
+        overdraft_buffers: int = 5,
+        debloat: bool = False,
+        debloat_target: float = 1.0,
+        debloat_min_buffer: int = 256,
         spill_dir: str | os.PathLike[str] | None = None,
         max_spill: int | str | None = None,
         wire_compression: str | None = None,
-        peer_timeout: float = 30.0,
+        shared_memory: bool = True,
     ) -> HostService:
         """Takes the name (:class:`InvalidArgumentError` if a service of this user already
-        has it on this host), starts the environment and listens. The settings are
-        :class:`NetworkEnvironment`'s; ``idle_timeout``: end after this many seconds with no
-        task attached (None: never)."""
+        has it on this host), starts the environment and listens. The settings are all of
+        :class:`NetworkEnvironment`'s, with its defaults (``memory`` is the whole host's);
+        ``idle_timeout``: end after this many seconds with no task attached (None: never)."""
     @property
     def address(self) -> str:
         """The address peers reach it at (``"host:port"``): what tasks put in their channel specs."""

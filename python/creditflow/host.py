@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from creditflow import logs
 from creditflow._native import Attachment, HostService, TLSConfig, attach
+from creditflow._native import settings as _settings_table
 from creditflow.errors import ConnectionLostError, InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -47,26 +48,11 @@ __all__ = [
     "serve",
 ]
 
-#: The settings a service started on demand takes (``HostService``'s, in its parameter order;
-#: JSON values only: ``tls`` as the keyword arguments of :class:`~creditflow.TLSConfig`, its
-#: files' paths). ``creditflow serve`` has an option for each.
-SERVICE_SETTINGS = (
-    "memory",
-    "segment_size",
-    "bind",
-    "secret",
-    "tls",
-    "insecure",
-    "buffer_timeout",
-    "exclusive_buffers",
-    "floating_buffers",
-    "advertise",
-    "max_connections",
-    "spill_dir",
-    "max_spill",
-    "wire_compression",
-    "peer_timeout",
-)
+#: The settings a service started on demand takes: every setting of the table that declares
+#: them (``creditflow._native.settings()``), as ``HostService`` takes them, in its parameter
+#: order; JSON values only: ``tls`` as the keyword arguments of :class:`~creditflow.TLSConfig`,
+#: its files' paths. ``creditflow serve`` has an option for each.
+SERVICE_SETTINGS = tuple(s.name for s in _settings_table())
 
 #: Seconds a service started on demand waits with no task attached before it ends.
 DEFAULT_IDLE_TIMEOUT = 120.0

@@ -3,7 +3,8 @@
 Its options are the service's settings (:class:`creditflow.HostService`'s, the same as
 :class:`creditflow.NetworkEnvironment`'s), made from the table that declares them
 (``creditflow._native.settings()``): ``--memory 256MiB``, ``--peer-timeout 4``,
-``--wire-compression lz4``, each with the table's line of docs and default. Two are given
+``--wire-compression lz4``, each with the table's line of docs and default; a flag that is on
+by default is turned off with ``--no-...`` (``--no-shared-memory``). Two are given
 another way: the secret as a file (``--secret-file``: never on a command line, where other
 users can read it) and TLS as its three files (``--tls-cert``, ``--tls-key``, ``--tls-ca``,
 with ``--tls-no-client-auth`` for one-way TLS). A setting left out takes the service's default;
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from creditflow import HostService
+    from creditflow._native import Setting
     from creditflow.prometheus import MetricsServer
 
 __all__ = ["add_parser", "option", "run", "setting_options"]
@@ -40,13 +42,23 @@ def option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _on_by_default(s: Setting) -> bool:
+    """Whether ``s`` is a flag that is on unless turned off."""
+    return s.unit == "flag" and s.default == "True"
+
+
 def setting_options() -> dict[str, list[str]]:
     """Every setting of the host service, in its parameter order, with the options that give it
     on the command line."""
+    from creditflow import _native
     from creditflow.host import SERVICE_SETTINGS
 
+    table = {s.name: s for s in _native.settings()}
     special = {"secret": ["--secret-file"], "tls": ["--tls-cert", "--tls-key", "--tls-ca"]}
-    return {name: special.get(name, [option(name)]) for name in SERVICE_SETTINGS}
+    return {
+        name: special.get(name, ["--no-" + option(name)[2:] if _on_by_default(table[name]) else option(name)])
+        for name in SERVICE_SETTINGS
+    }
 
 
 def _help(doc: str, default: str) -> str:
@@ -89,7 +101,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         help="address of the /metrics endpoint (default 127.0.0.1)",
     )
     table = {s.name: s for s in _native.settings()}
-    for name in setting_options():
+    for name, options in setting_options().items():
         s = table[name]
         default = s.means or s.default
         if name == "secret":
@@ -107,8 +119,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
                 action="store_true",
                 help="TLS: one-way (peers need no certificate; default mutual)",
             )
+        elif _on_by_default(s):
+            p.add_argument(
+                *options,
+                dest=name,
+                action="store_false",
+                default=None,
+                help="turn off (default on): " + _help(s.doc, "None"),
+            )
         elif s.unit == "flag":
-            p.add_argument(option(name), action="store_true", default=None, help=_help(s.doc, default))
+            p.add_argument(*options, action="store_true", default=None, help=_help(s.doc, default))
         else:
             p.add_argument(
                 option(name),

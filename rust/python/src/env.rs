@@ -1,19 +1,15 @@
 //! `NetworkEnvironment`: its settings, partitions, gates and metrics (the native half of
 //! `creditflow.NetworkEnvironment`; metrics become dicts in `metrics.rs`).
 
-use std::net::ToSocketAddrs;
 use std::sync::Mutex;
-use std::time::Duration;
 
-use creditflow_core::base::config::{Backoff, Limits};
 use creditflow_core::memory::HeldOutside;
-use creditflow_core::serde::Compression;
-use creditflow_core::{base::units, EnvConfig, FlowControl};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyInt, PyString};
+use pyo3::types::PyDict;
 
 use crate::args::{check_pid, count_arg, partition_kind};
+use crate::config::{bytes_arg, EnvArgs};
 use crate::error::IntoPyResult;
 use crate::gate::InputGate;
 use crate::partition::{Partition, ResultPartition};
@@ -27,120 +23,10 @@ pub fn _remove_spill_dirs(py: Python<'_>) {
     py.detach(creditflow_core::partition::spill::dir::remove_all);
 }
 
-/// Reads a byte size given as an int or a string with a unit.
-pub(crate) fn bytes_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
-    if let Ok(i) = value.cast::<PyInt>() {
-        let v: i64 = i.extract()?;
-        return usize::try_from(v).map_err(|_| {
-            PyValueError::new_err(format!("{name} must be a non-negative number of bytes, got {v}"))
-        });
-    }
-    if let Ok(s) = value.cast::<PyString>() {
-        return units::parse_bytes(s.to_str()?).map_err(|e| PyValueError::new_err(format!("{name}: {e}")));
-    }
-    Err(PyTypeError::new_err(format!(
-        "{name} must be an int (bytes) or a string such as \"64MiB\""
-    )))
-}
-
 /// Parses a byte size such as ``"64MiB"``, ``"32 KiB"`` or ``65536`` into bytes.
 #[pyfunction]
 pub fn parse_bytes(value: &Bound<'_, PyAny>) -> PyResult<usize> {
     bytes_arg(value, "size")
-}
-
-fn is_loopback(bind: &str) -> bool {
-    match bind.to_socket_addrs() {
-        Ok(addrs) => {
-            let addrs: Vec<_> = addrs.collect();
-            !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())
-        }
-        Err(_) => false,
-    }
-}
-
-/// A `secret` argument: bytes or str, not empty.
-pub(crate) fn secret_arg(secret: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
-    let secret = match secret {
-        None => None,
-        Some(s) => {
-            if let Ok(s) = s.cast::<PyString>() {
-                Some(s.to_str()?.as_bytes().to_vec())
-            } else if let Ok(b) = s.extract::<Vec<u8>>() {
-                Some(b)
-            } else {
-                return Err(PyTypeError::new_err("secret must be bytes or str"));
-            }
-        }
-    };
-    if matches!(&secret, Some(s) if s.is_empty()) {
-        return Err(PyValueError::new_err("secret must not be empty"));
-    }
-    Ok(secret)
-}
-
-/// Refuses to listen beyond loopback with neither a secret nor mutual TLS, unless `insecure`.
-pub(crate) fn check_exposure(
-    bind: &str,
-    secret: Option<&[u8]>,
-    tls: Option<&creditflow_core::base::config::TlsSettings>,
-    insecure: bool,
-) -> PyResult<()> {
-    let mutual_tls = tls.is_some_and(|t| t.client_auth);
-    if secret.is_none() && !mutual_tls && !insecure && !is_loopback(bind) {
-        return Err(PyValueError::new_err(format!(
-            "refusing to bind {bind:?} without a secret or mutual TLS: anyone who can reach it could read \
-             your data. Pass secret=... (shared by all peers) or tls=TLSConfig(...), bind a loopback \
-             address, or pass insecure=True"
-        )));
-    }
-    Ok(())
-}
-
-/// The settings every listening config starts from: the pool (`memory`, `segment_size`) and
-/// where and how it listens (`bind`, `secret`, `tls`), refused beyond loopback unprotected
-/// unless `insecure`.
-pub(crate) fn exposed_config(
-    memory: Option<&Bound<'_, PyAny>>,
-    segment_size: Option<&Bound<'_, PyAny>>,
-    bind: &str,
-    secret: Option<&Bound<'_, PyAny>>,
-    tls: Option<Bound<'_, TlsConfig>>,
-    insecure: bool,
-) -> PyResult<EnvConfig> {
-    let mut config = EnvConfig::default();
-    if let Some(m) = memory {
-        config.memory = bytes_arg(m, "memory")?;
-    }
-    if let Some(s) = segment_size {
-        config.segment_size = bytes_arg(s, "segment_size")?;
-    }
-    config.bind = bind.to_string();
-    config.secret = secret_arg(secret)?;
-    config.tls = tls.map(|t| t.get().settings.clone());
-    check_exposure(bind, config.secret.as_deref(), config.tls.as_ref(), insecure)?;
-    Ok(config)
-}
-
-/// A duration argument in seconds: finite and not negative.
-pub(crate) fn secs(v: f64, name: &str) -> PyResult<Duration> {
-    if v.is_finite() && v >= 0.0 {
-        Ok(Duration::from_secs_f64(v))
-    } else {
-        Err(PyValueError::new_err(format!(
-            "{name} must be a non-negative number of seconds, got {v}"
-        )))
-    }
-}
-
-/// `wire_compression`: None, "lz4" or "zstd".
-pub(crate) fn wire_compression_arg(value: Option<&str>) -> PyResult<Option<Compression>> {
-    Compression::parse(value).map_err(|_| {
-        PyValueError::new_err(format!(
-            "wire_compression must be None, \"lz4\" or \"zstd\", got {:?}",
-            value.unwrap_or_default()
-        ))
-    })
 }
 
 /// One per process: the buffer pool, partitions, gates, the listener and connections.
@@ -196,54 +82,36 @@ impl NetworkEnvironment {
         wire_compression: Option<&str>,
         shared_memory: bool,
     ) -> PyResult<Self> {
-        let mut config = exposed_config(memory, segment_size, bind, secret, tls, insecure)?;
-        config.flow_control = match flow_control {
-            "credit" => FlowControl::Credit,
-            "tcp" => FlowControl::Tcp,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "flow_control must be \"credit\" or \"tcp\", got {other:?}"
-                )))
-            }
-        };
-        config.buffer_timeout = secs(buffer_timeout, "buffer_timeout")?;
-        config.exclusive_buffers = count_arg(exclusive_buffers, "exclusive_buffers")?;
-        config.floating_buffers = count_arg(floating_buffers, "floating_buffers")?;
-        config.local_handoff = local_handoff;
-        config.request_backoff = Backoff {
-            initial: secs(request_backoff_initial, "request_backoff_initial")?,
-            max: secs(request_backoff_max, "request_backoff_max")?,
-        };
-        if config.request_backoff.initial.is_zero() {
-            return Err(PyValueError::new_err("request_backoff_initial must be positive"));
+        let config = EnvArgs {
+            memory,
+            segment_size,
+            bind,
+            secret,
+            flow_control,
+            buffer_timeout,
+            exclusive_buffers,
+            floating_buffers,
+            insecure,
+            local_handoff,
+            request_backoff_initial,
+            request_backoff_max,
+            advertise,
+            handshake_timeout,
+            max_connections,
+            max_channels_per_connection,
+            max_outstanding_requests,
+            tls,
+            peer_timeout,
+            overdraft_buffers,
+            debloat,
+            debloat_target,
+            debloat_min_buffer,
+            spill_dir,
+            max_spill,
+            wire_compression,
+            shared_memory,
         }
-        config.handshake_timeout = secs(handshake_timeout, "handshake_timeout")?;
-        config.overdraft_buffers = count_arg(overdraft_buffers, "overdraft_buffers")?;
-        config.debloat = debloat;
-        config.debloat_target = secs(debloat_target, "debloat_target")?;
-        if config.debloat_target.is_zero() {
-            return Err(PyValueError::new_err("debloat_target must be positive"));
-        }
-        config.debloat_min_buffer = count_arg(debloat_min_buffer, "debloat_min_buffer")?;
-        if config.handshake_timeout.is_zero() {
-            return Err(PyValueError::new_err("handshake_timeout must be positive"));
-        }
-        config.limits = Limits {
-            max_connections: count_arg(max_connections, "max_connections")?,
-            max_channels_per_connection: count_arg(
-                max_channels_per_connection,
-                "max_channels_per_connection",
-            )?,
-            max_outstanding_requests: count_arg(max_outstanding_requests, "max_outstanding_requests")?,
-        };
-        config.peer_timeout = secs(peer_timeout, "peer_timeout")?;
-        config.advertise = advertise;
-        config.spill_dir = spill_dir;
-        if let Some(m) = max_spill {
-            config.max_spill = Some(bytes_arg(m, "max_spill")? as u64);
-        }
-        config.wire_compression = wire_compression_arg(wire_compression)?;
-        config.shared_memory = shared_memory;
+        .config()?;
         let inner = Python::attach(|py| creditflow_core::NetworkEnvironment::new(config).py_err(py))?;
         Ok(NetworkEnvironment {
             inner,

@@ -4,14 +4,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use creditflow_core::base::config::Limits;
 use creditflow_core::host::{self, HostConfig, ServiceMetrics};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::args::{check_pid, count_arg, current_pid, partition_kind};
-use crate::env::{bytes_arg, exposed_config, secs, wire_compression_arg};
+use crate::config::{bytes_arg, secs, EnvArgs};
 use crate::error::IntoPyResult;
 use crate::gate::InputGate;
 use crate::partition::{Partition, ResultPartition};
@@ -65,10 +64,13 @@ pub struct HostService {
 impl HostService {
     #[new]
     #[pyo3(signature = (
-        name, *, idle_timeout = None, memory = None, segment_size = None, bind = "127.0.0.1:0",
-        secret = None, tls = None, insecure = false, buffer_timeout = 0.1, exclusive_buffers = 2,
-        floating_buffers = 8, advertise = None, max_connections = 512, spill_dir = None,
-        max_spill = None, wire_compression = None, peer_timeout = 30.0
+        name, *, idle_timeout = None, memory = None, segment_size = None, bind = "127.0.0.1:0", secret = None,
+        flow_control = "credit", buffer_timeout = 0.1, exclusive_buffers = 2, floating_buffers = 8,
+        insecure = false, local_handoff = true, request_backoff_initial = 0.1, request_backoff_max = 10.0,
+        advertise = None, handshake_timeout = 10.0, max_connections = 512, max_channels_per_connection = 16384,
+        max_outstanding_requests = 4096, tls = None, peer_timeout = 30.0, overdraft_buffers = 5,
+        debloat = false, debloat_target = 1.0, debloat_min_buffer = 256, spill_dir = None, max_spill = None,
+        wire_compression = None, shared_memory = true
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -79,33 +81,60 @@ impl HostService {
         segment_size: Option<&Bound<'_, PyAny>>,
         bind: &str,
         secret: Option<&Bound<'_, PyAny>>,
-        tls: Option<Bound<'_, TlsConfig>>,
-        insecure: bool,
+        flow_control: &str,
         buffer_timeout: f64,
         exclusive_buffers: i64,
         floating_buffers: i64,
+        insecure: bool,
+        local_handoff: bool,
+        request_backoff_initial: f64,
+        request_backoff_max: f64,
         advertise: Option<String>,
+        handshake_timeout: f64,
         max_connections: i64,
+        max_channels_per_connection: i64,
+        max_outstanding_requests: i64,
+        tls: Option<Bound<'_, TlsConfig>>,
+        peer_timeout: f64,
+        overdraft_buffers: i64,
+        debloat: bool,
+        debloat_target: f64,
+        debloat_min_buffer: i64,
         spill_dir: Option<std::path::PathBuf>,
         max_spill: Option<&Bound<'_, PyAny>>,
         wire_compression: Option<&str>,
-        peer_timeout: f64,
+        shared_memory: bool,
     ) -> PyResult<Self> {
-        let mut env = exposed_config(memory, segment_size, bind, secret, tls, insecure)?;
-        env.buffer_timeout = secs(buffer_timeout, "buffer_timeout")?;
-        env.exclusive_buffers = count_arg(exclusive_buffers, "exclusive_buffers")?;
-        env.floating_buffers = count_arg(floating_buffers, "floating_buffers")?;
-        env.advertise = advertise;
-        env.limits = Limits {
-            max_connections: count_arg(max_connections, "max_connections")?,
-            ..Limits::default()
-        };
-        env.spill_dir = spill_dir;
-        if let Some(m) = max_spill {
-            env.max_spill = Some(bytes_arg(m, "max_spill")? as u64);
+        let env = EnvArgs {
+            memory,
+            segment_size,
+            bind,
+            secret,
+            flow_control,
+            buffer_timeout,
+            exclusive_buffers,
+            floating_buffers,
+            insecure,
+            local_handoff,
+            request_backoff_initial,
+            request_backoff_max,
+            advertise,
+            handshake_timeout,
+            max_connections,
+            max_channels_per_connection,
+            max_outstanding_requests,
+            tls,
+            peer_timeout,
+            overdraft_buffers,
+            debloat,
+            debloat_target,
+            debloat_min_buffer,
+            spill_dir,
+            max_spill,
+            wire_compression,
+            shared_memory,
         }
-        env.wire_compression = wire_compression_arg(wire_compression)?;
-        env.peer_timeout = secs(peer_timeout, "peer_timeout")?;
+        .config()?;
         let idle_timeout = idle_timeout.map(|t| secs(t, "idle_timeout")).transpose()?;
         let config = HostConfig {
             env,

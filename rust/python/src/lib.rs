@@ -27,6 +27,7 @@ mod args;
 mod arrow_in;
 mod arrow_out;
 mod blocking;
+mod config;
 mod env;
 mod error;
 mod gate;

@@ -18,7 +18,8 @@ turns slow at ``--slow-start`` seconds and recovers once the writer's level has 
 HIGH was seen), and the checks cover every order actually written.
 
 The live view shows the throughput, the out-pool usage, the backlog per subpartition and the
-writer's backpressure level; a chart of the run is written if matplotlib is installed. While
+writer's backpressure level; a chart of the run is written if matplotlib is installed (both in
+``local_demo_view.py``, next to this file). While
 it runs, the environment serves its metrics (``/metrics``) and the pipeline page, and the demo
 prints the ``creditflow top`` command and the page's address that show it from outside. The
 demo ends by checking that every order arrived exactly once, that the hash partitioning was
@@ -37,17 +38,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 import creditflow as cf
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
+from local_demo_view import TICK_SECONDS, Sample, View, format_timeline, make_view, write_chart
 
 PARTITION_ID = "demo/orders/0"
 NUM_CONSUMERS = 4
@@ -63,12 +60,9 @@ MAX_CENTS = 10**12 - 1  # decimal128(12, 2)
 
 SLOW_CONSUMERS = (0,)
 SLOW_ROWS_PER_SECOND = 50_000  # what a slow consumer manages while slow
-TICK_SECONDS = 0.25  # live view and sampling period
 IO_TIMEOUT = 0.5  # every write() and next() gives up after this and is retried
 STALL_SECONDS = 60.0  # no progress for this long is an error, never a hang
 COMPACT_EVERY = 8  # partial aggregates combined every this many batches
-
-LEVEL_STYLES = {"OK": "bold green", "LOW": "bold yellow", "HIGH": "bold red"}
 
 
 # ------------------------------------------------------------------------------ configuration
@@ -426,27 +420,6 @@ def record_order_ids(state: ConsumerState, ids: npt.NDArray[np.int64], seen: See
 # ------------------------------------------------------------------------------------ metrics
 
 
-@dataclass(frozen=True)
-class Sample:
-    """The exchange's metrics at one moment."""
-
-    t: float
-    slow: bool
-    producing: bool
-    rows_written: int
-    bytes_written: int
-    rows_read: int
-    bytes_read: int
-    write_mb_s: float
-    read_mb_s: float
-    bp_ms: float
-    level: str
-    out_pool_usage: float
-    backlog: tuple[int, ...]
-    segments_available: int
-    segments_total: int
-
-
 class Story:
     """The demo's phases, driven by the samples the monitor takes (:meth:`observe`, in the main
     thread); the workers follow them through events.
@@ -556,139 +529,6 @@ class Monitor:
         if dt <= 0:
             return 0.0, 0.0
         return (written - base[1]) / dt / 1e6, (read - base[2]) / dt / 1e6
-
-
-# -------------------------------------------------------------------------------------- views
-
-
-class View(Protocol):
-    """Shows samples as they come."""
-
-    def update(self, s: Sample, force: bool = False) -> None:
-        """Shows a sample (``force``: even if the last one was shown just now)."""
-
-    def announce(self, lines: Sequence[str]) -> None:
-        """Shows lines that stay for the whole run (where to look from outside)."""
-
-    def __enter__(self) -> Self: ...
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None: ...
-
-
-def phase(s: Sample) -> str:
-    """The phase's name."""
-    return "consumer slow" if s.slow else "normal"
-
-
-def plain_line(s: Sample) -> str:
-    """One line describing a sample."""
-    backlog = ",".join(str(b) for b in s.backlog)
-    return (
-        f"t={s.t:5.1f}s  {phase(s):13}"
-        f"  written {s.rows_written / 1e6:6.2f}M rows {s.bytes_written / 1e6:7.1f} MB"
-        f"  read {s.rows_read / 1e6:6.2f}M rows  {s.write_mb_s:6.1f} MB/s  out-pool {s.out_pool_usage:4.0%}"
-        f"  backlog [{backlog}]  level {s.level:4} ({s.bp_ms:4.0f} ms/s)"
-        f"  segments {s.segments_available}/{s.segments_total}"
-    )
-
-
-class PlainView:
-    """One plain line per second (no TTY, or no rich)."""
-
-    def __init__(self) -> None:
-        self._next = 0.0
-
-    def update(self, s: Sample, force: bool = False) -> None:
-        """Prints the sample if a second has passed since the last line."""
-        if force or s.t >= self._next:
-            print(plain_line(s), flush=True)
-            self._next = s.t + 1.0 - TICK_SECONDS / 2
-
-    def announce(self, lines: Sequence[str]) -> None:
-        """Prints the lines."""
-        for line in lines:
-            print(line, flush=True)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        return None
-
-
-class RichView:
-    """A rich Live panel refreshed with every sample."""
-
-    def __init__(self, cfg: Config) -> None:
-        from rich.console import Console
-        from rich.live import Live
-
-        self._cfg = cfg
-        self._live = Live(console=Console(), refresh_per_second=1 / TICK_SECONDS, transient=False)
-        self._links: list[str] = []
-
-    def update(self, s: Sample, force: bool = False) -> None:
-        """Redraws the panel."""
-        self._live.update(self._render(s), refresh=force)
-
-    def announce(self, lines: Sequence[str]) -> None:
-        """Shows the lines under the panel's figures."""
-        self._links = list(lines)
-
-    def _render(self, s: Sample) -> Any:
-        from rich.panel import Panel
-        from rich.progress_bar import ProgressBar
-        from rich.table import Table
-        from rich.text import Text
-
-        grid = Table.grid(padding=(0, 2))
-        grid.add_column(style="bold cyan", justify="right")
-        grid.add_column()
-        grid.add_row("elapsed", f"{s.t:5.1f} s")
-        grid.add_row(
-            "phase",
-            Text(phase(s), style="bold red" if s.slow else "green")
-            + Text(f"  (consumer 0 slow {self._cfg.describe_slow()})"),
-        )
-        grid.add_row("written", f"{s.rows_written:>12,} rows  {s.bytes_written / 1e6:9.1f} MB")
-        grid.add_row("read", f"{s.rows_read:>12,} rows  {s.bytes_read / 1e6:9.1f} MB")
-        grid.add_row(
-            "throughput", f"{s.write_mb_s:7.1f} MB/s written  {s.read_mb_s:7.1f} MB/s read  (last second)"
-        )
-        pool = Table.grid(padding=(0, 1))
-        pool.add_row(ProgressBar(total=1.0, completed=s.out_pool_usage, width=40), f"{s.out_pool_usage:4.0%}")
-        grid.add_row("out-pool usage", pool)
-        grid.add_row("backlog", "  ".join(f"sp{i}: {b:>3}" for i, b in enumerate(s.backlog)) + "  buffers")
-        level = Text(f"{s.level:4}", style=LEVEL_STYLES.get(s.level, "bold"))
-        grid.add_row("backpressure", level + Text(f"  {s.bp_ms:5.0f} ms/s blocked"))
-        grid.add_row("global pool", f"{s.segments_available}/{s.segments_total} segments available")
-        for line in self._links:
-            label, _, text = line.partition(": ")
-            grid.add_row(label, text.strip())
-        return Panel(grid, title="creditflow demo: orders hash-partitioned to 4 consumers", expand=False)
-
-    def __enter__(self) -> Self:
-        self._live.__enter__()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._live.__exit__(exc_type, exc, tb)
-
-
-def make_view(cfg: Config) -> View:
-    """The rich live view on a terminal (if rich is installed), plain lines otherwise."""
-    if not cfg.plain and sys.stdout.isatty():
-        try:
-            return RichView(cfg)
-        except ImportError:
-            pass
-    return PlainView()
 
 
 # ---------------------------------------------------------------------------------------- run
@@ -864,20 +704,6 @@ def verify(run: Run) -> list[Check]:
 # ------------------------------------------------------------------------------------ summary
 
 
-def level_timeline(samples: Sequence[Sample]) -> list[tuple[float, str]]:
-    """(time, level) at every change of the level."""
-    timeline: list[tuple[float, str]] = []
-    for s in samples:
-        if not timeline or timeline[-1][1] != s.level:
-            timeline.append((s.t, s.level))
-    return timeline
-
-
-def format_timeline(samples: Sequence[Sample]) -> str:
-    """The level timeline as ``OK@0.0s -> HIGH@4.2s -> ...``."""
-    return " -> ".join(f"{level}@{t:.1f}s" for t, level in level_timeline(samples))
-
-
 def summary(run: Run, chart: Path | None) -> list[str]:
     """The lines of the summary."""
     gb = max((s.bytes_written for s in run.samples), default=0) / 1e9
@@ -915,48 +741,12 @@ def summary(run: Run, chart: Path | None) -> list[str]:
     return lines
 
 
-def write_chart(run: Run, path: Path) -> bool:
-    """Writes throughput and backpressure over time as a PNG; False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    t = [s.t for s in run.samples]
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5), constrained_layout=True)
-    top.plot(t, [s.write_mb_s for s in run.samples], label="written MB/s", color="tab:blue")
-    top.plot(t, [s.read_mb_s for s in run.samples], label="read MB/s", color="tab:green", linestyle="--")
-    top.set_ylabel("throughput (MB/s, last 1 s)")
-    top.set_title(
-        f"creditflow demo: {run.producer.rows:,} orders, {run.cfg.memory}, 4 hash-partitioned consumers"
-    )
-    bottom.plot(t, [s.bp_ms for s in run.samples], label="backpressured ms/s", color="tab:red")
-    bottom.axhline(100, color="goldenrod", linestyle=":", linewidth=1, label="LOW threshold")
-    bottom.axhline(500, color="darkred", linestyle=":", linewidth=1, label="HIGH threshold")
-    bottom.set_ylim(0, 1050)
-    bottom.set_ylabel("writer blocked (ms/s)")
-    bottom.set_xlabel("time (s)")
-    pool = bottom.twinx()
-    pool.plot(
-        t, [100 * s.out_pool_usage for s in run.samples], color="tab:purple", alpha=0.6, label="out-pool %"
-    )
-    pool.set_ylim(0, 105)
-    pool.set_ylabel("out-pool usage (%)")
+def chart_of(run: Run, path: Path) -> bool:
+    """Writes the run's chart to ``path`` (False without matplotlib)."""
+    title = f"creditflow demo: {run.producer.rows:,} orders, {run.cfg.memory}, 4 hash-partitioned consumers"
     st = run.story
-    for ax in (top, bottom):
-        if st.slow_from is not None:
-            until = st.slow_until if st.slow_until is not None else t[-1]
-            ax.axvspan(st.slow_from, until, color="tab:orange", alpha=0.15, label="consumer 0 slow")
-        ax.grid(alpha=0.3)
-    top.legend(loc="lower right")
-    lines, labels = bottom.get_legend_handles_labels()
-    more_lines, more_labels = pool.get_legend_handles_labels()
-    bottom.legend(lines + more_lines, labels + more_labels, loc="center right", fontsize="small")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    slow = None if st.slow_from is None else (st.slow_from, st.slow_until)
+    return write_chart(run.samples, path, title, slow)
 
 
 # --------------------------------------------------------------------------------------- main
@@ -987,9 +777,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     try:
-        with make_view(cfg) as view:
+        with make_view(cfg.plain, cfg.describe_slow()) as view:
             run = run_demo(cfg, view)
-        chart = cfg.chart if cfg.chart is not None and run.samples and write_chart(run, cfg.chart) else None
+        chart = cfg.chart if cfg.chart is not None and run.samples and chart_of(run, cfg.chart) else None
         return report(run, chart)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

@@ -3,9 +3,12 @@ pytest puts this directory on ``sys.path`` because ``tests/`` is not a package).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
-from collections.abc import Callable, Iterable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -190,3 +193,28 @@ def fill_until_timeout(w: cf.RecordWriter, make, limit: int = 200) -> list[pa.Re
             return written
         written.append(b)
     raise AssertionError(f"{limit} writes never blocked: the pool is not bounded")
+
+
+# ----------------------------------------------------------------------------------- web
+
+
+def get(url: str, headers: Mapping[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
+    """GETs ``url``: the status, the body and the headers (an HTTP error's too)."""
+    req = urllib.request.Request(url, headers=dict(headers or {}))
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+
+
+def get_json(url: str) -> Any:
+    """GETs ``url``, which must answer 200, and parses its JSON."""
+    status, body, _ = get(url)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def by_id(p: Any) -> dict[str, Any]:
+    """A pipeline graph's (``creditflow.tools.pipeline.Pipeline``) nodes by id."""
+    return {n.id: n for n in p.nodes}

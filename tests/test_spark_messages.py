@@ -17,13 +17,23 @@ import pytest
 pytest.importorskip("pyspark")
 from creditflow.spark._messages import Inbox, Message, Outbox, request, send
 from creditflow.spark._sending import tell_job_failed
+from helpers import poll
 
 PEERS = 64
 
 
-def test_many_peers_connecting_at_once_all_get_through() -> None:
+@pytest.mark.parametrize("places", [None, 4], ids=["default", "fewer-places-than-peers"])
+def test_many_peers_connecting_at_once_all_get_through(
+    monkeypatch: pytest.MonkeyPatch, places: int | None
+) -> None:
     """With the listen backlog multiprocessing uses by default (1), peers whose connection did
-    not fit waited for the authentication challenge forever; every one must get through."""
+    not fit waited for the authentication challenge forever; every one must get through, also
+    when they are more than the inbox's handshake places (none of their handshakes, each a
+    round trip or two, is old enough to be cut short for a newer one)."""
+    from creditflow.spark import _messages
+
+    if places is not None:
+        monkeypatch.setattr(_messages, "MAX_HANDSHAKES", places)
     got: list[Message] = []
     lock = threading.Lock()
 
@@ -219,26 +229,65 @@ def test_a_peer_that_trickles_its_handshake_is_cut_off_at_the_deadline(
 def test_a_flood_of_silent_peers_costs_a_bounded_number_of_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each connection's handshake had a thread of its own, however many peers connected and
     said nothing: a flood of them cost a thread each (and a descriptor) until its deadline.
-    At most MAX_HANDSHAKES run at once now; the rest wait in the backlog, and once the silent
-    ones go a real peer is answered."""
+    At most MAX_HANDSHAKES run at once now: each newer peer takes the place of the oldest once
+    that one has run CUT_AFTER seconds, and its connection ends; once the flood is in, the
+    newest MAX_HANDSHAKES hold the only handshake threads left, and a real peer is answered."""
     from creditflow.spark import _messages
 
     monkeypatch.setattr(_messages, "MAX_HANDSHAKES", 3)
+    monkeypatch.setattr(_messages, "CUT_AFTER", 0.5)
     inbox = _echo_inbox("flooded-inbox")
     silent = [_raw_peer(inbox) for _ in range(12)]
+
+    def handshakes() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "flooded-inbox-peer")
+
     try:
-        most = 0
-        for _ in range(20):
-            peers = [t for t in threading.enumerate() if t.name == "flooded-inbox-peer"]
-            most = max(most, len(peers))
+        for sock in silent[:-3]:
+            sock.settimeout(10)  # a timeout fails the test: it was not cut
+            while sock.recv(4096):
+                pass
+        poll("three handshake threads left", lambda: handshakes() == 3, deadline=10)
+        counts = set()
+        for _ in range(10):
+            counts.add(handshakes())
             time.sleep(0.05)
-        assert most == 3, f"{most} handshakes at once"
+        assert counts == {3}, counts
     finally:
         for sock in silent:
             sock.close()
     try:
         assert request(inbox.address, "k" * 32, {"n": 1}, timeout=10) == {"echo": 1}
     finally:
+        inbox.close()
+
+
+def test_a_flood_of_silent_peers_holds_up_a_real_one_for_less_than_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With every handshake place taken by peers that connected and said nothing, a real peer
+    waited in the backlog until their deadline (HANDSHAKE_TIMEOUT, 20 s) freed one, however
+    long they meant to stay. A connection that finds no place free now cuts short the oldest
+    handshake once it has run CUT_AFTER seconds: the real peer is answered while the silent
+    ones are still connected, and the ones cut see their connection end."""
+    from creditflow.spark import _messages
+
+    monkeypatch.setattr(_messages, "MAX_HANDSHAKES", 3)
+    monkeypatch.setattr(_messages, "CUT_AFTER", 0.5)
+    inbox = _echo_inbox("crowded-inbox")
+    silent = [_raw_peer(inbox) for _ in range(12)]
+    try:
+        done, answer = _in_thread(lambda: request(inbox.address, "k" * 32, {"n": 1}, timeout=5), 10)
+        assert done, "the silent peers held up a real one"
+        assert answer == {"echo": 1}
+        # The first of them was cut short: its connection ended (after the challenge, or before
+        # it when cut as its handshake began); a timeout here fails the test.
+        silent[0].settimeout(5)
+        while silent[0].recv(4096):
+            pass
+    finally:
+        for sock in silent:
+            sock.close()
         inbox.close()
 
 

@@ -7,8 +7,10 @@ pickles), at most :data:`MAX_MESSAGE` bytes each. Each handshake has its own thr
 deadline (:data:`HANDSHAKE_TIMEOUT`, for the whole handshake) on both sides, so a peer that
 connects and says nothing, or trickles a byte now and then (a port scanner, a stopped process,
 a slowloris) holds up only its own connection, and that for the deadline at most; at most
-:data:`MAX_HANDSHAKES` run at once, so a flood of such peers costs a bounded number of threads
-(the rest wait in the listen backlog).
+:data:`MAX_HANDSHAKES` run at once, so a flood of such peers costs a bounded number of threads.
+A peer accepted while all are taken cuts short the oldest once it has run :data:`CUT_AFTER`
+seconds (a real peer's handshake takes a round trip or two), so such a flood holds up a real peer
+for a few seconds, not for the deadline, and a burst of real peers cuts none of them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import multiprocessing
 import os
 import socket
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
@@ -33,8 +36,10 @@ CONNECT_TIMEOUT = 20.0
 HANDSHAKE_TIMEOUT = 20.0
 
 #: Connections of one inbox whose handshake may run at once (authenticated ones are not
-#: counted: a thousand tasks' reporters stay connected to the driver's).
+#: counted: a thousand tasks' reporters stay connected to the driver's); one more cuts the
+#: oldest short once it has run for :data:`CUT_AFTER` seconds.
 MAX_HANDSHAKES = 64
+CUT_AFTER = 2.0
 
 Message = dict[str, Any]
 
@@ -235,6 +240,48 @@ class Outbox:
         self._conn.close()
 
 
+class _Handshakes:
+    """An inbox's handshakes in progress, at most ``limit`` at once. A connection that finds
+    none free waits for one; once the oldest has run for :data:`CUT_AFTER` seconds, it cuts that
+    one short (shuts its socket down, which ends the handshake's read at once) and takes its
+    place when its thread has let go."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._changed = threading.Condition()
+        #: Each handshake's connection, oldest first: when it began, and a socket on a copy of
+        #: its descriptor to shut it down by (the connection itself is its thread's to close).
+        self._running: OrderedDict[Connection, tuple[float, socket.socket]] = OrderedDict()
+
+    def begin(self, conn: Connection, closed: threading.Event) -> bool:
+        """Counts ``conn``'s handshake once a place is free (cutting the oldest short when it is
+        old enough); False when ``closed`` is set meanwhile (or ``conn`` was closed under it),
+        and nothing is counted."""
+        with self._changed:
+            while len(self._running) >= self._limit:
+                if closed.is_set():
+                    return False
+                began, oldest = next(iter(self._running.values()))
+                age = time.monotonic() - began
+                if age >= CUT_AFTER:
+                    with contextlib.suppress(OSError):
+                        oldest.shutdown(socket.SHUT_RDWR)
+                self._changed.wait(timeout=min(0.5, max(0.01, CUT_AFTER - age)))
+            try:
+                self._running[conn] = (time.monotonic(), socket.socket(fileno=os.dup(conn.fileno())))
+            except OSError:
+                return False
+            return True
+
+    def end(self, conn: Connection) -> None:
+        """``conn``'s handshake is over (done, failed or cut short): its place is free."""
+        with self._changed:
+            entry = self._running.pop(conn, None)
+            self._changed.notify_all()
+        if entry is not None:
+            entry[1].close()
+
+
 class Inbox:
     """Accepts authenticated peers on ``host`` (ephemeral port) and passes each message to
     ``handler`` on a thread of its own per peer; replies when the handler returns one."""
@@ -263,26 +310,26 @@ class Inbox:
         self._closed = threading.Event()
         self._conns: set[Connection] = set()
         self._lock = threading.Lock()
-        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self._handshakes = _Handshakes(MAX_HANDSHAKES)
         self._name = name
         self._thread = threading.Thread(target=self._accept, name=f"{name}-accept", daemon=True)
         self._thread.start()
 
     def _accept(self) -> None:
         while not self._closed.is_set():
-            # A slot for the next handshake first (close() is seen within the wait).
-            if not self._handshakes.acquire(timeout=0.5):
-                continue
             try:
                 conn = self._listener.accept()
             except (OSError, EOFError):
-                self._handshakes.release()
                 continue  # closed, or a peer gone before it was accepted
             with self._lock:
                 if self._closed.is_set():
                     conn.close()
                     return
                 self._conns.add(conn)
+            # A place for its handshake (the oldest one cut short when none is free); close()
+            # is seen within the wait and then closes the connection.
+            if not self._handshakes.begin(conn, self._closed):
+                return
             _no_delay(conn)
             threading.Thread(target=self._serve, args=(conn,), name=f"{self._name}-peer", daemon=True).start()
 
@@ -294,7 +341,7 @@ class Inbox:
             except (OSError, EOFError, TypeError, multiprocessing.AuthenticationError):
                 return  # silent, gone, closed under it (TypeError), or a wrong key: drop it only
             finally:
-                self._handshakes.release()
+                self._handshakes.end(conn)
             while not self._closed.is_set():
                 try:
                     data = conn.recv_bytes(MAX_MESSAGE)

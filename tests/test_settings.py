@@ -206,7 +206,8 @@ def test_creditflow_serve_gives_every_setting_of_the_service_typed_as_the_table_
     offered = {o for a in sub._actions for o in a.option_strings}
     assert all(o in offered for opts in options.values() for o in opts), sorted(offered)
     table = {s.name: s for s in SETTINGS}
-    samples = {"bytes": ("3MiB", "3MiB"), "seconds": ("2.5", 2.5), "buffers": ("3", 3), "count": ("7", 7)}
+    # By the parameter's Python type: a size that takes a unit stays text, as in Python.
+    samples = {"int | str | None": ("3MiB", "3MiB"), "float": ("2.5", 2.5), "int": ("7", 7)}
     argv, want = ["serve", "x"], {}
     for name in options.keys() - {"secret", "tls"}:
         unit = table[name].unit
@@ -217,13 +218,39 @@ def test_creditflow_serve_gives_every_setting_of_the_service_typed_as_the_table_
             want[name] = flag == serve_command.option(name)
             assert flag == serve_command.option(name) or table[name].default == "True", flag
         else:
-            text, value = samples.get(unit, ("some-" + name, "some-" + name))
+            text, value = samples.get(table[name].py_type, ("some-" + name, "some-" + name))
             argv += [serve_command.option(name), text]
             want[name] = value
     args = parser.parse_args(argv)
     assert serve_command._settings(args, pytest.fail) == want
     # Left out, a setting is not given at all: the service's own default applies.
     assert serve_command._settings(parser.parse_args(["serve", "x"]), pytest.fail) == {}
+
+
+def test_creditflow_serve_hands_the_service_every_setting_in_a_type_it_takes() -> None:
+    """Each option, given its table default as text on the command line, reaches the service in
+    a type its parameter takes: the service starts with all of them."""
+    import argparse
+    import os
+
+    from creditflow.tools import serve_command
+
+    parser = argparse.ArgumentParser()
+    serve_command.add_parser(parser.add_subparsers(dest="command"))
+    table = {s.name: s for s in SETTINGS}
+    argv, named = ["serve", "x"], []
+    for name, opts in serve_command.setting_options().items():
+        s = table[name]
+        default = s.means or s.default
+        if name in ("secret", "tls") or s.unit == "flag" or default == "None":
+            continue
+        argv += [opts[0], ast.literal_eval(default) if default.startswith('"') else default]
+        named.append(name)
+    given = serve_command._settings(parser.parse_args(argv), pytest.fail)
+    assert sorted(given) == sorted(named)
+    assert "debloat_min_buffer" in given  # an int of bytes, where other sizes take a unit
+    with _native.HostService(f"typed-{os.getpid()}", **given) as service:
+        assert not service.closed
 
 
 # ----------------------------------------------------------------------------------- README

@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 
 __all__ = ["add_parser", "option", "run", "setting_options"]
 
-#: The type a setting's value takes on the command line, by its unit in the table (bytes stay
-#: strings: the service parses ``64MiB`` as it does in Python).
-_TYPES: dict[str, Callable[[str], Any]] = {"seconds": float, "buffers": int, "count": int}
+#: The type a setting's value takes on the command line, by its Python type in the table (a
+#: size that takes a unit, ``int | str | None``, stays a string: the service parses ``64MiB``
+#: as it does in Python; ``debloat_min_buffer`` is a plain ``int`` of bytes).
+_TYPES: dict[str, Callable[[str], Any]] = {"float": float, "int": int}
 
 _METAVARS = {"bytes": "BYTES", "seconds": "SECONDS", "buffers": "N", "count": "N"}
 
@@ -132,7 +133,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         else:
             p.add_argument(
                 option(name),
-                type=_TYPES.get(s.unit, str),
+                type=_TYPES.get(s.py_type, str),
                 default=None,
                 metavar=_METAVARS.get(s.unit, s.unit.upper()),
                 help=_help(s.doc, default),

@@ -10,7 +10,7 @@ a slowloris) holds up only its own connection, and that for the deadline at most
 :data:`MAX_HANDSHAKES` run at once, so a flood of such peers costs a bounded number of threads.
 A peer accepted while all are taken cuts short the oldest once it has run :data:`CUT_AFTER`
 seconds (a real peer's handshake takes a round trip or two), so such a flood holds up a real peer
-for a few seconds, not for the deadline, and a burst of real peers cuts none of them.
+for about that long, not for the deadline, and a burst of real peers cuts none of them.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ HANDSHAKE_TIMEOUT = 20.0
 #: counted: a thousand tasks' reporters stay connected to the driver's); one more cuts the
 #: oldest short once it has run for :data:`CUT_AFTER` seconds.
 MAX_HANDSHAKES = 64
-CUT_AFTER = 2.0
+CUT_AFTER = 5.0
 
 Message = dict[str, Any]
 

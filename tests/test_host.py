@@ -258,6 +258,49 @@ def test_a_served_service_takes_an_environment_s_other_settings_and_its_tasks_se
         gate.close()
 
 
+@pytest.mark.parametrize("flow_control", ["credit", "tcp"])
+@pytest.mark.parametrize("shared_memory", [True, False], ids=["shm", "tcp-links"])
+@pytest.mark.parametrize("local_handoff", [True, False], ids=["handoff", "serialized"])
+def test_services_with_any_flow_control_transport_and_hand_off_deliver_every_row(
+    flow_control: str, shared_memory: bool, local_handoff: bool
+) -> None:
+    """Two services (two hosts' worth) with the same settings: a partition in the first has one
+    subpartition read by a task of its own service and one by a task of the other, over the
+    services' one connection (shared memory or TCP between them). Every row arrives once."""
+    settings: dict[str, Any] = {
+        "memory": "16MiB",
+        "flow_control": flow_control,
+        "shared_memory": shared_memory,
+        "local_handoff": local_handoff,
+    }
+    with cf.HostService(_name("a"), **settings) as a, cf.HostService(_name("b"), **settings) as b:
+        writer, near, far = cf.attach(a.name), cf.attach(a.name), cf.attach(b.name)
+        part = writer.create_partition("both/0", 2)
+        gates = [
+            near.create_input_gate([cf.ChannelSpec(a.address, "both/0", 0)]),
+            far.create_input_gate([cf.ChannelSpec(a.address, "both/0", 1)]),
+        ]
+        keys: list[list[int]] = [[], []]
+
+        def read(i: int) -> None:
+            keys[i].extend(k for batch in gates[i] for k in batch.column("k").to_pylist())
+
+        readers = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+        for r in readers:
+            r.start()
+        with cf.RecordWriter(part, cf.HashPartitioner("k")) as w:
+            _write_batches(w, 40, 5_000)
+        for r in readers:
+            r.join(timeout=60)
+        assert sorted(keys[0] + keys[1]) == list(range(200_000))
+        assert keys[0], "the near reader got rows"
+        assert keys[1], "the far reader got rows"
+        assert a.metrics()["connections_served"] == 1
+        assert b.metrics()["connections_opened"] == 1
+        for g in gates:
+            g.close()
+
+
 def test_creditflow_serve_serves_its_metrics_and_its_tasks_partitions_and_gates_for_prometheus() -> None:
     """``creditflow serve --metrics-port 0``: one scrape has the service's own families (tasks
     attached, batches in place or copied) and its environment's (pool, the tasks' partitions

@@ -12,8 +12,9 @@ points at it elsewhere)::
 For each N, N producer processes (one environment, one partition of N subpartitions, one
 writer thread, round robin) and N consumer processes (one environment, one gate of N
 channels: subpartition j of every producer, one reader thread) move ``--gb`` GB of
-65,536-row batches of four numeric columns (2 MiB each). Every producer starts its timed
-writes at the same instant after a warm-up that connected every channel. With ``--pattern
+65,536-row batches of four numeric columns (2 MiB each; ``--rows`` sets the rows). Every
+producer starts its timed writes at the same instant after a warm-up that connected every
+channel. With ``--pattern
 pairs`` producer i has one subpartition, read by consumer i alone: N creditflow 1→1 transfers at
 once, as the raw row's pairs are (what all-to-all adds over N processes a side: N channels per
 consumer, each with a record being read into).
@@ -52,10 +53,16 @@ Round = dict[str, Any]
 
 
 def creditflow_round(
-    n: int, transport: str, count: int, env: dict[str, Any], pool: int = POOL, pairs: bool = False
+    n: int,
+    transport: str,
+    count: int,
+    env: dict[str, Any],
+    pool: int = POOL,
+    pairs: bool = False,
+    rows: int = ROWS,
 ) -> Round:
-    """One timed N×N transfer: ``count`` batches from each producer (cycling ``pool``
-    distinct ones), spread round robin; with ``pairs``, producer i's all to consumer i."""
+    """One timed N×N transfer: ``count`` batches of ``rows`` rows from each producer (cycling
+    ``pool`` distinct ones), spread round robin; with ``pairs``, producer i's all to consumer i."""
     settings = {**env, "shared_memory": transport == "shm"}
     fan = 1 if pairs else n
     producers = [
@@ -68,6 +75,7 @@ def creditflow_round(
             "warmup": WARMUP * fan,
             "columns": "numeric",
             "pool": pool,
+            "rows": rows,
         }
         for i in range(n)
     ]
@@ -198,6 +206,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--gb", type=float, default=1.0, help="GB moved per N×N transfer")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pool", type=int, default=POOL, help="distinct batches each producer sends, cycled")
+    ap.add_argument("--rows", type=int, default=ROWS, help="rows per batch (32 bytes a row)")
     ap.add_argument("--env", default="{}", help="JSON NetworkEnvironment settings over the defaults")
     ap.add_argument("--rawtcp", help="path of the creditflow-rawtcp binary")
     ap.add_argument("--json", help="also write the rows to this file")
@@ -211,7 +220,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = ap.parse_args(argv)
     env = {"memory": "64MiB", "segment_size": "32KiB", **json.loads(args.env)}
     exe = None if args.no_raw else _rawtcp(args.rawtcp)  # --no-raw needs neither it nor cargo
-    batch = payload_bytes(make_batches(ROWS, columns="numeric"), 1)
+    batch = payload_bytes(make_batches(args.rows, columns="numeric"), 1)
     pairs = args.pattern == "pairs"
     rows: list[dict[str, Any]] = []
     for n in args.sizes:
@@ -223,7 +232,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             cf_rounds: list[Round] = []
             raw_rounds: list[Round] = []
             for _ in range(args.rounds):
-                cf_rounds.append(creditflow_round(n, transport, count, env, args.pool, pairs))
+                cf_rounds.append(creditflow_round(n, transport, count, env, args.pool, pairs, args.rows))
                 if args.no_raw:
                     print(_round_line(label, transport, cf_rounds[-1]), flush=True)
                 else:

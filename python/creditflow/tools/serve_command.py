@@ -57,7 +57,7 @@ def setting_options() -> dict[str, list[str]]:
     table = {s.name: s for s in _native.settings()}
     special = {"secret": ["--secret-file"], "tls": ["--tls-cert", "--tls-key", "--tls-ca"]}
     return {
-        name: special.get(name, ["--no-" + option(name)[2:] if _on_by_default(table[name]) else option(name)])
+        name: special.get(name, [option("no_" + name if _on_by_default(table[name]) else name)])
         for name in SERVICE_SETTINGS
     }
 

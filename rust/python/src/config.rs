@@ -197,7 +197,7 @@ pub(crate) fn secs(v: f64, name: &str) -> PyResult<Duration> {
 }
 
 /// `wire_compression`: None, "lz4" or "zstd".
-pub(crate) fn wire_compression_arg(value: Option<&str>) -> PyResult<Option<Compression>> {
+fn wire_compression_arg(value: Option<&str>) -> PyResult<Option<Compression>> {
     Compression::parse(value).map_err(|_| {
         PyValueError::new_err(format!(
             "wire_compression must be None, \"lz4\" or \"zstd\", got {:?}",

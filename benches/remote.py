@@ -95,11 +95,11 @@ def payload_bytes(batches: list[pa.RecordBatch], count: int, start: int = 0) -> 
 # ------------------------------------------------------------------------------- worker side
 
 
-def thread_cpu() -> dict[str, float]:
-    """CPU seconds (user + system) of this process's threads so far, summed by thread name
-    (``creditflow-io``, ``creditflow-flusher``, ``python`` for the interpreter's threads...);
-    empty where ``/proc`` has no per-thread stat."""
-    out: dict[str, float] = {}
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of this process's live threads so far, by thread id, with
+    each thread's name (``creditflow-io``, ``creditflow-flusher``, ``python`` for the
+    interpreter's threads...); empty where ``/proc`` has no per-thread stat."""
+    out: dict[int, tuple[str, float]] = {}
     tick = os.sysconf("SC_CLK_TCK")
     with contextlib.suppress(OSError):
         for task in Path("/proc/self/task").iterdir():
@@ -107,14 +107,34 @@ def thread_cpu() -> dict[str, float]:
                 stat = (task / "stat").read_text()
                 name = stat[stat.index("(") + 1 : stat.rindex(")")]
                 fields = stat[stat.rindex(")") + 2 :].split()
-                out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+                out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
     return out
 
 
-def thread_cpu_since(before: dict[str, float]) -> dict[str, float]:
-    """CPU seconds by thread name since ``before`` (a :func:`thread_cpu`)."""
-    now = thread_cpu()
-    return {k: round(v - before.get(k, 0.0), 3) for k, v in now.items()}
+class SelfTimed:
+    """The CPU seconds of threads that time themselves (``time.thread_time``) because they end
+    before the process's last look at ``/proc``: an ended thread's time is gone from there."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seconds: dict[int, float] = {}
+
+    def add(self, since: float) -> None:
+        """Counts this thread's CPU seconds since ``since`` (its ``time.thread_time()`` then)."""
+        with self._lock:
+            self.seconds[threading.get_native_id()] = time.thread_time() - since
+
+
+def thread_cpu_since(before: dict[int, tuple[str, float]], timed: SelfTimed) -> dict[str, float]:
+    """CPU seconds by thread name since ``before`` (a :func:`thread_cpu`): the live threads'
+    from ``/proc``, and those of ``timed`` (interpreter threads) as they counted them."""
+    out: dict[str, float] = {}
+    for tid, (name, secs) in thread_cpu().items():
+        if tid not in timed.seconds:
+            out[name] = out.get(name, 0.0) + secs - before.get(tid, (name, 0.0))[1]
+    for secs in timed.seconds.values():
+        out["python"] = out.get("python", 0.0) + secs
+    return {k: round(v, 3) for k, v in out.items()}
 
 
 def _gates(env: cf.NetworkEnvironment, specs: list[list[list[Any]]]) -> list[cf.InputGate]:
@@ -145,15 +165,18 @@ def cf_producer(cfg: Config) -> None:
                     w.flush()
                     go.wait(TIMEOUT)
                     sleep_until(start_at[0])
+                    cpu_start = time.thread_time()
                     starts.append(time.monotonic())
                     for i in range(cfg["warmup"], cfg["warmup"] + cfg["count"]):
                         w.write(batches[i % len(batches)])
                 ends.append(time.monotonic())
+                timed.add(cpu_start)
 
             return run
 
         cpu0 = [0.0]
-        threads0: dict[str, float] = {}
+        threads0: dict[int, tuple[str, float]] = {}
+        timed = SelfTimed()
 
         def control() -> None:
             start_at[0] = receive()["start_at"]
@@ -170,7 +193,7 @@ def cf_producer(cfg: Config) -> None:
             cpu0=cpu0[0],
         )
         receive()  # "exit": remote readers may still be reading what is queued here
-        emit(cpu1=time.process_time(), threads=thread_cpu_since(threads0))
+        emit(cpu1=time.process_time(), threads=thread_cpu_since(threads0, timed))
 
 
 def cf_consumer(cfg: Config) -> None:
@@ -198,6 +221,7 @@ def cf_consumer(cfg: Config) -> None:
                     if cfg["verify"]:
                         check(b, i)
                 warm.wait(TIMEOUT)
+                cpu_start = time.thread_time()
                 rows = batches = 0
                 while (b := gate.next(timeout=TIMEOUT)) is not None:
                     if cfg["verify"]:
@@ -205,11 +229,13 @@ def cf_consumer(cfg: Config) -> None:
                     rows += b.num_rows
                     batches += 1
                 results.append((rows, batches, time.monotonic()))
+                timed.add(cpu_start)
 
             return run
 
         cpu0 = [0.0]
-        threads0: dict[str, float] = {}
+        threads0: dict[int, tuple[str, float]] = {}
+        timed = SelfTimed()
 
         def announce() -> None:
             warm.wait(TIMEOUT)
@@ -220,7 +246,7 @@ def cf_consumer(cfg: Config) -> None:
         run_threads([announce] + [reader(g) for g in gates], TIMEOUT)
         emit(
             cpu=time.process_time() - cpu0[0],
-            threads=thread_cpu_since(threads0),
+            threads=thread_cpu_since(threads0, timed),
             t_end=max(t for _, _, t in results),
             rows=sum(r for r, _, _ in results),
             batches=sum(n for _, n, _ in results),

@@ -3,41 +3,12 @@
 //!
 //! The tests live in `mod transport` so `cargo test -p creditflow-core transport` runs them.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod support;
 
-/// Counts the bytes each thread allocates, so a test can assert that a code path allocates
-/// nothing (or nothing big).
-struct CountingAlloc;
-
-thread_local! {
-    static ALLOCATED: Cell<usize> = const { Cell::new(0) };
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a
-// const-initialized thread-local `Cell` that never allocates itself.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATED.try_with(|a| a.set(a.get() + layout.size()));
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which `System` shares.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by `System` with `layout` (see `alloc`).
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use support::alloc::CountingAlloc;
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
-
-/// Bytes allocated by this thread while running `f`.
-fn allocated_by<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let before = ALLOCATED.with(Cell::get);
-    let value = f();
-    (value, ALLOCATED.with(Cell::get) - before)
-}
 
 mod transport {
     use std::borrow::Cow;
@@ -47,7 +18,7 @@ mod transport {
     use creditflow_core::protocol::wire::{MAX_MESSAGE_LEN, MAX_PARTITION_ID_LEN, PROTOCOL_VERSION};
     use proptest::prelude::*;
 
-    use super::allocated_by;
+    use super::support::alloc::allocated_by;
 
     // -----------------------------------------------------------------------------------------
     // Strategies

@@ -192,6 +192,7 @@ impl GlobalPool {
                 overdraft: AtomicUsize::new(0),
                 state: Mutex::new(LocalState {
                     free: Vec::new(),
+                    spare: Vec::new(),
                     destroyed: false,
                     waiters: 0,
                 }),
@@ -356,8 +357,15 @@ pub(crate) struct LocalShared {
     pub(super) available: Condvar,
 }
 
+/// Empty lists of segments kept for the next reservation (see [`LocalState::spare`]).
+const SPARE_LISTS: usize = 8;
+
 pub(super) struct LocalState {
     pub(super) free: Vec<Segment>,
+    /// Emptied lists of recycled reservations, kept for the next ones: a batch's reservation
+    /// lists a segment per 32 KiB, and allocating that list for every write (a kilobyte or
+    /// more for a batch of megabytes) made the allocator tidy its free lists every time.
+    pub(super) spare: Vec<Vec<Segment>>,
     pub(super) destroyed: bool,
     /// Threads blocked in `reserve`; the condvar is signalled only when this is > 0
     /// (a futex wake is a system call, and recycling is hot).
@@ -382,6 +390,9 @@ impl LocalShared {
         self.held.store(held - back.len(), Ordering::SeqCst);
         let kept = !segs.is_empty();
         st.free.append(&mut segs);
+        if segs.capacity() > 1 && st.spare.len() < SPARE_LISTS {
+            st.spare.push(segs);
+        }
         let wake = kept && st.waiters > 0;
         drop(st);
         if wake {

@@ -167,7 +167,9 @@ impl LocalPool {
             }
         }
         let at = st.free.len() - n;
-        Ok(Some(st.free.drain(at..).collect()))
+        let mut segs = st.spare.pop().unwrap_or_default();
+        segs.extend(st.free.drain(at..));
+        Ok(Some(segs))
     }
 
     /// Numbers for metrics.
@@ -272,9 +274,14 @@ impl Reservation {
 
     /// Moves the last `n` segments (or all, if fewer) into a reservation of their own.
     pub fn split_off(&mut self, n: usize) -> Reservation {
-        let at = self.segs.len() - n.min(self.segs.len());
+        let segs = if n >= self.segs.len() {
+            // All of them: the list itself moves (no allocation).
+            std::mem::take(&mut self.segs)
+        } else {
+            self.segs.split_off(self.segs.len() - n)
+        };
         Reservation {
-            segs: self.segs.split_off(at),
+            segs,
             pool: self.pool.clone(),
         }
     }

@@ -1,9 +1,11 @@
 //! What several integration tests make the same way: an environment, batches of one `Int64`
-//! key column that carry their write stamp, the spec of a channel to a subpartition, and a
-//! bounded wait.
+//! key column that carry their write stamp, the spec of a channel to a subpartition, a
+//! bounded wait, and a counting allocator ([`alloc`]).
 
 // Each test crate that includes this module uses some of it.
 #![allow(dead_code)]
+
+pub mod alloc;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -144,6 +144,16 @@ def _mismatched() -> list[tuple[str, pa.RecordBatch]]:
             "large-string",
             pa.record_batch({"id": b.column("id"), "name": b.column("name").cast(pa.large_string())}),
         ),
+        # Equal but for metadata or nullability: a writer that saw the good schema before must
+        # not take these for it.
+        ("metadata", b.replace_schema_metadata({"origin": "elsewhere"})),
+        (
+            "non-nullable",
+            pa.RecordBatch.from_arrays(
+                b.columns,
+                schema=pa.schema([pa.field("id", pa.int64(), nullable=False), b.schema.field("name")]),
+            ),
+        ),
     ]
 
 

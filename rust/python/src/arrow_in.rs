@@ -6,9 +6,15 @@
 //! schema it imported last and the C schema it came from, in a compact form; a batch whose C
 //! schema describes the same (the same formats, names, flags and metadata, compared in place,
 //! without allocating) reuses it, and only its arrays are imported.
+//!
+//! A `pyarrow.RecordBatch` whose schema equals (metadata included) the one its writer imported
+//! last from pyarrow is not asked for its C schema at all: pyarrow exports only its arrays
+//! (`_export_to_c`), since exporting the schema (a string per name and format) and comparing
+//! it cost as much again as exporting the arrays.
 
 use std::ffi::CStr;
 use std::os::raw::c_char;
+use std::sync::Mutex;
 
 use arrow_array::ffi::{from_ffi_and_data_type, FFI_ArrowArray, FFI_ArrowSchema};
 use arrow_array::{Array, RecordBatch, RecordBatchOptions, StructArray};
@@ -16,15 +22,21 @@ use arrow_schema::{DataType, Field, SchemaBuilder, SchemaRef};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCapsule, PyTuple};
 
 const SCHEMA_CAPSULE: &CStr = c"arrow_schema";
 const ARRAY_CAPSULE: &CStr = c"arrow_array";
 
+/// `pyarrow.RecordBatch`, looked up once.
+static PA_RECORD_BATCH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
 /// A writer's last imported schema: the batches' schema, their struct type, and the C schema
-/// it was imported from, flattened (see [`visit`]).
+/// it was imported from, flattened (see [`visit`]); and the `pyarrow.Schema` it was imported
+/// from when that batch was a `pyarrow.RecordBatch`.
 pub(crate) struct BatchImporter {
     last: Option<(Vec<u8>, SchemaRef, DataType)>,
+    last_pyarrow: Option<Py<PyAny>>,
 }
 
 /// Walks a C schema depth first, handing each piece of what it describes to `f` (format,
@@ -96,11 +108,60 @@ unsafe fn metadata<'a>(p: *const c_char) -> &'a [u8] {
 
 impl BatchImporter {
     pub(crate) fn new() -> BatchImporter {
-        BatchImporter { last: None }
+        BatchImporter {
+            last: None,
+            last_pyarrow: None,
+        }
+    }
+
+    /// The record batch `data` holds, or `None` if it has no `__arrow_c_array__` (a stream).
+    /// The importer is locked only between calls into Python: pyarrow lets go of the GIL while
+    /// it exports, and another thread writing with the same writer may take it meanwhile.
+    pub(crate) fn import(
+        importer: &Mutex<BatchImporter>,
+        data: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<RecordBatch>> {
+        let py = data.py();
+        let pyarrow_batch = data
+            .get_type()
+            .is(PA_RECORD_BATCH.import(py, "pyarrow", "RecordBatch")?);
+        if !pyarrow_batch {
+            let Some((schema, array)) = BatchImporter::capsules(data)? else {
+                return Ok(None);
+            };
+            return importer.lock().unwrap().batch(&schema, &array).map(Some);
+        }
+        let py_schema = data.getattr(intern!(py, "schema"))?;
+        let known = importer.lock().unwrap().last_of_pyarrow(py);
+        if let Some((last, schema, data_type)) = known {
+            let same = last.bind(py).is(&py_schema)
+                || last
+                    .bind(py)
+                    .call_method1(intern!(py, "equals"), (&py_schema, true))?
+                    .is_truthy()?;
+            if same {
+                return arrays_of(data, schema, data_type).map(Some);
+            }
+        }
+        let (schema, array) = BatchImporter::capsules(data)?.expect("a pyarrow.RecordBatch exports capsules");
+        let mut imp = importer.lock().unwrap();
+        let batch = imp.batch(&schema, &array)?;
+        // Set under the same lock as the schema it stands for.
+        let before = imp.last_pyarrow.replace(py_schema.unbind());
+        drop(imp);
+        drop(before);
+        Ok(Some(batch))
+    }
+
+    /// The `pyarrow.Schema` last imported, with the schema and struct type imported from it.
+    fn last_of_pyarrow(&self, py: Python<'_>) -> Option<(Py<PyAny>, SchemaRef, DataType)> {
+        let (_, schema, data_type) = self.last.as_ref()?;
+        let last = self.last_pyarrow.as_ref()?;
+        Some((last.clone_ref(py), schema.clone(), data_type.clone()))
     }
 
     /// The object's `__arrow_c_array__` capsules, or `None` if it has no such method.
-    pub(crate) fn capsules<'py>(
+    fn capsules<'py>(
         data: &Bound<'py, PyAny>,
     ) -> PyResult<Option<(Bound<'py, PyCapsule>, Bound<'py, PyCapsule>)>> {
         let Ok(method) = data.getattr(intern!(data.py(), "__arrow_c_array__")) else {
@@ -118,7 +179,7 @@ impl BatchImporter {
 
     /// The record batch the two capsules hold: a struct array without nulls, its fields the
     /// columns. Takes the array out of its capsule (which is left released).
-    pub(crate) fn batch(
+    fn batch(
         &mut self,
         schema: &Bound<'_, PyCapsule>,
         array: &Bound<'_, PyCapsule>,
@@ -139,16 +200,7 @@ impl BatchImporter {
         // SAFETY: the array was exported together with this schema, which describes `data_type`.
         let data = unsafe { from_ffi_and_data_type(c_array, data_type) }
             .map_err(|e| PyValueError::new_err(format!("invalid Arrow array: {e}")))?;
-        let array = StructArray::from(data);
-        if array.null_count() != 0 {
-            return Err(PyValueError::new_err(
-                "a struct array with nulls is not a record batch",
-            ));
-        }
-        let options = RecordBatchOptions::new().with_row_count(Some(array.len()));
-        let (_, columns, _) = array.into_parts();
-        RecordBatch::try_new_with_options(schema, columns, &options)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+        record_batch(schema, StructArray::from(data))
     }
 
     /// The schema and struct type `c_schema` describes: the last ones if it describes the same.
@@ -190,8 +242,37 @@ impl BatchImporter {
         };
         let data_type = field.data_type().clone();
         self.last = Some((flat, schema.clone(), data_type.clone()));
+        self.last_pyarrow = None;
         Ok((schema, data_type))
     }
+}
+
+/// A `pyarrow.RecordBatch` whose schema equals the one `schema` and `data_type` were imported
+/// from: only its arrays are exported.
+fn arrays_of(data: &Bound<'_, PyAny>, schema: SchemaRef, data_type: DataType) -> PyResult<RecordBatch> {
+    let mut c_array = Box::new(FFI_ArrowArray::empty());
+    let address = std::ptr::from_mut::<FFI_ArrowArray>(&mut *c_array) as usize;
+    // pyarrow writes the exported struct array into `c_array`; if it fails before that,
+    // `c_array` stays empty (released) and dropping it releases nothing.
+    data.call_method1(intern!(data.py(), "_export_to_c"), (address,))?;
+    // SAFETY: pyarrow exported the batch as a struct array of its schema, which equals the
+    // schema `data_type` was imported from.
+    let array_data = unsafe { from_ffi_and_data_type(*c_array, data_type) }
+        .map_err(|e| PyValueError::new_err(format!("invalid Arrow array: {e}")))?;
+    record_batch(schema, StructArray::from(array_data))
+}
+
+/// The struct array as a record batch of `schema`: its fields are the columns.
+fn record_batch(schema: SchemaRef, array: StructArray) -> PyResult<RecordBatch> {
+    if array.null_count() != 0 {
+        return Err(PyValueError::new_err(
+            "a struct array with nulls is not a record batch",
+        ));
+    }
+    let options = RecordBatchOptions::new().with_row_count(Some(array.len()));
+    let (_, columns, _) = array.into_parts();
+    RecordBatch::try_new_with_options(schema, columns, &options)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 #[cfg(test)]

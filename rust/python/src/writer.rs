@@ -174,13 +174,7 @@ impl RecordWriter {
                 data.get_type().name().map(|n| n.to_string()).unwrap_or_default()
             ))
         };
-        if let Some((schema, array)) = BatchImporter::capsules(data).map_err(not_arrow)? {
-            let batch = self
-                .import
-                .lock()
-                .unwrap()
-                .batch(&schema, &array)
-                .map_err(not_arrow)?;
+        if let Some(batch) = BatchImporter::import(&self.import, data).map_err(not_arrow)? {
             let token = token_for(py, data)?;
             return blocking::run(py, timeout, "waiting for a free buffer", |wait| {
                 self.inner.lock().unwrap().write(&batch, token, target, wait)

@@ -28,7 +28,6 @@ from pyspark import TaskContext  # noqa: E402
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 
 import creditflow.spark as cfs  # noqa: E402
-from creditflow.spark._driver import is_connect  # noqa: E402
 from stream_consumer import Consumer, forget_last_commit  # noqa: E402
 
 #: Rows per micro-batch.
@@ -142,10 +141,13 @@ def test_foreach_batch_delivers_every_row_once_across_retries_and_restarts(
         query.awaitTermination(300)
     wait_for(lambda: len(taken.done) >= 4, why="micro-batches 0-3")
     assert flag_task.read_text() == "0"  # attempt 0 broke: Spark ran the task again
-    if not is_connect(spark):
-        # The broken attempt reached the receiver and was dropped. (On Connect, send's probe
-        # job, which computes the micro-batch first, meets the fault instead.)
-        assert first.continuous_metrics()["attempts_failed"] >= 1
+    # Micro-batches 0-3 whole, and nothing of the broken attempt. (Whether its rows reached the
+    # receiver at all, to be counted in attempts_failed, is a race inside Spark: the task fails
+    # while send's step may or may not have been handed the rows before the break; the
+    # receiver's own tests drop such attempts deterministically.)
+    m = first.continuous_metrics()
+    assert m["rows_delivered"] == 4 * N, m
+    assert [d.batch_id for d in taken.done] == [0, 1, 2, 3]
     first.close()
 
     second = cfs.Receiver(continuous=True, spill=True, spill_dir=str(spill), batch_log="q.json")

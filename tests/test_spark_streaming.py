@@ -198,7 +198,9 @@ def test_the_creditflow_sink_delivers_every_row_once_across_a_broken_task_and_a_
         m = rx.continuous_metrics()
         seen = [(d.batch_id, d.rows) for d in taken.done]
         assert m["replays_dropped"] >= 1, (last, seen, m)
-        assert m["attempts_failed"] >= 1, m
+        # Every row once: nothing of the broken attempt (whose rows reach the receiver, to be
+        # counted in attempts_failed, only if the sink's step got them before Spark failed the
+        # task: a race inside Spark).
         assert assert_every_row_once(taken) >= (last + 3) * N
         assert taken.done[0].stream == str(query.id)  # the query's id names the stream
     finally:

@@ -22,14 +22,12 @@ use arrow_schema::{DataType, Field, SchemaBuilder, SchemaRef};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCapsule, PyTuple};
+
+use crate::arrow_out::is_pyarrow_batch;
 
 const SCHEMA_CAPSULE: &CStr = c"arrow_schema";
 const ARRAY_CAPSULE: &CStr = c"arrow_array";
-
-/// `pyarrow.RecordBatch`, looked up once.
-static PA_RECORD_BATCH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// A writer's last imported schema: the batches' schema, their struct type, and the C schema
 /// it was imported from, flattened (see [`visit`]); and the `pyarrow.Schema` it was imported
@@ -122,10 +120,7 @@ impl BatchImporter {
         data: &Bound<'_, PyAny>,
     ) -> PyResult<Option<RecordBatch>> {
         let py = data.py();
-        let pyarrow_batch = data
-            .get_type()
-            .is(PA_RECORD_BATCH.import(py, "pyarrow", "RecordBatch")?);
-        if !pyarrow_batch {
+        if !is_pyarrow_batch(data)? {
             let Some((schema, array)) = BatchImporter::capsules(data)? else {
                 return Ok(None);
             };

@@ -21,10 +21,15 @@ static PA_IMPORT_BATCH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 /// The original Python batch object, carried with a batch handed over in-process.
 struct PyToken(Py<PyAny>);
 
+/// Whether `data` is exactly a `pyarrow.RecordBatch` (what a gate returns).
+pub(crate) fn is_pyarrow_batch(data: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let cls = PA_RECORD_BATCH.import(data.py(), "pyarrow", "RecordBatch")?;
+    Ok(data.get_type().is(cls))
+}
+
 /// A token for `data` if it is exactly a `pyarrow.RecordBatch` (what a gate returns).
-pub(crate) fn token_for(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<Option<Token>> {
-    let cls = PA_RECORD_BATCH.import(py, "pyarrow", "RecordBatch")?;
-    if data.get_type().is(cls) {
+pub(crate) fn token_for(data: &Bound<'_, PyAny>) -> PyResult<Option<Token>> {
+    if is_pyarrow_batch(data)? {
         Ok(Some(Arc::new(PyToken(data.clone().unbind()))))
     } else {
         Ok(None)

@@ -175,7 +175,7 @@ impl RecordWriter {
             ))
         };
         if let Some(batch) = BatchImporter::import(&self.import, data).map_err(not_arrow)? {
-            let token = token_for(py, data)?;
+            let token = token_for(data)?;
             return blocking::run(py, timeout, "waiting for a free buffer", |wait| {
                 self.inner.lock().unwrap().write(&batch, token, target, wait)
             });

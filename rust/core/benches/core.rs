@@ -111,7 +111,6 @@ fn bench_subpartition(c: &mut Criterion) {
                 batch: Handed::Batch(small.clone()),
                 bytes,
                 segments,
-                retire_to: None,
             }));
             match sub.poll() {
                 Some(Polled::Batch(local)) => black_box(local.batch.num_rows()),

@@ -3,8 +3,7 @@
 //!
 //! Threads: exactly one, the flusher (`creditflow-flusher`), started by [`NetworkEnvironment::new`]
 //! (never at import) and stopped by [`NetworkEnvironment::close`] or drop. It flushes every
-//! partition each `buffer_timeout`, drops the batches an idle writer's senders are done with
-//! and samples the time meters four times a second.
+//! partition each `buffer_timeout` and samples the time meters four times a second.
 //!
 //! The top of the library: it may use every layer (base, memory, serde, protocol, partition,
 //! net, gate).
@@ -593,7 +592,6 @@ fn flusher_loop(weak: Weak<Inner>) {
             if flush {
                 p.flush();
             }
-            p.drop_idle_retired();
             p.tick();
         }
         let gates: Vec<Arc<GateHandle>> = inner

@@ -22,7 +22,6 @@ use arrow_schema::SchemaRef;
 use super::buffer::{new_buffer_limited, BufferBuilder};
 use super::metrics::{PartitionMetrics, RemoteReaderMetrics, SubpartitionMetrics};
 use super::partitioner::Piece;
-use super::retired::Retired;
 use super::spill::{replay, SpillStore};
 use super::subpartition::{Entry, Listener, Subpartition, Token};
 use crate::base::error::{Error, Result};
@@ -87,8 +86,6 @@ pub struct ResultPartition {
     metrics: Metrics,
     /// The stored streams of a blocking or hybrid partition (`None`: pipelined).
     spill: Option<SpillStore>,
-    /// Handed-off batches its network senders are done with, dropped by the writer.
-    retired: Arc<Retired>,
 }
 
 #[derive(Default)]
@@ -134,7 +131,6 @@ impl ResultPartition {
             registry,
             metrics: Metrics::default(),
             spill,
-            retired: Arc::default(),
         }
     }
 
@@ -410,12 +406,6 @@ impl ResultPartition {
         Ok(())
     }
 
-    /// The flusher's pass over the batches its network senders are done with (see
-    /// [`Retired`]): drops those the writer has left for a whole pass (it stays idle).
-    pub(crate) fn drop_idle_retired(&self) {
-        self.retired.drop_stale();
-    }
-
     /// Makes partly filled buffers readable now.
     pub fn flush(&self) {
         if let Some(store) = &self.spill {
@@ -429,7 +419,6 @@ impl ResultPartition {
 
     /// Finishes open buffers and sends end-of-partition to every subpartition. Idempotent.
     pub fn finish(&self) -> Result<()> {
-        self.retired.close();
         if self.finished.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
@@ -446,7 +435,6 @@ impl ResultPartition {
             .lock()
             .unwrap()
             .get_or_insert_with(|| message.to_string());
-        self.retired.close();
         if self.finished.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -570,7 +558,6 @@ impl ResultPartition {
         if self.released.swap(true, Ordering::SeqCst) {
             return;
         }
-        self.retired.close();
         // A reader still attached has not had everything (a partition read whole releases
         // itself): it fails rather than wait for an end that will not come, with the
         // producer's own failure when it failed the partition first (its cause, not the echo).

@@ -23,7 +23,6 @@ use std::sync::OnceLock;
 
 use super::buffer::{BufferConsumer, BufferSlice};
 use super::handed::Handed;
-use super::retired::Retired;
 use crate::base::event::Event;
 use crate::base::metrics::{ChannelTransport, Counter};
 use crate::base::sync::{AtomicBool, AtomicUsize, Ordering, Queue};
@@ -46,27 +45,6 @@ pub struct LocalBatch {
     /// Segments reserved from the partition's pool while the batch is queued; recycled when
     /// the reader takes it.
     pub segments: Reservation,
-    /// Where a network sender leaves the batch once it is sent, for the writer to drop
-    /// ([`LocalBatch::retire`]); `None`: whoever has it last drops it.
-    pub retire_to: Option<std::sync::Arc<Retired>>,
-}
-
-impl LocalBatch {
-    /// Done with: the segments go back to the pool now, the batch to `retire_to` when there
-    /// is one (see [`Retired`]), else it is dropped here.
-    pub fn retire(self) {
-        let LocalBatch {
-            token,
-            batch,
-            bytes,
-            segments,
-            retire_to,
-        } = self;
-        drop((token, segments));
-        if let Some(r) = retire_to {
-            drop(r.keep(batch, bytes));
-        }
-    }
 }
 
 /// What the writer side puts in the queue.

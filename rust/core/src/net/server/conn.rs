@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::Notify;
 
-use super::frames::{Cursor, Item, OutFrame, Part, Placement, Sent, MAX_WRITE_BYTES, MAX_WRITE_FRAMES};
+use super::frames::{Cursor, Item, OutFrame, Part, Placement, MAX_WRITE_BYTES, MAX_WRITE_FRAMES};
 use super::reader::SubReader;
 use crate::base::config::Limits;
 use crate::base::error::{Error, Result};
@@ -441,14 +441,14 @@ impl ServerConn {
                     len: u32::try_from(len).expect("a buffer fits a u32"),
                 });
                 OutFrame {
-                    _hold: Sent(hold),
+                    _hold: hold,
                     ..OutFrame::control(&msg)?
                 }
             }
             None => OutFrame {
                 head: wire::encode_buffer_response_header(rid, header, len)?.to_vec(),
                 parts,
-                _hold: Sent(hold),
+                _hold: hold,
             },
         })
     }
@@ -467,7 +467,7 @@ fn event_frame(r: &mut SubReader, rid: ReceiverId) -> Result<(OutFrame, bool)> {
     let frame = OutFrame {
         head,
         parts: Vec::new(),
-        _hold: Sent(None),
+        _hold: None,
     };
     Ok((frame, event.is_end()))
 }

@@ -219,21 +219,7 @@ pub(super) enum Item {
 pub(super) struct OutFrame {
     pub(super) head: Vec<u8>,
     pub(super) parts: Vec<Part>,
-    /// Dropped after `parts` (fields drop in order), so that the batch it retires holds the
-    /// last reference to the buffers the frame wrote.
-    pub(super) _hold: Sent,
-}
-
-/// The handed-off batch whose last bytes a frame carries: retired ([`LocalBatch::retire`])
-/// when the frame is dropped, written or not.
-pub(super) struct Sent(pub(super) Option<LocalBatch>);
-
-impl Drop for Sent {
-    fn drop(&mut self) {
-        if let Some(batch) = self.0.take() {
-            batch.retire();
-        }
-    }
+    pub(super) _hold: Option<LocalBatch>,
 }
 
 impl OutFrame {
@@ -244,7 +230,7 @@ impl OutFrame {
         Ok(OutFrame {
             head,
             parts: Vec::new(),
-            _hold: Sent(None),
+            _hold: None,
         })
     }
 

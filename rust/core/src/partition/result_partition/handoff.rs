@@ -23,7 +23,6 @@ impl ResultPartition {
 
     /// Reserves what `items` need (waiting with `wait`), then queues them.
     fn hand_over(&self, items: Vec<Handing>, token: Option<Token>, wait: &mut Wait<'_>) -> Result<()> {
-        self.retired.drop_kept();
         let needs = self.handoff_needs(&items);
         let total: usize = needs.iter().sum();
         let segments = match self.pool.try_reserve(total) {
@@ -90,7 +89,6 @@ impl ResultPartition {
     }
 
     fn try_hand_over(&self, items: Vec<Handing>, token: Option<Token>) -> Result<bool> {
-        self.retired.drop_kept();
         let needs = self.handoff_needs(&items);
         let Some(segments) = self.pool.try_reserve(needs.iter().sum()) else {
             return Ok(false);
@@ -148,7 +146,6 @@ impl ResultPartition {
                 batch,
                 bytes,
                 segments: held,
-                retire_to: Some(self.retired.clone()),
             }));
         }
     }

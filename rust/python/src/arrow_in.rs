@@ -24,8 +24,6 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyTuple};
 
-use crate::arrow_out::is_pyarrow_batch;
-
 const SCHEMA_CAPSULE: &CStr = c"arrow_schema";
 const ARRAY_CAPSULE: &CStr = c"arrow_array";
 
@@ -112,15 +110,18 @@ impl BatchImporter {
         }
     }
 
-    /// The record batch `data` holds, or `None` if it has no `__arrow_c_array__` (a stream).
-    /// The importer is locked only between calls into Python: pyarrow lets go of the GIL while
-    /// it exports, and another thread writing with the same writer may take it meanwhile.
+    /// The record batch `data` holds, or `None` if it has no `__arrow_c_array__` (a stream);
+    /// `pyarrow`: `data` is a `pyarrow.RecordBatch`
+    /// ([`is_pyarrow_batch`](crate::arrow_out::is_pyarrow_batch)). The importer is locked only
+    /// between calls into Python: pyarrow lets go of the GIL while it exports, and another
+    /// thread writing with the same writer may take it meanwhile.
     pub(crate) fn import(
         importer: &Mutex<BatchImporter>,
         data: &Bound<'_, PyAny>,
+        pyarrow: bool,
     ) -> PyResult<Option<RecordBatch>> {
         let py = data.py();
-        if !is_pyarrow_batch(data)? {
+        if !pyarrow {
             let Some((schema, array)) = BatchImporter::capsules(data)? else {
                 return Ok(None);
             };

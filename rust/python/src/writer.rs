@@ -14,7 +14,7 @@ use pyo3_arrow::input::AnyRecordBatch;
 
 use crate::args::{check_pid, count_arg};
 use crate::arrow_in::BatchImporter;
-use crate::arrow_out::token_for;
+use crate::arrow_out::{is_pyarrow_batch, token_for};
 use crate::blocking;
 use crate::error::to_py;
 use crate::partition::{Partition, ResultPartition};
@@ -174,8 +174,9 @@ impl RecordWriter {
                 data.get_type().name().map(|n| n.to_string()).unwrap_or_default()
             ))
         };
-        if let Some(batch) = BatchImporter::import(&self.import, data).map_err(not_arrow)? {
-            let token = token_for(data)?;
+        let pyarrow = is_pyarrow_batch(data)?;
+        if let Some(batch) = BatchImporter::import(&self.import, data, pyarrow).map_err(not_arrow)? {
+            let token = pyarrow.then(|| token_for(data));
             return blocking::run(py, timeout, "waiting for a free buffer", |wait| {
                 self.inner.lock().unwrap().write(&batch, token, target, wait)
             });

@@ -176,6 +176,33 @@ def test_func_aggregates_each_partition_without_a_second_stage(spark: SparkSessi
     assert out.count() == 101
 
 
+def test_small_input_batches_reach_each_task_merged_not_as_pieces_of_a_few_rows(spark: SparkSession) -> None:
+    # Spark hands the exchange batches of 100 rows: split two ways, each would reach a task as
+    # two pieces of about 50 rows (up to 400 pieces a task). The writers merge them first, so
+    # that a write gives each task about 1,024 rows.
+    rows = 40_000
+    df = spark.range(0, rows, numPartitions=2).select("id", (F.col("id") % 101).alias("k"))
+
+    def counted(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        n = got = 0
+        for b in batches:
+            n += 1
+            got += b.num_rows
+        yield pa.record_batch({"batches": [n], "rows": [got]})
+
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+    try:
+        tasks = cfs.exchange(df, "k", func=counted, schema="batches long, rows long").collect()
+        placed = placement(cfs.exchange(df, "k"))
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert sum(t["rows"] for t in tasks) == rows
+    # Each task's 20,000 input rows go out in writes of at least 2 x 1,024 rows (the last
+    # excepted): at most 10 writes, so at most 10 pieces from each of the two tasks.
+    assert all(1 <= t["batches"] <= 20 for t in tasks), tasks
+    assert placed == placement(df.repartition(2, "k"))
+
+
 def test_map_in_arrow_right_after_exchange_runs_in_the_exchange_s_tasks(
     spark: SparkSession, capsys: pytest.CaptureFixture[str]
 ) -> None:

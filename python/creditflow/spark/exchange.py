@@ -49,9 +49,11 @@ from creditflow.spark._driver import (
     slots_per_host,
     use_host_service,
 )
+from creditflow.spark._merge import PIECE_ROWS, merged
 from creditflow.spark._process import (
     EnvSettings,
     TlsFiles,
+    check_bytes,
     check_task_settings,
     metrics_url_of,
     task_stack,
@@ -67,6 +69,10 @@ ExchangeKind = Literal["pipelined", "hybrid"]
 
 #: How an exchange's tasks learn where the others are (``rendezvous=``).
 Rendezvous = Literal["driver", "barrier"]
+
+#: A task's writer holds input batches of at most this part of its ``memory`` while it merges
+#: them (:mod:`creditflow.spark._merge`).
+MERGED_MEMORY_SHARE = 4
 
 #: Segments a hybrid partition's pool needs beyond a pipelined one's (its readers' disk reads;
 #: docs/design.md "Memory").
@@ -428,7 +434,10 @@ class _Writer:
                 # The hot loop: rows and bytes are counted by the partition (its metrics), not
                 # here (``batch.nbytes`` walks every buffer of the batch).
                 write, timeout, clock = w.write, self._plan.timeout, time.perf_counter
-                for batch in self._batches:
+                # Small input batches would split into pieces of a few rows each (_merge).
+                min_rows = self._plan.num_tasks * PIECE_ROWS
+                max_bytes = check_bytes("memory", self._plan.env.memory) // MERGED_MEMORY_SHARE
+                for batch in merged(self._batches, min_rows, max_bytes):
                     start = clock()
                     write(batch, timeout=timeout)
                     self.write_seconds += clock() - start

@@ -8,7 +8,7 @@ One process, one environment: a ``RecordWriter(HashPartitioner(["key"]))`` on th
 writes ``--batches`` batches of ``--rows`` rows (``key``: int64 from 1,000,003 values,
 ``value``: float64, ``score``: int64; four distinct batches cycled) into a partition of N
 subpartitions, and one gate over all N (local hand-off) is read to the end on a second
-thread. "merged" passes the input through ``creditflow.spark._merge.merged`` first (N × 1,024
+thread. "merged" passes the input through ``creditflow.spark._merge.merged_for_split`` first (N × 1,024
 rows a write, at most a quarter of ``--memory``). CPU ns/row: the process's CPU seconds
 (``process_time``) per row written; the writer's and reader's threads' own
 (``thread_time``) beside it.
@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 import creditflow as cf
-from creditflow.spark._merge import PIECE_ROWS, merged
+from creditflow.spark._merge import merged_for_split
 
 
 def _batches(rows: int) -> list[pa.RecordBatch]:
@@ -63,7 +63,7 @@ def run(n: int, merge: bool, batches: int, rows: int, memory: int) -> dict[str, 
         cpu0, wall0, writer0 = time.process_time(), time.perf_counter(), time.thread_time()
         source: Iterator[pa.RecordBatch] = (pool[i % len(pool)] for i in range(batches))
         if merge:
-            source = merged(source, n * PIECE_ROWS, memory // 4)
+            source = merged_for_split(source, n, memory)
         with cf.RecordWriter(part, cf.HashPartitioner(["key"])) as w:
             for batch in source:
                 w.write(batch)

@@ -14,11 +14,19 @@ from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 
-__all__ = ["PIECE_ROWS", "merged"]
+__all__ = ["MEMORY_SHARE", "PIECE_ROWS", "merged", "merged_for_split"]
 
 #: Rows per task a write of an exchange aims at: a piece's own cost is then a few nanoseconds
 #: a row (docs/benchmarks.md, "many tasks").
 PIECE_ROWS = 1024
+#: A writer holds input batches of at most this part of its ``memory`` while it merges them.
+MEMORY_SHARE = 4
+
+
+def merged_for_split(batches: Iterable[pa.RecordBatch], ways: int, memory: int) -> Iterator[pa.RecordBatch]:
+    """``batches`` merged for a split ``ways`` ways by a writer with ``memory`` bytes: about
+    :data:`PIECE_ROWS` rows a piece, at most ``memory // MEMORY_SHARE`` held."""
+    return merged(batches, ways * PIECE_ROWS, memory // MEMORY_SHARE)
 
 
 def merged(batches: Iterable[pa.RecordBatch], min_rows: int, max_bytes: int) -> Iterator[pa.RecordBatch]:

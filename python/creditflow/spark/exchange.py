@@ -49,7 +49,7 @@ from creditflow.spark._driver import (
     slots_per_host,
     use_host_service,
 )
-from creditflow.spark._merge import PIECE_ROWS, merged
+from creditflow.spark._merge import merged_for_split
 from creditflow.spark._process import (
     EnvSettings,
     TlsFiles,
@@ -69,10 +69,6 @@ ExchangeKind = Literal["pipelined", "hybrid"]
 
 #: How an exchange's tasks learn where the others are (``rendezvous=``).
 Rendezvous = Literal["driver", "barrier"]
-
-#: A task's writer holds input batches of at most this part of its ``memory`` while it merges
-#: them (:mod:`creditflow.spark._merge`).
-MERGED_MEMORY_SHARE = 4
 
 #: Segments a hybrid partition's pool needs beyond a pipelined one's (its readers' disk reads;
 #: docs/design.md "Memory").
@@ -435,9 +431,8 @@ class _Writer:
                 # here (``batch.nbytes`` walks every buffer of the batch).
                 write, timeout, clock = w.write, self._plan.timeout, time.perf_counter
                 # Small input batches would split into pieces of a few rows each (_merge).
-                min_rows = self._plan.num_tasks * PIECE_ROWS
-                max_bytes = check_bytes("memory", self._plan.env.memory) // MERGED_MEMORY_SHARE
-                for batch in merged(self._batches, min_rows, max_bytes):
+                memory = check_bytes("memory", self._plan.env.memory)
+                for batch in merged_for_split(self._batches, self._plan.num_tasks, memory):
                     start = clock()
                     write(batch, timeout=timeout)
                     self.write_seconds += clock() - start

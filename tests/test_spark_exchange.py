@@ -533,14 +533,20 @@ def test_receiver_gets_every_row_once_from_the_executors(spark: SparkSession) ->
         result: dict[str, Any] = {}
         t = threading.Thread(target=lambda: result.update(stats=cfs.send(df, rx.address, rx.secret)))
         t.start()
-        ids = pa.concat_arrays([b.column("id") for b in rx]).to_numpy()
+        got = list(rx)
         t.join(60)
+    ids = pa.concat_arrays([b.column("id") for b in got]).to_numpy()
     assert len(ids) == 100_000
     assert np.array_equal(np.sort(ids), np.arange(100_000))
     stats = result["stats"]
     assert [s["partition"] for s in stats] == [0, 1, 2, 3]
     assert all(s["accepted"] for s in stats)
     assert sum(s["rows"] for s in stats) == 100_000
+    # The Arrow bytes the tasks sent: the rows' 16 bytes, and Spark's validity bitmaps (all
+    # set, which the wire may leave out) and padding at most.
+    received = sum(b.nbytes for b in got)
+    assert received >= 16 * 100_000
+    assert received <= sum(s["bytes"] for s in stats) <= received * 1.03
 
 
 def test_receiver_via_driver(spark: SparkSession) -> None:

@@ -68,7 +68,9 @@ class SendPlan:
         return {"batch_id": self.batch_id, "stream": self.stream} if self.batch_id is not None else {}
 
 
-#: The one row each sending task returns to the driver.
+#: The one row each sending task returns to the driver. ``bytes`` counts its batches' buffers
+#: (``get_total_buffer_size``): for Spark's batches, which are never slices, what ``nbytes``
+#: says within a few bytes of padding, at a fiftieth of its cost per batch.
 STATS_SCHEMA = "partition int, attempt int, accepted boolean, rows long, bytes long, seconds double"
 
 
@@ -338,7 +340,7 @@ def _write_all(
         for batch in batches:
             writer.write(batch, timeout=plan.timeout)
             stats["rows"] += batch.num_rows
-            stats["bytes"] += batch.nbytes
+            stats["bytes"] += batch.get_total_buffer_size()
     except BaseException as exc:
         why = f"the task failed: {type(exc).__name__}: {exc}"
         with contextlib.suppress(Exception):
@@ -389,7 +391,7 @@ def _write_stripes(
             sent[rank] += n
         row += batch.num_rows
         stats["rows"] += batch.num_rows
-        stats["bytes"] += batch.nbytes
+        stats["bytes"] += batch.get_total_buffer_size()
 
 
 def _confirm(plan: SendPlan, rank: int, index: int, grant: object, attempt: int) -> None:

@@ -548,9 +548,9 @@ def send(
     environment per task, ``None`` (the default) as the session's
     ``spark.creditflow.hostService`` says (default true). ``monitor`` receives every task's
     samples (and every rank's, with its data stall). Returns one dict per partition:
-    ``partition``, ``attempt``, ``accepted``, ``rows``, ``bytes``, ``seconds``. Raises what
-    the job raised, after telling the receivers (which then raise too); a rank that went away
-    is named.
+    ``partition``, ``attempt``, ``accepted``, ``rows``, ``bytes`` (its batches' Arrow buffers),
+    ``seconds``. Raises what the job raised, after telling the receivers (which then raise
+    too); a rank that went away is named.
 
     To a ``Receiver(continuous=True)``, the job commits once it succeeded: only then does
     the consumer get its rows (a failed job is dropped whole). Inside ``foreachBatch``, pass

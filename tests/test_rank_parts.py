@@ -149,6 +149,26 @@ def test_rowset_ranges_and_state_roundtrip() -> None:
         RankState.from_dict({"format": 99})
 
 
+def test_rowset_adds_in_any_order_with_repeats_as_a_set_does() -> None:
+    """Shuffled chunks, ids repeated within and across them and over what was merged before;
+    enough rows that the set merges what was added several times along the way."""
+    rng = np.random.default_rng(11)
+    for _ in range(4):
+        s, want = RowSet(), set()
+        for _ in range(40):
+            start = int(rng.integers(0, 300_000))
+            chunk = np.arange(start, start + int(rng.integers(1, 9_000)), dtype=np.int64)
+            chunk = np.concatenate([chunk, rng.choice(chunk, len(chunk) // 3)])  # repeats
+            rng.shuffle(chunk)
+            s.add(chunk)
+            want.update(chunk.tolist())
+        starts, ends = s.ranges()
+        assert len(s) == len(want)
+        assert (starts[1:] > ends[:-1]).all(), "sorted, disjoint, not touching"
+        probe = np.arange(310_000, dtype=np.int64)
+        assert s.contains(probe).nonzero()[0].tolist() == sorted(want)
+
+
 def test_rowset_difference_and_last_match_plain_sets() -> None:
     rng = np.random.default_rng(4)
     for _ in range(300):

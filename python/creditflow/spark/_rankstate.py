@@ -32,8 +32,12 @@ class RowSet:
     def _merge(self) -> None:
         if not self._added:
             return
-        ids = np.unique(np.concatenate(self._added))
+        ids = np.concatenate(self._added)
         self._added, self._added_rows = [], 0
+        # Sorted; an id added twice makes overlapping ranges, merged below. Not ``np.unique``:
+        # NumPy 2.3 and later find unique values with a hash table, 13-19 ms for 65,536 ids
+        # where a sort takes 0.5 ms, and a rank adds every row it yields.
+        ids.sort()
         breaks = np.flatnonzero(np.diff(ids) != 1) + 1
         starts = np.concatenate([self._starts, ids[np.r_[0, breaks]]])
         ends = np.concatenate([self._ends, ids[np.r_[breaks - 1, len(ids) - 1]] + 1])

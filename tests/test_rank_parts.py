@@ -126,6 +126,40 @@ def test_window_yields_every_row_once(shuffle: bool) -> None:
     assert (got != sorted(got)) == shuffle
 
 
+def test_window_in_order_slices_the_first_piece_when_it_holds_the_batch() -> None:
+    w = Window(1000, None)
+    pieces = [pa.record_batch({"x": np.arange(n, n + 1024)}) for n in range(0, 4096, 1024)]
+    for piece in pieces:
+        w.add(piece, piece.column(0).to_numpy())
+    first, ids = w.take(1024)  # exactly the first piece
+    assert first.column(0).buffers()[1].address == pieces[0].column(0).buffers()[1].address
+    inside, _ = w.take(500)  # within the second: a slice of it
+    assert inside.column(0).buffers()[1].address == pieces[1].column(0).buffers()[1].address
+    spanning, ids = w.take(1000)  # the second's last 524 rows and the third's first 476
+    assert ids.tolist() == list(range(1524, 2524))
+    assert spanning.column(0).to_numpy().tolist() == ids.tolist()
+    assert len(w) == 4096 - 2524
+    rest, ids = w.take(2000)
+    assert ids.tolist() == list(range(2524, 4096))
+    assert rest.column(0).to_numpy().tolist() == ids.tolist()
+    assert len(w) == 0
+
+
+def test_window_in_order_after_take_last_yields_the_front_then_the_pieces() -> None:
+    w = Window(1000, None)
+    for n in (0, 300, 600):
+        w.add(pa.record_batch({"x": np.arange(n, n + 300)}), np.arange(n, n + 300))
+    _, moved = w.take_last(200)  # the last 200 go to another rank
+    assert moved.tolist() == list(range(700, 900))
+    w.add(pa.record_batch({"x": np.arange(900, 1000)}), np.arange(900, 1000))
+    got: list[int] = []
+    while len(w):
+        b, ids = w.take(256)
+        assert b.column(0).to_numpy().tolist() == ids.tolist()
+        got.extend(ids.tolist())
+    assert got == list(range(700)) + list(range(900, 1000))
+
+
 def test_rowset_ranges_and_state_roundtrip() -> None:
     s = RowSet()
     for part in (np.arange(0, 100), np.arange(200, 250), np.arange(100, 150), np.array([5, 7, 999])):

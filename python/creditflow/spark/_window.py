@@ -6,7 +6,8 @@ batches of the sizes asked for. With a generator, once ``size`` rows are waiting
 mixed with what is left of the last mix in one random permutation (one ``take``: a copy), and
 batches are cut from its front until half of it is left; so every row is copied about twice
 and lands anywhere within about ``size`` rows of where it came in. Without, rows leave in the
-order they came (a batch that spans pieces is one concatenation).
+order they came: a batch within the first piece waiting is a slice of it; otherwise what is
+waiting is concatenated once (one copy) and batches are sliced from that.
 """
 
 from __future__ import annotations
@@ -52,12 +53,13 @@ class Window:
         self._pieces, self._waiting = [], 0
         if not batches:
             return
-        merged = _one_batch(batches)
         merged_ids = np.concatenate(ids)
         if self._rng is not None:
             order = self._rng.permutation(len(merged_ids))
-            merged = merged.take(pa.array(order))
+            merged = _taken(batches, order)
             merged_ids = merged_ids[order]
+        else:
+            merged = _one_batch(batches)
         self._mixed = merged
         self._mixed_ids = merged_ids
         self._pos = 0
@@ -65,6 +67,8 @@ class Window:
     def take(self, rows: int) -> tuple[pa.RecordBatch, np.ndarray]:
         """The next ``rows`` rows (at most what it holds) and their ids."""
         front = len(self._mixed_ids) - self._pos
+        if self._rng is None and not front and self._pieces and self._pieces[0][0].num_rows >= rows:
+            return self._take_piece(rows)
         if front < rows or (self._rng is not None and self._waiting and front - rows < self._size // 2):
             self._mix()
         assert self._mixed is not None, "take() from an empty window"
@@ -73,6 +77,16 @@ class Window:
         ids = self._mixed_ids[self._pos : self._pos + k]
         self._pos += k
         return out, ids
+
+    def _take_piece(self, rows: int) -> tuple[pa.RecordBatch, np.ndarray]:
+        """The first ``rows`` rows of the first waiting piece, which has them: a slice."""
+        batch, ids = self._pieces[0]
+        if batch.num_rows == rows:
+            self._pieces.pop(0)
+        else:
+            self._pieces[0] = (batch.slice(rows), ids[rows:])
+        self._waiting -= rows
+        return batch.slice(0, rows), ids[:rows]
 
     def take_last(self, rows: int) -> tuple[pa.RecordBatch | None, np.ndarray]:
         """Takes ``rows`` rows out of the window (the last of it, for another rank)."""
@@ -100,6 +114,14 @@ def warm_up() -> None:
     for the job rather than in front of its first batch."""
     tiny = pa.record_batch([pa.array([0, 1], pa.int64())], names=["x"])
     _one_batch([tiny, tiny]).take(pa.array([1, 0])).filter(pa.array([True, False]))
+
+
+def _taken(batches: list[pa.RecordBatch], order: np.ndarray) -> pa.RecordBatch:
+    """Row ``order[i]`` of ``batches`` (as if concatenated) at i: one copy, the take's (a
+    table's take gathers across its chunks without concatenating them first)."""
+    if len(batches) == 1:
+        return batches[0].take(pa.array(order))
+    return _one_batch(pa.Table.from_batches(batches).take(pa.array(order)).to_batches())
 
 
 def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:

@@ -9,9 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+import creditflow as cf
 from creditflow.spark._rankstate import RankState, RowSet
 from creditflow.spark._reshuffle import deal, traffic
-from creditflow.spark._runs import split_ids
+from creditflow.spark._runs import Chunks, RunReader, Runs, split_ids
 from creditflow.spark._steps import full_steps_at_least, moves, plan
 from creditflow.spark._stripes import ID_BITS, STRIPE_ROWS, pieces, share_ids
 from creditflow.spark._window import Window
@@ -217,6 +218,63 @@ def test_rowset_difference_and_last_match_plain_sets() -> None:
         k = int(rng.integers(0, 250))
         want_last = sorted(a_ids.tolist())[len(a_ids) - min(k, len(a_ids)) :]
         assert a.last(k).contains(np.arange(400)).nonzero()[0].tolist() == want_last
+
+
+def test_rowset_overlaps_matches_a_plain_set() -> None:
+    rng = np.random.default_rng(9)
+    for _ in range(200):
+        ids = np.unique(rng.integers(0, 300, int(rng.integers(0, 80))))
+        s = RowSet()
+        s.add(ids)
+        lo = int(rng.integers(0, 320))
+        hi = lo + int(rng.integers(0, 40))
+        assert s.overlaps(lo, hi) == any(lo <= i <= hi for i in ids.tolist()), (ids, lo, hi)
+
+
+class CountingRuns(Runs):
+    """Runs that count the chunks their readers hand out."""
+
+    chunks_read = 0
+
+    def read(self, run: int, timeout: float | None) -> RunReader:
+        reader = super().read(run, timeout)
+        plain = reader.chunks
+
+        def counted(skip: RowSet | None = None) -> Chunks:
+            for chunk in plain(skip):
+                self.chunks_read += 1
+                yield chunk
+
+        reader.chunks = counted  # type: ignore[method-assign]
+        return reader
+
+
+def test_runs_select_gives_the_wanted_rows_and_reads_a_run_only_to_its_last() -> None:
+    with cf.NetworkEnvironment(memory="16MiB") as env:
+        runs = CountingRuns(env, 3, 0, 2)
+        for run in range(3):
+            for start in range(0, 10 * STRIPE_ROWS, 2_000):  # batches across stripe bounds
+                ids = runs.ids(run, start, 2_000)
+                runs.put(run, pa.record_batch({"id": pa.array(ids)}))
+        runs.end()
+        wanted = RowSet()
+        want = np.concatenate(
+            [
+                runs.ids(0, 5, 10),  # early in run 0: the rest of run 0 is not read
+                runs.ids(2, 3 * STRIPE_ROWS - 7, 20),  # across a stripe bound of run 2
+                runs.ids(2, 6 * STRIPE_ROWS, 1),
+            ]
+        )
+        wanted.add(want)
+        got = list(runs.select(wanted, timeout=10))
+        got_ids = np.concatenate([ids for _, ids in got])
+        assert got_ids.tolist() == want.tolist()
+        for batch, ids in got:
+            assert batch.column("id").to_numpy().tolist() == ids.tolist()
+        # Each run with a wanted row up to the first chunk past it (of 20 a run): run 0 its
+        # first two, run 1 none, run 2 its first eight.
+        assert runs.chunks_read == 2 + 8
+        runs.release()
 
 
 def test_traffic_gives_every_rank_what_it_needs_from_every_rank() -> None:

@@ -66,6 +66,12 @@ class RowSet:
         at = np.searchsorted(starts, ids, side="right") - 1
         return (at >= 0) & (ids < ends[np.maximum(at, 0)])
 
+    def overlaps(self, lo: int, hi: int) -> bool:
+        """Whether an id from ``lo`` to ``hi`` (both included) is in the set."""
+        starts, ends = self.ranges()
+        at = int(np.searchsorted(starts, hi, side="right")) - 1
+        return at >= 0 and int(ends[at]) > lo
+
     def union(self, other: RowSet) -> RowSet:
         """Both sets' ids."""
         out = RowSet(*self.ranges())

@@ -112,13 +112,25 @@ class Runs(_Store):
         )
 
     def select(self, wanted: RowSet, timeout: float | None) -> Chunks:
-        """The stored rows whose ids are in ``wanted``, by id."""
-        starts, _ends = wanted.ranges()
-        for p in np.unique(starts >> ID_BITS).tolist():
-            for batch, ids in self.read(int(p), timeout).chunks():
-                keep = wanted.contains(ids)
-                if keep.any():
-                    yield batch.filter(pa.array(keep)), ids[keep]
+        """The stored rows whose ids are in ``wanted``, by id. A run's ids grow from its start,
+        so a run is read up to its last wanted row only, and a chunk none of whose ids are
+        wanted is passed over without looking at each."""
+        starts, ends = wanted.ranges()
+        runs = starts >> ID_BITS
+        for p in sorted(set(runs.tolist())):
+            last = int(ends[runs == p].max())  # past the run's last wanted id
+            chunks = self.read(int(p), timeout).chunks()
+            try:
+                for batch, ids in chunks:
+                    if ids[0] >= last:
+                        break
+                    if not wanted.overlaps(int(ids[0]), int(ids[-1])):
+                        continue
+                    keep = wanted.contains(ids)
+                    if keep.any():
+                        yield batch.filter(pa.array(keep)), ids[keep]
+            finally:
+                chunks.close()
 
 
 class MovedIn(_Store):

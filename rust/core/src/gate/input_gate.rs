@@ -20,7 +20,7 @@ use crate::base::error::{Error, Result};
 use crate::base::event::Event;
 use crate::base::metrics::Counter;
 use crate::base::wait::Wait;
-use crate::memory::{LocalPool, RecordPool};
+use crate::memory::LocalPool;
 use crate::net::{recycle_all, Inbound, RemoteGate, Transport};
 use crate::partition::subpartition::Polled;
 use crate::partition::{Handed, Registry, MAX_PIECE};
@@ -48,9 +48,6 @@ pub struct InputGate {
     local_address: String,
     backoff: Backoff,
     max_record: usize,
-    /// Blocks the records of local channels read from buffers are gathered into, reused once a
-    /// batch that held one is dropped (no allocation and no fresh pages a record).
-    local_records: RecordPool,
     handle: Arc<GateHandle>,
     /// Buffers and credit of the remote channels, if any.
     remote: Option<Arc<RemoteGate>>,
@@ -253,12 +250,6 @@ impl InputGate {
             local_address,
             backoff,
             max_record,
-            // Idle blocks, with the records out, within what the gate's records may take.
-            local_records: RecordPool::new(
-                remote
-                    .as_ref()
-                    .map_or(0, |r| usize::try_from(r.record_budget).unwrap_or(usize::MAX)),
-            ),
             handle: handle.clone(),
             remote: remote_gate,
             pieces: SelfContainedDecoder::new(MAX_PIECE),
@@ -317,7 +308,7 @@ impl InputGate {
                     self.channels[idx].state = ChannelState::Local {
                         partition: p,
                         sub,
-                        de: RecordDeserializer::with_pool(self.max_record, self.local_records.clone()),
+                        de: RecordDeserializer::new(self.max_record),
                     };
                     self.ready.push(idx);
                 }

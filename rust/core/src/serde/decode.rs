@@ -14,7 +14,6 @@ use arrow_schema::{ArrowError, DataType, SchemaRef};
 
 use super::assemble::RecordAssembler;
 use crate::base::error::{Error, Result};
-use crate::memory::RecordPool;
 
 /// Starts every IPC message of the stream format.
 const CONTINUATION_MARKER: [u8; 4] = [0xff; 4];
@@ -75,13 +74,8 @@ pub struct RecordDeserializer {
 impl RecordDeserializer {
     /// A deserializer accepting records up to `max_record` bytes.
     pub fn new(max_record: usize) -> RecordDeserializer {
-        RecordDeserializer::with_pool(max_record, RecordPool::new(0))
-    }
-
-    /// Like [`RecordDeserializer::new`], gathering records into `pool`'s blocks.
-    pub fn with_pool(max_record: usize, pool: RecordPool) -> RecordDeserializer {
         RecordDeserializer {
-            assembler: RecordAssembler::with_pool(max_record, pool),
+            assembler: RecordAssembler::new(max_record),
             decoder: None,
             max_record,
         }

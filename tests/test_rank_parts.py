@@ -11,8 +11,8 @@ import pytest
 
 import creditflow as cf
 from creditflow.spark._rankstate import RankState, RowSet
-from creditflow.spark._reshuffle import deal, traffic
-from creditflow.spark._runs import Chunks, RunReader, Runs, split_ids
+from creditflow.spark._reshuffle import DEAL_BYTES, MAX_GROUP_CHUNKS, deal, gather, group_rows, traffic
+from creditflow.spark._runs import ID_COLUMN, Chunks, RunReader, Runs, split_ids, with_ids
 from creditflow.spark._steps import full_steps_at_least, moves, plan
 from creditflow.spark._stripes import ID_BITS, STRIPE_ROWS, pieces, share_ids
 from creditflow.spark._window import Window
@@ -318,3 +318,129 @@ def test_deal_sends_each_rank_its_quota_in_a_seeded_order() -> None:
     assert len(set(sent)) == len(sent) == total - 100
     with pytest.raises(ValueError, match="fewer"):
         deal(iter(chunks[:1]), quotas, np.random.default_rng(1), lambda d, b: None)
+
+
+def _numbered_chunks(sizes: list[int], start: int = 0) -> list[tuple[pa.RecordBatch, np.ndarray]]:
+    """Chunks of ``sizes`` rows whose one column ``x`` is each row's id, ids counting up
+    from ``start``."""
+    starts = start + np.cumsum([0, *sizes])
+    return [
+        (pa.record_batch({"x": np.arange(a, a + n)}), np.arange(a, a + n))
+        for a, n in zip(starts.tolist(), sizes, strict=False)
+    ]
+
+
+@pytest.mark.parametrize("group_chunks", [2, 3, 8])
+def test_deal_joins_a_ranks_pieces_in_order_into_batches_of_at_most_the_group(group_chunks: int) -> None:
+    chunks = _numbered_chunks([1024] * 30 + [300, 1024, 17, 1024, 700])
+    quotas = [9000, 12_000, 12_712, 73]  # three ranks and 73 rows left out
+    group = group_chunks * STRIPE_ROWS
+
+    def dealt(group: int) -> tuple[dict[int, list[int]], list[int]]:
+        got: dict[int, list[int]] = {}
+        sizes: list[int] = []
+
+        def write(d: int, b: pa.RecordBatch) -> None:
+            rows, ids = split_ids(b)
+            assert (rows.column(0).to_numpy() == ids).all(), "rows travel with their ids"
+            got.setdefault(d, []).extend(ids.tolist())
+            sizes.append(b.num_rows)
+
+        deal(iter(chunks), quotas, np.random.default_rng(3), write, group)
+        return got, sizes
+
+    one, one_sizes = dealt(STRIPE_ROWS)
+    joined, joined_sizes = dealt(group)
+    assert joined == one, "joining changes neither where a row goes nor its place"
+    assert max(one_sizes) <= STRIPE_ROWS, "one chunk a batch: each piece on its own"
+    assert max(joined_sizes) <= group
+    assert len(joined_sizes) < len(one_sizes) / (group_chunks - 0.5) + 3
+
+
+def test_deal_sends_a_ranks_last_rows_once_its_quota_is_full() -> None:
+    chunks = _numbered_chunks([1024] * 13)
+    pulled = [0]
+
+    def counted() -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+        for chunk in chunks:
+            pulled[0] += 1
+            yield chunk
+
+    writes: list[tuple[int, int, int]] = []  # (rank, chunks pulled then, last id)
+
+    def write(d: int, b: pa.RecordBatch) -> None:
+        writes.append((d, pulled[0], int(split_ids(b)[1][-1])))
+
+    deal(counted(), [3 * 1024, 10 * 1024, 0], np.random.default_rng(4), write, 8 * STRIPE_ROWS)
+    (rank0,) = [w for w in writes if w[0] == 0]  # 3 chunks, fewer than a group: one batch
+    last_chunk = rank0[2] // 1024
+    assert last_chunk < 12, "the seed gives rank 0 a chunk before the last"
+    assert rank0[1] == last_chunk + 1, "sent with the chunk that filled its quota, not at the end"
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8, 64])
+@pytest.mark.parametrize("row_bytes", [8.0, 48.0, 500.0, 4096.0])
+def test_a_dealt_batch_is_whole_chunks_within_the_deals_bytes(world: int, row_bytes: float) -> None:
+    rows = group_rows(world, row_bytes)
+    assert rows % STRIPE_ROWS == 0
+    assert STRIPE_ROWS <= rows <= MAX_GROUP_CHUNKS * STRIPE_ROWS
+    if rows > STRIPE_ROWS:
+        assert world * rows * row_bytes <= DEAL_BYTES
+    if rows < MAX_GROUP_CHUNKS * STRIPE_ROWS:
+        assert world * (rows + STRIPE_ROWS) * row_bytes > DEAL_BYTES, "as many chunks as fit"
+
+
+class _Dealt:
+    """A gate of the batches one rank dealt this one (``with_ids`` batches), then the end."""
+
+    def __init__(self, batches: list[pa.RecordBatch]) -> None:
+        self._batches = list(batches)
+        self.closed = False
+
+    def next(self, timeout: float | None = None) -> pa.RecordBatch | None:
+        return self._batches.pop(0) if self._batches else None
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _dealt_batches(start: int, sizes: list[int]) -> list[pa.RecordBatch]:
+    """Batches as a rank deals them (``with_ids``) of ``sizes`` rows, ids from ``start``."""
+    return [with_ids(b, ids) for b, ids in _numbered_chunks(sizes, start)]
+
+
+def test_gather_cuts_the_dealt_batches_into_chunks_interleaving_the_sources() -> None:
+    sent = [[8192, 300, 3000], [1024, 7000, 5]]
+    sources = [_dealt_batches(s * 100_000, sizes) for s, sizes in enumerate(sent)]
+
+    def gathered(seed: int) -> tuple[list[tuple[int, np.ndarray]], list[_Dealt]]:
+        gates = [_Dealt(b) for b in sources]
+        out = []
+        for rows, ids in gather(gates, [sum(x) for x in sent], np.random.default_rng(seed), None, 0):  # type: ignore[arg-type]
+            assert (rows.column(0).to_numpy() == ids).all(), "rows with their ids"
+            assert ID_COLUMN not in rows.schema.names
+            out.append((int(ids[0]) // 100_000, ids))
+        return out, gates
+
+    out, gates = gathered(5)
+    assert all(g.closed for g in gates)
+    assert max(len(ids) for _, ids in out) == STRIPE_ROWS
+    for s, sizes in enumerate(sent):
+        mine = np.concatenate([ids for src, ids in out if src == s])
+        assert np.array_equal(mine, s * 100_000 + np.arange(sum(sizes))), "each source's rows in its order"
+    first = [i for i, (src, ids) in enumerate(out) if src == 0 and ids[0] < 8192]
+    assert first[-1] - first[0] + 1 > len(first), "the other source's chunks come between a batch's"
+    assert [ids.tolist() for _, ids in gathered(5)[0]] == [ids.tolist() for _, ids in out], "seeded"
+
+
+def test_gather_fails_naming_a_rank_that_deals_other_rows_than_it_should() -> None:
+    def run(batches: list[pa.RecordBatch], expect: int) -> None:
+        for _ in gather([_Dealt(batches)], [expect], np.random.default_rng(1), None, 2):  # type: ignore[list-item]
+            pass
+
+    with pytest.raises(cf.ProducerFailedError, match="rank 2: rank 0 dealt other rows"):
+        run(_dealt_batches(0, [2048]), 2000)  # a batch of more rows than are still to come
+    with pytest.raises(cf.ProducerFailedError, match="rank 2: rank 0 dealt other rows"):
+        run(_dealt_batches(0, [1024]), 2000)  # ended early
+    with pytest.raises(cf.ProducerFailedError, match="rank 0 dealt more rows"):
+        run(_dealt_batches(0, [1024, 5]), 1024)

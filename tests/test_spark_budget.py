@@ -71,6 +71,15 @@ def test_reserves_the_rows_times_their_size(env: cf.NetworkEnvironment) -> None:
     assert budget.reserved == 0
 
 
+def test_extra_bytes_are_reserved_with_the_rows(env: cf.NetworkEnvironment) -> None:
+    b = batch(10_000)
+    budget = Budget(env, 20_000, "rank 0", extra=3 << 20)
+    budget.see(b)
+    assert budget.reserved == rounded(20_000 * b.nbytes / b.num_rows + (3 << 20))
+    assert budget.held_bytes(10_000) == pytest.approx(b.nbytes, abs=16)  # rows only
+    budget.release()
+
+
 def test_a_slice_is_reserved_for_by_what_its_rows_reference(env: cf.NetworkEnvironment) -> None:
     whole = batch(10_000, width=40)
     piece = whole.slice(5_000, 100)

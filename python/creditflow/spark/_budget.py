@@ -19,11 +19,13 @@ GROWTH = 1.25
 
 
 class Budget:
-    """Holds room in ``env`` for ``rows`` rows outside its pools."""
+    """Holds room in ``env`` for ``rows`` rows outside its pools, and ``extra`` bytes."""
 
-    def __init__(self, env: cf.NetworkEnvironment, rows: int, name: str) -> None:
+    def __init__(self, env: cf.NetworkEnvironment, rows: int, name: str, extra: int = 0) -> None:
         self._env = env
         self.rows = rows
+        #: Bytes held besides the rows (whatever their size), reserved with them.
+        self.extra = extra
         self._name = name
         self._lock = threading.Lock()
         self._reserved: cf.MemoryReservation | None = None
@@ -58,13 +60,14 @@ class Budget:
             old, self._reserved = self._reserved, None
             if old is not None:
                 old.release()
-            want = int(self.rows * size)
+            want = int(self.rows * size) + self.extra
             try:
                 self._reserved = self._env.reserve_memory(want, self._name)
             except cf.InsufficientBuffersError as exc:
                 raise cf.InsufficientBuffersError(
-                    f"{self._name}: {self.rows} rows of about {size:.0f} bytes ({want} bytes: the shuffle "
-                    f"window, the queue and the chunks being read) do not fit in the receiver's memory: "
+                    f"{self._name}: {self.rows} rows of about {size:.0f} bytes and {self.extra} more ({want} "
+                    f"bytes: the shuffle window, the queue, the chunks being read and those being dealt "
+                    f"across the ranks) do not fit in the receiver's memory: "
                     f"raise memory, or lower shuffle_window or max_queued ({exc})"
                 ) from None
             self._reserved_for = size

@@ -43,7 +43,7 @@ from creditflow.spark._group import Group
 from creditflow.spark._home import OPEN_RUNS, Home
 from creditflow.spark._intake import REGISTER_TIMEOUT
 from creditflow.spark._rankstate import RowSet
-from creditflow.spark._reshuffle import Gathering, deal, pass_id, traffic
+from creditflow.spark._reshuffle import DEAL_BYTES, Gathering, deal, group_rows, pass_id, traffic
 from creditflow.spark._runs import MovedIn, Runs, with_ids
 from creditflow.spark._steps import moves, plan
 from creditflow.spark._stripes import STRIPE_ROWS, share_ids, share_size
@@ -93,9 +93,13 @@ class Ranked(Consumer):
         # window is mixed into a copy), and either the queue of epoch 0 and a run being read
         # (rows to give, or the rest of epoch 0), or the open runs of this rank's deal (each
         # reader holds less than two chunks) and a chunk or two being read.
+        # Shuffled across the ranks, besides: the pieces its deal joins for the other ranks,
+        # the others' batches its gathering cuts, and those cut but still referenced by the
+        # window's pieces (DEAL_BYTES each at most).
         chunks = max(opts.max_queued + 2, 2 * OPEN_RUNS + 3)
         held = 2 * (opts.window + opts.batch_size) + chunks * STRIPE_ROWS
-        super().__init__(opts, cond, group, Budget(env, held, f"rank {opts.rank}"))
+        dealt = 3 * DEAL_BYTES if opts.across else 0
+        super().__init__(opts, cond, group, Budget(env, held, f"rank {opts.rank}", dealt))
         self._env = env
         group.on_failure = self._fail
         group.may_leave = lambda: self._final is not None
@@ -498,7 +502,9 @@ class Ranked(Consumer):
             rng = self._rng(epoch, 2, o.rank)
             assert rng is not None, "the global shuffle is seeded"
             with cf.RecordWriter(part, cf.ForwardPartitioner()) as w:
-                deal(chunks, quotas, rng, lambda d, b: w.write(b, subpartition=d))
+                # Rows with their ids: a row's bytes and the id's.
+                group = group_rows(o.world, self._budget.row_bytes + 8)
+                deal(chunks, quotas, rng, lambda d, b: w.write(b, subpartition=d), group)
         except Exception as exc:
             with self._cond:
                 dropped = self._deals.get((epoch, n)) is None or self._closed.is_set()

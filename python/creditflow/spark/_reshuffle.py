@@ -36,6 +36,23 @@ import pyarrow as pa
 
 import creditflow as cf
 from creditflow.spark._runs import Chunks, split_ids, with_ids
+from creditflow.spark._stripes import STRIPE_ROWS
+from creditflow.spark._window import one_batch
+
+#: Bytes a rank's deal holds back at most, pieces for the other ranks joined into batches
+#: (each batch costs every step it passes through about as much as a chunk's rows do); its
+#: gathering holds as much of the others' batches while it cuts them into chunks.
+DEAL_BYTES = 1 << 20
+#: Chunks joined into one dealt batch at most.
+MAX_GROUP_CHUNKS = 8
+
+
+def group_rows(world: int, row_bytes: float) -> int:
+    """Rows a dealt batch holds at most: whole chunks, as many as :data:`DEAL_BYTES` allows
+    for ``world`` ranks at ``row_bytes`` a row (at least one, at most
+    :data:`MAX_GROUP_CHUNKS`)."""
+    chunks = int(DEAL_BYTES // (max(world, 1) * max(row_bytes, 1.0) * STRIPE_ROWS))
+    return max(1, min(MAX_GROUP_CHUNKS, chunks)) * STRIPE_ROWS
 
 
 def traffic(homes: list[int], needs: list[int]) -> list[list[int]]:
@@ -83,13 +100,24 @@ def deal(
     quotas: list[int],
     rng: np.random.Generator,
     write: Callable[[int, pa.RecordBatch], None],
+    group: int = STRIPE_ROWS,
 ) -> None:
     """Sends the rows of ``chunks`` to the ranks: ``quotas[d]`` rows to rank ``d`` (the last
     entry: rows left out), each chunk or piece of one to a rank drawn in proportion to its
-    quota left; ``write(d, batch)`` sends a batch with its ids. Raises ValueError when the
-    chunks hold other than ``sum(quotas)`` rows."""
+    quota left; ``write(d, batch)`` sends a batch with its ids: the pieces for one rank, in
+    order, joined into batches of at most ``group`` rows (a longer piece alone; with the
+    default, one chunk, each piece at once). Raises ValueError when the chunks hold other than ``sum(quotas)``
+    rows."""
     left = list(quotas)
     drop = len(quotas) - 1
+    pending: list[list[pa.RecordBatch]] = [[] for _ in range(drop)]
+    held = [0] * drop
+
+    def send(d: int) -> None:
+        if pending[d]:
+            write(d, one_batch(pending[d]))
+            pending[d], held[d] = [], 0
+
     for batch, ids in chunks:
         offset = 0
         while offset < len(ids):
@@ -98,11 +126,18 @@ def deal(
             d = _draw(rng, left)
             k = min(left[d], len(ids) - offset)
             if d != drop:
-                write(d, with_ids(batch.slice(offset, k), ids[offset : offset + k]))
+                if held[d] + k > group:
+                    send(d)
+                pending[d].append(with_ids(batch.slice(offset, k), ids[offset : offset + k]))
+                held[d] += k
             left[d] -= k
             offset += k
+            if d != drop and (held[d] + STRIPE_ROWS > group or not left[d]):
+                send(d)
     if any(left):
         raise ValueError(f"{sum(left)} rows fewer than the {sum(quotas)} to deal")
+    for d in range(drop):
+        send(d)
 
 
 def gather(
@@ -113,30 +148,51 @@ def gather(
     rank: int,
 ) -> Chunks:
     """The rows dealt to this rank: ``expect[s]`` from ``gates[s]`` (rank ``s``'s
-    subpartition for it), the next batch from a source drawn in proportion to the rows
-    still to come from it. Raises :class:`creditflow.ProducerFailedError` naming a rank that
-    sends other than it should."""
+    subpartition for it), the next :data:`STRIPE_ROWS` rows (or fewer: the rest of a dealt
+    batch) from a source drawn in proportion to the rows still to come from it. Raises
+    :class:`creditflow.ProducerFailedError` naming a rank that sends other than it should."""
     left = list(expect)
+    none = np.empty(0, dtype=np.int64)
+    # Per source: the dealt batch being cut into chunks, its ids, and the rows taken.
+    batches: list[pa.RecordBatch | None] = [None] * len(gates)
+    ids_of = [none] * len(gates)
+    at = [0] * len(gates)
     try:
         while any(left):
             s = _draw(rng, left)
-            try:
-                got = gates[s].next(timeout=timeout)
-            except (cf.ConnectionLostError, cf.ProducerFailedError) as exc:
-                raise cf.ProducerFailedError(f"rank {rank}: rank {s} failed while dealing: {exc}") from exc
-            if got is None or got.num_rows > left[s]:
-                n = 0 if got is None else got.num_rows
-                raise cf.ProducerFailedError(
-                    f"rank {rank}: rank {s} dealt other rows than it should ({n} more, {left[s]} expected)"
-                )
-            left[s] -= got.num_rows
-            yield split_ids(got)
+            if batches[s] is None:
+                batches[s], ids_of[s] = _next_dealt(gates[s], left[s], timeout, rank, s)
+                at[s] = 0
+            rows, ids, a = batches[s], ids_of[s], at[s]
+            assert rows is not None
+            k = min(STRIPE_ROWS, len(ids) - a)
+            at[s] = a + k
+            left[s] -= k
+            if at[s] == len(ids):  # cut: held no longer than its chunks
+                batches[s], ids_of[s] = None, none
+            yield (rows if k == len(ids) else rows.slice(a, k)), ids[a : a + k]
         for s, gate in enumerate(gates):
             if gate.next(timeout=timeout) is not None:
                 raise cf.ProducerFailedError(f"rank {rank}: rank {s} dealt more rows than it should")
     finally:
         for gate in gates:
             gate.close()
+
+
+def _next_dealt(
+    gate: cf.InputGate, left: int, timeout: float | None, rank: int, source: int
+) -> tuple[pa.RecordBatch, np.ndarray]:
+    """The next batch rank ``source`` dealt (``left`` rows still to come) and its ids."""
+    try:
+        got = gate.next(timeout=timeout)
+    except (cf.ConnectionLostError, cf.ProducerFailedError) as exc:
+        raise cf.ProducerFailedError(f"rank {rank}: rank {source} failed while dealing: {exc}") from exc
+    if got is None or not 0 < got.num_rows <= left:
+        n = 0 if got is None else got.num_rows
+        raise cf.ProducerFailedError(
+            f"rank {rank}: rank {source} dealt other rows than it should ({n} more, {left} expected)"
+        )
+    return split_ids(got)
 
 
 class Gathering:

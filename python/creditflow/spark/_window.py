@@ -59,7 +59,7 @@ class Window:
             merged = _taken(batches, order)
             merged_ids = merged_ids[order]
         else:
-            merged = _one_batch(batches)
+            merged = one_batch(batches)
         self._mixed = merged
         self._mixed_ids = merged_ids
         self._pos = 0
@@ -113,7 +113,7 @@ def warm_up() -> None:
     its kernels, which costs a good part of a second of CPU: a rank does it while it waits
     for the job rather than in front of its first batch."""
     tiny = pa.record_batch([pa.array([0, 1], pa.int64())], names=["x"])
-    _one_batch([tiny, tiny]).take(pa.array([1, 0])).filter(pa.array([True, False]))
+    one_batch([tiny, tiny]).take(pa.array([1, 0])).filter(pa.array([True, False]))
 
 
 def _taken(batches: list[pa.RecordBatch], order: np.ndarray) -> pa.RecordBatch:
@@ -121,10 +121,10 @@ def _taken(batches: list[pa.RecordBatch], order: np.ndarray) -> pa.RecordBatch:
     table's take gathers across its chunks without concatenating them first)."""
     if len(batches) == 1:
         return batches[0].take(pa.array(order))
-    return _one_batch(pa.Table.from_batches(batches).take(pa.array(order)).to_batches())
+    return one_batch(pa.Table.from_batches(batches).take(pa.array(order)).to_batches())
 
 
-def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+def one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     """The rows of ``batches`` as one batch (a copy unless there is one batch)."""
     if len(batches) == 1:
         return batches[0]

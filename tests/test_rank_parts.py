@@ -12,7 +12,7 @@ import pytest
 import creditflow as cf
 from creditflow.spark._rankstate import RankState, RowSet
 from creditflow.spark._reshuffle import DEAL_BYTES, MAX_GROUP_CHUNKS, deal, gather, group_rows, traffic
-from creditflow.spark._runs import ID_COLUMN, Chunks, RunReader, Runs, split_ids, with_ids
+from creditflow.spark._runs import ID_COLUMN, Chunks, MovedIn, RunReader, Runs, split_ids, with_ids
 from creditflow.spark._steps import full_steps_at_least, moves, plan
 from creditflow.spark._stripes import ID_BITS, STRIPE_ROWS, pieces, share_ids
 from creditflow.spark._window import Window
@@ -229,6 +229,32 @@ def test_rowset_overlaps_matches_a_plain_set() -> None:
         lo = int(rng.integers(0, 320))
         hi = lo + int(rng.integers(0, 40))
         assert s.overlaps(lo, hi) == any(lo <= i <= hi for i in ids.tolist()), (ids, lo, hi)
+
+
+def test_a_reader_leaves_out_exactly_the_skipped_ids_in_any_order() -> None:
+    """Moved-in rows come by giver, so a chunk's ids need not ascend: the rows whose ids are in
+    ``skip`` and only those are left out, whether a chunk holds some (between its first and
+    last ids or not), none, or none between skipped ids on either side of its own."""
+    first = np.arange(1024, dtype=np.int64)
+    first[500] = 50_000  # skipped, outside the span of the chunk's first and last ids
+    between = np.arange(70_000, 72_048, 2, dtype=np.int64)  # 71_001 is skipped: none of these
+    shuffled = np.random.default_rng(11).permutation(np.arange(100_000, 120_000, 2, dtype=np.int64))
+    skip = RowSet()
+    skip.add(np.array([50_000, 71_001], dtype=np.int64))
+    skip.add(shuffled[:300])
+    ids = np.concatenate([first, between, shuffled])
+    with cf.NetworkEnvironment(memory="16MiB") as env:
+        store = MovedIn(env)
+        for start in range(0, len(ids), 1024):
+            part = ids[start : start + 1024]
+            store.put(with_ids(pa.record_batch({"x": part}), part))
+        store.end()
+        got = list(store.read(10).chunks(skip))
+        store.release()
+    assert all((b.column(0).to_numpy() == i).all() for b, i in got)
+    kept = np.concatenate([i for _, i in got])
+    gone = {50_000, *shuffled[:300].tolist()}
+    assert kept.tolist() == [x for x in ids.tolist() if x not in gone]
 
 
 class CountingRuns(Runs):

@@ -183,7 +183,7 @@ class RunReader:
                 k = min(STRIPE_ROWS, self._buffered)
                 batch, ids = self._ids_of(self._offset, self._cut(k))
                 self._offset += k
-                if skip is not None:
+                if skip is not None and _touches(skip, ids):
                     keep = ~skip.contains(ids)
                     if not keep.all():
                         batch = batch.filter(pa.array(keep))
@@ -205,3 +205,10 @@ class RunReader:
         self._buffer = rest_table.to_batches() if rest_table.num_rows else []
         self._buffered -= k
         return table.slice(0, k).to_batches()[0]
+
+
+def _touches(rows: RowSet, ids: np.ndarray) -> bool:
+    """Whether an id between the least and the greatest of ``ids`` is in ``rows``: a look at
+    its ranges where testing every id costs a chunk 10 µs or more."""
+    starts, _ends = rows.ranges()
+    return bool(len(starts)) and len(ids) > 0 and rows.overlaps(int(ids.min()), int(ids.max()))

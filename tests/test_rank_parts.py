@@ -14,7 +14,15 @@ from creditflow.spark._rankstate import RankState, RowSet
 from creditflow.spark._reshuffle import DEAL_BYTES, MAX_GROUP_CHUNKS, deal, gather, group_rows, traffic
 from creditflow.spark._runs import ID_COLUMN, Chunks, MovedIn, RunReader, Runs, split_ids, with_ids
 from creditflow.spark._steps import full_steps_at_least, moves, plan
-from creditflow.spark._stripes import ID_BITS, STRIPE_ROWS, pieces, share_ids
+from creditflow.spark._stripes import (
+    ID_BITS,
+    JOIN_BYTES,
+    STRIPE_ROWS,
+    for_ranks,
+    pieces,
+    share_ids,
+    stripe_cuts,
+)
 from creditflow.spark._window import Window
 
 
@@ -104,6 +112,55 @@ def test_stripes_send_every_row_to_one_rank_whatever_the_batches() -> None:
         assert (ids >> ID_BITS == partition).all()
         assert ((ids & ((1 << ID_BITS) - 1)) == np.array(got)).all(), "a rank names its rows"
     assert max(map(len, shares.values())) - min(map(len, shares.values())) <= STRIPE_ROWS
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+@pytest.mark.parametrize("width", [1, 40, 400])
+def test_a_task_joins_a_ranks_stripes_leaving_out_what_it_has(world: int, width: int) -> None:
+    """``for_ranks`` gives each rank the rows ``pieces`` gives it, in order, less the first
+    ``skip`` of its share, in batches of at most JOIN_BYTES (or one stripe piece); with one
+    rank, slices of the input (no copy)."""
+    partition, rows = 3, 9 * STRIPE_ROWS + 500
+    cols = {f"c{j}": np.arange(rows) * (j + 1) for j in range(width)}
+    table = pa.table({"i": np.arange(rows), **cols})
+    skip = [1500 * (r % 2) for r in range(world)]
+    sent = [0] * world
+    want: dict[int, list[int]] = {r: [] for r in range(world)}
+    got: dict[int, list[int]] = {r: [] for r in range(world)}
+    counted = [0] * world
+    row = n_pieces = n_out = 0
+    for b in table.to_batches(max_chunksize=4000):  # input batches across stripes
+        for rank, piece in pieces(b, row, partition, world):
+            want[rank].extend(piece.column(0).to_pylist())
+            n_pieces += 1
+        row_bytes = b.get_total_buffer_size() / b.num_rows
+        for rank, out in for_ranks(b, row, partition, skip, sent):
+            got[rank].extend(out.column(0).to_pylist())
+            n_out += 1
+            assert out.num_rows * row_bytes <= JOIN_BYTES or out.num_rows <= STRIPE_ROWS
+            if world == 1:
+                assert out.column(0).buffers()[1].address == b.column(0).buffers()[1].address
+        row += b.num_rows
+    for r in range(world):
+        counted[r] = len(want[r])
+        assert got[r] == want[r][skip[r] :], f"rank {r}"
+    assert sent == counted, "sent counts each rank's share, skipped rows too"
+    if width == 1:
+        assert n_out <= len(table.to_batches(max_chunksize=4000)) * world, "narrow rows: joined"
+    if width == 400 and world > 1:
+        assert n_out >= n_pieces - world, "wide rows: a stripe is more than JOIN_BYTES, alone"
+
+
+@pytest.mark.parametrize("start", [0, 1, 1023, 1024, 5000])
+@pytest.mark.parametrize("rows", [1, 1024, 3000, 8192])
+def test_stripe_cuts_cut_a_shares_rows_at_its_stripes(start: int, rows: int) -> None:
+    cuts = list(stripe_cuts(start, rows))
+    assert [o for o, _ in cuts] == list(np.cumsum([0] + [n for _, n in cuts[:-1]]))
+    assert sum(n for _, n in cuts) == rows
+    for offset, length in cuts:
+        first = start + offset
+        assert first // STRIPE_ROWS == (first + length - 1) // STRIPE_ROWS, "within one stripe"
+        assert offset == 0 or first % STRIPE_ROWS == 0, "cut at stripe starts"
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

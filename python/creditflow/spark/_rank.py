@@ -46,7 +46,7 @@ from creditflow.spark._rankstate import RowSet
 from creditflow.spark._reshuffle import DEAL_BYTES, Gathering, deal, group_rows, pass_id, traffic
 from creditflow.spark._runs import MovedIn, Runs, with_ids
 from creditflow.spark._steps import moves, plan
-from creditflow.spark._stripes import STRIPE_ROWS, share_ids, share_size
+from creditflow.spark._stripes import JOIN_BYTES, STRIPE_ROWS, share_ids, share_size, stripe_cuts
 from creditflow.spark._threads import Threads
 from creditflow.spark._window import warm_up
 from creditflow.spark.monitor import MonitorHandle, Reporter
@@ -93,13 +93,14 @@ class Ranked(Consumer):
         # window is mixed into a copy), and either the queue of epoch 0 and a run being read
         # (rows to give, or the rest of epoch 0), or the open runs of this rank's deal (each
         # reader holds less than two chunks) and a chunk or two being read.
-        # Shuffled across the ranks, besides: the pieces its deal joins for the other ranks,
-        # the others' batches its gathering cuts, and those cut but still referenced by the
-        # window's pieces (DEAL_BYTES each at most).
+        # Besides: the batches of joined stripes its pieces are slices of, in the queue and
+        # the window (JOIN_BYTES each at most); and shuffled across the ranks, the pieces its
+        # deal joins for the other ranks, the others' batches its gathering cuts, and those
+        # cut but still referenced by the window's pieces (DEAL_BYTES each at most).
         chunks = max(opts.max_queued + 2, 2 * OPEN_RUNS + 3)
         held = 2 * (opts.window + opts.batch_size) + chunks * STRIPE_ROWS
-        dealt = 3 * DEAL_BYTES if opts.across else 0
-        super().__init__(opts, cond, group, Budget(env, held, f"rank {opts.rank}", dealt))
+        extra = 3 * JOIN_BYTES + (3 * DEAL_BYTES if opts.across else 0)
+        super().__init__(opts, cond, group, Budget(env, held, f"rank {opts.rank}", extra))
         self._env = env
         group.on_failure = self._fail
         group.may_leave = lambda: self._final is not None
@@ -357,13 +358,18 @@ class Ranked(Consumer):
             share = self._shares[p]
             if share.grant != grant:
                 return False
-            ids = share_ids(p, self._opts.rank, self._opts.world, share.rows, batch.num_rows)
+            start, n = share.rows, batch.num_rows
+            ids = share_ids(p, self._opts.rank, self._opts.world, start, n)
             runs.put(p, batch)  # raises SpillError at max_spill: the stream fails
-            share.rows += batch.num_rows
-            self._held += batch.num_rows
+            share.rows += n
+            self._held += n
             held = self._held
             self._group.count(held)
-            self._offer(batch, ids, lambda: self._shares[p].grant == grant)
+            # The consumer's queue holds stripe pieces (a task joins a rank's stripes of an
+            # input batch): slices, so the batch stays as long as one of them.
+            for offset, length in stripe_cuts(start, n):
+                piece = batch if length == n else batch.slice(offset, length)
+                self._offer(piece, ids[offset : offset + length], lambda: self._shares[p].grant == grant)
         if held - self._last_told >= self._opts.batch_size:
             self._last_told = held
             self._group.tell({"kind": "rank_rows", "rows": held})

@@ -31,7 +31,7 @@ from creditflow.samples import TaskSample
 from creditflow.spark import _messages
 from creditflow.spark._intake import REGISTER_TIMEOUT
 from creditflow.spark._process import EnvSettings, host_towards, metrics_url_of, task_environment, task_stack
-from creditflow.spark._stripes import pieces
+from creditflow.spark._stripes import for_ranks
 from creditflow.spark._watch import ReaderWatch
 from creditflow.spark.monitor import MonitorHandle, Reporter
 
@@ -377,18 +377,14 @@ def _write_stripes(
     skip: list[int],
     stats: dict[str, Any],
 ) -> None:
-    """Writes the partition's stripes to their ranks, without the first ``skip[r]`` rows of
-    rank r's share (it has them from an attempt that broke)."""
-    world = len(plan.addresses)
-    sent = [0] * world
+    """Writes the partition's stripes to their ranks, a rank's of each input batch joined
+    (:func:`for_ranks`), without the first ``skip[r]`` rows of rank r's share (it has them
+    from an attempt that broke)."""
+    sent = [0] * len(plan.addresses)
     row = 0
     for batch in batches:
-        for rank, piece in pieces(batch, row, index, world):
-            n = piece.num_rows
-            if sent[rank] + n > skip[rank]:
-                cut = max(0, skip[rank] - sent[rank])
-                writer.write(piece.slice(cut) if cut else piece, timeout=plan.timeout, subpartition=rank)
-            sent[rank] += n
+        for rank, rows in for_ranks(batch, row, index, skip, sent):
+            writer.write(rows, timeout=plan.timeout, subpartition=rank)
         row += batch.num_rows
         stats["rows"] += batch.num_rows
         stats["bytes"] += batch.get_total_buffer_size()

@@ -18,6 +18,9 @@ import pyarrow as pa
 STRIPE_ROWS = 1024
 #: Bits of a row id that hold the row's index in its partition (the rest: the partition).
 ID_BITS = 40
+#: Bytes of a rank's stripes a task joins into one batch at most (a stripe larger goes alone):
+#: a batch costs the rank about as much as a stripe's rows do, to receive and store.
+JOIN_BYTES = 256 << 10
 
 
 def pieces(
@@ -57,6 +60,63 @@ def share_size(rows: int, partition: int, rank: int, world: int) -> int:
     if rest and (full + partition) % world == rank:
         count += rest
     return count
+
+
+def for_ranks(
+    batch: pa.RecordBatch, first_row: int, partition: int, skip: list[int], sent: list[int]
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``(rank, batch)`` for each rank's rows of ``batch`` (whose first row is row
+    ``first_row`` of ``partition``), its stripe pieces joined, in order, into batches of at
+    most :data:`JOIN_BYTES` (a stripe larger alone; one copy, none with one rank), leaving
+    out the first ``skip[r]`` rows of rank r's share. ``sent[r]``: rows of rank r's share
+    before ``batch``; moved on past it."""
+    world = len(skip)
+    # Buffers over rows: within a few bytes of each row's share for fixed widths, the average
+    # for variable ones (a task's input is not a slice).
+    row_bytes = max(batch.get_total_buffer_size() / max(batch.num_rows, 1), 1.0)
+    if world == 1:  # every row is the one rank's: slices
+        n = batch.num_rows
+        cut = min(n, max(0, skip[0] - sent[0]))
+        sent[0] += n
+        step = max(STRIPE_ROWS, int(JOIN_BYTES // row_bytes))
+        for offset in range(cut, n, step):
+            yield 0, batch.slice(offset, min(step, n - offset))
+        return
+    mine: list[list[pa.RecordBatch]] = [[] for _ in range(world)]
+    for rank, piece in pieces(batch, first_row, partition, world):
+        n = piece.num_rows
+        if sent[rank] + n > skip[rank]:
+            cut = max(0, skip[rank] - sent[rank])
+            mine[rank].append(piece.slice(cut) if cut else piece)
+        sent[rank] += n
+    for rank, parts in enumerate(mine):
+        group: list[pa.RecordBatch] = []
+        rows = 0
+        for piece in parts:
+            if group and (rows + piece.num_rows) * row_bytes > JOIN_BYTES:
+                yield rank, _joined(group)
+                group, rows = [], 0
+            group.append(piece)
+            rows += piece.num_rows
+        if group:
+            yield rank, _joined(group)
+
+
+def _joined(group: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """One batch of ``group``'s rows (a copy unless there is one)."""
+    if len(group) == 1:
+        return group[0]
+    return pa.Table.from_batches(group).combine_chunks().to_batches()[0]
+
+
+def stripe_cuts(start: int, rows: int) -> Iterator[tuple[int, int]]:
+    """``(offset, length)`` of each stripe piece of ``rows`` rows of a share that start at row
+    ``start`` of the share (a rank's stripes of a partition, one after another)."""
+    offset = 0
+    while offset < rows:
+        length = min(rows - offset, STRIPE_ROWS - (start + offset) % STRIPE_ROWS)
+        yield offset, length
+        offset += length
 
 
 def partition_of(ids: np.ndarray) -> np.ndarray:

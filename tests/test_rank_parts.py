@@ -11,7 +11,15 @@ import pytest
 
 import creditflow as cf
 from creditflow.spark._rankstate import RankState, RowSet
-from creditflow.spark._reshuffle import DEAL_BYTES, MAX_GROUP_CHUNKS, deal, gather, group_rows, traffic
+from creditflow.spark._reshuffle import (
+    DEAL_BYTES,
+    MAX_GROUP_CHUNKS,
+    deal,
+    deal_bytes,
+    gather,
+    group_rows,
+    traffic,
+)
 from creditflow.spark._runs import ID_COLUMN, Chunks, MovedIn, RunReader, Runs, split_ids, with_ids
 from creditflow.spark._steps import full_steps_at_least, moves, plan
 from creditflow.spark._stripes import (
@@ -19,6 +27,7 @@ from creditflow.spark._stripes import (
     JOIN_BYTES,
     STRIPE_ROWS,
     for_ranks,
+    join_bytes,
     pieces,
     share_ids,
     stripe_cuts,
@@ -118,12 +127,14 @@ def test_stripes_send_every_row_to_one_rank_whatever_the_batches() -> None:
 @pytest.mark.parametrize("width", [1, 40, 400])
 def test_a_task_joins_a_ranks_stripes_leaving_out_what_it_has(world: int, width: int) -> None:
     """``for_ranks`` gives each rank the rows ``pieces`` gives it, in order, less the first
-    ``skip`` of its share, in batches of at most JOIN_BYTES (or one stripe piece); with one
-    rank, slices of the input (no copy)."""
+    ``skip`` of its share, in batches of at most the bytes it asks for (or one stripe piece;
+    a rank that asks for none, a stripe piece a batch); with one rank, slices of the input
+    (no copy)."""
     partition, rows = 3, 9 * STRIPE_ROWS + 500
     cols = {f"c{j}": np.arange(rows) * (j + 1) for j in range(width)}
     table = pa.table({"i": np.arange(rows), **cols})
     skip = [1500 * (r % 2) for r in range(world)]
+    join = [0 if r == 2 else JOIN_BYTES for r in range(world)]  # rank 2 asks for none
     sent = [0] * world
     want: dict[int, list[int]] = {r: [] for r in range(world)}
     got: dict[int, list[int]] = {r: [] for r in range(world)}
@@ -134,10 +145,10 @@ def test_a_task_joins_a_ranks_stripes_leaving_out_what_it_has(world: int, width:
             want[rank].extend(piece.column(0).to_pylist())
             n_pieces += 1
         row_bytes = b.get_total_buffer_size() / b.num_rows
-        for rank, out in for_ranks(b, row, partition, skip, sent):
+        for rank, out in for_ranks(b, row, partition, skip, sent, join):
             got[rank].extend(out.column(0).to_pylist())
             n_out += 1
-            assert out.num_rows * row_bytes <= JOIN_BYTES or out.num_rows <= STRIPE_ROWS
+            assert out.num_rows * row_bytes <= join[rank] or out.num_rows <= STRIPE_ROWS
             if world == 1:
                 assert out.column(0).buffers()[1].address == b.column(0).buffers()[1].address
         row += b.num_rows
@@ -146,9 +157,18 @@ def test_a_task_joins_a_ranks_stripes_leaving_out_what_it_has(world: int, width:
         assert got[r] == want[r][skip[r] :], f"rank {r}"
     assert sent == counted, "sent counts each rank's share, skipped rows too"
     if width == 1:
-        assert n_out <= len(table.to_batches(max_chunksize=4000)) * world, "narrow rows: joined"
+        inputs = len(table.to_batches(max_chunksize=4000))
+        asked = sum(1 for r in range(world) if join[r])
+        assert n_out <= inputs * world + (world - asked) * rows // STRIPE_ROWS, "narrow rows: joined"
     if width == 400 and world > 1:
         assert n_out >= n_pieces - world, "wide rows: a stripe is more than JOIN_BYTES, alone"
+
+
+def test_what_a_rank_joins_and_deals_is_a_small_share_of_its_memory() -> None:
+    for memory in (1 << 20, 8 << 20, 64 << 20, 1 << 30):
+        assert join_bytes(memory) == min(JOIN_BYTES, memory // 64)
+        assert deal_bytes(memory) == min(DEAL_BYTES, memory // 32)
+        assert 3 * (join_bytes(memory) + deal_bytes(memory)) <= memory * 15 // 100
 
 
 @pytest.mark.parametrize("start", [0, 1, 1023, 1024, 5000])
@@ -465,6 +485,7 @@ def test_deal_sends_a_ranks_last_rows_once_its_quota_is_full() -> None:
 @pytest.mark.parametrize("row_bytes", [8.0, 48.0, 500.0, 4096.0])
 def test_a_dealt_batch_is_whole_chunks_within_the_deals_bytes(world: int, row_bytes: float) -> None:
     rows = group_rows(world, row_bytes)
+    assert group_rows(world, row_bytes, deal_bytes(8 << 20)) <= rows, "less memory, smaller"
     assert rows % STRIPE_ROWS == 0
     assert STRIPE_ROWS <= rows <= MAX_GROUP_CHUNKS * STRIPE_ROWS
     if rows > STRIPE_ROWS:

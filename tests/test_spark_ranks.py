@@ -290,28 +290,36 @@ def skewed(spark: SparkSession, big: int, tiny: int, width: int) -> tuple[DataFr
     return df, ids
 
 
-def test_a_rank_holds_at_most_its_memory_and_a_batch(spark: SparkSession, tmp_path: Any) -> None:
-    """Two ranks, each in a process of its own with ``memory="16MiB"``, get about twice that
-    each, rank 0 first half as much again (the even tiny partitions are all its): it parks
-    what the bound holds back in its runs and gives it away at the end; three epochs,
-    shuffled across the ranks. Every epoch every row once; each rank's private resident
-    memory grows by at most ``memory`` plus a batch plus what a process holds besides, and
-    what it accounts for (its environment's allocated segments and the rows it holds
-    outside them) stays within ``memory`` plus a batch."""
+@pytest.mark.parametrize(
+    ("width", "memory_mib", "big", "batch"),
+    [(64, 16, 60_000, 256), (1, 8, 1_000_000, 1024)],
+    ids=["wide rows", "narrow rows, stripes joined and batches dealt"],
+)
+def test_a_rank_holds_at_most_its_memory_and_a_batch(
+    spark: SparkSession, tmp_path: Any, width: int, memory_mib: int, big: int, batch: int
+) -> None:
+    """Two ranks, each in a process of its own with ``memory``, get about twice that each,
+    rank 0 first half as much again (the even tiny partitions are all its): it parks what
+    the bound holds back in its runs and gives it away at the end; three epochs, shuffled
+    across the ranks. Every epoch every row once; each rank's private resident memory grows
+    by at most ``memory`` plus a batch plus what a process holds besides, and what it
+    accounts for (its environment's allocated segments and the rows it holds outside them)
+    stays within ``memory`` plus a batch. Wide rows travel a stripe a batch; narrow ones in
+    the batches tasks join a rank's stripes into and ranks deal each other."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
-    df, ids = skewed(spark, big=60_000, tiny=64, width=64)
+    df, ids = skewed(spark, big=big, tiny=64, width=width)
     secret = "m" * 64
-    memory = 16 << 20
+    memory = memory_mib << 20
     procs = []
     for r in range(2):
         cfg = {
             "rank": r,
             "world": 2,
-            "batch": 256,
+            "batch": batch,
             "secret": secret,
             "memory": memory,
             "spill_dir": str(tmp_path),

@@ -43,10 +43,10 @@ from creditflow.spark._group import Group
 from creditflow.spark._home import OPEN_RUNS, Home
 from creditflow.spark._intake import REGISTER_TIMEOUT
 from creditflow.spark._rankstate import RowSet
-from creditflow.spark._reshuffle import DEAL_BYTES, Gathering, deal, group_rows, pass_id, traffic
+from creditflow.spark._reshuffle import Gathering, deal, deal_bytes, group_rows, pass_id, traffic
 from creditflow.spark._runs import MovedIn, Runs, with_ids
 from creditflow.spark._steps import moves, plan
-from creditflow.spark._stripes import JOIN_BYTES, STRIPE_ROWS, share_ids, share_size, stripe_cuts
+from creditflow.spark._stripes import STRIPE_ROWS, join_bytes, share_ids, share_size, stripe_cuts
 from creditflow.spark._threads import Threads
 from creditflow.spark._window import warm_up
 from creditflow.spark.monitor import MonitorHandle, Reporter
@@ -94,12 +94,17 @@ class Ranked(Consumer):
         # (rows to give, or the rest of epoch 0), or the open runs of this rank's deal (each
         # reader holds less than two chunks) and a chunk or two being read.
         # Besides: the batches of joined stripes its pieces are slices of, in the queue and
-        # the window (JOIN_BYTES each at most); and shuffled across the ranks, the pieces its
-        # deal joins for the other ranks, the others' batches its gathering cuts, and those
-        # cut but still referenced by the window's pieces (DEAL_BYTES each at most).
+        # the window (its join bytes each at most); and shuffled across the ranks, the pieces
+        # its deal joins for the other ranks, the others' batches its gathering cuts, and
+        # those cut but still referenced by the window's pieces (its deal bytes each).
         chunks = max(opts.max_queued + 2, 2 * OPEN_RUNS + 3)
         held = 2 * (opts.window + opts.batch_size) + chunks * STRIPE_ROWS
-        extra = 3 * JOIN_BYTES + (3 * DEAL_BYTES if opts.across else 0)
+        m = env.metrics()
+        memory = int(m["segments_total"]) * int(m["segment_size"])
+        #: What this rank's tasks join its stripes into, and its deal its pieces for a rank.
+        self._join = join_bytes(memory)
+        self._deal_bytes = deal_bytes(memory) if opts.across else 0
+        extra = 3 * (self._join + self._deal_bytes)
         super().__init__(opts, cond, group, Budget(env, held, f"rank {opts.rank}", extra))
         self._env = env
         group.on_failure = self._fail
@@ -248,7 +253,7 @@ class Ranked(Consumer):
         if not self._threads.start(self._read, f"creditflow-rank-{p}", p, grant, spec, settled):
             _settle(settled, "the receiver closed")
             return {"accept": False, "reason": "the receiver closed"}
-        return {"accept": True, "grant": grant, "skip": skip, "confirm": True}
+        return {"accept": True, "grant": grant, "skip": skip, "confirm": True, "join": self._join}
 
     def _await_live_attempt(self, p: int, attempt: int) -> None:
         """(Rank 0.) Waits, up to :data:`REGISTER_TIMEOUT`, until the stream of the attempt
@@ -509,7 +514,7 @@ class Ranked(Consumer):
             assert rng is not None, "the global shuffle is seeded"
             with cf.RecordWriter(part, cf.ForwardPartitioner()) as w:
                 # Rows with their ids: a row's bytes and the id's.
-                group = group_rows(o.world, self._budget.row_bytes + 8)
+                group = group_rows(o.world, self._budget.row_bytes + 8, self._deal_bytes)
                 deal(chunks, quotas, rng, lambda d, b: w.write(b, subpartition=d), group)
         except Exception as exc:
             with self._cond:

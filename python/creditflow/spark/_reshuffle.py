@@ -41,17 +41,22 @@ from creditflow.spark._window import one_batch
 
 #: Bytes a rank's deal holds back at most, pieces for the other ranks joined into batches
 #: (each batch costs every step it passes through about as much as a chunk's rows do); its
-#: gathering holds as much of the others' batches while it cuts them into chunks.
+#: gathering holds as much of the others' batches while it cuts them into chunks. A rank
+#: with less than 32 times as much ``memory`` holds a 32nd of it (:func:`deal_bytes`).
 DEAL_BYTES = 1 << 20
 #: Chunks joined into one dealt batch at most.
 MAX_GROUP_CHUNKS = 8
 
 
-def group_rows(world: int, row_bytes: float) -> int:
-    """Rows a dealt batch holds at most: whole chunks, as many as :data:`DEAL_BYTES` allows
-    for ``world`` ranks at ``row_bytes`` a row (at least one, at most
-    :data:`MAX_GROUP_CHUNKS`)."""
-    chunks = int(DEAL_BYTES // (max(world, 1) * max(row_bytes, 1.0) * STRIPE_ROWS))
+def deal_bytes(memory: int) -> int:
+    """What a rank with ``memory`` bytes holds back of its deal at most."""
+    return min(DEAL_BYTES, memory // 32)
+
+
+def group_rows(world: int, row_bytes: float, limit: int = DEAL_BYTES) -> int:
+    """Rows a dealt batch holds at most: whole chunks, as many as ``limit`` bytes allow for
+    ``world`` ranks at ``row_bytes`` a row (at least one, at most :data:`MAX_GROUP_CHUNKS`)."""
+    chunks = int(limit // (max(world, 1) * max(row_bytes, 1.0) * STRIPE_ROWS))
     return max(1, min(MAX_GROUP_CHUNKS, chunks)) * STRIPE_ROWS
 
 

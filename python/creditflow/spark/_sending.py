@@ -306,7 +306,7 @@ def stream_partition(
         with ReaderWatch(part, plan.addresses, plan.env.secret, who, plan.env.peer_timeout) as watch:
             batches = watch.guard(batches)
             if plan.ranks:
-                _write_stripes(writer, plan, index, batches, [int(a.get("skip", 0)) for a in answers], stats)
+                _write_stripes(writer, plan, index, batches, answers, stats)
             else:
                 _write_all(writer, plan, index, attempt, batches, stats)
             writer.close()
@@ -374,16 +374,18 @@ def _write_stripes(
     plan: SendPlan,
     index: int,
     batches: Iterator[pa.RecordBatch],
-    skip: list[int],
+    answers: list[dict[str, Any]],
     stats: dict[str, Any],
 ) -> None:
-    """Writes the partition's stripes to their ranks, a rank's of each input batch joined
-    (:func:`for_ranks`), without the first ``skip[r]`` rows of rank r's share (it has them
-    from an attempt that broke)."""
+    """Writes the partition's stripes to their ranks, each rank's of an input batch joined
+    into batches of the bytes its answer asks for (``join``; none: a stripe a batch), without
+    the first ``skip`` rows of its share (it has them from an attempt that broke)."""
+    skip = [int(a.get("skip", 0)) for a in answers]
+    join = [int(a.get("join", 0)) for a in answers]
     sent = [0] * len(plan.addresses)
     row = 0
     for batch in batches:
-        for rank, rows in for_ranks(batch, row, index, skip, sent):
+        for rank, rows in for_ranks(batch, row, index, skip, sent, join):
             writer.write(rows, timeout=plan.timeout, subpartition=rank)
         row += batch.num_rows
         stats["rows"] += batch.num_rows

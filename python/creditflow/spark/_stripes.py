@@ -19,8 +19,14 @@ STRIPE_ROWS = 1024
 #: Bits of a row id that hold the row's index in its partition (the rest: the partition).
 ID_BITS = 40
 #: Bytes of a rank's stripes a task joins into one batch at most (a stripe larger goes alone):
-#: a batch costs the rank about as much as a stripe's rows do, to receive and store.
+#: a batch costs the rank about as much as a stripe's rows do, to receive and store. A rank
+#: with less than 64 times as much ``memory`` asks for a 64th of it (:func:`join_bytes`).
 JOIN_BYTES = 256 << 10
+
+
+def join_bytes(memory: int) -> int:
+    """What a rank with ``memory`` bytes asks its tasks to join its stripes into at most."""
+    return min(JOIN_BYTES, memory // 64)
 
 
 def pieces(
@@ -63,11 +69,16 @@ def share_size(rows: int, partition: int, rank: int, world: int) -> int:
 
 
 def for_ranks(
-    batch: pa.RecordBatch, first_row: int, partition: int, skip: list[int], sent: list[int]
+    batch: pa.RecordBatch,
+    first_row: int,
+    partition: int,
+    skip: list[int],
+    sent: list[int],
+    join: list[int],
 ) -> Iterator[tuple[int, pa.RecordBatch]]:
     """``(rank, batch)`` for each rank's rows of ``batch`` (whose first row is row
     ``first_row`` of ``partition``), its stripe pieces joined, in order, into batches of at
-    most :data:`JOIN_BYTES` (a stripe larger alone; one copy, none with one rank), leaving
+    most ``join[r]`` bytes (a stripe larger alone; one copy, none with one rank), leaving
     out the first ``skip[r]`` rows of rank r's share. ``sent[r]``: rows of rank r's share
     before ``batch``; moved on past it."""
     world = len(skip)
@@ -78,7 +89,7 @@ def for_ranks(
         n = batch.num_rows
         cut = min(n, max(0, skip[0] - sent[0]))
         sent[0] += n
-        step = max(STRIPE_ROWS, int(JOIN_BYTES // row_bytes))
+        step = max(STRIPE_ROWS, int(join[0] // row_bytes))
         for offset in range(cut, n, step):
             yield 0, batch.slice(offset, min(step, n - offset))
         return
@@ -93,7 +104,7 @@ def for_ranks(
         group: list[pa.RecordBatch] = []
         rows = 0
         for piece in parts:
-            if group and (rows + piece.num_rows) * row_bytes > JOIN_BYTES:
+            if group and (rows + piece.num_rows) * row_bytes > join[rank]:
                 yield rank, _joined(group)
                 group, rows = [], 0
             group.append(piece)

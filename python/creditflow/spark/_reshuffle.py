@@ -111,8 +111,8 @@ def deal(
     entry: rows left out), each chunk or piece of one to a rank drawn in proportion to its
     quota left; ``write(d, batch)`` sends a batch with its ids: the pieces for one rank, in
     order, joined into batches of at most ``group`` rows (a longer piece alone; with the
-    default, one chunk, each piece at once). Raises ValueError when the chunks hold other than ``sum(quotas)``
-    rows."""
+    default, one chunk, each piece at once). Raises ValueError when the chunks hold other
+    than ``sum(quotas)`` rows."""
     left = list(quotas)
     drop = len(quotas) - 1
     pending: list[list[pa.RecordBatch]] = [[] for _ in range(drop)]

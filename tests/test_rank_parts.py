@@ -32,7 +32,7 @@ from creditflow.spark._stripes import (
     share_ids,
     stripe_cuts,
 )
-from creditflow.spark._window import Window
+from creditflow.spark._window import Window, permutation
 
 
 @pytest.mark.parametrize("total", [0, 1, 7, 999, 1000, 1001, 2047, 2048, 2049, 10_007, 123_457])
@@ -181,6 +181,18 @@ def test_stripe_cuts_cut_a_shares_rows_at_its_stripes(start: int, rows: int) -> 
         first = start + offset
         assert first // STRIPE_ROWS == (first + length - 1) // STRIPE_ROWS, "within one stripe"
         assert offset == 0 or first % STRIPE_ROWS == 0, "cut at stripe starts"
+
+
+def test_a_windows_permutation_is_every_row_once_seeded_by_its_generator() -> None:
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    first, again = permutation(a, 10_000), permutation(b, 10_000)
+    assert np.array_equal(np.sort(first), np.arange(10_000))
+    assert np.array_equal(first, again), "the same generator state, the same order"
+    assert not np.array_equal(permutation(a, 10_000), first), "the generator moves on"
+    assert len(permutation(a, 0)) == 0
+    # Where row 0 lands, over many draws: anywhere about as often (a chi-square bound).
+    lands = np.bincount([int(np.flatnonzero(permutation(a, 8) == 0)[0]) for _ in range(8000)], minlength=8)
+    assert ((lands - 1000) ** 2 / 1000).sum() < 30, lands
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

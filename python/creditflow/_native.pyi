@@ -26,6 +26,10 @@ def _wake_logs() -> None:
 def _set_log_level(level: int) -> None:
     """Makes Rust produce records at Python ``logging`` level ``level`` and above."""
 
+def _permutation(n: int, seed: int) -> bytes:
+    """The numbers ``0 .. n - 1`` in an order drawn uniformly at random from ``seed`` (the same
+    seed, the same order), as ``n`` native-endian int64 values (``numpy.frombuffer``)."""
+
 def _remove_spill_dirs() -> None:
     """Removes the spill directories of this process's environments that are still open
     (``creditflow.NetworkEnvironment`` registers it with :mod:`atexit`)."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from creditflow import _native
+
 
 class Window:
     """Rows waiting to be yielded, with their ids."""
@@ -55,7 +57,7 @@ class Window:
             return
         merged_ids = np.concatenate(ids)
         if self._rng is not None:
-            order = self._rng.permutation(len(merged_ids))
+            order = permutation(self._rng, len(merged_ids))
             merged = _taken(batches, order)
             merged_ids = merged_ids[order]
         else:
@@ -105,6 +107,13 @@ class Window:
         """Drops everything (the rows left out of an epoch with ``drop_last``)."""
         self._pieces, self._waiting = [], 0
         self._mixed, self._mixed_ids, self._pos = None, np.empty(0, dtype=np.int64), 0
+
+
+def permutation(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``0 .. n - 1`` in an order drawn uniformly at random, seeded by one draw from ``rng``
+    (numpy's own ``permutation`` takes about 12 ns a row, a shuffle in Rust a few)."""
+    seed = int(rng.bit_generator.random_raw())
+    return np.frombuffer(_native._permutation(n, seed), dtype=np.int64)
 
 
 def warm_up() -> None:

@@ -38,6 +38,7 @@ mod metrics;
 mod partition;
 mod partitioners;
 mod settings;
+mod shuffle;
 mod spec;
 mod tls;
 mod writer;
@@ -71,6 +72,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(settings::settings, m)?)?;
     m.add_function(wrap_pyfunction!(error::_register_errors, m)?)?;
     m.add_function(wrap_pyfunction!(env::parse_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(shuffle::_permutation, m)?)?;
     m.add_function(wrap_pyfunction!(env::_remove_spill_dirs, m)?)?;
     m.add_function(wrap_pyfunction!(logs::_drain_logs, m)?)?;
     m.add_function(wrap_pyfunction!(logs::_set_log_level, m)?)?;

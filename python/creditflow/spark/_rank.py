@@ -372,9 +372,10 @@ class Ranked(Consumer):
             self._group.count(held)
             # The consumer's queue holds stripe pieces (a task joins a rank's stripes of an
             # input batch): slices, so the batch stays as long as one of them.
+            current = lambda: self._shares[p].grant == grant  # noqa: E731
             for offset, length in stripe_cuts(start, n):
                 piece = batch if length == n else batch.slice(offset, length)
-                self._offer(piece, ids[offset : offset + length], lambda: self._shares[p].grant == grant)
+                self._offer(piece, ids[offset : offset + length], current)
         if held - self._last_told >= self._opts.batch_size:
             self._last_told = held
             self._group.tell({"kind": "rank_rows", "rows": held})

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
+from creditflow.spark._window import one_batch
+
 #: Rows per stripe.
 STRIPE_ROWS = 1024
 #: Bits of a row id that hold the row's index in its partition (the rest: the partition).
@@ -105,19 +107,12 @@ def for_ranks(
         rows = 0
         for piece in parts:
             if group and (rows + piece.num_rows) * row_bytes > join[rank]:
-                yield rank, _joined(group)
+                yield rank, one_batch(group)
                 group, rows = [], 0
             group.append(piece)
             rows += piece.num_rows
         if group:
-            yield rank, _joined(group)
-
-
-def _joined(group: list[pa.RecordBatch]) -> pa.RecordBatch:
-    """One batch of ``group``'s rows (a copy unless there is one)."""
-    if len(group) == 1:
-        return group[0]
-    return pa.Table.from_batches(group).combine_chunks().to_batches()[0]
+            yield rank, one_batch(group)
 
 
 def stripe_cuts(start: int, rows: int) -> Iterator[tuple[int, int]]:

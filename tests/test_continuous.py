@@ -56,6 +56,7 @@ class Sender:
             None,
             batch_id=batch_id,
             stream=stream,
+            continuous=True,  # as the sink's plans are (register_job sets it for send's)
         )
 
     def task(

@@ -22,6 +22,7 @@ removed at its end whatever happened. Needs root (skipped with the reason otherw
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -39,7 +40,7 @@ import pytest
 pytestmark = [pytest.mark.multihost, pytest.mark.spark, pytest.mark.slow]
 
 pytest.importorskip("pyspark")
-from pyspark import BarrierTaskContext  # noqa: E402
+from pyspark import BarrierTaskContext, TaskContext  # noqa: E402
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import LongType, StructField, StructType  # noqa: E402
@@ -155,6 +156,36 @@ def test_a_certificate_that_does_not_name_the_hosts_is_refused(
     assert any(h.addr in str(info.value) for h in bed.workers), str(info.value)[-3000:]
 
 
+@contextlib.contextmanager
+def remote_consumer(
+    bed: multihost.Cluster, report: Path, *extra: str
+) -> Iterator[tuple[dict[str, Any], subprocess.Popen[str]]]:
+    """``tests/spark_consumer.py`` on host c, unthrottled, writing its report to ``report``:
+    its greeting (``address``, ``secret``) and its process, killed if it still runs at the
+    end. ``extra``: more of its arguments."""
+    client = bed.net.hosts["c"]
+    argv = [sys.executable, str(HERE / "spark_consumer.py"), "--out", str(report), "--delay", "0"]
+    consumer = subprocess.Popen(
+        client.exec(*argv, "--bind", client.addr, *extra), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert consumer.stdout is not None
+        yield json.loads(consumer.stdout.readline()), consumer
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+            consumer.wait()
+        if consumer.stdout is not None:
+            consumer.stdout.close()
+
+
+def numbered(spark: SparkSession, rows: int, partitions: int) -> DataFrame:
+    """``id`` 0 .. rows - 1 and a string made of it."""
+    return spark.range(0, rows, numPartitions=partitions).select(
+        "id", F.concat(F.lit("row "), F.col("id").cast("string")).alias("s")
+    )
+
+
 @pytest.mark.parametrize("via", ["executors", "driver"])
 @pytest.mark.parametrize("security", ["secret", "tls"])
 def test_send_streams_to_a_receiver_on_another_host(
@@ -162,29 +193,17 @@ def test_send_streams_to_a_receiver_on_another_host(
 ) -> None:
     client = bed.net.hosts["c"]
     report = tmp_path / "report.json"
-    argv = [sys.executable, str(HERE / "spark_consumer.py"), "--out", str(report), "--delay", "0"]
-    argv += ["--bind", client.addr]
+    extra = []
     if security == "tls":
         t = tls_kwargs(tls)
-        argv += ["--tls", str(t["cert"]), str(t["key"]), str(t["ca"])]
-    consumer = subprocess.Popen(client.exec(*argv), stdout=subprocess.PIPE, text=True)
-    try:
-        assert consumer.stdout is not None
-        hello = json.loads(consumer.stdout.readline())
+        extra = ["--tls", str(t["cert"]), str(t["key"]), str(t["ca"])]
+    with remote_consumer(bed, report, *extra) as (hello, consumer):
         assert hello["address"].startswith(f"{client.addr}:")
-        df = spark.range(0, 100_000, numPartitions=bed.slots).select(
-            "id", F.concat(F.lit("row "), F.col("id").cast("string")).alias("s")
-        )
+        df = numbered(spark, 100_000, bed.slots)
         stats = cfs.send(
             df, hello["address"], hello["secret"], via=via, tls=tls if security == "tls" else None
         )
         assert consumer.wait(60) == 0
-    finally:
-        if consumer.poll() is None:
-            consumer.kill()
-            consumer.wait()
-        if consumer.stdout is not None:
-            consumer.stdout.close()
     got = json.loads(report.read_text())
     assert (got["rows"], got["unique_ids"], got["id_sum"]) == (100_000, 100_000, sum(range(100_000)))
     assert len(stats) == (bed.slots if via == "executors" else 1)
@@ -213,19 +232,24 @@ def test_a_monitor_made_on_the_driver_hears_the_tasks_of_every_host(
 # ------------------------------------------------------------------------------------ faults
 
 
-def stall_first_attempt(marks: Path) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def stall_first_attempt(
+    marks: Path, tag: bool = True
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """An exchange ``func`` that appends ``p``, its task's (output partition's) index, and
     whose tasks, until the file ``marks/go`` exists, stop after their first batch (each says
     so with ``marks/started-<p>``) and wait for it: the exchange is in full flight, its
     writers blocked for credit, until the test has done its harm and written ``go``. Tasks
-    that start after ``go`` (the retry) go straight through."""
+    that start after ``go`` (the retry) go straight through. Without ``tag``, a
+    ``mapInArrow`` function before a ``send`` (no barrier; the batches as they are)."""
 
     def func(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         go = marks / "go"
         stall = not go.exists()
-        me = BarrierTaskContext.get().partitionId()
+        ctx = BarrierTaskContext.get() if tag else TaskContext.get()
+        assert ctx is not None
+        me = ctx.partitionId()
         for b in batches:
-            yield b.append_column("p", pa.array([me] * b.num_rows, pa.int64()))
+            yield b.append_column("p", pa.array([me] * b.num_rows, pa.int64())) if tag else b
             if stall:
                 stall = False
                 (marks / f"started-{me}").touch()
@@ -327,6 +351,30 @@ def test_an_executor_killed_during_an_exchange_is_retried_with_the_same_result(
     assert max(attempts(events)) >= 1
     assert any(f["Reason"] == "ExecutorLostFailure" for f in failures(events)), failures(events)
     # The worker started a new executor in place of the killed one.
+    poll("a new executor on b", lambda: bed.executor_pids("b") and bed.executor_pids("b") != killed)
+
+
+def test_an_executor_killed_during_a_send_is_retried_and_every_row_arrives_once(
+    spark: SparkSession, bed: multihost.Cluster, tmp_path: Path
+) -> None:
+    """Host b's executor is killed while every task is sending to a receiver on host c:
+    Spark runs b's tasks again, each retry continues after the rows the receiver has, and
+    the consumer gets every row once."""
+    report = tmp_path / "report.json"
+    with remote_consumer(bed, report) as (hello, consumer):
+        df = numbered(spark, FAULT_ROWS, bed.slots)
+        df = df.mapInArrow(stall_first_attempt(tmp_path, tag=False), df.schema)
+        wait = run_in_background(lambda: cfs.send(df, hello["address"], hello["secret"], timeout=120))
+        poll("every task sending", lambda: len(list(tmp_path.glob("started-*"))) == bed.slots)
+        killed = bed.executor_pids("b")
+        assert len(killed) == 1, killed
+        os.kill(killed[0], signal.SIGKILL)
+        (tmp_path / "go").touch()
+        stats = wait()
+        assert consumer.wait(60) == 0
+    got = json.loads(report.read_text())
+    assert (got["rows"], got["unique_ids"], got["id_sum"]) == (FAULT_ROWS, FAULT_ROWS, sum(range(FAULT_ROWS)))
+    assert max(s["attempt"] for s in stats) >= 1, stats
     poll("a new executor on b", lambda: bed.executor_pids("b") and bed.executor_pids("b") != killed)
 
 

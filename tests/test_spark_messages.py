@@ -6,10 +6,12 @@ Every task of an exchange or a ``send`` with a monitor opens an ``Outbox`` to th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -308,6 +310,14 @@ def test_a_listener_that_never_completes_the_handshake_fails_the_request(
     assert f"{address} did not complete the handshake within 1.0 s" in str(error)
 
 
+def rows(n: int) -> Any:
+    """``n`` rows of ``x`` = 0, 1, ... in batches of 1,000."""
+    import pyarrow as pa
+
+    for start in range(0, n, 1000):
+        yield pa.record_batch({"x": pa.array(range(start, start + 1000))})
+
+
 def plan_to(address: str, job: str, secret: str = "k" * 32) -> Any:
     """A send's plan to the one receiver at ``address``."""
     from creditflow.spark._process import EnvSettings
@@ -365,29 +375,37 @@ os._exit(1)  # as a PySpark worker whose task failed: at once, nothing closed
 """
 
 
+@contextlib.contextmanager
+def dying_producer(secret: str) -> Iterator[tuple[str, Callable[[], None]]]:
+    """A process that wrote 1,000 rows (``x`` = 0..999) to its partition ``p``: its
+    environment's address, and a function that makes it exit at once and waits for it."""
+    import subprocess
+    import sys
+
+    with subprocess.Popen(
+        [sys.executable, "-c", PRODUCER, secret], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        stdin = proc.stdin
+
+        def die() -> None:
+            stdin.write("\n")
+            stdin.flush()
+            proc.wait(30)
+
+        yield proc.stdout.readline().strip(), die
+
+
 def test_a_broken_connection_gives_way_to_the_job_s_error() -> None:
     """A failed Spark task's worker exits at once, so the receiver may see its connection
     break before the driver's word that the job failed arrives: the consumer must raise the
     job's error, not the broken connection."""
-    import subprocess
-    import sys
-
     import creditflow as cf
     import creditflow.spark as cfs
     from creditflow.spark import _messages
 
-    with (
-        cfs.Receiver(timeout=60) as rx,
-        subprocess.Popen(
-            [sys.executable, "-c", PRODUCER, rx.secret],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        ) as proc,
-    ):
-        assert proc.stdout is not None
-        assert proc.stdin is not None
-        address = proc.stdout.readline().strip()
+    with cfs.Receiver(timeout=60) as rx, dying_producer(rx.secret) as (address, die):
         job = {"kind": "job", "job": "j1", "num_partitions": 1}
         assert _messages.send(rx.address, rx.secret, job, reply=True)["accept"]
         part = {"kind": "partition", "job": "j1", "partition": 0, "address": address, "partition_id": "p"}
@@ -395,9 +413,7 @@ def test_a_broken_connection_gives_way_to_the_job_s_error() -> None:
         first = rx.next(timeout=30)
         assert first is not None
         assert first.num_rows == 1000
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        proc.wait(30)
+        die()
         time.sleep(0.5)  # the connection is broken by now; the job's failure comes after
         failed = {"kind": "job_failed", "job": "j1", "error": "the source broke"}
         _messages.send(rx.address, rx.secret, failed)
@@ -405,30 +421,68 @@ def test_a_broken_connection_gives_way_to_the_job_s_error() -> None:
             rx.next(timeout=30)
 
 
-def test_a_task_whose_input_breaks_makes_the_receiver_raise_its_error() -> None:
-    """The task's own error ends its channel, not the release that follows it: the receiver
-    raises it although the driver's word that the job failed never comes (in Spark it can
-    come after the receiver saw the channel end)."""
+def test_a_task_whose_input_breaks_is_continued_by_its_retry_after_the_rows_delivered() -> None:
+    """A task's own error ends its channel (and it tells the receiver): the stream does not
+    fail, since Spark may try the task again; the retried attempt skips the rows the consumer
+    has and sends the rest, so every row arrives once, and the stream ends on the driver's
+    word that the job succeeded."""
     import pyarrow as pa
 
     import creditflow as cf
     import creditflow.spark as cfs
-    from creditflow.spark._sending import register_job, stream_partition
+    from creditflow.spark._sending import register_job, stream_partition, tell_job_done
 
     with cfs.Receiver(timeout=60) as rx, cf.NetworkEnvironment(secret=rx.secret) as env:
 
-        def batches() -> Any:
+        def breaks() -> Any:
             yield pa.record_batch({"x": pa.array(range(1000))})
             first = rx.next(timeout=30)  # the receiver reads the channel by now
             assert first is not None
             assert first.num_rows == 1000
+            yield pa.record_batch({"x": pa.array(range(1000, 1500))})
             raise RuntimeError("the source broke")
 
         plan = register_job(plan_to(rx.address, "j1", rx.secret), 1)
         with pytest.raises(RuntimeError, match="the source broke"):
-            stream_partition(env, plan, 0, 0, batches())
-        with pytest.raises(cf.ProducerFailedError, match="RuntimeError: the source broke"):
-            rx.next(timeout=30)
+            stream_partition(env, plan, 0, 0, breaks())
+        retry = stream_partition(env, plan, 0, 1, rows(5000))
+        assert retry["accepted"], retry
+        assert retry["rows"] == 5000, "an attempt counts the rows it skipped"
+        tell_job_done(plan, [retry])
+        rest = pa.concat_arrays([b.column(0) for b in rx])
+    # The second batch of attempt 0 may or may not have been read before its failure.
+    assert rest.to_pylist() == list(range(1000, 5000))
+
+
+def test_a_killed_task_is_continued_by_its_retry_and_a_stale_attempt_turned_away() -> None:
+    """A task's worker killed mid-stream (its connection breaks, nothing said): its retry
+    continues after the rows delivered; an attempt older than one that asked (a late
+    speculative copy) is turned away and fails its task rather than succeed with nothing."""
+    import pyarrow as pa
+
+    import creditflow as cf
+    import creditflow.spark as cfs
+    from creditflow.spark import _messages
+    from creditflow.spark._sending import register_job, stream_partition, tell_job_done
+
+    with (
+        cfs.Receiver(timeout=60) as rx,
+        cf.NetworkEnvironment(secret=rx.secret) as env,
+        dying_producer(rx.secret) as (address, die),
+    ):
+        plan = register_job(plan_to(rx.address, "j1", rx.secret), 1)
+        part = {"kind": "partition", "job": "j1", "partition": 0, "address": address, "partition_id": "p"}
+        assert _messages.send(rx.address, rx.secret, part, reply=True)["accept"]
+        first = rx.next(timeout=30)
+        assert first is not None
+        assert first.num_rows == 1000
+        die()  # killed: its connection breaks
+        retry = stream_partition(env, plan, 0, 2, rows(3000))
+        with pytest.raises(RuntimeError, match="attempt 1 asked after attempt 2"):
+            stream_partition(env, plan, 0, 1, rows(3000))
+        tell_job_done(plan, [retry])
+        rest = pa.concat_arrays([b.column(0) for b in rx])
+    assert rest.to_pylist() == list(range(1000, 3000))
 
 
 def test_a_task_stopped_by_the_failed_job_gives_way_to_the_job_s_error() -> None:
@@ -468,77 +522,90 @@ def test_a_task_stopped_by_the_failed_job_gives_way_to_the_job_s_error() -> None
         teller.join()
 
 
-def test_a_partition_cut_short_by_an_early_end_of_input_fails_send_and_the_receiver() -> None:
+def test_a_partition_cut_short_by_an_early_end_of_input_is_continued_or_fails() -> None:
     """A task whose upstream Python worker died sees its input end early and ends its channel
-    cleanly with part of its partition; Spark's retry is turned away (the partition is being
-    received) and counts its rows. The receiver holds its stream's end for the driver's word
-    with each partition's rows: short of them, send and the consumer both raise, naming the
-    partition; with them, the stream ends."""
+    cleanly with part of its partition. The receiver holds its stream's end for the driver's
+    word with each partition's rows: Spark's retry continues after the rows it has (every row
+    once); without one, short of the rows, send and the consumer both raise, naming the
+    partition."""
     import pyarrow as pa
 
     import creditflow as cf
     import creditflow.spark as cfs
     from creditflow.spark._sending import register_job, stream_partition, tell_job_done
 
-    def rows(n: int) -> Any:
-        for start in range(0, n, 1000):
-            yield pa.record_batch({"x": pa.array(range(start, start + 1000))})
-
     with cfs.Receiver(timeout=60, max_queued=16) as rx, cf.NetworkEnvironment(secret=rx.secret) as env:
         plan = register_job(plan_to(rx.address, "j1", rx.secret), 2)
         whole = stream_partition(env, plan, 0, 0, rows(5000))
         early = stream_partition(env, plan, 1, 0, rows(1000))  # the input ended after 1 batch
-        retry = stream_partition(env, plan, 1, 1, rows(5000))
         got = [rx.next(timeout=30) for _ in range(6)]
         with pytest.raises(cf.TimeoutError):
             rx.next(timeout=0.5)  # every channel ended, but the driver has not said so yet
-        with pytest.raises(RuntimeError, match="partition 1: 1000 of 5000 rows"):
-            tell_job_done(plan, [whole, retry])
-        with pytest.raises(cf.ProducerFailedError, match="partition 1: 1000 of 5000 rows"):
-            rx.next(timeout=30)
-    assert (whole["accepted"], early["accepted"], retry["accepted"]) == (True, True, False)
-    assert retry["rows"] == 5000, "the turned-away attempt counts its rows"
-    assert sum(b.num_rows for b in got if b is not None) == 6000
+        retry = stream_partition(env, plan, 1, 1, rows(5000))
+        tell_job_done(plan, [whole, retry])
+        got += list(rx)
+    assert (whole["accepted"], early["accepted"], retry["accepted"]) == (True, True, True)
+    values = pa.concat_arrays([b.column(0) for b in got if b is not None]).to_pylist()
+    assert sorted(values) == sorted(list(range(5000)) * 2), "every row of both partitions once"
 
     with cfs.Receiver(timeout=60, max_queued=16) as rx, cf.NetworkEnvironment(secret=rx.secret) as env:
-        plan = register_job(plan_to(rx.address, "j2", rx.secret), 1)
+        plan = register_job(plan_to(rx.address, "j2", rx.secret), 2)
+        whole = stream_partition(env, plan, 0, 0, rows(5000))
+        early = stream_partition(env, plan, 1, 0, rows(1000))
+        with pytest.raises(RuntimeError, match="partition 1: 1000 of 5000 rows"):
+            tell_job_done(plan, [whole, {**early, "rows": 5000}])
+        with pytest.raises(cf.ProducerFailedError, match="partition 1: 1000 of 5000 rows"):
+            list(rx)
+
+    with cfs.Receiver(timeout=60, max_queued=16) as rx, cf.NetworkEnvironment(secret=rx.secret) as env:
+        plan = register_job(plan_to(rx.address, "j3", rx.secret), 1)
         stats = stream_partition(env, plan, 0, 0, rows(3000))
         tell_job_done(plan, [stats])
         assert sum(b.num_rows for b in rx) == 3000
 
 
 def test_a_failed_stream_stops_reading_the_other_partitions() -> None:
-    """Once a partition's attempt broke, the stream failed and its consumer stops taking
+    """Once the driver says the job failed, the stream failed and its consumer stops taking
     batches: the receiver stops reading the other partitions, so that their tasks end at once
-    instead of waiting until their timeout for a queue nobody empties, and the driver's word
-    that the job succeeded is answered with the broken partition."""
+    instead of waiting until their timeout for a queue nobody empties, and an attempt that
+    asks afterwards is turned away."""
     import dataclasses
 
     import pyarrow as pa
 
     import creditflow as cf
     import creditflow.spark as cfs
-    from creditflow.spark._sending import register_job, stream_partition, tell_job_done
+    from creditflow.spark._sending import register_job, stream_partition, tell_job_failed
 
     def breaks() -> Any:
         yield pa.record_batch({"x": pa.array(range(1000))})
         raise RuntimeError("the source broke")
 
-    def rows(n: int) -> Any:
-        for start in range(0, n, 1000):
-            yield pa.record_batch({"x": pa.array(range(start, start + 1000))})
-
     with cfs.Receiver(timeout=60, max_queued=2) as rx, cf.NetworkEnvironment(secret=rx.secret) as env:
         plan = dataclasses.replace(register_job(plan_to(rx.address, "j1", rx.secret), 2), timeout=20)
         with pytest.raises(RuntimeError, match="the source broke"):
             stream_partition(env, plan, 1, 0, breaks())
-        # 40 batches, with room for 2 in the queue: waits 20 s and raises TimeoutError if the
-        # receiver kept reading into it.
-        other = stream_partition(env, plan, 0, 0, rows(40_000))
-        with pytest.raises(RuntimeError, match="partition 1: .*the source broke"):
-            tell_job_done(plan, [other, {"partition": 1, "rows": 1000}])
+        outcome: list[object] = []
+
+        def other() -> None:
+            # 40 batches, with room for 2 in the queue: waits 20 s and raises TimeoutError if
+            # the receiver kept reading into it.
+            try:
+                outcome.append(stream_partition(env, plan, 0, 0, rows(40_000)))
+            except Exception as exc:
+                outcome.append(exc)
+
+        writer = threading.Thread(target=other)
+        writer.start()
+        poll("the queue full", lambda: rx._mode._queue.full(), deadline=30)
+        tell_job_failed(plan, RuntimeError("the source broke"))
+        writer.join(15)
+        assert not writer.is_alive(), "the other partition's task still waits"
+        assert not isinstance(outcome[0], TimeoutError), outcome
+        with pytest.raises(RuntimeError, match="turned away.*the Spark job failed"):
+            stream_partition(env, plan, 1, 1, rows(1000))
         with pytest.raises(cf.ProducerFailedError, match="the source broke"):
-            list(rx)  # p1's batch first, if its reader got it before the failure
+            list(rx)  # p1's and p0's batches first
 
 
 def test_a_consumer_that_closes_at_the_stream_s_end_leaves_send_its_answer() -> None:
@@ -587,9 +654,9 @@ def test_a_receiver_that_closed_before_reading_a_partition_is_named_by_its_task(
 
     read = _intake.Intake._read
 
-    def late(self: Any, index: int, spec: Any) -> None:
+    def late(self: Any, index: int, attempt: int, spec: Any) -> None:
         self.closed.wait()  # the reader starts only once the receiver is closing
-        read(self, index, spec)
+        read(self, index, attempt, spec)
 
     monkeypatch.setattr(_intake.Intake, "_read", late)
     rx = cfs.Receiver(timeout=60, spill=True)
@@ -625,7 +692,7 @@ def test_a_receiver_gone_before_its_reader_connected_fails_the_task_soon(
     from creditflow.spark import _intake
     from creditflow.spark._sending import register_job, stream_partition
 
-    def never(self: Any, index: int, spec: Any) -> None:
+    def never(self: Any, index: int, attempt: int, spec: Any) -> None:
         self.closed.wait()  # the reader never reaches the task
 
     monkeypatch.setattr(_intake.Intake, "_read", never)

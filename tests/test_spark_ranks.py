@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 import creditflow.spark as cfs  # noqa: E402
+from spark_faults import fail_first_attempt, kill_first_attempt  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -568,15 +569,7 @@ def test_a_live_rank_goes_back_to_a_checkpoint_without_spark(spark: SparkSession
 def test_a_worker_killed_in_epoch_0_still_gives_every_row_once(spark: SparkSession) -> None:
     rows = 200_000
 
-    def kill_first_attempt(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        ctx = TaskContext.get()
-        assert ctx is not None
-        for i, b in enumerate(batches):
-            yield b
-            if ctx.partitionId() == 1 and ctx.attemptNumber() == 0 and i == 3:
-                os.kill(os.getpid(), signal.SIGKILL)  # the worker dies in the middle of its stream
-
-    df = numbers(spark, rows, 2).mapInArrow(kill_first_attempt, "id long, x double")
+    df = numbers(spark, rows, 2).mapInArrow(kill_first_attempt(1, 3), "id long, x double")
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "5000")
     try:
         with Job(2, 1000) as job:
@@ -599,15 +592,7 @@ def test_a_task_whose_input_ends_early_is_retried_and_continues(spark: SparkSess
     they have: every row once (the driver's word that the job succeeded ends the stream)."""
     rows = 120_000
 
-    def fail_first_attempt(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        ctx = TaskContext.get()
-        assert ctx is not None
-        for i, b in enumerate(batches):
-            if ctx.partitionId() == 0 and ctx.attemptNumber() == 0 and i == 3:
-                raise RuntimeError("upstream failure in attempt 0")
-            yield b
-
-    df = numbers(spark, rows, 2).mapInArrow(fail_first_attempt, "id long, x double")
+    df = numbers(spark, rows, 2).mapInArrow(fail_first_attempt(0, 3), "id long, x double")
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "5000")
     try:
         with Job(2, 1000) as job:

@@ -2,15 +2,18 @@
 control inbox the driver and the tasks talk to, the job's registration, the tasks' partitions
 and a reader thread per partition, which hands each batch to the mode's :class:`Sink`.
 
-Every partition is delivered once: a second attempt of a partition already being read
-(speculation, a retried task) is turned away, and a failed attempt fails the stream, so that
-nothing is delivered partly twice. A clean end of an attempt's channel does not prove its
+Every row is delivered once. One attempt of a partition is read at a time: another that asks
+meanwhile (speculation, a retry that came before its predecessor's stream broke) is told to
+ask again, and an attempt older than one that asked is turned away. An attempt whose stream
+breaks (its executor died, its task failed) leaves the partition to Spark's next attempt,
+which skips the rows the receiver already has and sends the rest; the stream fails only on
+the driver's word that the job failed. A clean end of an attempt's channel does not prove its
 partition whole (a task whose upstream Python worker died sees its input end early, and ends
-its channel cleanly before Spark fails it): the stream ends only on the driver's word that
-the job succeeded, with each partition's rows from the attempt Spark kept, once every
-partition ended with that many rows; fewer fails the stream. A rank receiver
-(:mod:`creditflow.spark._rank`) handles its partitions itself (it resumes a failed attempt's
-partition where it broke) and gives the inbox a handler of its own.
+its channel cleanly before Spark fails it; its retry continues too): the stream ends only on
+the driver's word that the job succeeded, with each partition's rows from the attempt Spark
+kept, once no partition is being read; fewer rows fail the stream. A rank receiver
+(:mod:`creditflow.spark._rank`) handles its partitions itself and gives the inbox a handler of
+its own.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from creditflow.spark._threads import Threads
 
 #: How long a registration waits for the receiver's answer.
 REGISTER_TIMEOUT = 30.0
-#: How long a partition's broken connection waits for the driver's word that the job failed
-#: (then the consumer raises the job's error rather than the connection's).
-JOB_FAILED_GRACE = 5.0
+#: How long a receiver holds its answer to an attempt while another attempt of the partition
+#: is being read (then it says "ask again"): well within the registration's timeout.
+HOLD = REGISTER_TIMEOUT / 2
 #: How often blocked receiver threads look whether the receiver closed.
 POLL = 0.1
 
@@ -54,6 +57,11 @@ class Sink(Protocol):
         """The sink's own first failure (a full spill directory...), or None."""
 
 
+#: What a reader gets when the attempt it reads broke (its executor died, its task failed, it
+#: released its partition before the request reached it, or said it failed: the gate closed).
+_BROKEN = (cf.ConnectionLostError, cf.ProducerFailedError, cf.ClosedError, cf.PartitionNotFoundError)
+
+
 class _Settled:
     """Whether a partition's reader thread kept all of it, once the thread is done."""
 
@@ -70,19 +78,24 @@ class Intake:
         self._sink = sink
         self._lock = threading.Lock()
         self.closed = threading.Event()
-        self._job_failed = threading.Event()
         self._job: str | None = None
         self._num_partitions: int | None = None
-        self._accepted: dict[int, str] = {}
-        #: The attempt read of each partition.
+        #: The attempt read (or read last) of each partition, and the newest that asked.
         self._attempts: dict[int, int] = {}
-        self._ended: set[int] = set()
-        #: Rows read of each partition, and the rows the driver says each has (job_done).
+        self._newest: dict[int, int] = {}
+        #: The partitions whose current attempt is being read, and their gates once open.
+        self._live: set[int] = set()
+        self._gates: dict[tuple[int, int], cf.InputGate] = {}
+        #: Attempts that said they failed before their reader opened its gate.
+        self._failed: set[tuple[int, int]] = set()
+        #: Rows read of each partition (over all its attempts), and the rows the driver says
+        #: each has (job_done).
         self._rows: dict[int, int] = {}
         self._expected: dict[int, int] | None = None
-        #: Why the stream failed (a partition's attempt broke, or came short), once it did.
+        #: Why the stream failed (the job failed, the sink did, or a partition came short).
         self._broken: str | None = None
-        self._settled: dict[int, _Settled] = {}
+        #: Whether each attempt's reader kept what it read, by (partition, attempt).
+        self._settled: dict[tuple[int, int], _Settled] = {}
         self._threads = Threads()
         self._done = False
         self._inbox = _messages.Inbox(self._on_message, host=host, key=secret, name="creditflow-receiver")
@@ -101,17 +114,20 @@ class Intake:
                 if self._job is None:
                     self._job = msg.get("job")
                 mine = msg.get("job") == self._job
+                if mine:
+                    self._broken = self._broken or f"the Spark job failed: {msg.get('error')}"
             if mine:
                 self._sink.fail(cf.ProducerFailedError(f"the Spark job failed: {msg.get('error')}"))
-                self._job_failed.set()
             return None
         if kind == "delivered" and msg.get("job") == self._job:
-            return self._delivered(int(msg["partition"]))
+            return self._delivered(int(msg["partition"]), int(msg.get("attempt", 0)))
         if kind == "attempt_failed" and msg.get("job") == self._job:
             index, attempt = int(msg["partition"]), int(msg.get("attempt", 0))
             return self._attempt_failed(index, attempt, str(msg.get("error")))
         if kind == "job_done" and msg.get("job") == self._job:
             return self._job_done({int(p): int(n) for p, n in dict(msg["rows"]).items()})
+        if kind == "partition" and msg.get("job") == self._job:
+            self._await_settled(int(msg["partition"]), int(msg.get("attempt", 0)))
         with self._lock:
             if kind == "job":
                 if msg.get("world_size", 1) != 1:
@@ -126,26 +142,52 @@ class Intake:
                 return self._accept(msg)
         return {"accept": True}
 
+    def _await_settled(self, index: int, attempt: int) -> None:
+        """Waits, up to :data:`HOLD`, until the stream of the attempt being read of
+        partition ``index`` settles, when ``attempt`` is a newer one (its predecessor's stream
+        may not have broken yet: a killed executor's connection breaks a moment later)."""
+        with self._lock:
+            current = self._attempts.get(index, -1)
+            live = index in self._live and attempt > current
+            settled = self._settled.setdefault((index, current), _Settled()) if live else None
+        if settled is not None:
+            deadline = time.monotonic() + HOLD
+            while not settled.event.wait(POLL) and not self.closed.is_set() and time.monotonic() < deadline:
+                pass
+
     def _accept(self, msg: _messages.Message) -> _messages.Message:
-        """A task's partition (under the lock): read it, unless another attempt is."""
-        index = int(msg["partition"])
+        """A task's partition (under the lock): read it, after the rows an earlier attempt
+        delivered (``skip``), unless another attempt is being read (ask again) or a newer one
+        asked (turned away)."""
+        index, attempt = int(msg["partition"]), int(msg.get("attempt", 0))
         if self.closed.is_set():
             return {"accept": False, "reason": "the receiver closed"}
-        if index in self._accepted:
-            # Another attempt of a partition already being read: delivered once only.
-            return {"accept": False, "reason": f"partition {index} is already being received"}
-        self._accepted[index] = msg["partition_id"]
-        self._attempts[index] = int(msg.get("attempt", 0))
+        if self._broken is not None:
+            return {"accept": False, "reason": self._broken}
+        newest = self._newest.get(index, -1)
+        if attempt < newest:
+            return {
+                "accept": False,
+                "reason": f"partition {index}: attempt {attempt} asked after attempt {newest}, which has it",
+            }
+        if attempt == newest and index not in self._live:
+            return {"accept": False, "reason": f"partition {index}: attempt {attempt} was read already"}
+        if index in self._live:
+            return {"accept": False, "retry": True, "reason": f"partition {index} is being received"}
+        self._newest[index] = attempt
+        self._attempts[index] = attempt
+        self._live.add(index)
         spec = cf.ChannelSpec(msg["address"], msg["partition_id"], 0)
-        if not self._threads.start(self._read, f"creditflow-receiver-{index}", index, spec):
+        if not self._threads.start(self._read, f"creditflow-receiver-{index}", index, attempt, spec):
+            self._live.discard(index)
             return {"accept": False, "reason": "the receiver closed"}
-        return {"accept": True, "confirm": self._sink.confirm}
+        return {"accept": True, "confirm": self._sink.confirm, "skip": self._rows.get(index, 0)}
 
-    def _read(self, index: int, spec: cf.ChannelSpec) -> None:
+    def _read(self, index: int, attempt: int, spec: cf.ChannelSpec) -> None:
         failure: str | None = "the receiver closed"
         try:
             try:
-                with self._env.create_input_gate([spec]) as gate:
+                with self._gate(index, attempt, spec) as gate:
                     while not self.closed.is_set():
                         try:
                             batch = gate.next(timeout=POLL * 10)
@@ -157,15 +199,13 @@ class Intake:
                             self._rows[index] = self._rows.get(index, 0) + batch.num_rows
                         if not self._sink.deliver(batch):
                             return
+            except _BROKEN as exc:
+                # The attempt broke (its executor died, its task failed, or it released its
+                # partition before the request reached it): Spark's next attempt continues
+                # after the rows delivered, unless the job failed (the driver says so).
+                failure = f"{type(exc).__name__}: {exc}"
+                return
             except Exception as exc:
-                if isinstance(exc, (cf.ConnectionLostError, cf.ProducerFailedError)):
-                    # A PySpark worker whose task failed exits at once: its connection can break
-                    # before its failure arrives; and when one task fails the job, Spark stops the
-                    # others, whose failures (a cut input stream) can come first. The driver tells
-                    # of the failed job with its cause: give that a moment, so the consumer sees
-                    # the job's error, not a symptom of it. (Not past the receiver's close, which
-                    # waits for this thread.)
-                    self._job_fails_within_grace()
                 if not self.closed.is_set():
                     self._sink.fail(exc)
                 failure = self._sink.failure() or f"{type(exc).__name__}: {exc}"
@@ -174,54 +214,53 @@ class Intake:
                 return
             if not self.closed.is_set():
                 failure = None
-            with self._lock:
-                self._ended.add(index)
         finally:
-            self._settle(index, failure)
+            with self._lock:
+                self._live.discard(index)
+                self._gates.pop((index, attempt), None)
+            self._settle(index, attempt, failure)
 
-    def _settle(self, index: int, failure: str | None) -> None:
-        """Records that partition ``index`` was kept whole (``failure`` None) or why not."""
+    def _gate(self, index: int, attempt: int, spec: cf.ChannelSpec) -> cf.InputGate:
+        """The gate reading ``attempt``'s channel, closed at once when the attempt said it
+        failed before (what it sent before failing is read up to there otherwise)."""
+        gate = self._env.create_input_gate([spec])
         with self._lock:
-            settled = self._settled.setdefault(index, _Settled())
+            if (index, attempt) in self._failed:
+                gate.close()
+            else:
+                self._gates[(index, attempt)] = gate
+        return gate
+
+    def _settle(self, index: int, attempt: int, failure: str | None) -> None:
+        """Records that ``attempt``'s stream of partition ``index`` was kept whole
+        (``failure`` None) or why not."""
+        with self._lock:
+            settled = self._settled.setdefault((index, attempt), _Settled())
         settled.failure = failure
         settled.event.set()
 
-    def _delivered(self, index: int) -> _messages.Message:
+    def _delivered(self, index: int, attempt: int) -> _messages.Message:
         """The answer to a task that asks whether its partition was kept whole (its reader
         thread is done with it by then, or soon)."""
         with self._lock:
-            settled = self._settled.setdefault(index, _Settled())
+            settled = self._settled.setdefault((index, attempt), _Settled())
         if not settled.event.wait(REGISTER_TIMEOUT):
             return {"ok": False, "reason": f"partition {index} is still being received"}
         return {"ok": settled.failure is None, "reason": settled.failure}
 
     def _attempt_failed(self, index: int, attempt: int, error: str) -> _messages.Message:
-        """A task says its attempt failed: when it is the attempt read, the stream fails now
-        (its reader may not have reached the channel yet: the task's release can come first,
-        and the reader then retries for a while before it finds no partition)."""
+        """A task says its attempt failed: when it is the attempt being read, its reader stops
+        now (it may not have reached the channel yet: the task's release can come first, and
+        the reader would retry for a while before it finds no partition), and Spark's next
+        attempt continues after the rows delivered."""
         with self._lock:
-            if self._attempts.get(index) != attempt or index in self._ended or self._broken:
+            if self._attempts.get(index) != attempt or index not in self._live:
                 return {"ok": True}
-            self._broken = f"partition {index}: {error}"
-        self._threads.start(self._fail_unless_the_job_did, "creditflow-receiver-grace", error)
+            self._failed.add((index, attempt))
+            gate = self._gates.get((index, attempt))
+        if gate is not None:
+            gate.close()
         return {"ok": True}
-
-    def _fail_unless_the_job_did(self, error: str) -> None:
-        """Fails the stream with a task's ``error`` unless the driver's word that the job
-        failed comes within the grace: when one task fails the job, Spark stops the others,
-        and a stopped task's failure (a cut input stream) can come before that word, which
-        names the cause. (Not past the receiver's close.)"""
-        if not self._job_fails_within_grace() and not self.closed.is_set():
-            self._conclude(error)
-
-    def _job_fails_within_grace(self) -> bool:
-        """Waits up to :data:`JOB_FAILED_GRACE` for the driver's word that the job failed
-        (not past the receiver's close); whether it came."""
-        grace = time.monotonic() + JOB_FAILED_GRACE
-        while not self.closed.is_set() and time.monotonic() < grace:
-            if self._job_failed.wait(POLL):
-                return True
-        return False
 
     def _job_done(self, rows: dict[int, int]) -> _messages.Message | _messages.Then:
         """The driver's word that the job succeeded, with each partition's rows: the stream
@@ -242,10 +281,13 @@ class Intake:
         return _messages.Then(answer, lambda: self._conclude(verdict))
 
     def _verdict(self) -> str | None:
-        """(Under the lock.) Once the driver's word came and every partition ended, the first
-        time: "" when each has its rows, else why not (the stream then fails); else None."""
+        """(Under the lock.) Once the driver's word came and no partition is being read (or
+        waits for its first attempt), the first time: "" when each has its rows, else why not
+        (the stream then fails); else None."""
         expected, n = self._expected, self._num_partitions
-        if expected is None or n is None or len(self._ended) < n or self._done or self._broken:
+        if expected is None or n is None or self._done or self._broken:
+            return None
+        if self._live or any(p not in self._attempts for p in range(n)):
             return None
         self._done = True
         short = [
@@ -256,9 +298,8 @@ class Intake:
         if not short:
             return ""
         self._broken = (
-            f"{'; '.join(short)}: the attempt read ended early (its task failed after its input "
-            "ended, when an upstream Python worker died) and a receiver without ranks cannot take "
-            "the rest from another attempt"
+            f"{'; '.join(short)}: the last attempt read broke or ended early (its task failed after "
+            "its input ended, when an upstream Python worker died) and no later attempt sent the rest"
         )
         return self._broken
 

@@ -41,7 +41,7 @@ from creditflow.spark._budget import Budget
 from creditflow.spark._consumer import Consumer, Options
 from creditflow.spark._group import Group
 from creditflow.spark._home import OPEN_RUNS, Home
-from creditflow.spark._intake import REGISTER_TIMEOUT
+from creditflow.spark._intake import HOLD, REGISTER_TIMEOUT
 from creditflow.spark._rankstate import RowSet
 from creditflow.spark._reshuffle import Gathering, deal, deal_bytes, group_rows, pass_id, traffic
 from creditflow.spark._runs import MovedIn, Runs, with_ids
@@ -256,7 +256,7 @@ class Ranked(Consumer):
         return {"accept": True, "grant": grant, "skip": skip, "confirm": True, "join": self._join}
 
     def _await_live_attempt(self, p: int, attempt: int) -> None:
-        """(Rank 0.) Waits, up to :data:`REGISTER_TIMEOUT`, until the stream of the attempt
+        """(Rank 0.) Waits, up to :data:`HOLD`, until the stream of the attempt
         that is sending partition ``p`` settles, so that a second attempt is answered then (an
         older attempt than that one is answered at once: it is turned away)."""
         with self._cond:
@@ -265,7 +265,7 @@ class Ranked(Consumer):
             live = status == "live" and attempt >= self._newest.get(p, -1)
             entry = share.settled.get(current) if share is not None and live else None
         if entry is not None:
-            entry[0].wait(REGISTER_TIMEOUT)
+            entry[0].wait(HOLD)
 
     def _job_done(self, rows: dict[int, int]) -> _messages.Message:
         """The driver's word that the job succeeded, with each partition's rows: this rank

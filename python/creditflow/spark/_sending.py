@@ -2,11 +2,12 @@
 
 Each task creates a partition in its worker's environment with one subpartition per
 receiver and registers it (an authenticated control message). To one receiver it writes its
-batches as Spark computes them. To W ranks it writes its partition in stripes
-(:mod:`creditflow.spark._stripes`): it first asks rank 0 for the partition (rank 0 grants it
-to one attempt at a time, and never to an attempt older than one it granted), then registers
-with every rank, each of which answers how many rows of its share it already has (from an
-attempt that broke), and those are skipped.
+batches as Spark computes them, after the rows the receiver says it has (from an attempt that
+broke). To W ranks it writes its partition in stripes (:mod:`creditflow.spark._stripes`): it
+first asks rank 0 for the partition (rank 0 grants it to one attempt at a time, and never to
+an attempt older than one it granted), then registers with every rank, each of which answers
+how many rows of its share it already has (from an attempt that broke), and those are
+skipped. Either way a retried attempt must compute the same rows in the same order.
 """
 
 from __future__ import annotations
@@ -286,20 +287,16 @@ def stream_partition(
         writer = cf.RecordWriter(part, cf.ForwardPartitioner())
         refused = [(r, a) for r, a in enumerate(answers) if not a.get("accept")]
         if refused:
-            # Turned away: a rank knows of a newer attempt (fail what the others accepted),
-            # or the one receiver reads another attempt.
+            # Turned away: the receiver (rank 0) knows of a newer attempt (fail what the
+            # other ranks accepted), or its stream failed or closed.
             rank, answer = refused[0]
-            why = f"partition {index}, attempt {attempt}: turned away by rank {rank}: {answer.get('reason')}"
+            by = f"rank {rank}" if plan.ranks else "the receiver"
+            why = f"partition {index}, attempt {attempt}: turned away by {by}: {answer.get('reason')}"
             writer.fail(why)
-            if plan.ranks:
+            if not plan.continuous:
                 # Fail the task: succeeding with nothing sent would leave Spark no attempt
                 # that delivers the partition (the newer one may yet break).
                 raise RuntimeError(why)
-            if not plan.continuous:
-                # The driver checks the receiver's rows of the partition against this
-                # attempt's, should Spark keep it: count them (nothing is sent).
-                for batch in batches:
-                    stats["rows"] += batch.num_rows
             return _finish(stats, start)
         stats["accepted"] = True
         who = lambda r: f"partition {index}: {receiver_at(plan, r)}"  # noqa: E731
@@ -308,7 +305,7 @@ def stream_partition(
             if plan.ranks:
                 _write_stripes(writer, plan, index, batches, answers, stats)
             else:
-                _write_all(writer, plan, index, attempt, batches, stats)
+                _write_all(writer, plan, index, attempt, batches, stats, int(answers[0].get("skip", 0)))
             writer.close()
             part.wait_consumed(timeout=plan.timeout)
         for rank, answer in enumerate(answers):
@@ -329,18 +326,23 @@ def _write_all(
     attempt: int,
     batches: Iterator[pa.RecordBatch],
     stats: dict[str, Any],
+    skip: int,
 ) -> None:
-    """Writes the partition to the one receiver. When computing it fails, the channel ends
-    with that failure, so the receiver raises the task's error rather than the release that
-    follows it (the driver's word that the job failed can come after the receiver saw the
-    channel end). The receiver is also told on the control channel (its reader may not have
-    reached the channel yet): its stream fails, or, continuous, it drops the attempt, and
-    another attempt may take over."""
+    """Writes the partition to the one receiver, without its first ``skip`` rows (the
+    receiver has them from an attempt that broke). When computing it fails, the channel ends
+    with that failure, and the receiver is also told on the control channel (its reader may
+    not have reached the channel yet): it stops reading this attempt, and Spark's next attempt
+    takes over (continuing after the rows delivered, or, at a continuous receiver, which drops
+    the attempt, from the start)."""
     try:
         for batch in batches:
-            writer.write(batch, timeout=plan.timeout)
             stats["rows"] += batch.num_rows
             stats["bytes"] += batch.get_total_buffer_size()
+            if skip >= batch.num_rows:
+                skip -= batch.num_rows
+                continue
+            writer.write(batch.slice(skip) if skip else batch, timeout=plan.timeout)
+            skip = 0
     except BaseException as exc:
         why = f"the task failed: {type(exc).__name__}: {exc}"
         with contextlib.suppress(Exception):

@@ -1,0 +1,43 @@
+"""``mapInArrow`` functions that break a Spark task's first attempt, for the tests of what
+Spark's retry does next."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+from pyspark import TaskContext
+
+MapFunction = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+def kill_first_attempt(partition: int, after: int) -> MapFunction:
+    """Passes batches through; in attempt 0 of task ``partition``, the Python worker kills
+    itself (SIGKILL, as a lost executor's would go) right after yielding batch ``after``."""
+
+    def func(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ctx = TaskContext.get()
+        assert ctx is not None
+        for i, b in enumerate(batches):
+            yield b
+            if ctx.partitionId() == partition and ctx.attemptNumber() == 0 and i == after:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return func
+
+
+def fail_first_attempt(partition: int, at: int) -> MapFunction:
+    """Passes batches through; attempt 0 of task ``partition`` raises at batch ``at`` (an
+    upstream function's failure: a downstream task's input then ends early, cleanly)."""
+
+    def func(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ctx = TaskContext.get()
+        assert ctx is not None
+        for i, b in enumerate(batches):
+            if ctx.partitionId() == partition and ctx.attemptNumber() == 0 and i == at:
+                raise RuntimeError("upstream failure in attempt 0")
+            yield b
+
+    return func

@@ -454,6 +454,33 @@ def test_a_task_whose_input_breaks_is_continued_by_its_retry_after_the_rows_deli
     assert rest.to_pylist() == list(range(1000, 5000))
 
 
+def test_a_retry_that_computes_other_rows_fails_the_stream_instead_of_continuing() -> None:
+    """A retry whose rows differ from the attempt it continues (a DataFrame whose order after
+    a shuffle is not the same twice) would deliver some rows twice and lose others: its row
+    at the resume point differs from the last one delivered, so the task raises and the
+    consumer gets why, after the rows delivered."""
+    import pyarrow as pa
+
+    import creditflow as cf
+    import creditflow.spark as cfs
+    from creditflow.spark._sending import register_job, stream_partition
+
+    def reordered(n: int) -> Any:
+        for start in range(0, n, 1000):
+            yield pa.record_batch({"x": pa.array(range(start + 999, start - 1, -1))})
+
+    with cfs.Receiver(timeout=60) as rx, cf.NetworkEnvironment(secret=rx.secret) as env:
+        plan = register_job(plan_to(rx.address, "j1", rx.secret), 1)
+        first = stream_partition(env, plan, 0, 0, rows(2000))  # ended early (cleanly)
+        with pytest.raises(RuntimeError, match="partition 0: attempt 1 computed other rows"):
+            stream_partition(env, plan, 0, 1, reordered(5000))
+        got = [rx.next(timeout=30) for _ in range(2)]
+        with pytest.raises(cf.ProducerFailedError, match="its row 1999, the last one delivered, differs"):
+            rx.next(timeout=30)
+    assert first["rows"] == 2000
+    assert pa.concat_arrays([b.column(0) for b in got if b is not None]).to_pylist() == list(range(2000))
+
+
 def test_a_killed_task_is_continued_by_its_retry_and_a_stale_attempt_turned_away() -> None:
     """A task's worker killed mid-stream (its connection breaks, nothing said): its retry
     continues after the rows delivered; an attempt older than one that asked (a late

@@ -18,6 +18,7 @@ its own.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from typing import Protocol
@@ -62,6 +63,14 @@ class Sink(Protocol):
 _BROKEN = (cf.ConnectionLostError, cf.ProducerFailedError, cf.ClosedError, cf.PartitionNotFoundError)
 
 
+def fingerprint(batch: pa.RecordBatch, row: int) -> str:
+    """What row ``row`` of ``batch`` holds, as a short digest of its values (their ``repr``,
+    which tells apart every float, NaN included, and every other value Arrow converts to
+    Python), independent of how the batch lays out its buffers."""
+    values = batch.slice(row, 1).to_pylist()[0]
+    return hashlib.blake2b(repr(values).encode(), digest_size=16).hexdigest()
+
+
 class _Settled:
     """Whether a partition's reader thread kept all of it, once the thread is done."""
 
@@ -94,6 +103,9 @@ class Intake:
         self._expected: dict[int, int] | None = None
         #: Why the stream failed (the job failed, the sink did, or a partition came short).
         self._broken: str | None = None
+        #: The last row delivered of each partition, when its last attempt settled: its number
+        #: and :func:`fingerprint`, which the next attempt's same row must match.
+        self._boundary: dict[int, tuple[int, str]] = {}
         #: Whether each attempt's reader kept what it read, by (partition, attempt).
         self._settled: dict[tuple[int, int], _Settled] = {}
         self._threads = Threads()
@@ -126,6 +138,10 @@ class Intake:
             return self._attempt_failed(index, attempt, str(msg.get("error")))
         if kind == "job_done" and msg.get("job") == self._job:
             return self._job_done({int(p): int(n) for p, n in dict(msg["rows"]).items()})
+        if kind == "resume_check" and msg.get("job") == self._job:
+            return self._resume_check(
+                int(msg["partition"]), int(msg.get("attempt", 0)), int(msg["row"]), str(msg["fingerprint"])
+            )
         if kind == "partition" and msg.get("job") == self._job:
             self._await_settled(int(msg["partition"]), int(msg.get("attempt", 0)))
         with self._lock:
@@ -185,6 +201,7 @@ class Intake:
 
     def _read(self, index: int, attempt: int, spec: cf.ChannelSpec) -> None:
         failure: str | None = "the receiver closed"
+        last: pa.RecordBatch | None = None
         try:
             try:
                 with self._gate(index, attempt, spec) as gate:
@@ -195,6 +212,8 @@ class Intake:
                             continue
                         if batch is None:
                             break
+                        if batch.num_rows:
+                            last = batch
                         with self._lock:
                             self._rows[index] = self._rows.get(index, 0) + batch.num_rows
                         if not self._sink.deliver(batch):
@@ -215,7 +234,10 @@ class Intake:
             if not self.closed.is_set():
                 failure = None
         finally:
+            digest = fingerprint(last, last.num_rows - 1) if last is not None else None
             with self._lock:
+                if digest is not None:
+                    self._boundary[index] = (self._rows[index] - 1, digest)
                 self._live.discard(index)
                 self._gates.pop((index, attempt), None)
             self._settle(index, attempt, failure)
@@ -261,6 +283,27 @@ class Intake:
         if gate is not None:
             gate.close()
         return {"ok": True}
+
+    def _resume_check(self, index: int, attempt: int, row: int, digest: str) -> _messages.Message:
+        """An attempt that continues partition ``index`` after the rows delivered says what
+        its row ``row`` (the last one delivered) is: the same as the attempt it continues
+        computed, or it computed other rows or another order (the DataFrame is not
+        deterministic), and the stream fails rather than deliver rows twice or lose some."""
+        with self._lock:
+            if self._attempts.get(index) != attempt or self._broken is not None:
+                why = self._broken or f"partition {index}: attempt {attempt} is not the one read"
+                return {"ok": False, "reason": why}
+            if self._boundary.get(index) == (row, digest):
+                return {"ok": True}
+            self._broken = (
+                f"partition {index}: attempt {attempt} computed other rows than the attempt it continues "
+                f"(its row {row}, the last one delivered, differs): the DataFrame's rows or their order "
+                "are not the same when Spark computes a partition again (after a shuffle, sort each "
+                "partition by a unique key, or write the DataFrame out and send what is read back)"
+            )
+            why = self._broken
+        self._conclude(why)
+        return {"ok": False, "reason": why}
 
     def _job_done(self, rows: dict[int, int]) -> _messages.Message | _messages.Then:
         """The driver's word that the job succeeded, with each partition's rows: the stream

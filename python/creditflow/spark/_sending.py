@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame
 import creditflow as cf
 from creditflow.samples import TaskSample
 from creditflow.spark import _messages
-from creditflow.spark._intake import REGISTER_TIMEOUT
+from creditflow.spark._intake import REGISTER_TIMEOUT, fingerprint
 from creditflow.spark._process import EnvSettings, host_towards, metrics_url_of, task_environment, task_stack
 from creditflow.spark._stripes import for_ranks
 from creditflow.spark._watch import ReaderWatch
@@ -334,10 +334,14 @@ def _write_all(
     not have reached the channel yet): it stops reading this attempt, and Spark's next attempt
     takes over (continuing after the rows delivered, or, at a continuous receiver, which drops
     the attempt, from the start)."""
+    boundary = skip - 1  # the last row the receiver has (none: -1)
     try:
         for batch in batches:
+            start = stats["rows"]
             stats["rows"] += batch.num_rows
             stats["bytes"] += batch.get_total_buffer_size()
+            if start <= boundary < stats["rows"]:
+                _check_resume(plan, index, attempt, boundary, fingerprint(batch, boundary - start))
             if skip >= batch.num_rows:
                 skip -= batch.num_rows
                 continue
@@ -351,6 +355,23 @@ def _write_all(
         with contextlib.suppress(OSError, EOFError, TimeoutError, multiprocessing.AuthenticationError):
             _register(plan, 0, {**message, "error": why[:2000]})
         raise
+
+
+def _check_resume(plan: SendPlan, index: int, attempt: int, row: int, digest: str) -> None:
+    """Tells the receiver what this attempt's row ``row``, the last one it has of the
+    partition, is; raises if the receiver had another (the rows differ between attempts)."""
+    message = {
+        "kind": "resume_check",
+        "job": plan.job,
+        "partition": index,
+        "attempt": attempt,
+        "row": row,
+        "fingerprint": digest,
+    }
+    answer = _register(plan, 0, message)
+    if not answer.get("ok"):
+        why = answer.get("reason")
+        raise RuntimeError(f"{receiver_at(plan, 0)} cannot continue partition {index}: {why}")
 
 
 def _finish(stats: dict[str, Any], start: float) -> dict[str, Any]:

@@ -89,9 +89,8 @@ class Intake:
         self.closed = threading.Event()
         self._job: str | None = None
         self._num_partitions: int | None = None
-        #: The attempt read (or read last) of each partition, and the newest that asked.
+        #: The attempt read (or read last) of each partition: the newest it accepted.
         self._attempts: dict[int, int] = {}
-        self._newest: dict[int, int] = {}
         #: The partitions whose current attempt is being read, and their gates once open.
         self._live: set[int] = set()
         self._gates: dict[tuple[int, int], cf.InputGate] = {}
@@ -180,7 +179,7 @@ class Intake:
             return {"accept": False, "reason": "the receiver closed"}
         if self._broken is not None:
             return {"accept": False, "reason": self._broken}
-        newest = self._newest.get(index, -1)
+        newest = self._attempts.get(index, -1)
         if attempt < newest:
             return {
                 "accept": False,
@@ -190,7 +189,6 @@ class Intake:
             return {"accept": False, "reason": f"partition {index}: attempt {attempt} was read already"}
         if index in self._live:
             return {"accept": False, "retry": True, "reason": f"partition {index} is being received"}
-        self._newest[index] = attempt
         self._attempts[index] = attempt
         self._live.add(index)
         spec = cf.ChannelSpec(msg["address"], msg["partition_id"], 0)

@@ -342,11 +342,9 @@ def _write_all(
             stats["bytes"] += batch.get_total_buffer_size()
             if start <= boundary < stats["rows"]:
                 _check_resume(plan, index, attempt, boundary, fingerprint(batch, boundary - start))
-            if skip >= batch.num_rows:
-                skip -= batch.num_rows
-                continue
-            writer.write(batch.slice(skip) if skip else batch, timeout=plan.timeout)
-            skip = 0
+            cut = skip - start  # rows of this batch the receiver has
+            if cut < batch.num_rows:
+                writer.write(batch.slice(cut) if cut > 0 else batch, timeout=plan.timeout)
     except BaseException as exc:
         why = f"the task failed: {type(exc).__name__}: {exc}"
         with contextlib.suppress(Exception):

@@ -28,6 +28,7 @@ from creditflow.spark._stripes import (
     STRIPE_ROWS,
     for_ranks,
     join_bytes,
+    partition_row,
     pieces,
     share_ids,
     stripe_cuts,
@@ -120,6 +121,8 @@ def test_stripes_send_every_row_to_one_rank_whatever_the_batches() -> None:
         ids = share_ids(partition, rank, world, 0, len(got))
         assert (ids >> ID_BITS == partition).all()
         assert ((ids & ((1 << ID_BITS) - 1)) == np.array(got)).all(), "a rank names its rows"
+        rows_of = [partition_row(partition, rank, world, i) for i in range(len(got))]
+        assert rows_of == got, "a row of a share is found in the partition"
     assert max(map(len, shares.values())) - min(map(len, shares.values())) <= STRIPE_ROWS
 
 

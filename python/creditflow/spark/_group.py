@@ -44,12 +44,15 @@ class Group:
             self._peers = list(peers)
 
     def _fail(self, message: str) -> None:
+        """The group failed: the first failure is the one the rank reports (a rank that
+        failed says why before its connections close)."""
         with self.changed:
             if self.failure is None and not self._closed:
                 self.failure = message
+            first = self.failure or message
             self.changed.notify_all()
         if self.on_failure is not None:
-            self.on_failure(message)
+            self.on_failure(first)
 
     def tell(self, message: dict[str, Any]) -> None:
         """Sends ``message`` (with this rank's number) to every other rank; one that cannot be
@@ -77,6 +80,7 @@ class Group:
         kind, peer = message.get("kind"), int(message.get("rank", -1))
         if not 0 <= peer < self.world:
             return
+        failure: str | None = None
         with self.changed:
             if kind == "rank_rows":
                 self.rows[peer] = max(self.rows[peer], int(message["rows"]))
@@ -85,11 +89,14 @@ class Group:
                 self.ends[peer] = message
             elif kind == "rank_bye":
                 self._bye.add(peer)
-                if not self.may_leave() and self.failure is None and not self._closed:
-                    self.failure = f"rank {peer} closed before the epochs' steps were settled"
-            elif kind == "rank_failed" and self.failure is None:
-                self.failure = f"rank {peer} failed: {message.get('error')}"
+                if not self.may_leave():
+                    failure = f"rank {peer} closed before the epochs' steps were settled"
+            elif kind == "rank_failed":
+                self._bye.add(peer)  # its connection closes next: that is not news
+                failure = f"rank {peer} failed: {message.get('error')}"
             self.changed.notify_all()
+        if failure is not None:
+            self._fail(failure)
 
     def lost(self, first: dict[str, Any]) -> None:
         """A connection from another rank ended: unless it said goodbye, it went away."""

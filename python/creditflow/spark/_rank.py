@@ -41,7 +41,7 @@ from creditflow.spark._budget import Budget
 from creditflow.spark._consumer import Consumer, Options
 from creditflow.spark._group import Group
 from creditflow.spark._home import OPEN_RUNS, Home
-from creditflow.spark._intake import HOLD, REGISTER_TIMEOUT
+from creditflow.spark._intake import HOLD, REGISTER_TIMEOUT, fingerprint
 from creditflow.spark._rankstate import RowSet
 from creditflow.spark._reshuffle import Gathering, deal, deal_bytes, group_rows, pass_id, traffic
 from creditflow.spark._runs import MovedIn, Runs, with_ids
@@ -63,6 +63,9 @@ class _Share:
     ended: bool = False
     gate: cf.InputGate | None = None
     settled: dict[int, tuple[threading.Event, list[str | None]]] = field(default_factory=dict)
+    #: Each grant's last row kept, once its reader stopped: its index in the share and
+    #: :func:`fingerprint`, which the row of a later attempt that continues after it must match.
+    ends: dict[int, tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -170,6 +173,9 @@ class Ranked(Consumer):
             return self._job_done({int(p): int(n) for p, n in dict(msg["rows"]).items()})
         if kind == "delivered":
             return self._delivered(int(msg["partition"]), int(msg.get("grant", 0)))
+        if kind == "resume_check":
+            p, grant, row = int(msg["partition"]), int(msg.get("grant", 0)), int(msg["row"])
+            return self._resume_check(p, grant, row, str(msg["fingerprint"]))
         return {"accept": False, "reason": f"unknown message {kind!r}"}
 
     def _register_job(self, msg: _messages.Message) -> _messages.Message:
@@ -306,12 +312,43 @@ class Ranked(Consumer):
             return {"ok": False, "reason": f"partition {p} is still being received"}
         return {"ok": entry[1][0] is None, "reason": entry[1][0]}
 
+    def _resume_check(self, p: int, grant: int, row: int, digest: str) -> _messages.Message:
+        """A task that continues this rank's share of ``p`` after the rows it has says what
+        row ``row`` of the share (the last one kept) is in its computation: the same as the
+        attempt that sent it, or the DataFrame computed other rows or another order, and the
+        stream fails rather than give this rank rows twice or lose some. The readers of
+        earlier attempts are waited for (they stop soon after a newer one is granted)."""
+        with self._cond:
+            share = self._shares.get(p)
+            earlier = [e for g, e in share.settled.items() if g < grant] if share is not None else []
+        for event, _failure in earlier:
+            event.wait(REGISTER_TIMEOUT)
+        with self._cond:
+            if share is None or share.grant != grant or self._failure is not None:
+                stale = f"partition {p}: grant {grant} is not the one read"
+                return {"ok": False, "reason": self._failure or stale}
+            kept = dict(share.ends.values())
+        if kept.get(row) == digest:
+            return {"ok": True}
+        if row not in kept:  # the reader of the attempt before is still stuck: the task fails
+            return {"ok": False, "reason": f"partition {p}: the attempt before this one is still being read"}
+        why = (
+            f"partition {p}: a retried attempt computed other rows than the attempt it continues "
+            f"(row {row} of rank {self._opts.rank}'s share, the last one it has, differs): the "
+            "DataFrame's rows or their order are not the same when Spark computes a partition again "
+            "(after a shuffle, sort each partition by a unique key, or write the DataFrame out and "
+            "send what is read back)"
+        )
+        self._fail(why)
+        return {"ok": False, "reason": why}
+
     # ------------------------------------------------------------------------------ readers
 
     def _read(
         self, p: int, grant: int, spec: cf.ChannelSpec, settled: tuple[threading.Event, list[str | None]]
     ) -> None:
         failure: str | None = "the receiver closed"
+        last: tuple[pa.RecordBatch, int] | None = None  # the last batch kept, the share's rows then
         try:
             gate = self._env.create_input_gate([spec])
             with self._cond:
@@ -330,9 +367,11 @@ class Ranked(Consumer):
                         failure = None
                         self._share_ended(p, grant)
                         return
-                    if not self._keep(p, grant, batch):
+                    rows = self._keep(p, grant, batch)
+                    if rows is None:
                         failure = "superseded"
                         return
+                    last = (batch, rows)
         except (
             cf.ConnectionLostError,
             cf.ProducerFailedError,
@@ -351,19 +390,24 @@ class Ranked(Consumer):
             failure = f"{type(exc).__name__}: {exc}"
             self._fail(failure)
         finally:
+            if last is not None:
+                end = (last[1] - 1, fingerprint(last[0], last[0].num_rows - 1))
+                with self._cond:
+                    self._shares[p].ends[grant] = end
             _settle(settled, failure)
 
-    def _keep(self, p: int, grant: int, batch: pa.RecordBatch) -> bool:
+    def _keep(self, p: int, grant: int, batch: pa.RecordBatch) -> int | None:
         """Stores ``batch`` (the next rows of this rank's share of ``p``) and hands it to
-        epoch 0's consumer; False when a newer attempt took over."""
+        epoch 0's consumer; returns the share's rows kept, or None when a newer attempt took
+        over."""
         runs = self._runs
         assert runs is not None
         self._budget.see(batch)  # raises when the rank's window cannot fit in its memory
         with self._cond:
             share = self._shares[p]
             if share.grant != grant:
-                return False
-            start, n = share.rows, batch.num_rows
+                return None
+            start, n = share.rows, int(batch.num_rows)
             ids = share_ids(p, self._opts.rank, self._opts.world, start, n)
             runs.put(p, batch)  # raises SpillError at max_spill: the stream fails
             share.rows += n
@@ -379,7 +423,7 @@ class Ranked(Consumer):
         if held - self._last_told >= self._opts.batch_size:
             self._last_told = held
             self._group.tell({"kind": "rank_rows", "rows": held})
-        return True
+        return start + n
 
     def _share_ended(self, p: int, grant: int) -> None:
         """An attempt's stream ended: the share is whole unless the task's input ended early;

@@ -32,7 +32,7 @@ from creditflow.samples import TaskSample
 from creditflow.spark import _messages
 from creditflow.spark._intake import REGISTER_TIMEOUT, fingerprint
 from creditflow.spark._process import EnvSettings, host_towards, metrics_url_of, task_environment, task_stack
-from creditflow.spark._stripes import for_ranks
+from creditflow.spark._stripes import for_ranks, partition_row
 from creditflow.spark._watch import ReaderWatch
 from creditflow.spark.monitor import MonitorHandle, Reporter
 
@@ -341,7 +341,8 @@ def _write_all(
             stats["rows"] += batch.num_rows
             stats["bytes"] += batch.get_total_buffer_size()
             if start <= boundary < stats["rows"]:
-                _check_resume(plan, index, attempt, boundary, fingerprint(batch, boundary - start))
+                at = {"attempt": attempt, "row": boundary}
+                _check_resume(plan, 0, index, at, fingerprint(batch, boundary - start))
             cut = skip - start  # rows of this batch the receiver has
             if cut < batch.num_rows:
                 writer.write(batch.slice(cut) if cut > 0 else batch, timeout=plan.timeout)
@@ -355,21 +356,15 @@ def _write_all(
         raise
 
 
-def _check_resume(plan: SendPlan, index: int, attempt: int, row: int, digest: str) -> None:
-    """Tells the receiver what this attempt's row ``row``, the last one it has of the
-    partition, is; raises if the receiver had another (the rows differ between attempts)."""
-    message = {
-        "kind": "resume_check",
-        "job": plan.job,
-        "partition": index,
-        "attempt": attempt,
-        "row": row,
-        "fingerprint": digest,
-    }
-    answer = _register(plan, 0, message)
+def _check_resume(plan: SendPlan, rank: int, index: int, at: dict[str, int], digest: str) -> None:
+    """Tells a receiver what this attempt's computation has at ``at["row"]``, the last row
+    of the partition (of the rank's share) the receiver has; raises if the receiver had
+    another (the rows differ between attempts). ``at`` also names the attempt, or its grant."""
+    message = {"kind": "resume_check", "job": plan.job, "partition": index, **at, "fingerprint": digest}
+    answer = _register(plan, rank, message)
     if not answer.get("ok"):
         why = answer.get("reason")
-        raise RuntimeError(f"{receiver_at(plan, 0)} cannot continue partition {index}: {why}")
+        raise RuntimeError(f"{receiver_at(plan, rank)} cannot continue partition {index}: {why}")
 
 
 def _finish(stats: dict[str, Any], start: float) -> dict[str, Any]:
@@ -401,11 +396,19 @@ def _write_stripes(
     """Writes the partition's stripes to their ranks, each rank's of an input batch joined
     into batches of the bytes its answer asks for (``join``; none: a stripe a batch), without
     the first ``skip`` rows of its share (it has them from an attempt that broke)."""
+    world = len(plan.addresses)
     skip = [int(a.get("skip", 0)) for a in answers]
     join = [int(a.get("join", 0)) for a in answers]
-    sent = [0] * len(plan.addresses)
+    sent = [0] * world
+    # The row of the partition that is the last one each rank has: checked before going on.
+    checks = {r: partition_row(index, r, world, n - 1) for r, n in enumerate(skip) if n > 0}
     row = 0
     for batch in batches:
+        for rank, at in list(checks.items()):
+            if row <= at < row + batch.num_rows:
+                del checks[rank]
+                where = {"grant": int(answers[rank]["grant"]), "row": skip[rank] - 1}
+                _check_resume(plan, rank, index, where, fingerprint(batch, at - row))
         for rank, rows in for_ranks(batch, row, index, skip, sent, join):
             writer.write(rows, timeout=plan.timeout, subpartition=rank)
         row += batch.num_rows

@@ -60,6 +60,12 @@ def share_ids(partition: int, rank: int, world: int, start: int, count: int) -> 
     return ids
 
 
+def partition_row(partition: int, rank: int, world: int, share_row: int) -> int:
+    """The index in ``partition`` of row ``share_row`` of ``rank``'s share of it."""
+    stripe = (rank - partition) % world + world * (share_row // STRIPE_ROWS)
+    return stripe * STRIPE_ROWS + share_row % STRIPE_ROWS
+
+
 def share_size(rows: int, partition: int, rank: int, world: int) -> int:
     """How many of a partition's ``rows`` rows are ``rank``'s share."""
     full, rest = divmod(rows, STRIPE_ROWS)

@@ -1,0 +1,108 @@
+"""A rank's share of a partition continued by Spark's next attempt, driven without Spark: the
+attempt skips the rows each rank has, after checking that it computed the same rows there."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("pyspark")
+import creditflow as cf
+import creditflow.spark as cfs
+from creditflow.spark._process import EnvSettings
+from creditflow.spark._sending import SendPlan, register_job, stream_partition, tell_job_done
+
+SECRET = "r" * 64
+
+
+def rows(n: int, reverse: bool = False) -> Iterator[pa.RecordBatch]:
+    """``x`` = 0 .. n - 1 in batches of 1,000 (each batch's rows reversed with ``reverse``)."""
+    for start in range(0, n, 1000):
+        values = range(start, start + 1000)
+        yield pa.record_batch({"x": pa.array(list(reversed(values)) if reverse else values)})
+
+
+class Reading:
+    """Epoch 0 of every rank at once, in threads: the rows each yields, and what each raised."""
+
+    def __init__(self, ranks: list[cfs.Receiver]) -> None:
+        self.got: list[list[int]] = [[] for _ in ranks]
+        self.raised: list[BaseException | None] = [None for _ in ranks]
+        self._threads = [threading.Thread(target=self._run, args=(rx, r)) for r, rx in enumerate(ranks)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, rx: cfs.Receiver, r: int) -> None:
+        try:
+            for batch in rx:
+                self.got[r].extend(batch.column("x").to_pylist())
+        except BaseException as exc:
+            self.raised[r] = exc
+
+    def join(self) -> None:
+        for t in self._threads:
+            t.join(120)
+
+
+def continued(retry: Iterator[pa.RecordBatch]) -> tuple[Reading, BaseException | None]:
+    """Attempt 0 of a one-partition job to two ranks ends after 3,000 rows (its input ended
+    early, as when an upstream function failed); attempt 1 sends ``retry``, and the driver's
+    word that the job succeeded follows. What the ranks read, and what attempt 1 raised."""
+    ranks = [cfs.Receiver(rank=r, world_size=2, batch_size=500, secret=SECRET, timeout=60) for r in range(2)]
+    raised: BaseException | None = None
+    try:
+        with cf.NetworkEnvironment(secret=SECRET) as env:
+            addresses = tuple(rx.address for rx in ranks)
+            plan = register_job(SendPlan("j1", addresses, True, EnvSettings(secret=SECRET), 60, None), 1)
+            reading = Reading(ranks)
+            assert stream_partition(env, plan, 0, 0, rows(3000))["accepted"]
+            try:
+                tell_job_done(plan, [stream_partition(env, plan, 0, 1, retry)])
+            except RuntimeError as exc:
+                raised = exc
+            reading.join()
+    finally:
+        for rx in ranks:
+            rx.close()
+    return reading, raised
+
+
+def test_a_retry_that_computes_the_same_rows_continues_each_rank_s_share() -> None:
+    """Attempt 1 computes all 10,000 rows: each rank gets the rest of its share, and every
+    row reaches one rank once."""
+    reading, raised = continued(rows(10_000))
+    assert raised is None
+    assert reading.raised == [None, None]
+    got = reading.got
+    assert sorted(got[0] + got[1]) == list(range(10_000)), "every row once"
+    assert len(got[0]) == len(got[1]) == 5000
+
+
+def test_a_retry_that_computes_other_rows_fails_the_ranks_instead_of_continuing() -> None:
+    """A retry whose rows come in another order (as after a shuffle) would give a rank some
+    rows twice and lose others: its row where a rank's share stopped differs, so the task
+    raises and every rank's consumer raises why."""
+    reading, raised = continued(rows(10_000, reverse=True))
+    assert "computed other rows than the attempt it continues" in str(raised)
+    for r, exc in enumerate(reading.raised):
+        assert isinstance(exc, cf.ProducerFailedError), (r, exc)
+        assert "the last one it has, differs" in str(exc), (r, exc)
+
+
+def test_a_retry_whose_rows_match_only_at_one_rank_s_end_still_fails() -> None:
+    """Each rank checks its own end: rows that agree where rank 0's share stopped but not
+    where rank 1's did fail the stream too."""
+
+    def changed_late(n: int) -> Iterator[pa.RecordBatch]:
+        # Of the first 3,000 rows rank 1's share is stripe 1 (rows 1,024 .. 2,047) and rank
+        # 0's ends at row 2,999: row 2,047 differs, row 2,999 does not.
+        for batch in rows(n):
+            x = batch.column("x").to_pylist()
+            yield pa.record_batch({"x": [-1 if v == 2047 else v for v in x]})
+
+    reading, raised = continued(changed_late(10_000))
+    assert "rank 1's share" in str(raised)
+    assert all(isinstance(exc, cf.ProducerFailedError) for exc in reading.raised), reading.raised

@@ -27,6 +27,7 @@ has, so every row reaches its rank once.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -317,12 +318,14 @@ class Ranked(Consumer):
         row ``row`` of the share (the last one kept) is in its computation: the same as the
         attempt that sent it, or the DataFrame computed other rows or another order, and the
         stream fails rather than give this rank rows twice or lose some. The readers of
-        earlier attempts are waited for (they stop soon after a newer one is granted)."""
+        earlier attempts are waited for, up to :data:`HOLD` (they stop soon after a newer one
+        is granted)."""
         with self._cond:
             share = self._shares.get(p)
             earlier = [e for g, e in share.settled.items() if g < grant] if share is not None else []
+        deadline = time.monotonic() + HOLD
         for event, _failure in earlier:
-            event.wait(REGISTER_TIMEOUT)
+            event.wait(max(0.0, deadline - time.monotonic()))
         with self._cond:
             if share is None or share.grant != grant or self._failure is not None:
                 stale = f"partition {p}: grant {grant} is not the one read"

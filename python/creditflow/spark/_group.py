@@ -34,9 +34,6 @@ class Group:
         self._send_lock = threading.Lock()
         self._closed = False
         self.on_failure: Callable[[str], None] | None = None
-        #: Whether a rank may leave now (the epochs' steps are settled): one that says
-        #: goodbye before has left the others short.
-        self.may_leave: Callable[[], bool] = lambda: True
 
     def join(self, peers: list[str]) -> None:
         """The ranks' addresses, by rank (from the job's registration)."""
@@ -89,8 +86,8 @@ class Group:
                 self.ends[peer] = message
             elif kind == "rank_bye":
                 self._bye.add(peer)
-                if not self.may_leave():
-                    failure = f"rank {peer} closed before the epochs' steps were settled"
+                if peer not in self.ends:  # what it received of epoch 0 is gone with it
+                    failure = f"rank {peer} closed before it had its share of epoch 0"
             elif kind == "rank_failed":
                 self._bye.add(peer)  # its connection closes next: that is not news
                 failure = f"rank {peer} failed: {message.get('error')}"

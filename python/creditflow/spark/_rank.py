@@ -112,7 +112,6 @@ class Ranked(Consumer):
         super().__init__(opts, cond, group, Budget(env, held, f"rank {opts.rank}", extra))
         self._env = env
         group.on_failure = self._fail
-        group.may_leave = lambda: self._final is not None
         self._job: str | None = None
         self._shares: dict[int, _Share] = {}
         #: Rank 0: each partition's grant and whether its stream is live, ended or broken.

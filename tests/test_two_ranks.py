@@ -1,5 +1,6 @@
-"""A rank's share of a partition continued by Spark's next attempt, driven without Spark: the
-attempt skips the rows each rank has, after checking that it computed the same rows there."""
+"""Two training ranks driven without Spark: a retry that continues each rank's share of a
+partition (after checking that it computed the same rows there), and what a rank's peer sees
+when it fails or leaves."""
 
 from __future__ import annotations
 
@@ -47,16 +48,25 @@ class Reading:
             t.join(120)
 
 
+def two_ranks() -> list[cfs.Receiver]:
+    return [cfs.Receiver(rank=r, world_size=2, batch_size=500, secret=SECRET, timeout=60) for r in range(2)]
+
+
+def job_of(ranks: list[cfs.Receiver]) -> SendPlan:
+    """A send's plan to ``ranks``, its job of one partition registered with them."""
+    addresses = tuple(rx.address for rx in ranks)
+    return register_job(SendPlan("j1", addresses, True, EnvSettings(secret=SECRET), 60, None), 1)
+
+
 def continued(retry: Iterator[pa.RecordBatch]) -> tuple[Reading, BaseException | None]:
     """Attempt 0 of a one-partition job to two ranks ends after 3,000 rows (its input ended
     early, as when an upstream function failed); attempt 1 sends ``retry``, and the driver's
     word that the job succeeded follows. What the ranks read, and what attempt 1 raised."""
-    ranks = [cfs.Receiver(rank=r, world_size=2, batch_size=500, secret=SECRET, timeout=60) for r in range(2)]
+    ranks = two_ranks()
     raised: BaseException | None = None
     try:
         with cf.NetworkEnvironment(secret=SECRET) as env:
-            addresses = tuple(rx.address for rx in ranks)
-            plan = register_job(SendPlan("j1", addresses, True, EnvSettings(secret=SECRET), 60, None), 1)
+            plan = job_of(ranks)
             reading = Reading(ranks)
             assert stream_partition(env, plan, 0, 0, rows(3000))["accepted"]
             try:
@@ -106,3 +116,37 @@ def test_a_retry_whose_rows_match_only_at_one_rank_s_end_still_fails() -> None:
     reading, raised = continued(changed_late(10_000))
     assert "rank 1's share" in str(raised)
     assert all(isinstance(exc, cf.ProducerFailedError) for exc in reading.raised), reading.raised
+
+
+def test_a_rank_that_closes_before_it_had_its_share_fails_its_peer_at_once() -> None:
+    """What a rank received of epoch 0 goes with it: its peer raises naming it at its next
+    ``next()``, not after its ``timeout``."""
+    ranks = two_ranks()
+    try:
+        job_of(ranks)
+        ranks[1].close()
+        with pytest.raises(cf.ProducerFailedError, match="rank 1 closed before it had its share of epoch 0"):
+            ranks[0].next(timeout=30)
+    finally:
+        for rx in ranks:
+            rx.close()
+
+
+def test_a_rank_that_closes_after_epoch_0_leaves_its_peer_its_epochs() -> None:
+    """A rank done with its epochs may close while its peer is still at epoch 0's end: the
+    peer settled the steps from what both had and replays the next epoch on its own."""
+    ranks = two_ranks()
+    try:
+        with cf.NetworkEnvironment(secret=SECRET) as env:
+            plan = job_of(ranks)
+            reading = Reading(ranks)
+            tell_job_done(plan, [stream_partition(env, plan, 0, 0, rows(10_000))])
+            reading.join()
+        ranks[1].close()
+        ranks[0].set_epoch(1)
+        again = [x for batch in ranks[0] for x in batch.column("x").to_pylist()]
+    finally:
+        for rx in ranks:
+            rx.close()
+    assert reading.raised == [None, None]
+    assert sorted(again) == sorted(reading.got[0]), "rank 0's epoch 1 is its epoch 0's rows again"

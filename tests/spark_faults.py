@@ -41,3 +41,19 @@ def fail_first_attempt(partition: int, at: int) -> MapFunction:
             yield b
 
     return func
+
+
+def reversed_after_first_attempt(partition: int, at: int) -> MapFunction:
+    """Attempt 0 of task ``partition`` raises at batch ``at`` (as :func:`fail_first_attempt`);
+    every later attempt of every task gives each batch's rows in reverse order: another order,
+    as a partition computed again after a shuffle may have."""
+
+    def func(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ctx = TaskContext.get()
+        assert ctx is not None
+        for i, b in enumerate(batches):
+            if ctx.partitionId() == partition and ctx.attemptNumber() == 0 and i == at:
+                raise RuntimeError("upstream failure in attempt 0")
+            yield b.take(pa.array(range(b.num_rows - 1, -1, -1))) if ctx.attemptNumber() > 0 else b
+
+    return func

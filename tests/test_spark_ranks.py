@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 import creditflow.spark as cfs  # noqa: E402
-from spark_faults import fail_first_attempt, kill_first_attempt  # noqa: E402
+from spark_faults import fail_first_attempt, kill_first_attempt, reversed_after_first_attempt  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -605,6 +605,33 @@ def test_a_task_whose_input_ends_early_is_retried_and_continues(spark: SparkSess
         got = np.concatenate([x for b in per_rank for x in b])
         assert np.array_equal(np.sort(got), np.arange(rows)), "every row once"
         assert len(per_rank[0]) == len(per_rank[1])
+
+
+def test_a_retry_that_computes_another_order_fails_send_and_the_ranks(spark: SparkSession) -> None:
+    """A retried attempt that computes the partition's rows in another order cannot continue
+    after the rows the ranks have (some would come twice, others never): its check at each
+    rank's resume point fails, ``send`` raises saying so, and so do both ranks."""
+    df = numbers(spark, 60_000, 2).mapInArrow(reversed_after_first_attempt(0, 3), "id long, x double")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "5000")
+    try:
+        with Job(2, 1000) as job:
+            result: dict[str, Any] = {}
+            t = start_send(df, job, result, timeout=120)
+            raised: list[BaseException] = []
+
+            def rank(r: int) -> None:
+                try:
+                    for _ in job.rx[r]:
+                        pass
+                except cf.ProducerFailedError as exc:
+                    raised.append(exc)
+
+            run_ranks(job, rank, t)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert "computed other rows than the attempt it continues" in str(result.get("error")), result
+    assert len(raised) == 2, "both ranks raise"
+    assert all("computed other rows" in str(exc) for exc in raised), raised
 
 
 def test_a_rank_that_goes_away_fails_send_naming_it_and_the_other_rank(spark: SparkSession) -> None:

@@ -1,8 +1,8 @@
 """``send`` to one receiver (no ranks) through Spark's task retries: a worker killed in the
 middle of its partition, and a task whose input ends early (an upstream Python function
 failed), are tried again by Spark, and the retried attempt continues after the rows the
-receiver already has, so the consumer sees every row once; a job that fails for good still
-makes the consumer raise its error."""
+receiver already has, so the consumer sees every row once; a retry that computes the rows
+in another order, and a job that fails for good, make the consumer raise why."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pyspark.sql import functions as F  # noqa: E402
 
 import creditflow as cf  # noqa: E402
 import creditflow.spark as cfs  # noqa: E402
-from spark_faults import fail_first_attempt, kill_first_attempt  # noqa: E402
+from spark_faults import fail_first_attempt, kill_first_attempt, reversed_after_first_attempt  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -93,6 +93,17 @@ def test_a_task_whose_input_ends_early_is_retried_and_continues(spark: SparkSess
     assert (0, 1) in {(s["partition"], s["attempt"]) for s in result["stats"]}, result["stats"]
     assert len(ids) == ROWS
     assert np.array_equal(np.sort(ids), np.arange(ROWS))
+
+
+def test_a_retry_that_computes_another_order_fails_send_and_the_consumer(spark: SparkSession) -> None:
+    """A retried attempt whose rows come in another order cannot continue after the rows the
+    consumer has (some would come twice, others never): its check at the resume point fails,
+    and ``send`` and the consumer raise saying so, after rows each delivered once."""
+    df = numbers(spark).mapInArrow(reversed_after_first_attempt(0, 3), "id long, x double")
+    ids, result = send_and_read(df)
+    assert "computed other rows than the attempt it continues" in str(result.get("error")), result
+    assert "computed other rows" in str(result.get("consumer")), result
+    assert len(np.unique(ids)) == len(ids), "no row twice before the failure"
 
 
 def test_a_task_that_fails_every_attempt_makes_send_and_the_consumer_raise(spark: SparkSession) -> None:

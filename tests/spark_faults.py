@@ -44,16 +44,16 @@ def fail_first_attempt(partition: int, at: int) -> MapFunction:
 
 
 def reversed_after_first_attempt(partition: int, at: int) -> MapFunction:
-    """Attempt 0 of task ``partition`` raises at batch ``at`` (as :func:`fail_first_attempt`);
+    """Attempt 0 of task ``partition`` raises at batch ``at`` (:func:`fail_first_attempt`);
     every later attempt of every task gives each batch's rows in reverse order: another order,
     as a partition computed again after a shuffle may have."""
+    first_fails = fail_first_attempt(partition, at)
 
     def func(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         ctx = TaskContext.get()
         assert ctx is not None
-        for i, b in enumerate(batches):
-            if ctx.partitionId() == partition and ctx.attemptNumber() == 0 and i == at:
-                raise RuntimeError("upstream failure in attempt 0")
-            yield b.take(pa.array(range(b.num_rows - 1, -1, -1))) if ctx.attemptNumber() > 0 else b
+        retried = ctx.attemptNumber() > 0
+        for b in first_fails(batches):
+            yield b.take(pa.array(range(b.num_rows - 1, -1, -1))) if retried else b
 
     return func

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -43,17 +45,22 @@ def fail_first_attempt(partition: int, at: int) -> MapFunction:
     return func
 
 
-def reversed_after_first_attempt(partition: int, at: int) -> MapFunction:
-    """Attempt 0 of task ``partition`` raises at batch ``at`` (:func:`fail_first_attempt`);
-    every later attempt of every task gives each batch's rows in reverse order: another order,
-    as a partition computed again after a shuffle may have."""
-    first_fails = fail_first_attempt(partition, at)
+def reversed_after_first_attempt(partition: int, at: int, delivered: Path) -> MapFunction:
+    """Attempt 0 of task ``partition`` raises at batch ``at`` (as :func:`fail_first_attempt`),
+    once the file ``delivered`` exists (the test's consumer has rows of it: a retry then has
+    rows to continue after); every later attempt of every task gives each batch's rows in
+    reverse order: another order, as a partition computed again after a shuffle may have."""
 
     def func(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         ctx = TaskContext.get()
         assert ctx is not None
         retried = ctx.attemptNumber() > 0
-        for b in first_fails(batches):
+        for i, b in enumerate(batches):
+            if ctx.partitionId() == partition and not retried and i == at:
+                deadline = time.monotonic() + 60
+                while not delivered.exists() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                raise RuntimeError("upstream failure in attempt 0")
             yield b.take(pa.array(range(b.num_rows - 1, -1, -1))) if retried else b
 
     return func

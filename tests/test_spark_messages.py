@@ -475,10 +475,34 @@ def test_a_retry_that_computes_other_rows_fails_the_stream_instead_of_continuing
         with pytest.raises(RuntimeError, match="partition 0: attempt 1 computed other rows"):
             stream_partition(env, plan, 0, 1, reordered(5000))
         got = [rx.next(timeout=30) for _ in range(2)]
-        with pytest.raises(cf.ProducerFailedError, match="its row 1999, the last one delivered, differs"):
+        with pytest.raises(cf.ProducerFailedError, match="its row 0 differs from the one delivered"):
             rx.next(timeout=30)
     assert first["rows"] == 2000
     assert pa.concat_arrays([b.column(0) for b in got if b is not None]).to_pylist() == list(range(2000))
+
+
+def test_a_retry_that_keeps_the_last_row_delivered_in_place_but_not_the_others_fails() -> None:
+    """The check looks at more than the row where the retry resumes: rows 0 .. 999 in another
+    order with row 1,999 in place (the last delivered) fail it too, at row 0."""
+    import pyarrow as pa
+
+    import creditflow as cf
+    import creditflow.spark as cfs
+    from creditflow.spark._sending import register_job, stream_partition
+
+    def first_batch_reversed(n: int) -> Any:
+        for i, batch in enumerate(rows(n)):
+            yield pa.record_batch({"x": pa.array(range(999, -1, -1))}) if i == 0 else batch
+
+    with cfs.Receiver(timeout=60) as rx, cf.NetworkEnvironment(secret=rx.secret) as env:
+        plan = register_job(plan_to(rx.address, "j1", rx.secret), 1)
+        stream_partition(env, plan, 0, 0, rows(2000))  # ended early (cleanly)
+        with pytest.raises(RuntimeError, match="its row 0 differs from the one delivered"):
+            stream_partition(env, plan, 0, 1, first_batch_reversed(5000))
+        for _ in range(2):
+            assert rx.next(timeout=30) is not None
+        with pytest.raises(cf.ProducerFailedError, match="computed other rows"):
+            rx.next(timeout=30)
 
 
 def test_a_killed_task_is_continued_by_its_retry_and_a_stale_attempt_turned_away() -> None:

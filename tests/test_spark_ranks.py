@@ -607,11 +607,17 @@ def test_a_task_whose_input_ends_early_is_retried_and_continues(spark: SparkSess
         assert len(per_rank[0]) == len(per_rank[1])
 
 
-def test_a_retry_that_computes_another_order_fails_send_and_the_ranks(spark: SparkSession) -> None:
+def test_a_retry_that_computes_another_order_fails_send_and_the_ranks(
+    spark: SparkSession, tmp_path: Any
+) -> None:
     """A retried attempt that computes the partition's rows in another order cannot continue
     after the rows the ranks have (some would come twice, others never): its check at each
-    rank's resume point fails, ``send`` raises saying so, and so do both ranks."""
-    df = numbers(spark, 60_000, 2).mapInArrow(reversed_after_first_attempt(0, 3), "id long, x double")
+    rank's resume point fails, ``send`` raises saying so, and so do both ranks. Attempt 0
+    fails once the ranks hold rows of the partition, so that there are rows to continue after
+    (more than partition 1's rows in all)."""
+    rows, delivered = 60_000, tmp_path / "delivered"
+    first_fails = reversed_after_first_attempt(0, 3, delivered)
+    df = numbers(spark, rows, 2).mapInArrow(first_fails, "id long, x double")
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "5000")
     try:
         with Job(2, 1000) as job:
@@ -626,6 +632,13 @@ def test_a_retry_that_computes_another_order_fails_send_and_the_ranks(spark: Spa
                 except cf.ProducerFailedError as exc:
                     raised.append(exc)
 
+            def watch() -> None:
+                while t.is_alive() and not delivered.exists():
+                    if sum(rx.rank_metrics()["rows_held"] for rx in job.rx) > rows // 2:
+                        delivered.touch()
+                    time.sleep(0.02)
+
+            threading.Thread(target=watch, daemon=True).start()
             run_ranks(job, rank, t)
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")

@@ -7,7 +7,7 @@ in another order, and a job that fails for good, make the consumer raise why."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -43,9 +43,12 @@ def numbers(spark: SparkSession) -> DataFrame:
     return spark.range(0, ROWS, numPartitions=2).select("id", (F.col("id") * 2).cast("double").alias("x"))
 
 
-def send_and_read(df: DataFrame, **receiver: Any) -> tuple[np.ndarray, dict[str, Any]]:
-    """Sends ``df`` to a receiver and reads it: the ids the consumer got, in order, and what
-    ``send`` returned (``stats``) or raised (``error``)."""
+def send_and_read(
+    df: DataFrame, on_batch: Callable[[pa.RecordBatch], None] = lambda b: None, **receiver: Any
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Sends ``df`` to a receiver and reads it (``on_batch`` is called with each batch): the
+    ids the consumer got, in order, and what ``send`` returned (``stats``) or raised
+    (``error``)."""
     with cfs.Receiver(timeout=120, **receiver) as rx:
         result: dict[str, Any] = {}
 
@@ -58,7 +61,10 @@ def send_and_read(df: DataFrame, **receiver: Any) -> tuple[np.ndarray, dict[str,
         t = threading.Thread(target=run)
         t.start()
         try:
-            ids = [b.column("id").to_numpy() for b in rx]
+            ids = []
+            for b in rx:
+                on_batch(b)
+                ids.append(b.column("id").to_numpy())
         except cf.ProducerFailedError as exc:
             result["consumer"] = exc
             ids = []
@@ -95,12 +101,22 @@ def test_a_task_whose_input_ends_early_is_retried_and_continues(spark: SparkSess
     assert np.array_equal(np.sort(ids), np.arange(ROWS))
 
 
-def test_a_retry_that_computes_another_order_fails_send_and_the_consumer(spark: SparkSession) -> None:
+def test_a_retry_that_computes_another_order_fails_send_and_the_consumer(
+    spark: SparkSession, tmp_path: Any
+) -> None:
     """A retried attempt whose rows come in another order cannot continue after the rows the
     consumer has (some would come twice, others never): its check at the resume point fails,
-    and ``send`` and the consumer raise saying so, after rows each delivered once."""
-    df = numbers(spark).mapInArrow(reversed_after_first_attempt(0, 3), "id long, x double")
-    ids, result = send_and_read(df)
+    and ``send`` and the consumer raise saying so, after rows each delivered once. Attempt 0
+    fails once the consumer has rows of the partition, so that there are rows to continue
+    after."""
+    delivered = tmp_path / "delivered"
+
+    def seen(batch: pa.RecordBatch) -> None:
+        if (batch.column("id").to_numpy() < ROWS // 2).any():  # partition 0's
+            delivered.touch()
+
+    df = numbers(spark).mapInArrow(reversed_after_first_attempt(0, 3, delivered), "id long, x double")
+    ids, result = send_and_read(df, seen)
     assert "computed other rows than the attempt it continues" in str(result.get("error")), result
     assert "computed other rows" in str(result.get("consumer")), result
     assert len(np.unique(ids)) == len(ids), "no row twice before the failure"

@@ -18,7 +18,6 @@ its own.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from typing import Protocol
@@ -27,6 +26,7 @@ import pyarrow as pa
 
 import creditflow as cf
 from creditflow.spark import _messages
+from creditflow.spark._resume import Trail, fingerprint, mismatch
 from creditflow.spark._threads import Threads
 
 #: How long a registration waits for the receiver's answer.
@@ -63,12 +63,12 @@ class Sink(Protocol):
 _BROKEN = (cf.ConnectionLostError, cf.ProducerFailedError, cf.ClosedError, cf.PartitionNotFoundError)
 
 
-def fingerprint(batch: pa.RecordBatch, row: int) -> str:
-    """What row ``row`` of ``batch`` holds, as a short digest of its values (their ``repr``,
-    which tells apart every float, NaN included, and every other value Arrow converts to
-    Python), independent of how the batch lays out its buffers."""
-    values = batch.slice(row, 1).to_pylist()[0]
-    return hashlib.blake2b(repr(values).encode(), digest_size=16).hexdigest()
+#: Why a retry that computed other rows cannot continue, and what to do about it.
+NOT_THE_SAME = (
+    "the DataFrame's rows or their order are not the same when Spark computes a partition again "
+    "(after a shuffle, sort each partition by a unique key, or write the DataFrame out and send "
+    "what is read back)"
+)
 
 
 class _Settled:
@@ -103,8 +103,10 @@ class Intake:
         #: Why the stream failed (the job failed, the sink did, or a partition came short).
         self._broken: str | None = None
         #: The last row delivered of each partition, when its last attempt settled: its number
-        #: and :func:`fingerprint`, which the next attempt's same row must match.
+        #: and :func:`fingerprint`; and the digests of its sampled rows delivered. The next
+        #: attempt's same rows must match (:mod:`creditflow.spark._resume`).
         self._boundary: dict[int, tuple[int, str]] = {}
+        self._trails: dict[int, Trail] = {}
         #: Whether each attempt's reader kept what it read, by (partition, attempt).
         self._settled: dict[tuple[int, int], _Settled] = {}
         self._threads = Threads()
@@ -138,9 +140,7 @@ class Intake:
         if kind == "job_done" and msg.get("job") == self._job:
             return self._job_done({int(p): int(n) for p, n in dict(msg["rows"]).items()})
         if kind == "resume_check" and msg.get("job") == self._job:
-            return self._resume_check(
-                int(msg["partition"]), int(msg.get("attempt", 0)), int(msg["row"]), str(msg["fingerprint"])
-            )
+            return self._resume_check(int(msg["partition"]), int(msg.get("attempt", 0)), list(msg["digests"]))
         if kind == "partition" and msg.get("job") == self._job:
             self._await_settled(int(msg["partition"]), int(msg.get("attempt", 0)))
         with self._lock:
@@ -213,7 +213,10 @@ class Intake:
                         if batch.num_rows:
                             last = batch
                         with self._lock:
-                            self._rows[index] = self._rows.get(index, 0) + batch.num_rows
+                            start = self._rows.get(index, 0)
+                            self._rows[index] = start + batch.num_rows
+                            trail = self._trails.setdefault(index, Trail())
+                        trail.see(batch, start)
                         if not self._sink.deliver(batch):
                             return
             except _BROKEN as exc:
@@ -282,22 +285,23 @@ class Intake:
             gate.close()
         return {"ok": True}
 
-    def _resume_check(self, index: int, attempt: int, row: int, digest: str) -> _messages.Message:
-        """An attempt that continues partition ``index`` after the rows delivered says what
-        its row ``row`` (the last one delivered) is: the same as the attempt it continues
-        computed, or it computed other rows or another order (the DataFrame is not
+    def _resume_check(self, index: int, attempt: int, digests: list[list[object]]) -> _messages.Message:
+        """An attempt that continues partition ``index`` after the rows delivered sends its
+        digests of the rows at the check's points (:mod:`creditflow.spark._resume`): the same
+        as those delivered, or it computed other rows or another order (the DataFrame is not
         deterministic), and the stream fails rather than deliver rows twice or lose some."""
         with self._lock:
             if self._attempts.get(index) != attempt or self._broken is not None:
                 why = self._broken or f"partition {index}: attempt {attempt} is not the one read"
                 return {"ok": False, "reason": why}
-            if self._boundary.get(index) == (row, digest):
+            boundary = self._boundary.get(index)
+            expected = self._trails[index].expected(boundary) if boundary is not None else {}
+            row = mismatch(expected, digests)
+            if row is None:
                 return {"ok": True}
             self._broken = (
                 f"partition {index}: attempt {attempt} computed other rows than the attempt it continues "
-                f"(its row {row}, the last one delivered, differs): the DataFrame's rows or their order "
-                "are not the same when Spark computes a partition again (after a shuffle, sort each "
-                "partition by a unique key, or write the DataFrame out and send what is read back)"
+                f"(its row {row} differs from the one delivered): {NOT_THE_SAME}"
             )
             why = self._broken
         self._conclude(why)

@@ -42,9 +42,10 @@ from creditflow.spark._budget import Budget
 from creditflow.spark._consumer import Consumer, Options
 from creditflow.spark._group import Group
 from creditflow.spark._home import OPEN_RUNS, Home
-from creditflow.spark._intake import HOLD, REGISTER_TIMEOUT, fingerprint
+from creditflow.spark._intake import HOLD, NOT_THE_SAME, REGISTER_TIMEOUT
 from creditflow.spark._rankstate import RowSet
 from creditflow.spark._reshuffle import Gathering, deal, deal_bytes, group_rows, pass_id, traffic
+from creditflow.spark._resume import Trail, fingerprint, mismatch
 from creditflow.spark._runs import MovedIn, Runs, with_ids
 from creditflow.spark._steps import moves, plan
 from creditflow.spark._stripes import STRIPE_ROWS, join_bytes, share_ids, share_size, stripe_cuts
@@ -65,8 +66,10 @@ class _Share:
     gate: cf.InputGate | None = None
     settled: dict[int, tuple[threading.Event, list[str | None]]] = field(default_factory=dict)
     #: Each grant's last row kept, once its reader stopped: its index in the share and
-    #: :func:`fingerprint`, which the row of a later attempt that continues after it must match.
+    #: :func:`fingerprint`; and the digests of the share's sampled rows kept. A later attempt
+    #: that continues the share must match them (:mod:`creditflow.spark._resume`).
     ends: dict[int, tuple[int, str]] = field(default_factory=dict)
+    trail: Trail = field(default_factory=Trail)
 
 
 @dataclass
@@ -174,8 +177,8 @@ class Ranked(Consumer):
         if kind == "delivered":
             return self._delivered(int(msg["partition"]), int(msg.get("grant", 0)))
         if kind == "resume_check":
-            p, grant, row = int(msg["partition"]), int(msg.get("grant", 0)), int(msg["row"])
-            return self._resume_check(p, grant, row, str(msg["fingerprint"]))
+            p, grant = int(msg["partition"]), int(msg.get("grant", 0))
+            return self._resume_check(p, grant, list(msg["digests"]))
         return {"accept": False, "reason": f"unknown message {kind!r}"}
 
     def _register_job(self, msg: _messages.Message) -> _messages.Message:
@@ -312,34 +315,34 @@ class Ranked(Consumer):
             return {"ok": False, "reason": f"partition {p} is still being received"}
         return {"ok": entry[1][0] is None, "reason": entry[1][0]}
 
-    def _resume_check(self, p: int, grant: int, row: int, digest: str) -> _messages.Message:
-        """A task that continues this rank's share of ``p`` after the rows it has says what
-        row ``row`` of the share (the last one kept) is in its computation: the same as the
-        attempt that sent it, or the DataFrame computed other rows or another order, and the
-        stream fails rather than give this rank rows twice or lose some. The readers of
-        earlier attempts are waited for, up to :data:`HOLD` (they stop soon after a newer one
-        is granted)."""
+    def _resume_check(self, p: int, grant: int, digests: list[list[object]]) -> _messages.Message:
+        """A task that continues this rank's share of ``p`` after the rows it has sends its
+        digests of the share's rows at the check's points, the last one being the last row
+        this rank has (:mod:`creditflow.spark._resume`): the same as those kept, or the
+        DataFrame computed other rows or another order, and the stream fails rather than give
+        this rank rows twice or lose some. The readers of earlier attempts are waited for, up
+        to :data:`HOLD` (they stop soon after a newer one is granted)."""
         with self._cond:
             share = self._shares.get(p)
             earlier = [e for g, e in share.settled.items() if g < grant] if share is not None else []
         deadline = time.monotonic() + HOLD
         for event, _failure in earlier:
             event.wait(max(0.0, deadline - time.monotonic()))
+        last = max((int(str(row)) for row, _digest in digests), default=-1)
         with self._cond:
             if share is None or share.grant != grant or self._failure is not None:
                 stale = f"partition {p}: grant {grant} is not the one read"
                 return {"ok": False, "reason": self._failure or stale}
             kept = dict(share.ends.values())
-        if kept.get(row) == digest:
+            if last not in kept:  # the reader of the attempt before is still stuck: the task fails
+                stuck = f"partition {p}: the attempt before this one is still being read"
+                return {"ok": False, "reason": stuck}
+            row = mismatch(share.trail.expected((last, kept[last])), digests)
+        if row is None:
             return {"ok": True}
-        if row not in kept:  # the reader of the attempt before is still stuck: the task fails
-            return {"ok": False, "reason": f"partition {p}: the attempt before this one is still being read"}
         why = (
             f"partition {p}: a retried attempt computed other rows than the attempt it continues "
-            f"(row {row} of rank {self._opts.rank}'s share, the last one it has, differs): the "
-            "DataFrame's rows or their order are not the same when Spark computes a partition again "
-            "(after a shuffle, sort each partition by a unique key, or write the DataFrame out and "
-            "send what is read back)"
+            f"(row {row} of rank {self._opts.rank}'s share differs from the one it has): {NOT_THE_SAME}"
         )
         self._fail(why)
         return {"ok": False, "reason": why}
@@ -413,6 +416,7 @@ class Ranked(Consumer):
             ids = share_ids(p, self._opts.rank, self._opts.world, start, n)
             runs.put(p, batch)  # raises SpillError at max_spill: the stream fails
             share.rows += n
+            share.trail.see(batch, start)
             self._held += n
             held = self._held
             self._group.count(held)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import multiprocessing
 import re
@@ -30,8 +31,9 @@ from pyspark.sql import DataFrame
 import creditflow as cf
 from creditflow.samples import TaskSample
 from creditflow.spark import _messages
-from creditflow.spark._intake import REGISTER_TIMEOUT, fingerprint
+from creditflow.spark._intake import REGISTER_TIMEOUT
 from creditflow.spark._process import EnvSettings, host_towards, metrics_url_of, task_environment, task_stack
+from creditflow.spark._resume import Points
 from creditflow.spark._stripes import for_ranks, partition_row
 from creditflow.spark._watch import ReaderWatch
 from creditflow.spark.monitor import MonitorHandle, Reporter
@@ -334,15 +336,15 @@ def _write_all(
     not have reached the channel yet): it stops reading this attempt, and Spark's next attempt
     takes over (continuing after the rows delivered, or, at a continuous receiver, which drops
     the attempt, from the start)."""
-    boundary = skip - 1  # the last row the receiver has (none: -1)
+    points = Points(skip)
     try:
         for batch in batches:
             start = stats["rows"]
             stats["rows"] += batch.num_rows
             stats["bytes"] += batch.get_total_buffer_size()
-            if start <= boundary < stats["rows"]:
-                at = {"attempt": attempt, "row": boundary}
-                _check_resume(plan, 0, index, at, fingerprint(batch, boundary - start))
+            due = points.see(batch, start)
+            if due is not None:
+                _check_resume(plan, 0, index, {"attempt": attempt}, due)
             cut = skip - start  # rows of this batch the receiver has
             if cut < batch.num_rows:
                 writer.write(batch.slice(cut) if cut > 0 else batch, timeout=plan.timeout)
@@ -356,11 +358,14 @@ def _write_all(
         raise
 
 
-def _check_resume(plan: SendPlan, rank: int, index: int, at: dict[str, int], digest: str) -> None:
-    """Tells a receiver what this attempt's computation has at ``at["row"]``, the last row
-    of the partition (of the rank's share) the receiver has; raises if the receiver had
-    another (the rows differ between attempts). ``at`` also names the attempt, or its grant."""
-    message = {"kind": "resume_check", "job": plan.job, "partition": index, **at, "fingerprint": digest}
+def _check_resume(
+    plan: SendPlan, rank: int, index: int, attempt: dict[str, int], digests: list[list[object]]
+) -> None:
+    """Sends a receiver this attempt's ``digests`` of the rows it has of the partition (of the
+    rank's share) at the check's points (:class:`creditflow.spark._resume.Points`); raises if
+    the receiver had other rows there (the rows differ between attempts). ``attempt`` names
+    the attempt, or its grant."""
+    message = {"kind": "resume_check", "job": plan.job, "partition": index, **attempt, "digests": digests}
     answer = _register(plan, rank, message)
     if not answer.get("ok"):
         why = answer.get("reason")
@@ -400,15 +405,14 @@ def _write_stripes(
     skip = [int(a.get("skip", 0)) for a in answers]
     join = [int(a.get("join", 0)) for a in answers]
     sent = [0] * world
-    # The row of the partition that is the last one each rank has: checked before going on.
-    checks = {r: partition_row(index, r, world, n - 1) for r, n in enumerate(skip) if n > 0}
+    # The rows each rank has of its share are checked before anything after them is written.
+    points = {r: Points(n, functools.partial(partition_row, index, r, world)) for r, n in enumerate(skip)}
     row = 0
     for batch in batches:
-        for rank, at in list(checks.items()):
-            if row <= at < row + batch.num_rows:
-                del checks[rank]
-                where = {"grant": int(answers[rank]["grant"]), "row": skip[rank] - 1}
-                _check_resume(plan, rank, index, where, fingerprint(batch, at - row))
+        for rank, check in points.items():
+            due = check.see(batch, row)
+            if due is not None:
+                _check_resume(plan, rank, index, {"grant": int(answers[rank]["grant"])}, due)
         for rank, rows in for_ranks(batch, row, index, skip, sent, join):
             writer.write(rows, timeout=plan.timeout, subpartition=rank)
         row += batch.num_rows

@@ -47,8 +47,8 @@ def send_and_read(
     df: DataFrame, on_batch: Callable[[pa.RecordBatch], None] = lambda b: None, **receiver: Any
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Sends ``df`` to a receiver and reads it (``on_batch`` is called with each batch): the
-    ids the consumer got, in order, and what ``send`` returned (``stats``) or raised
-    (``error``)."""
+    ids the consumer got, in order (up to its error, if it raised: ``consumer``), and what
+    ``send`` returned (``stats``) or raised (``error``)."""
     with cfs.Receiver(timeout=120, **receiver) as rx:
         result: dict[str, Any] = {}
 
@@ -60,14 +60,13 @@ def send_and_read(
 
         t = threading.Thread(target=run)
         t.start()
+        ids: list[np.ndarray] = []  # what came before a failure too
         try:
-            ids = []
             for b in rx:
                 on_batch(b)
                 ids.append(b.column("id").to_numpy())
         except cf.ProducerFailedError as exc:
             result["consumer"] = exc
-            ids = []
         t.join(120)
         assert not t.is_alive(), "send returns"
     return (np.concatenate(ids) if ids else np.empty(0, dtype=np.int64)), result

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 import creditflow as cf
 from creditflow.spark import _messages
-from creditflow.spark._resume import Trail, fingerprint, mismatch
+from creditflow.spark._resume import Trail, mismatch
 from creditflow.spark._threads import Threads
 
 #: How long a registration waits for the receiver's answer.
@@ -102,10 +102,8 @@ class Intake:
         self._expected: dict[int, int] | None = None
         #: Why the stream failed (the job failed, the sink did, or a partition came short).
         self._broken: str | None = None
-        #: The last row delivered of each partition, when its last attempt settled: its number
-        #: and :func:`fingerprint`; and the digests of its sampled rows delivered. The next
+        #: What each partition delivered at the resume check's points, which the next
         #: attempt's same rows must match (:mod:`creditflow.spark._resume`).
-        self._boundary: dict[int, tuple[int, str]] = {}
         self._trails: dict[int, Trail] = {}
         #: Whether each attempt's reader kept what it read, by (partition, attempt).
         self._settled: dict[tuple[int, int], _Settled] = {}
@@ -191,6 +189,7 @@ class Intake:
             return {"accept": False, "retry": True, "reason": f"partition {index} is being received"}
         self._attempts[index] = attempt
         self._live.add(index)
+        self._trails.setdefault(index, Trail())
         spec = cf.ChannelSpec(msg["address"], msg["partition_id"], 0)
         if not self._threads.start(self._read, f"creditflow-receiver-{index}", index, attempt, spec):
             self._live.discard(index)
@@ -200,6 +199,7 @@ class Intake:
     def _read(self, index: int, attempt: int, spec: cf.ChannelSpec) -> None:
         failure: str | None = "the receiver closed"
         last: pa.RecordBatch | None = None
+        trail = self._trails[index]
         try:
             try:
                 with self._gate(index, attempt, spec) as gate:
@@ -215,7 +215,6 @@ class Intake:
                         with self._lock:
                             start = self._rows.get(index, 0)
                             self._rows[index] = start + batch.num_rows
-                            trail = self._trails.setdefault(index, Trail())
                         trail.see(batch, start)
                         if not self._sink.deliver(batch):
                             return
@@ -235,10 +234,9 @@ class Intake:
             if not self.closed.is_set():
                 failure = None
         finally:
-            digest = fingerprint(last, last.num_rows - 1) if last is not None else None
+            if last is not None:  # this is the partition's only reader until it is not live
+                trail.end(last, self._rows[index])
             with self._lock:
-                if digest is not None:
-                    self._boundary[index] = (self._rows[index] - 1, digest)
                 self._live.discard(index)
                 self._gates.pop((index, attempt), None)
             self._settle(index, attempt, failure)
@@ -294,9 +292,7 @@ class Intake:
             if self._attempts.get(index) != attempt or self._broken is not None:
                 why = self._broken or f"partition {index}: attempt {attempt} is not the one read"
                 return {"ok": False, "reason": why}
-            boundary = self._boundary.get(index)
-            expected = self._trails[index].expected(boundary) if boundary is not None else {}
-            row = mismatch(expected, digests)
+            row = mismatch(self._trails[index].expected(), digests)
             if row is None:
                 return {"ok": True}
             self._broken = (

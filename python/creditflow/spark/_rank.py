@@ -45,7 +45,7 @@ from creditflow.spark._home import OPEN_RUNS, Home
 from creditflow.spark._intake import HOLD, NOT_THE_SAME, REGISTER_TIMEOUT
 from creditflow.spark._rankstate import RowSet
 from creditflow.spark._reshuffle import Gathering, deal, deal_bytes, group_rows, pass_id, traffic
-from creditflow.spark._resume import Trail, fingerprint, mismatch
+from creditflow.spark._resume import Trail, mismatch
 from creditflow.spark._runs import MovedIn, Runs, with_ids
 from creditflow.spark._steps import moves, plan
 from creditflow.spark._stripes import STRIPE_ROWS, join_bytes, share_ids, share_size, stripe_cuts
@@ -65,10 +65,8 @@ class _Share:
     ended: bool = False
     gate: cf.InputGate | None = None
     settled: dict[int, tuple[threading.Event, list[str | None]]] = field(default_factory=dict)
-    #: Each grant's last row kept, once its reader stopped: its index in the share and
-    #: :func:`fingerprint`; and the digests of the share's sampled rows kept. A later attempt
-    #: that continues the share must match them (:mod:`creditflow.spark._resume`).
-    ends: dict[int, tuple[int, str]] = field(default_factory=dict)
+    #: What the share kept at the resume check's points, which a later attempt that continues
+    #: it must match (:mod:`creditflow.spark._resume`).
     trail: Trail = field(default_factory=Trail)
 
 
@@ -333,11 +331,11 @@ class Ranked(Consumer):
             if share is None or share.grant != grant or self._failure is not None:
                 stale = f"partition {p}: grant {grant} is not the one read"
                 return {"ok": False, "reason": self._failure or stale}
-            kept = dict(share.ends.values())
-            if last not in kept:  # the reader of the attempt before is still stuck: the task fails
+            ended = share.trail.last
+            if ended is None or ended[0] != last:  # the reader before is still stuck: the task fails
                 stuck = f"partition {p}: the attempt before this one is still being read"
                 return {"ok": False, "reason": stuck}
-            row = mismatch(share.trail.expected((last, kept[last])), digests)
+            row = mismatch(share.trail.expected(), digests)
         if row is None:
             return {"ok": True}
         why = (
@@ -396,9 +394,8 @@ class Ranked(Consumer):
             self._fail(failure)
         finally:
             if last is not None:
-                end = (last[1] - 1, fingerprint(last[0], last[0].num_rows - 1))
                 with self._cond:
-                    self._shares[p].ends[grant] = end
+                    self._shares[p].trail.end(*last)
             _settle(settled, failure)
 
     def _keep(self, p: int, grant: int, batch: pa.RecordBatch) -> int | None:

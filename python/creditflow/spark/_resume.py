@@ -37,20 +37,30 @@ def samples_in(start: int, count: int) -> Iterator[int]:
 
 
 class Trail:
-    """The digests of the sampled rows a receiver received of one partition (or share), by row."""
+    """What a receiver received of one partition (or share): the digests of its sampled rows,
+    by row, and of the last row it has once the reader that kept it stopped."""
 
     def __init__(self) -> None:
         self.digests: dict[int, str] = {}
+        self.last: tuple[int, str] | None = None
 
     def see(self, batch: pa.RecordBatch, start: int) -> None:
         """``batch`` holds rows ``start ..`` of the partition."""
         for row in samples_in(start, batch.num_rows):
             self.digests[row] = fingerprint(batch, row - start)
 
-    def expected(self, last: tuple[int, str]) -> dict[int, str]:
-        """What a retry continuing after row ``last[0]`` (with digest ``last[1]``) must send."""
-        out = {row: d for row, d in self.digests.items() if row < last[0]}
-        out[last[0]] = last[1]
+    def end(self, batch: pa.RecordBatch, rows: int) -> None:
+        """A reader stopped after ``batch``, the last it kept, which ended at ``rows`` rows of
+        the partition (a reader that an attempt replaced may stop after one that kept more)."""
+        if self.last is None or rows - 1 > self.last[0]:
+            self.last = (rows - 1, fingerprint(batch, batch.num_rows - 1))
+
+    def expected(self) -> dict[int, str]:
+        """What a retry continuing after the last row must send (nothing before any)."""
+        if self.last is None:
+            return {}
+        out = {row: d for row, d in self.digests.items() if row < self.last[0]}
+        out[self.last[0]] = self.last[1]
         return out
 
 

@@ -406,7 +406,9 @@ def _write_stripes(
     join = [int(a.get("join", 0)) for a in answers]
     sent = [0] * world
     # The rows each rank has of its share are checked before anything after them is written.
-    points = {r: Points(n, functools.partial(partition_row, index, r, world)) for r, n in enumerate(skip)}
+    points = {
+        r: Points(n, functools.partial(partition_row, index, r, world)) for r, n in enumerate(skip) if n
+    }
     row = 0
     for batch in batches:
         for rank, check in points.items():

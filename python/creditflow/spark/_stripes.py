@@ -46,24 +46,22 @@ def pieces(
         offset += length
 
 
-def share_ids(partition: int, rank: int, world: int, start: int, count: int) -> np.ndarray:
-    """The ids of rows ``start .. start + count`` of ``rank``'s share of ``partition`` (its
-    stripes of that partition, in order)."""
-    first = (rank - partition) % world
-    if start % STRIPE_ROWS + count <= STRIPE_ROWS:  # within one stripe (a run's chunk): consecutive
-        stripe = first + world * (start // STRIPE_ROWS)
-        base = (partition << ID_BITS) | (stripe * STRIPE_ROWS + start % STRIPE_ROWS)
-        return np.arange(base, base + count, dtype=np.int64)
-    i = np.arange(start, start + count, dtype=np.int64)
-    stripes = first + world * (i // STRIPE_ROWS)
-    ids: np.ndarray = (np.int64(partition) << ID_BITS) | (stripes * STRIPE_ROWS + i % STRIPE_ROWS)
-    return ids
-
-
 def partition_row(partition: int, rank: int, world: int, share_row: int) -> int:
     """The index in ``partition`` of row ``share_row`` of ``rank``'s share of it."""
     stripe = (rank - partition) % world + world * (share_row // STRIPE_ROWS)
     return stripe * STRIPE_ROWS + share_row % STRIPE_ROWS
+
+
+def share_ids(partition: int, rank: int, world: int, start: int, count: int) -> np.ndarray:
+    """The ids of rows ``start .. start + count`` of ``rank``'s share of ``partition`` (its
+    stripes of that partition, in order)."""
+    if start % STRIPE_ROWS + count <= STRIPE_ROWS:  # within one stripe (a run's chunk): consecutive
+        base = (partition << ID_BITS) | partition_row(partition, rank, world, start)
+        return np.arange(base, base + count, dtype=np.int64)
+    i = np.arange(start, start + count, dtype=np.int64)
+    stripes = (rank - partition) % world + world * (i // STRIPE_ROWS)
+    ids: np.ndarray = (np.int64(partition) << ID_BITS) | (stripes * STRIPE_ROWS + i % STRIPE_ROWS)
+    return ids
 
 
 def share_size(rows: int, partition: int, rank: int, world: int) -> int:

@@ -5,7 +5,9 @@ when it fails or leaves."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -14,6 +16,8 @@ pytest.importorskip("pyspark")
 import creditflow as cf
 import creditflow.spark as cfs
 from creditflow.spark._process import EnvSettings
+from creditflow.spark._rank import Ranked
+from creditflow.spark._runs import MovedIn
 from creditflow.spark._sending import SendPlan, register_job, stream_partition, tell_job_done
 
 SECRET = "r" * 64
@@ -150,3 +154,44 @@ def test_a_rank_that_closes_after_epoch_0_leaves_its_peer_its_epochs() -> None:
             rx.close()
     assert reading.raised == [None, None]
     assert sorted(again) == sorted(reading.got[0]), "rank 0's epoch 1 is its epoch 0's rows again"
+
+
+def test_a_giver_that_closes_before_its_taker_read_the_moves_waits_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0 holds more than its steps need and gives rank 1 the rest. Rank 0's consumer is
+    done with epoch 0 and closes while rank 1 has not yet begun to read what rank 0 gives it:
+    the close waits until rank 1 has those rows, so rank 1 yields its whole epoch."""
+    ranks = two_ranks()
+    slow = threading.Event()
+    take = Ranked._take
+
+    def late_take(self: Ranked, giver: dict[str, Any], moved_in: MovedIn) -> None:
+        slow.set()
+        time.sleep(1.5)  # rank 0 closes meanwhile
+        take(self, giver, moved_in)
+
+    monkeypatch.setattr(Ranked, "_take", late_take)  # only rank 1 takes
+
+    class Closing(Reading):
+        """Rank 0 closes once it yielded its epoch and rank 1 is about to take its rows."""
+
+        def _run(self, rx: cfs.Receiver, r: int) -> None:
+            super()._run(rx, r)
+            if r == 0 and slow.wait(30):
+                rx.close()
+
+    try:
+        with cf.NetworkEnvironment(secret=SECRET) as env:
+            plan = job_of(ranks)
+            reading = Closing(ranks)
+            # Stripes of 1,024 rows: rank 0 receives 5,120 rows, rank 1 4,880; each yields 5,000.
+            tell_job_done(plan, [stream_partition(env, plan, 0, 0, rows(10_000))])
+            reading.join()
+    finally:
+        for rx in ranks:
+            rx.close()
+    assert slow.is_set(), "rank 1 took no rows"
+    assert reading.raised == [None, None]
+    assert len(reading.got[0]) == len(reading.got[1]) == 5_000
+    assert sorted(reading.got[0] + reading.got[1]) == list(range(10_000))

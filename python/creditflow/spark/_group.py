@@ -27,6 +27,8 @@ class Group:
         #: Rows each rank holds so far (its own included), and each rank's end (once known).
         self.rows = [0] * world
         self.ends: dict[int, dict[str, Any]] = {}
+        #: The ranks that have every row this rank gave them at epoch 0's end.
+        self.taken: set[int] = set()
         self.failure: str | None = None
         self._peers: list[str] = []
         self._outboxes: dict[int, _messages.Outbox] = {}
@@ -51,14 +53,14 @@ class Group:
         if self.on_failure is not None:
             self.on_failure(first)
 
-    def tell(self, message: dict[str, Any]) -> None:
-        """Sends ``message`` (with this rank's number) to every other rank; one that cannot be
-        reached has gone away: the group fails naming it."""
+    def tell(self, message: dict[str, Any], to: int | None = None) -> None:
+        """Sends ``message`` (with this rank's number) to rank ``to``, or to every other rank;
+        one that cannot be reached has gone away: the group fails naming it."""
         message = {**message, "rank": self.rank}
         with self._send_lock:
             peers = list(enumerate(self._peers))
             for peer, address in peers:
-                if peer == self.rank or peer in self._bye:
+                if peer == self.rank or peer in self._bye or to not in (None, peer):
                     continue
                 try:
                     box = self._outboxes.get(peer)
@@ -84,6 +86,8 @@ class Group:
             elif kind == "rank_end":
                 self.rows[peer] = int(message["rows"])
                 self.ends[peer] = message
+            elif kind == "rank_taken":
+                self.taken.add(peer)
             elif kind == "rank_bye":
                 self._bye.add(peer)
                 if peer not in self.ends:  # what it received of epoch 0 is gone with it
@@ -105,6 +109,11 @@ class Group:
         if gone:
             address = self._peers[peer] if 0 <= peer < len(self._peers) else "?"
             self._fail(f"rank {peer} at {address} went away (its connection closed)")
+
+    def have_taken(self, takers: set[int]) -> bool:
+        """Whether each of ``takers`` has what this rank gave it, or has left (call with
+        ``changed`` held)."""
+        return takers <= self.taken | self._bye
 
     def count(self, rows: int) -> None:
         """This rank's own rows so far."""

@@ -122,6 +122,8 @@ class Ranked(Consumer):
         self._held = 0
         self._job_failed = threading.Event()
         self._finalizing = False
+        #: The ranks this rank gives rows to at epoch 0's end (known once finalizing).
+        self._takers: set[int] | None = None
         self._moves_part: cf.ResultPartition | None = None
         self._deals: dict[tuple[int, int], _Deal] = {}
         self._threads = Threads()
@@ -488,6 +490,8 @@ class Ranked(Consumer):
                 homes[taker] += rows
                 if giver == o.rank:
                     mine.append((taker, rows))
+            with self._cond:
+                self._takers = {taker for taker, _ in mine}
             moved_out = self._to_give(sum(rows for _, rows in mine))
             with cf.RecordWriter(self._moves_part, cf.ForwardPartitioner()) as w:
                 # The takers get consecutive runs of the given ids, in the order of the
@@ -500,6 +504,7 @@ class Ranked(Consumer):
             for giver, taker, _rows in moves(holdings, needs):
                 if taker == o.rank:
                     self._take(ends[giver], moved_in)
+                    self._group.tell({"kind": "rank_taken"}, to=giver)
             moved_in.end()
             self._settle(steps, homes, Home(runs, moved_in, moved_out, o.timeout))
         except Exception as exc:
@@ -649,10 +654,25 @@ class Ranked(Consumer):
         """The runs' store (None before the job registered)."""
         return self._runs.metrics() if self._runs is not None else None
 
+    def _await_takers(self) -> None:
+        """Waits (at most ``timeout``) until the ranks this rank gives rows to have them: they
+        read them from this rank's environment, and may still be when its own epoch is done.
+        Not after a failure: the others fail too."""
+
+        def settled() -> bool:
+            if not self._finalizing or self._failure is not None:
+                return True
+            return self._takers is not None and self._group.have_taken(self._takers)
+
+        with self._cond:
+            self._cond.wait_for(settled, self._opts.timeout)
+
     def close(self) -> None:
-        """Says goodbye to the other ranks, stops receiving and drops the runs."""
+        """Waits until the ranks it gives rows to have them, says goodbye to the other ranks,
+        stops receiving and drops the runs."""
         if self._closed.is_set():
             return
+        self._await_takers()
         self._group.close()
         if self._reporter is not None:
             self._reporter.stop()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -156,42 +156,67 @@ def test_a_rank_that_closes_after_epoch_0_leaves_its_peer_its_epochs() -> None:
     assert sorted(again) == sorted(reading.got[0]), "rank 0's epoch 1 is its epoch 0's rows again"
 
 
-def test_a_giver_that_closes_before_its_taker_read_the_moves_waits_for_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Rank 0 holds more than its steps need and gives rank 1 the rest. Rank 0's consumer is
-    done with epoch 0 and closes while rank 1 has not yet begun to read what rank 0 gives it:
-    the close waits until rank 1 has those rows, so rank 1 yields its whole epoch."""
+def giver_closes_first(monkeypatch: pytest.MonkeyPatch, before_take: Callable[[], None]) -> Reading:
+    """Rank 0 holds more than its steps need and gives rank 1 the rest (stripes of 1,024 rows:
+    rank 0 receives 5,120 of 10,000 rows, rank 1 4,880; each yields 5,000). Rank 1 calls
+    ``before_take`` before it reads what it is given; rank 0 closes as soon as it has yielded
+    its epoch and rank 1 is there. What the ranks read; ``closing``: rank 0's close's seconds."""
     ranks = two_ranks()
-    slow = threading.Event()
+    there = threading.Event()
     take = Ranked._take
 
     def late_take(self: Ranked, giver: dict[str, Any], moved_in: MovedIn) -> None:
-        slow.set()
-        time.sleep(1.5)  # rank 0 closes meanwhile
+        there.set()
+        before_take()
         take(self, giver, moved_in)
 
     monkeypatch.setattr(Ranked, "_take", late_take)  # only rank 1 takes
 
     class Closing(Reading):
-        """Rank 0 closes once it yielded its epoch and rank 1 is about to take its rows."""
+        closing = 0.0
 
         def _run(self, rx: cfs.Receiver, r: int) -> None:
             super()._run(rx, r)
-            if r == 0 and slow.wait(30):
+            if r == 0 and there.wait(30):
+                start = time.monotonic()
                 rx.close()
+                self.closing = time.monotonic() - start
 
     try:
         with cf.NetworkEnvironment(secret=SECRET) as env:
             plan = job_of(ranks)
             reading = Closing(ranks)
-            # Stripes of 1,024 rows: rank 0 receives 5,120 rows, rank 1 4,880; each yields 5,000.
             tell_job_done(plan, [stream_partition(env, plan, 0, 0, rows(10_000))])
             reading.join()
     finally:
         for rx in ranks:
             rx.close()
-    assert slow.is_set(), "rank 1 took no rows"
+    assert there.is_set(), "rank 1 took no rows"
+    return reading
+
+
+def test_a_giver_that_closes_before_its_taker_read_the_moves_waits_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0 closes while rank 1 has not yet begun to read what rank 0 gives it: the close
+    waits until rank 1 has those rows, so rank 1 yields its whole epoch."""
+    reading = giver_closes_first(monkeypatch, lambda: time.sleep(1.5))
     assert reading.raised == [None, None]
     assert len(reading.got[0]) == len(reading.got[1]) == 5_000
     assert sorted(reading.got[0] + reading.got[1]) == list(range(10_000))
+
+
+def test_a_giver_does_not_wait_for_a_taker_that_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 fails before it reads what rank 0 gives it: it raises why, and rank 0's close
+    returns once it hears so, not after its timeout (60 s)."""
+
+    def broken() -> None:
+        time.sleep(0.5)
+        raise OSError("no space left on device")
+
+    reading = giver_closes_first(monkeypatch, broken)
+    assert reading.raised[0] is None
+    assert len(reading.got[0]) == 5_000
+    assert isinstance(reading.raised[1], cf.ProducerFailedError)
+    assert "could not settle the epoch's steps: OSError: no space left on device" in str(reading.raised[1])
+    assert reading.closing < 30

@@ -17,6 +17,7 @@ import creditflow as cf
 import creditflow.spark as cfs
 from creditflow.spark._process import EnvSettings
 from creditflow.spark._rank import Ranked
+from creditflow.spark._reshuffle import Gathering
 from creditflow.spark._runs import MovedIn
 from creditflow.spark._sending import SendPlan, register_job, stream_partition, tell_job_done
 
@@ -220,3 +221,58 @@ def test_a_giver_does_not_wait_for_a_taker_that_failed(monkeypatch: pytest.Monke
     assert isinstance(reading.raised[1], cf.ProducerFailedError)
     assert "could not settle the epoch's steps: OSError: no space left on device" in str(reading.raised[1])
     assert reading.closing < 30
+
+
+def test_a_rank_done_with_its_epochs_waits_in_close_until_the_other_read_its_deal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``shuffle="global"``: in epoch 1 every rank reads its rows from every rank's deal. Rank
+    1 opens epoch 1's pass late; rank 0 is done with epoch 1 meanwhile (rank 1's deal for it
+    does not wait for rank 1's consumer) and closes: the close waits until rank 1 is done with
+    rank 0's deal, and rank 1 yields its whole epoch."""
+    ranks = [
+        cfs.Receiver(
+            rank=r, world_size=2, batch_size=500, secret=SECRET, timeout=60, shuffle="global", seed=1
+        )
+        for r in range(2)
+    ]
+    got: list[list[list[int]]] = [[], []]
+    raised: list[BaseException | None] = [None, None]
+    open_pass = Ranked._open_pass
+    late = threading.Event()
+
+    def late_open(self: Ranked, epoch: int, n: int) -> Gathering:
+        if self._opts.rank == 1 and epoch == 1:
+            late.set()
+            time.sleep(1.5)  # rank 0 closes meanwhile
+        return open_pass(self, epoch, n)
+
+    monkeypatch.setattr(Ranked, "_open_pass", late_open)
+
+    def run(r: int) -> None:
+        try:
+            for epoch in range(2):
+                ranks[r].set_epoch(epoch)
+                got[r].append([x for batch in ranks[r] for x in batch.column("x").to_pylist()])
+            if r == 0:
+                ranks[0].close()
+        except BaseException as exc:
+            raised[r] = exc
+
+    try:
+        with cf.NetworkEnvironment(secret=SECRET) as env:
+            plan = job_of(ranks)
+            threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+            for t in threads:
+                t.start()
+            tell_job_done(plan, [stream_partition(env, plan, 0, 0, rows(10_000))])
+            for t in threads:
+                t.join(120)
+    finally:
+        for rx in ranks:
+            rx.close()
+    assert late.is_set()
+    assert raised == [None, None]
+    for epoch in range(2):
+        assert len(got[0][epoch]) == len(got[1][epoch]) == 5_000
+        assert sorted(got[0][epoch] + got[1][epoch]) == list(range(10_000)), f"epoch {epoch}"

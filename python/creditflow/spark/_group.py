@@ -110,10 +110,10 @@ class Group:
             address = self._peers[peer] if 0 <= peer < len(self._peers) else "?"
             self._fail(f"rank {peer} at {address} went away (its connection closed)")
 
-    def have_taken(self, takers: set[int]) -> bool:
-        """Whether each of ``takers`` has what this rank gave it, or has left (call with
-        ``changed`` held)."""
-        return takers <= self.taken | self._bye
+    @property
+    def gone(self) -> set[int]:
+        """The ranks that said goodbye or failed (read with ``changed`` held)."""
+        return set(self._bye)
 
     def count(self, rows: int) -> None:
         """This rank's own rows so far."""

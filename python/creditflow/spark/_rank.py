@@ -26,6 +26,7 @@ has, so every row reaches its rank once.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
@@ -126,6 +127,8 @@ class Ranked(Consumer):
         self._takers: set[int] | None = None
         self._moves_part: cf.ResultPartition | None = None
         self._deals: dict[tuple[int, int], _Deal] = {}
+        #: The passes this rank told the others it is done with.
+        self._passes_done: set[tuple[int, int]] = set()
         self._threads = Threads()
         self._reporter: Reporter | None = None
         self._last_told = 0
@@ -582,6 +585,7 @@ class Ranked(Consumer):
             if entry is None:
                 return
             entry.done.add(peer)
+            self._cond.notify_all()  # a close may wait for it
             if len(entry.done) < self._opts.world:
                 return
             del self._deals[(epoch, n)]
@@ -598,9 +602,17 @@ class Ranked(Consumer):
             cf.ChannelSpec(str(ends[s]["address"]), pass_id(job, s, epoch, n), self._opts.rank)
             for s in range(self._opts.world)
         ]
-        return Gathering(self._env, sources, self._opts.rank)
+        # Done with the others' deals once they are drained (not once the consumer is through
+        # the pass): a rank done with its epochs may then close.
+        return Gathering(self._env, sources, self._opts.rank, functools.partial(self._close_pass, epoch, n))
 
     def _close_pass(self, epoch: int, n: int) -> None:
+        """This rank is done with pass ``(epoch, n)`` (drained, or left early): tells every
+        rank, once."""
+        with self._cond:
+            if (epoch, n) in self._passes_done:
+                return
+            self._passes_done.add((epoch, n))
         self._group.tell({"kind": "rank_pass_done", "epoch": epoch, "pass": n})
         self._pass_done(self._opts.rank, epoch, n)
 
@@ -654,25 +666,31 @@ class Ranked(Consumer):
         """The runs' store (None before the job registered)."""
         return self._runs.metrics() if self._runs is not None else None
 
-    def _await_takers(self) -> None:
-        """Waits (at most ``timeout``) until the ranks this rank gives rows to have them: they
-        read them from this rank's environment, and may still be when its own epoch is done.
-        Not after a failure: the others fail too."""
+    def _await_readers(self) -> None:
+        """Waits (at most ``timeout``) until the other ranks have what they read from this
+        rank's environment: the rows it gives them at epoch 0's end, and its deal of every pass
+        of the global shuffle they opened. A rank whose own epochs are done may close while
+        they still read, and those rows would go with its environment. Not after a failure:
+        the others fail too; nor for ranks that left."""
+        others = set(range(self._opts.world)) - {self._opts.rank}
 
         def settled() -> bool:
-            if not self._finalizing or self._failure is not None:
+            if self._failure is not None:
                 return True
-            return self._takers is not None and self._group.have_taken(self._takers)
+            gone = self._group.gone
+            if self._finalizing and (self._takers is None or not self._takers <= self._group.taken | gone):
+                return False
+            return all(others <= d.done | gone for d in self._deals.values())
 
         with self._cond:
             self._cond.wait_for(settled, self._opts.timeout)
 
     def close(self) -> None:
-        """Waits until the ranks it gives rows to have them, says goodbye to the other ranks,
-        stops receiving and drops the runs."""
+        """Waits until the other ranks have what they read from this one, says goodbye to
+        them, stops receiving and drops the runs."""
         if self._closed.is_set():
             return
-        self._await_takers()
+        self._await_readers()
         self._group.close()
         if self._reporter is not None:
             self._reporter.stop()

@@ -203,11 +203,19 @@ def _next_dealt(
 class Gathering:
     """The rows the ranks deal this one in one pass, drained from ``sources`` (channel ``s``:
     rank ``s``'s subpartition for this rank) into a hybrid partition of ``env`` as they
-    come, one subpartition per source."""
+    come, one subpartition per source; ``drained`` is called once every source ended (the
+    ranks may then let go of their deals)."""
 
-    def __init__(self, env: cf.NetworkEnvironment, sources: list[cf.ChannelSpec], rank: int) -> None:
+    def __init__(
+        self,
+        env: cf.NetworkEnvironment,
+        sources: list[cf.ChannelSpec],
+        rank: int,
+        drained: Callable[[], None] = lambda: None,
+    ) -> None:
         self._env = env
         self._rank = rank
+        self._drained = drained
         self._sources = len(sources)
         self._part = env.create_partition(
             f"cf-rank-gather/{uuid.uuid4().hex[:12]}", len(sources), kind="hybrid"
@@ -227,6 +235,7 @@ class Gathering:
                     continue
                 if item is None:
                     self._writer.close()
+                    self._drained()
                     return
                 if isinstance(item, cf.Batch):
                     self._writer.write(item.batch, subpartition=item.channel)

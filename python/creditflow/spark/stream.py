@@ -401,8 +401,8 @@ class Receiver(Closeable):
     def close(self) -> None:
         """Stops receiving; open channels are cancelled; with ``spill=True`` or a rank the
         stored stream and its spill file are removed; a rank says goodbye to the others,
-        after the ranks it gave rows to at the end of epoch 0 have them (at most ``timeout``).
-        Idempotent."""
+        once they have what they read from it (the rows it gives them at the end of epoch 0,
+        its deals of the global shuffle; at most ``timeout``). Idempotent."""
         if self._env.closed:
             return
         for server in self._servers:

@@ -235,15 +235,18 @@ class Gathering:
                     continue
                 if item is None:
                     self._writer.close()
-                    self._drained()
-                    return
+                    break
                 if isinstance(item, cf.Batch):
                     self._writer.write(item.batch, subpartition=item.channel)
+            else:
+                return  # closed before the end
         except Exception as exc:
             if not self._closed.is_set():
                 self._writer.fail(
                     f"rank {self._rank}: a rank failed while dealing: {type(exc).__name__}: {exc}"
                 )
+            return
+        self._drained()
 
     def chunks(self, expect: list[int], rng: np.random.Generator, timeout: float | None) -> Chunks:
         """The rows, ``expect[s]`` from rank ``s``, in ``rng``'s interleaving (:func:`gather`)."""

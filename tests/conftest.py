@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from host_service import name_for, serving
+
 pytest_plugins = ["watchdog"]
 
 
@@ -134,3 +136,11 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``creditflow serve NAME --memory 16MiB``."""
+    name = name_for("served")
+    with serving(name, "--memory", "16MiB") as proc:
+        yield name, proc

@@ -4,10 +4,11 @@ when it fails or leaves."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pytest
@@ -22,6 +23,7 @@ from creditflow.spark._runs import MovedIn
 from creditflow.spark._sending import SendPlan, register_job, stream_partition, tell_job_done
 
 SECRET = "r" * 64
+R = TypeVar("R")
 
 
 def rows(n: int, reverse: bool = False) -> Iterator[pa.RecordBatch]:
@@ -61,6 +63,23 @@ def job_of(ranks: list[cfs.Receiver]) -> SendPlan:
     """A send's plan to ``ranks``, its job of one partition registered with them."""
     addresses = tuple(rx.address for rx in ranks)
     return register_job(SendPlan("j1", addresses, True, EnvSettings(secret=SECRET), 60, None), 1)
+
+
+@contextlib.contextmanager
+def sent(ranks: list[cfs.Receiver], reader: Callable[[list[cfs.Receiver]], R]) -> Iterator[R]:
+    """``reader(ranks)`` (something with ``join()``) reads while one partition of 10,000 rows
+    is sent to ``ranks`` and the driver's word that the job succeeded follows; yields the
+    reader once joined and closes every rank at the end."""
+    try:
+        with cf.NetworkEnvironment(secret=SECRET) as env:
+            plan = job_of(ranks)
+            reading = reader(ranks)
+            tell_job_done(plan, [stream_partition(env, plan, 0, 0, rows(10_000))])
+            reading.join()
+        yield reading
+    finally:
+        for rx in ranks:
+            rx.close()
 
 
 def continued(retry: Iterator[pa.RecordBatch]) -> tuple[Reading, BaseException | None]:
@@ -141,18 +160,10 @@ def test_a_rank_that_closes_after_epoch_0_leaves_its_peer_its_epochs() -> None:
     """A rank done with its epochs may close while its peer is still at epoch 0's end: the
     peer settled the steps from what both had and replays the next epoch on its own."""
     ranks = two_ranks()
-    try:
-        with cf.NetworkEnvironment(secret=SECRET) as env:
-            plan = job_of(ranks)
-            reading = Reading(ranks)
-            tell_job_done(plan, [stream_partition(env, plan, 0, 0, rows(10_000))])
-            reading.join()
+    with sent(ranks, Reading) as reading:
         ranks[1].close()
         ranks[0].set_epoch(1)
         again = [x for batch in ranks[0] for x in batch.column("x").to_pylist()]
-    finally:
-        for rx in ranks:
-            rx.close()
     assert reading.raised == [None, None]
     assert sorted(again) == sorted(reading.got[0]), "rank 0's epoch 1 is its epoch 0's rows again"
 
@@ -183,15 +194,8 @@ def giver_closes_first(monkeypatch: pytest.MonkeyPatch, before_take: Callable[[]
                 rx.close()
                 self.closing = time.monotonic() - start
 
-    try:
-        with cf.NetworkEnvironment(secret=SECRET) as env:
-            plan = job_of(ranks)
-            reading = Closing(ranks)
-            tell_job_done(plan, [stream_partition(env, plan, 0, 0, rows(10_000))])
-            reading.join()
-    finally:
-        for rx in ranks:
-            rx.close()
+    with sent(ranks, Closing) as reading:
+        pass
     assert there.is_set(), "rank 1 took no rows"
     return reading
 
@@ -236,8 +240,6 @@ def test_a_rank_done_with_its_epochs_waits_in_close_until_the_other_read_its_dea
         )
         for r in range(2)
     ]
-    got: list[list[list[int]]] = [[], []]
-    raised: list[BaseException | None] = [None, None]
     open_pass = Ranked._open_pass
     late = threading.Event()
 
@@ -249,30 +251,27 @@ def test_a_rank_done_with_its_epochs_waits_in_close_until_the_other_read_its_dea
 
     monkeypatch.setattr(Ranked, "_open_pass", late_open)
 
-    def run(r: int) -> None:
-        try:
-            for epoch in range(2):
-                ranks[r].set_epoch(epoch)
-                got[r].append([x for batch in ranks[r] for x in batch.column("x").to_pylist()])
-            if r == 0:
-                ranks[0].close()
-        except BaseException as exc:
-            raised[r] = exc
+    class Epochs(Reading):
+        """Epochs 0 and 1 of every rank; rank 0 closes once done with both."""
 
-    try:
-        with cf.NetworkEnvironment(secret=SECRET) as env:
-            plan = job_of(ranks)
-            threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-            for t in threads:
-                t.start()
-            tell_job_done(plan, [stream_partition(env, plan, 0, 0, rows(10_000))])
-            for t in threads:
-                t.join(120)
-    finally:
-        for rx in ranks:
-            rx.close()
+        def __init__(self, ranks: list[cfs.Receiver]) -> None:
+            self.epochs: list[list[list[int]]] = [[], []]
+            super().__init__(ranks)
+
+        def _run(self, rx: cfs.Receiver, r: int) -> None:
+            try:
+                for epoch in range(2):
+                    rx.set_epoch(epoch)
+                    self.epochs[r].append([x for batch in rx for x in batch.column("x").to_pylist()])
+                if r == 0:
+                    rx.close()
+            except BaseException as exc:
+                self.raised[r] = exc
+
+    with sent(ranks, Epochs) as reading:
+        got = reading.epochs
     assert late.is_set()
-    assert raised == [None, None]
+    assert reading.raised == [None, None]
     for epoch in range(2):
         assert len(got[0][epoch]) == len(got[1][epoch]) == 5_000
         assert sorted(got[0][epoch] + got[1][epoch]) == list(range(10_000)), f"epoch {epoch}"

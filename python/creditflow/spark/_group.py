@@ -15,6 +15,11 @@ from typing import Any
 
 from creditflow.spark import _messages
 
+#: Seconds a rank that could not reach another waits for that rank's goodbye before it takes
+#: it for gone. A closing rank says goodbye before it stops receiving, so a message sent to it
+#: just then fails while its goodbye is on the way (or not yet handled here).
+BYE_GRACE = 2.0
+
 
 class Group:
     """Rank ``rank``'s view of the ``world`` ranks; ``changed`` is notified on every news."""
@@ -33,6 +38,8 @@ class Group:
         self._peers: list[str] = []
         self._outboxes: dict[int, _messages.Outbox] = {}
         self._bye: set[int] = set()
+        #: Ranks a message could not reach (gone unless their goodbye comes within BYE_GRACE).
+        self._unreachable: set[int] = set()
         self._send_lock = threading.Lock()
         self._closed = False
         self.on_failure: Callable[[str], None] | None = None
@@ -55,12 +62,14 @@ class Group:
 
     def tell(self, message: dict[str, Any], to: int | None = None) -> None:
         """Sends ``message`` (with this rank's number) to rank ``to``, or to every other rank;
-        one that cannot be reached has gone away: the group fails naming it."""
+        one that cannot be reached has gone away unless its goodbye follows within
+        :data:`BYE_GRACE` (it was closing): the group fails naming it."""
         message = {**message, "rank": self.rank}
         with self._send_lock:
             peers = list(enumerate(self._peers))
             for peer, address in peers:
-                if peer == self.rank or peer in self._bye or to not in (None, peer):
+                skip = peer in self._bye or peer in self._unreachable
+                if peer == self.rank or skip or to not in (None, peer):
                     continue
                 try:
                     box = self._outboxes.get(peer)
@@ -70,9 +79,17 @@ class Group:
                     box.send(message)
                 except (OSError, EOFError) as exc:
                     self._outboxes.pop(peer, None)
-                    self._bye.add(peer)
+                    self._unreachable.add(peer)
                     failure = f"rank {peer} at {address} went away ({type(exc).__name__}: {exc})"
-                    threading.Thread(target=self._fail, args=(failure,), daemon=True).start()
+                    threading.Thread(target=self._gone_unless_bye, args=(peer, failure), daemon=True).start()
+
+    def _gone_unless_bye(self, peer: int, failure: str) -> None:
+        """Fails the group with ``failure`` unless ``peer`` says goodbye (or that it failed,
+        which fails the group with its own reason) within :data:`BYE_GRACE` seconds."""
+        with self.changed:
+            said = self.changed.wait_for(lambda: peer in self._bye or self._closed, timeout=BYE_GRACE)
+        if not said:
+            self._fail(failure)
 
     def handle(self, message: dict[str, Any]) -> None:
         """A message from another rank."""
@@ -112,8 +129,9 @@ class Group:
 
     @property
     def gone(self) -> set[int]:
-        """The ranks that said goodbye or failed (read with ``changed`` held)."""
-        return set(self._bye)
+        """The ranks that said goodbye, failed or could not be reached (read with ``changed``
+        held)."""
+        return self._bye | self._unreachable
 
     def count(self, rows: int) -> None:
         """This rank's own rows so far."""
@@ -125,6 +143,7 @@ class Group:
         """Says goodbye (or that this rank failed) to the others and closes the links."""
         with self.changed:
             self._closed = True
+            self.changed.notify_all()
         if failure is None:
             self.tell({"kind": "rank_bye"})
         else:

@@ -345,13 +345,20 @@ impl RemoteGate {
     }
 
     /// Records of `bytes` in all start on channel `cid` (their length prefixes arrived): a
-    /// protocol error beyond the channel's grant.
+    /// protocol error beyond the channel's grant. The grant topped up unasked goes out now:
+    /// the budget counts it as given, and answers the sender's next announcement with it.
     pub(super) fn records_started(&self, cid: ChannelId, bytes: u64) -> Result<()> {
-        Ok(self.bufs.lock().unwrap().records.on_records_started(cid, bytes)?)
+        let grants = {
+            let mut b = self.bufs.lock().unwrap();
+            b.records.on_records_started(cid, bytes)?;
+            drain_grants(&mut b)
+        };
+        send_grants(grants);
+        Ok(())
     }
 
     /// Records of `bytes` in all of channel `cid` were taken by the consumer or dropped.
-    fn records_taken(&self, cid: ChannelId, bytes: u64) {
+    pub(super) fn records_taken(&self, cid: ChannelId, bytes: u64) {
         let grants = {
             let mut b = self.bufs.lock().unwrap();
             b.records.on_records_taken(cid, bytes);

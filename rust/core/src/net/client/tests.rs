@@ -107,3 +107,47 @@ fn a_max_below_initial_gives_up_after_one_retry() {
     assert_eq!(next_retry_delay(None, backoff), Some(Duration::from_secs(1)));
     assert_eq!(next_retry_delay(Some(Duration::from_secs(1)), backoff), None);
 }
+
+/// The record grants `conn` has queued for its writer.
+fn queued_grants(conn: &ClientConn) -> Vec<u64> {
+    let mut out = conn.out.lock().unwrap();
+    let grants = out
+        .control
+        .iter()
+        .filter_map(|m| match m {
+            crate::protocol::wire::Message::RecordGrant { bytes, .. } => Some(*bytes),
+            _ => None,
+        })
+        .collect();
+    out.control.clear();
+    grants
+}
+
+/// A grant the record budget tops up when records start goes to the sender at once: the
+/// budget counts it as given and answers the sender's next announcement with it, so a grant
+/// left queued until the consumer takes a record would leave a sender waiting for it while
+/// the consumer waits for that sender's next record.
+#[test]
+fn a_grant_topped_up_when_records_start_is_sent_at_once() {
+    let conn = ClientConn::new("127.0.0.1:1".into());
+    let woken = Arc::new(AtomicU64::new(0));
+    let ch = open(&conn, 1, &woken);
+    queued_grants(&conn);
+    let kib = 1 << 10;
+    // 1 MiB budget, one channel: a window of 512 KiB, granted in full with the first ask.
+    ch.gate.on_record_announcement(&ch, 10 * kib).unwrap();
+    assert_eq!(queued_grants(&conn), [512 * kib]);
+    ch.gate.records_started(ch.cid, 300 * kib).unwrap();
+    ch.gate.records_taken(ch.cid, 300 * kib);
+    assert_eq!(
+        queued_grants(&conn),
+        Vec::<u64>::new(),
+        "212 KiB left of the grant, none held"
+    );
+    // Below half the window with room in half the budget: topped up to the window.
+    ch.gate.records_started(ch.cid, 10 * kib).unwrap();
+    assert_eq!(queued_grants(&conn), [300 * kib]);
+    // The sender's ask for what the top-up covers needs no second grant.
+    ch.gate.on_record_announcement(&ch, 400 * kib).unwrap();
+    assert_eq!(queued_grants(&conn), Vec::<u64>::new());
+}

@@ -124,9 +124,8 @@ fn queued_grants(conn: &ClientConn) -> Vec<u64> {
 }
 
 /// A grant the record budget tops up when records start goes to the sender at once: the
-/// budget counts it as given and answers the sender's next announcement with it, so a grant
-/// left queued until the consumer takes a record would leave a sender waiting for it while
-/// the consumer waits for that sender's next record.
+/// budget counts it as given from then on and answers an announcement it covers with
+/// nothing, so the sender must have it (it waited for the consumer's next record taken).
 #[test]
 fn a_grant_topped_up_when_records_start_is_sent_at_once() {
     let conn = ClientConn::new("127.0.0.1:1".into());

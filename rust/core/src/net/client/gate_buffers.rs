@@ -335,36 +335,31 @@ impl RemoteGate {
 
     /// A RecordAnnouncement: `ch`'s next buffer starts records of `bytes` in all.
     pub(super) fn on_record_announcement(&self, ch: &RemoteChannel, bytes: u64) -> Result<()> {
-        let grants = {
-            let mut b = self.bufs.lock().unwrap();
-            b.records.on_record_announcement(ch.cid, bytes)?;
-            drain_grants(&mut b)
-        };
-        send_grants(grants);
-        Ok(())
+        Ok(self.with_records(|r| r.on_record_announcement(ch.cid, bytes))?)
     }
 
     /// Records of `bytes` in all start on channel `cid` (their length prefixes arrived): a
     /// protocol error beyond the channel's grant. The grant topped up unasked goes out now:
     /// the budget counts it as given, and answers the sender's next announcement with it.
     pub(super) fn records_started(&self, cid: ChannelId, bytes: u64) -> Result<()> {
-        let grants = {
-            let mut b = self.bufs.lock().unwrap();
-            b.records.on_records_started(cid, bytes)?;
-            drain_grants(&mut b)
-        };
-        send_grants(grants);
-        Ok(())
+        Ok(self.with_records(|r| r.on_records_started(cid, bytes))?)
     }
 
     /// Records of `bytes` in all of channel `cid` were taken by the consumer or dropped.
     pub(super) fn records_taken(&self, cid: ChannelId, bytes: u64) {
-        let grants = {
+        self.with_records(|r| r.on_records_taken(cid, bytes));
+    }
+
+    /// Runs `f` on the gate's record budget, then sends the grants it queued: the budget
+    /// counts a grant as given once queued, so none may wait for a later call.
+    fn with_records<T>(&self, f: impl FnOnce(&mut RecordBudget) -> T) -> T {
+        let (out, grants) = {
             let mut b = self.bufs.lock().unwrap();
-            b.records.on_records_taken(cid, bytes);
-            drain_grants(&mut b)
+            let out = f(&mut b.records);
+            (out, drain_grants(&mut b))
         };
         send_grants(grants);
+        out
     }
 
     /// Whether `ch`'s AddCredit is due now (see [`GateCredit::announcement_due`]). Credit

@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::net::UnixStream;
+use tokio::sync::Notify;
 
 /// One side's end of the doorbell socket, shared by its reader and writer halves.
 pub(crate) struct Doorbell {
@@ -21,6 +22,9 @@ pub(crate) struct Doorbell {
     /// becomes writable again, which would otherwise wake this side's runtime for nothing
     /// after every ring.
     sock: AsyncFd<StdUnixStream>,
+    /// Told when a half took wake-up bytes (or saw the end): some may have been the other
+    /// half's (see [`Waiter`]).
+    taken: Notify,
     dead: AtomicBool,
 }
 
@@ -33,6 +37,7 @@ impl Doorbell {
         let sock = unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE) }?;
         Ok(Arc::new(Doorbell {
             sock,
+            taken: Notify::new(),
             dead: AtomicBool::new(false),
         }))
     }
@@ -50,20 +55,22 @@ impl Doorbell {
     /// Takes the pending wake-up bytes; notes end-of-file (the peer is gone). A short read
     /// took them all: a byte or an end that comes later makes the socket ready again (an end
     /// that came with the bytes stays ready), so no second read is spent to be told so.
-    fn drain(&self) {
+    /// Returns whether it took a byte or saw the end.
+    fn drain(&self) -> bool {
         let mut buf = [0u8; 256];
+        let mut took = false;
         loop {
             match self.sock.get_ref().read(&mut buf) {
                 Ok(0) => {
                     self.dead.store(true, Ordering::SeqCst);
-                    return;
+                    return true;
                 }
-                Ok(n) if n < buf.len() => return,
-                Ok(_) => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Ok(n) if n < buf.len() => return true,
+                Ok(_) => took = true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return took,
                 Err(_) => {
                     self.dead.store(true, Ordering::SeqCst);
-                    return;
+                    return true;
                 }
             }
         }
@@ -76,11 +83,25 @@ impl Doorbell {
 }
 
 /// A half's wait for the doorbell. Register first (`poll` returning `Pending`), then say
-/// "waiting" in the ring and re-check: a wake-up after the registration is not lost, even
-/// if the other half of this side takes the byte first (readiness wakes every waiter).
+/// "waiting" in the ring and re-check: a wake-up after the registration is not lost.
+///
+/// Both halves of a side read the one socket, and a byte does not say whom it is for: a half
+/// that drains may take the other's byte. Readiness does not cover that: the runtime learns of
+/// a byte from an edge-triggered event it collects later, and an event whose bytes are gone by
+/// then is not reported (the socket is no longer readable), so the half the byte was for would
+/// sleep on. So a half that took bytes tells the other through [`Doorbell::taken`], for which
+/// every wait registers too: the other half wakes and re-checks its ring.
 pub(crate) struct Waiter {
     bell: Arc<Doorbell>,
-    wait: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    wait: Option<Pin<Box<dyn Future<Output = Woken> + Send>>>,
+}
+
+/// What ended a wait.
+enum Woken {
+    /// The socket became readable (or the registration failed: the caller re-checks).
+    Socket,
+    /// The other half took wake-up bytes.
+    OtherHalf,
 }
 
 impl Waiter {
@@ -98,16 +119,30 @@ impl Waiter {
         let wait = self.wait.get_or_insert_with(|| {
             let bell = self.bell.clone();
             Box::pin(async move {
-                // Cleared before the caller drains: a byte that comes after is seen again.
-                if let Ok(mut ready) = bell.sock.readable().await {
-                    ready.clear_ready();
+                // Registered for the other half's drain before the socket is looked at, and
+                // both before this poll returns, so before the caller says it waits.
+                let taken = bell.taken.notified();
+                tokio::pin!(taken);
+                taken.as_mut().enable();
+                tokio::select! {
+                    biased;
+                    () = &mut taken => Woken::OtherHalf,
+                    ready = bell.sock.readable() => {
+                        // Cleared before the caller drains: a byte that comes after is seen again.
+                        if let Ok(mut ready) = ready {
+                            ready.clear_ready();
+                        }
+                        Woken::Socket
+                    }
                 }
             })
         });
         match wait.as_mut().poll(cx) {
-            Poll::Ready(()) => {
+            Poll::Ready(woken) => {
                 self.wait = None;
-                self.bell.drain();
+                if matches!(woken, Woken::Socket) && self.bell.drain() {
+                    self.bell.taken.notify_waiters();
+                }
                 Poll::Ready(())
             }
             Poll::Pending => Poll::Pending,

@@ -4,6 +4,7 @@
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -210,6 +211,42 @@ fn a_peer_that_rings_and_goes_at_once_is_seen_gone_by_the_next_wait() {
             }
         }
         panic!("the peer's end was not seen");
+    });
+}
+
+#[test]
+fn a_wake_up_the_other_half_takes_still_wakes_the_half_it_was_for() {
+    // Both halves of a side wait on one doorbell socket. The peer rings for the writing half
+    // while the reading half, ready from an earlier ring, is about to drain: it takes that
+    // byte before the runtime has looked at the socket, which is then no longer readable, so
+    // no readiness ever comes for the writing half. Its wait must end all the same.
+    runtime().block_on(async {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let (ours, theirs) = (Doorbell::new(a).unwrap(), Doorbell::new(b).unwrap());
+        let mut reading = Waiter::new(ours.clone());
+        let mut writing = Waiter::new(ours.clone());
+        let mut idle = Context::from_waker(Waker::noop());
+        assert!(reading.poll(&mut idle).is_pending());
+        assert!(writing.poll(&mut idle).is_pending());
+        // A ring the runtime sees: it readies both waits; the writing half takes the byte and
+        // waits again.
+        theirs.ring();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            std::future::poll_fn(|cx| writing.poll(cx)),
+        )
+        .await
+        .expect("a ring wakes the writing half");
+        assert!(writing.poll(&mut idle).is_pending());
+        // The ring for the writing half, drained by the reading half at once.
+        theirs.ring();
+        assert!(reading.poll(&mut idle).is_ready());
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            std::future::poll_fn(|cx| writing.poll(cx)),
+        )
+        .await
+        .expect("the writing half slept through the ring meant for it");
     });
 }
 

@@ -492,15 +492,21 @@ def transfer(producers: list[Config], consumers_for: Callable[[list[str]], list[
 #: as long again. B's solo rate is from both solo phases (the first 0.3 s of each not
 #: counted), so a machine that gets busier or quieter during the run biases the ratio less;
 #: together they last about as long as the stall, so the load swings of a shared machine
-#: (±20% over a second or two) weigh on both sides of the ratio alike.
+#: (±20% over a second or two) weigh on both sides of the ratio alike. The two phases differ
+#: over shared memory: in the first, A's channel is open (idle), so B may hold only half the
+#: link's heap, as during the stall; in the last, A's channel has ended and B has all of it.
+#: Each is reported too ("beside", "alone"), and the stall against the first ("percent_beside"):
+#: what the stall costs B, apart from what sharing the link costs it.
 HOL_SHARED = 0.5
 
 
 def head_of_line(env: Config, stall: float) -> Config:
     """Two channels ("hol/a", "hol/b") from one producer environment (``env``) to one consumer
     environment, so over one connection. B writes alone, then A too, then A's reader stops for
-    ``stall`` seconds, then B alone again. Returns B's GB/s alone, while sharing the connection
-    and during the stall, stall / alone in %, and B's GB/s in each 0.25 s."""
+    ``stall`` seconds, then B alone again. Returns B's GB/s alone ("solo": both solo phases;
+    "beside": the first, A's channel open; "alone": the last, A's ended), while sharing the
+    connection and during the stall, stall / solo and stall / beside in %, and B's GB/s in each
+    0.25 s."""
     solo_s = max(1.5, stall / 2)
     with Worker("hol-producer", env=env) as prod:
         address = prod.read()["address"]
@@ -530,12 +536,16 @@ def head_of_line(env: Config, stall: float) -> Config:
         return n * size / sum(hi - lo for lo, hi in windows) / 1e9
 
     solo = rate((t0 + 0.3, a_start), (a_end + 0.3, end))
+    beside = rate((t0 + 0.3, a_start))
     stalled = rate((stall_at, stall_at + stall))
     return {
         "solo": solo,
+        "beside": beside,
+        "alone": rate((a_end + 0.3, end)),
         "shared": rate((a_start + 0.2, stall_at)),
         "stalled": stalled,
         "percent": 100 * stalled / solo,
+        "percent_beside": 100 * stalled / beside,
         "a_during_stall": sum(1 for t in times["a"] if stall_at + 0.1 <= t < stall_at + stall),
         "b_timeline": [rate((t0 + i / 4, t0 + (i + 1) / 4)) for i in range(int((end - t0) * 4))],
     }

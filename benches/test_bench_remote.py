@@ -402,3 +402,10 @@ def test_remote_head_of_line(benchmark: object, report: Any, flow_control: str, 
         report(
             f"{name}: other channel during stall, GB/s", statistics.median(r["stalled"] for r in runs), "GB/s"
         )
+        # Against B's first solo phase only, when A's channel is open and B holds at most half
+        # the heap, as during the stall (see remote.HOL_SHARED).
+        report(
+            f"{name}: other channel during stall, % of its rate beside an idle A",
+            statistics.median(r["percent_beside"] for r in runs),
+            "%",
+        )

@@ -535,13 +535,13 @@ def head_of_line(env: Config, stall: float) -> Config:
         n = sum(1 for t in times["b"] for lo, hi in windows if lo <= t < hi)
         return n * size / sum(hi - lo for lo, hi in windows) / 1e9
 
-    solo = rate((t0 + 0.3, a_start), (a_end + 0.3, end))
-    beside = rate((t0 + 0.3, a_start))
+    first, last = (t0 + 0.3, a_start), (a_end + 0.3, end)
+    solo, beside = rate(first, last), rate(first)
     stalled = rate((stall_at, stall_at + stall))
     return {
         "solo": solo,
         "beside": beside,
-        "alone": rate((a_end + 0.3, end)),
+        "alone": rate(last),
         "shared": rate((a_start + 0.2, stall_at)),
         "stalled": stalled,
         "percent": 100 * stalled / solo,

@@ -191,6 +191,11 @@ fn a_dropped_peer_ends_a_waiting_reader_and_writer_at_once() {
     });
 }
 
+/// Waits for `waiter`'s wait to end, at most `within`.
+async fn woken(waiter: &mut Waiter, within: Duration) -> Result<(), tokio::time::error::Elapsed> {
+    tokio::time::timeout(within, std::future::poll_fn(|cx| waiter.poll(cx))).await
+}
+
 #[test]
 fn a_peer_that_rings_and_goes_at_once_is_seen_gone_by_the_next_wait() {
     // The wake-up bytes and the end come in one readiness; the drain that takes the bytes
@@ -203,7 +208,7 @@ fn a_peer_that_rings_and_goes_at_once_is_seen_gone_by_the_next_wait() {
         drop(theirs);
         let mut waiter = Waiter::new(ours.clone());
         for _ in 0..2 {
-            tokio::time::timeout(Duration::from_secs(2), std::future::poll_fn(|cx| waiter.poll(cx)))
+            woken(&mut waiter, Duration::from_secs(2))
                 .await
                 .expect("the wait woke");
             if ours.is_dead() {
@@ -231,22 +236,16 @@ fn a_wake_up_the_other_half_takes_still_wakes_the_half_it_was_for() {
         // A ring the runtime sees: it readies both waits; the writing half takes the byte and
         // waits again.
         theirs.ring();
-        tokio::time::timeout(
-            Duration::from_secs(5),
-            std::future::poll_fn(|cx| writing.poll(cx)),
-        )
-        .await
-        .expect("a ring wakes the writing half");
+        woken(&mut writing, Duration::from_secs(5))
+            .await
+            .expect("a ring wakes the writing half");
         assert!(writing.poll(&mut idle).is_pending());
         // The ring for the writing half, drained by the reading half at once.
         theirs.ring();
         assert!(reading.poll(&mut idle).is_ready());
-        tokio::time::timeout(
-            Duration::from_secs(5),
-            std::future::poll_fn(|cx| writing.poll(cx)),
-        )
-        .await
-        .expect("the writing half slept through the ring meant for it");
+        woken(&mut writing, Duration::from_secs(5))
+            .await
+            .expect("the writing half slept through the ring meant for it");
     });
 }
 
